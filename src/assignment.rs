@@ -1,0 +1,415 @@
+//! Sticky, balanced partition assignment: a pure function of (partition count, current owners,
+//! active consumers), with no I/O and no clock, so every instance computes the same target.
+//!
+//! # Algorithm
+//!
+//! Let `P` be the partition count, `N` the number of active consumers, `q = ⌊P/N⌋` and
+//! `r = P mod N`. A balanced target gives `r` consumers a quota of `q + 1` and the others `q`.
+//!
+//! 1. Count `held(c)`: the partitions `0..P` each active consumer currently owns. Partitions of
+//!    consumers outside `active` (dead, draining) and unowned partitions are *free*.
+//! 2. Give the `r` extra slots to the consumers holding the most (ties: smaller name first).
+//! 3. Every active consumer keeps `min(held, quota)` of its partitions — its lowest-numbered ones —
+//!    and gives up the rest (its highest-numbered), which become free.
+//! 4. Free partitions, in ascending order, fill the consumers still below quota, in name order,
+//!    each consumer taking a contiguous run of the free list until it reaches its quota.
+//!
+//! Everything is iterated in a fixed order (`BTreeMap`/`BTreeSet`, sorted vectors, stable sorts),
+//! so the same input gives the same output on every instance and every run.
+//!
+//! # Why it moves the minimum
+//!
+//! A *move* is a partition taken from an active consumer that owns it (orphaned partitions of
+//! dead or draining consumers have to be reassigned anyway and are not counted). In any balanced
+//! target, a consumer with quota `t` can keep at most `t` of its `held` partitions, so at least
+//! `max(0, held − t)` are taken from it. Step 3 takes exactly that many, so the only freedom left
+//! is which consumers get `q + 1`. Giving the extra slot to a consumer with `held > q` saves
+//! exactly one move; giving it to one with `held ≤ q` saves nothing. Step 2 therefore hands the
+//! extras to the largest holders first, which saves `min(r, #{c : held(c) > q})` moves — the
+//! most any choice can. See [`minimum_moves`] for the resulting closed formula.
+//!
+//! Step 4 always fits exactly: the free partitions number `P − Σ min(held, quota)`, and since the
+//! quotas sum to `P` that equals the total deficit `Σ (quota − min(held, quota))`.
+//!
+//! # Cost
+//!
+//! `O(P)` hash lookups of owner names (skipped while consecutive partitions share an owner),
+//! `O(N log N)` for the quota choice, and `O(P)` to build the output; never `O(P·N)`. At
+//! 100,000 partitions most of the time is allocating the output's owner `String`s.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Target owner of every partition `0..partition_count`.
+///
+/// The result is balanced (every active consumer owns `⌊P/N⌋` or `⌈P/N⌉` partitions), sticky (a
+/// partition stays with its active owner unless that owner is over quota; the number of moves
+/// equals [`minimum_moves`]) and deterministic. Consumers not in `active` get nothing; entries of
+/// `current` at or beyond `partition_count` are ignored. With no active consumer, or no
+/// partitions, the result is empty.
+///
+/// An over-quota consumer gives up its highest-numbered partitions; freed and orphaned
+/// partitions go, in ascending order, to the under-quota consumers in name order.
+pub fn assign(
+    partition_count: u32,
+    current: &BTreeMap<u32, String>,
+    active: &BTreeSet<String>,
+) -> BTreeMap<u32, String> {
+    let n = active.len();
+    if n == 0 || partition_count == 0 {
+        return BTreeMap::new();
+    }
+    // BTreeSet iterates in name order, so `members` is sorted and the index of a member is a
+    // deterministic identity.
+    let members: Vec<&String> = active.iter().collect();
+    let p_total = partition_count as usize;
+
+    // Name → member index. A HashMap is fine here: it is only looked up, never iterated, so
+    // its order cannot leak into the result. (A binary search over names that share a long
+    // prefix such as `consumer-` cost ~10x more at 100k partitions.)
+    let index: HashMap<&str, usize> = members.iter().enumerate().map(|(i, m)| (m.as_str(), i)).collect();
+
+    // Each active member's current partitions, ascending (BTreeMap iteration order).
+    let mut held: Vec<Vec<u32>> = vec![Vec::new(); n];
+    // Owners usually come in runs of consecutive partitions, so remember the last lookup
+    // (including "not active") and only hash when the owner changes.
+    let mut last: Option<(&str, Option<usize>)> = None;
+    for (&p, owner) in current.range(..partition_count) {
+        let i = match last {
+            Some((name, i)) if name == owner.as_str() => i,
+            _ => {
+                let i = index.get(owner.as_str()).copied();
+                last = Some((owner.as_str(), i));
+                i
+            }
+        };
+        if let Some(i) = i {
+            held[i].push(p);
+        }
+    }
+
+    // Quota choice: the r extra slots go to the largest holders, which is what makes the number
+    // of moves minimal (module doc). `members` is in name order and the sort is stable, so equal
+    // holders are ordered by name.
+    let q = p_total / n;
+    let r = p_total % n;
+    let mut by_held: Vec<usize> = (0..n).collect();
+    by_held.sort_by(|&a, &b| held[b].len().cmp(&held[a].len()));
+    let mut quota = vec![q; n];
+    for &i in &by_held[..r] {
+        quota[i] = q + 1;
+    }
+
+    // Keep the lowest-numbered min(held, quota) partitions; the rest stay `None` (free).
+    let mut owner_of: Vec<Option<u32>> = vec![None; p_total];
+    let mut deficit = vec![0usize; n];
+    for (i, parts) in held.iter().enumerate() {
+        let keep = parts.len().min(quota[i]);
+        for &p in &parts[..keep] {
+            // `i < n <= active.len()`; members are indexed by u32 to halve the vector size.
+            owner_of[p as usize] = Some(i as u32);
+        }
+        deficit[i] = quota[i] - keep;
+    }
+
+    // Fill: free partitions ascending, consumers in name order, each taking a contiguous run
+    // of the free list (contiguous runs keep a consumer's new partitions together).
+    let mut fill = deficit.iter().enumerate().flat_map(|(i, &d)| std::iter::repeat_n(i, d));
+    for slot in owner_of.iter_mut().filter(|s| s.is_none()) {
+        // Free slots == total deficit (module doc), so `fill` cannot run dry.
+        let i = fill.next().expect("free partitions equal total deficit");
+        *slot = Some(i as u32);
+    }
+    debug_assert!(fill.next().is_none(), "total deficit equals free partitions");
+
+    // Partition numbers are produced ascending, so the map is bulk-built from sorted input.
+    owner_of
+        .into_iter()
+        .enumerate()
+        .map(|(p, i)| {
+            let i = i.expect("every partition was assigned") as usize;
+            (p as u32, members[i].clone())
+        })
+        .collect()
+}
+
+/// Partitions taken from a consumer that is in `active` and currently owns them (what `assign`
+/// moved away from live owners).
+///
+/// Counts every partition `p` present in both maps whose `current` owner is in `active` and
+/// whose `target` owner differs. Partitions missing from `target` (out of range, or no active
+/// consumer at all) are not counted: nothing takes them. Reassigning a partition of a consumer
+/// outside `active` is not a move — it has no live owner to hand off from.
+pub fn moves(
+    current: &BTreeMap<u32, String>,
+    target: &BTreeMap<u32, String>,
+    active: &BTreeSet<String>,
+) -> usize {
+    current
+        .iter()
+        .filter(|&(p, owner)| active.contains(owner) && target.get(p).is_some_and(|new| new != owner))
+        .count()
+}
+
+/// The minimum possible number of [`moves`] for any balanced target.
+///
+/// With `P = partition_count`, `N = active.len()`, `q = ⌊P/N⌋`, `r = P mod N`, and `held(c)` the
+/// number of partitions in `0..P` that active consumer `c` currently owns:
+///
+/// ```text
+/// minimum = Σ_{c ∈ active} max(0, held(c) − q)  −  min(r, |{c ∈ active : held(c) > q}|)
+/// ```
+///
+/// This is `Σ_c max(0, held(c) − quota(c))` for the best choice of which `r` consumers get
+/// quota `q + 1`: each extra slot given to a consumer holding more than `q` saves exactly one
+/// move, one given to any other consumer saves none, so the best choice saves
+/// `min(r, #{held > q})` (see the module doc for the lower-bound argument). Returns 0 when
+/// `N = 0` or `P = 0`.
+///
+/// Computed without running [`assign`], so tests can check `assign` against it.
+pub fn minimum_moves(
+    partition_count: u32,
+    current: &BTreeMap<u32, String>,
+    active: &BTreeSet<String>,
+) -> usize {
+    let n = active.len();
+    if n == 0 || partition_count == 0 {
+        return 0;
+    }
+    let mut held: BTreeMap<&str, usize> = BTreeMap::new();
+    for owner in current.range(..partition_count).map(|(_, o)| o) {
+        if active.contains(owner) {
+            *held.entry(owner.as_str()).or_default() += 1;
+        }
+    }
+    let q = partition_count as usize / n;
+    let r = partition_count as usize % n;
+    let excess: usize = held.values().map(|&h| h.saturating_sub(q)).sum();
+    let over = held.values().filter(|&&h| h > q).count();
+    excess - r.min(over)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn names(range: std::ops::Range<usize>) -> BTreeSet<String> {
+        range.map(|i| format!("c{i:02}")).collect()
+    }
+
+    fn counts(target: &BTreeMap<u32, String>) -> BTreeMap<&str, usize> {
+        let mut c = BTreeMap::new();
+        for o in target.values() {
+            *c.entry(o.as_str()).or_default() += 1;
+        }
+        c
+    }
+
+    fn assert_balanced(p: u32, target: &BTreeMap<u32, String>, active: &BTreeSet<String>) {
+        if active.is_empty() || p == 0 {
+            assert!(target.is_empty());
+            return;
+        }
+        let n = active.len();
+        let (lo, hi) = (p as usize / n, (p as usize).div_ceil(n));
+        let c = counts(target);
+        for a in active {
+            let k = c.get(a.as_str()).copied().unwrap_or(0);
+            assert!(lo <= k && k <= hi, "{a} owns {k}, want {lo}..={hi}");
+        }
+    }
+
+    #[test]
+    fn no_active_consumers_gives_empty() {
+        let current: BTreeMap<u32, String> = (0..10).map(|p| (p, "gone".to_string())).collect();
+        let active = BTreeSet::new();
+        assert!(assign(10, &current, &active).is_empty());
+        assert_eq!(minimum_moves(10, &current, &active), 0);
+    }
+
+    #[test]
+    fn no_partitions_gives_empty() {
+        let current: BTreeMap<u32, String> = [(3, "c00".to_string())].into();
+        let active = names(0..3);
+        let target = assign(0, &current, &active);
+        assert!(target.is_empty());
+        assert_eq!(moves(&current, &target, &active), 0);
+        assert_eq!(minimum_moves(0, &current, &active), 0);
+    }
+
+    #[test]
+    fn from_empty_is_contiguous_and_balanced() {
+        let active = names(0..3);
+        let target = assign(10, &BTreeMap::new(), &active);
+        let owners: Vec<&str> = target.values().map(String::as_str).collect();
+        // 10 = 3·3 + 1: the extra slot goes to the first name (all hold 0).
+        assert_eq!(owners, ["c00", "c00", "c00", "c00", "c01", "c01", "c01", "c02", "c02", "c02"]);
+    }
+
+    #[test]
+    fn one_joins_balanced_12_over_3_moves_exactly_3() {
+        let before = assign(12, &BTreeMap::new(), &names(0..3));
+        let active = names(0..4);
+        let after = assign(12, &before, &active);
+        assert_balanced(12, &after, &active);
+        assert_eq!(moves(&before, &after, &active), 3);
+        assert_eq!(minimum_moves(12, &before, &active), 3);
+        // Each old owner gives up its highest-numbered partition to the newcomer.
+        let newcomer: Vec<u32> = after.iter().filter(|(_, o)| o.as_str() == "c03").map(|(&p, _)| p).collect();
+        assert_eq!(newcomer, [3, 7, 11]);
+    }
+
+    #[test]
+    fn one_leaves_moves_nothing_from_live_owners() {
+        let before = assign(12, &BTreeMap::new(), &names(0..4));
+        let mut active = names(0..4);
+        active.remove("c01");
+        let after = assign(12, &before, &active);
+        assert_balanced(12, &after, &active);
+        assert_eq!(moves(&before, &after, &active), 0);
+        assert_eq!(minimum_moves(12, &before, &active), 0);
+        for (p, o) in &before {
+            if o != "c01" {
+                assert_eq!(&after[p], o, "partition {p} of a live owner moved");
+            }
+        }
+        assert!(after.values().all(|o| o != "c01"));
+    }
+
+    #[test]
+    fn stable_input_is_a_fixed_point() {
+        let active = names(0..7);
+        let current: BTreeMap<u32, String> =
+            (0..100u32).map(|p| (p, format!("c{:02}", (p * 31 + 5) % 9))).collect();
+        let once = assign(100, &current, &active);
+        let twice = assign(100, &once, &active);
+        assert_eq!(once, twice);
+        assert_eq!(moves(&once, &twice, &active), 0);
+        assert_eq!(minimum_moves(100, &once, &active), 0);
+    }
+
+    #[test]
+    fn extra_slots_go_to_largest_holders() {
+        // 10 partitions over 3: quotas 4,3,3. c02 holds 4 (the most), so it keeps all of them,
+        // and c00/c01 (3 each, at quota) keep theirs: 0 moves although c00 sorts first.
+        let active = names(0..3);
+        let mut current = BTreeMap::new();
+        for p in 0..3 {
+            current.insert(p, "c00".to_string());
+        }
+        for p in 3..6 {
+            current.insert(p, "c01".to_string());
+        }
+        for p in 6..10 {
+            current.insert(p, "c02".to_string());
+        }
+        let target = assign(10, &current, &active);
+        assert_eq!(target, current);
+        assert_eq!(minimum_moves(10, &current, &active), 0);
+    }
+
+    #[test]
+    fn out_of_range_entries_are_ignored() {
+        let active = names(0..2);
+        let current: BTreeMap<u32, String> =
+            [(0, "c00".into()), (1, "c00".into()), (7, "c00".into()), (9, "c01".into())].into();
+        let target = assign(4, &current, &active);
+        assert_eq!(target.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_balanced(4, &target, &active);
+        assert_eq!(moves(&current, &target, &active), 0);
+        assert_eq!(minimum_moves(4, &current, &active), 0);
+    }
+
+    #[test]
+    fn fast_enough_at_100k_over_1000() {
+        // Smoke test only (debug build, shared machine): the real measurement is the bench.
+        let active: BTreeSet<String> = (0..1000).map(|i| format!("consumer-{i:04}")).collect();
+        let before = assign(100_000, &BTreeMap::new(), &active);
+        let mut grown = active.clone();
+        grown.insert("consumer-1000".into());
+        let after = assign(100_000, &before, &grown);
+        assert_eq!(moves(&before, &after, &grown), minimum_moves(100_000, &before, &grown));
+    }
+
+    /// Random case: P, the active set, and current owners drawn from active names, non-active
+    /// names (dead/draining) and "unowned", including partitions beyond P.
+    fn case() -> impl Strategy<Value = (u32, BTreeSet<String>, BTreeMap<u32, String>)> {
+        (0u32..300, 0usize..20, 0usize..6).prop_flat_map(|(p, n, dead)| {
+            let active = names(0..n);
+            // Owner index: < n active, n..n+dead non-active, the rest unowned.
+            let owner = 0..(n + dead + 3);
+            (Just(p), Just(active), proptest::collection::vec(owner, (p + 5) as usize)).prop_map(
+                move |(p, active, owners)| {
+                    let current = owners
+                        .into_iter()
+                        .enumerate()
+                        .filter(|&(_, o)| o < n + dead)
+                        .map(|(part, o)| (part as u32, format!("c{o:02}")))
+                        .collect();
+                    (p, active, current)
+                },
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn assign_properties((p, active, current) in case(), seed in any::<u64>()) {
+            let target = assign(p, &current, &active);
+
+            // Every partition 0..P assigned iff N > 0, nothing else, only to active consumers.
+            if active.is_empty() {
+                prop_assert!(target.is_empty());
+            } else {
+                prop_assert_eq!(target.keys().copied().collect::<Vec<_>>(), (0..p).collect::<Vec<_>>());
+            }
+            prop_assert!(target.values().all(|o| active.contains(o)));
+            assert_balanced(p, &target, &active);
+
+            // Minimal movement, against the independent closed formula.
+            prop_assert_eq!(moves(&current, &target, &active), minimum_moves(p, &current, &active));
+
+            // Sticky: an active owner at or under its target count keeps all its partitions;
+            // one over it keeps exactly that many, its lowest-numbered.
+            let c = counts(&target);
+            for a in &active {
+                let mine: Vec<u32> = current.range(..p).filter(|(_, o)| *o == a).map(|(&q, _)| q).collect();
+                let keep = c.get(a.as_str()).copied().unwrap_or(0).min(mine.len());
+                for (k, q) in mine.iter().enumerate() {
+                    prop_assert_eq!(target[q] == *a, k < keep, "partition {} of {}", q, a);
+                }
+            }
+
+            // Deterministic: same call twice, and the same inputs built in another order.
+            prop_assert_eq!(&assign(p, &current, &active), &target);
+            let mut rng_state = seed | 1;
+            let mut shuffled_entries: Vec<(u32, String)> = current.clone().into_iter().collect();
+            let mut shuffled_names: Vec<String> = active.iter().cloned().collect();
+            // Small xorshift Fisher–Yates: no dependency on rand's API for a test shuffle.
+            let mut next = |bound: usize| {
+                rng_state ^= rng_state << 13;
+                rng_state ^= rng_state >> 7;
+                rng_state ^= rng_state << 17;
+                (rng_state % bound as u64) as usize
+            };
+            for i in (1..shuffled_entries.len()).rev() {
+                let j = next(i + 1);
+                shuffled_entries.swap(i, j);
+            }
+            for i in (1..shuffled_names.len()).rev() {
+                let j = next(i + 1);
+                shuffled_names.swap(i, j);
+            }
+            let current2: BTreeMap<u32, String> = shuffled_entries.into_iter().collect();
+            let active2: BTreeSet<String> = shuffled_names.into_iter().collect();
+            prop_assert_eq!(&assign(p, &current2, &active2), &target);
+
+            // Stable: the target is a fixed point.
+            let again = assign(p, &target, &active);
+            prop_assert_eq!(&again, &target);
+            prop_assert_eq!(moves(&target, &again, &active), 0);
+        }
+    }
+}

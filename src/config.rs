@@ -1,0 +1,176 @@
+//! Command-line and environment configuration of `kafka-assigner serve`.
+//!
+//! Every flag can also be set as `KAFKA_ASSIGNER_<FLAG_IN_CAPS>` (for example
+//! `KAFKA_ASSIGNER_LEASE_TTL=5s`); a flag on the command line wins. Bad values stop the
+//! server at start with a message naming the flag.
+
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Top-level command line.
+#[derive(Debug, Parser)]
+#[command(name = "kafka-assigner", version, about = "Assigns Kafka partitions to stateful consumers with warm handoffs")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the gRPC API and the admin HTTP endpoints.
+    Serve(ServeArgs),
+}
+
+/// Which coordinator and store to run (DESIGN.md §2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// Warm-handoff coordinator over the in-process store (one node).
+    Memory,
+    /// Warm-handoff coordinator over etcd (many instances).
+    Etcd,
+}
+
+/// What `Deregister` answers (DESIGN.md §6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DrainPolicy {
+    /// `WAIT_FOR_DRAIN`: hand every partition off, then end the stream.
+    Drain,
+    /// `SHUTDOWN_NOW`: the consumer comes back under the same name; hold its partitions
+    /// for the restart grace (the proto's default, with no Kubernetes awareness).
+    ShutdownNow,
+}
+
+/// `kafka-assigner serve` flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Coordinator backend.
+    #[arg(long, env = "KAFKA_ASSIGNER_BACKEND", value_enum, default_value = "memory")]
+    pub backend: Backend,
+
+    /// gRPC listen address.
+    #[arg(long, env = "KAFKA_ASSIGNER_GRPC_ADDR", default_value = "127.0.0.1:50051")]
+    pub grpc_addr: SocketAddr,
+
+    /// Admin HTTP listen address (/live, /ready, /metrics, /status).
+    #[arg(long, env = "KAFKA_ASSIGNER_ADMIN_ADDR", default_value = "127.0.0.1:9090")]
+    pub admin_addr: SocketAddr,
+
+    /// etcd endpoints, comma-separated (etcd backend).
+    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_ENDPOINTS", value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    pub etcd_endpoints: Vec<String>,
+
+    /// Key prefix for everything the assigner stores.
+    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_PREFIX", default_value = "/kafka-assigner/")]
+    pub etcd_prefix: String,
+
+    /// Partition counts known without asking Kafka, e.g. `events=12,orders=4`.
+    #[arg(long, env = "KAFKA_ASSIGNER_TOPIC_PARTITIONS", value_parser = parse_topic_partitions, default_value = "")]
+    pub topic_partitions: TopicPartitions,
+
+    /// TTL of consumer sessions: a consumer whose stream drops loses its partitions after this.
+    #[arg(long, env = "KAFKA_ASSIGNER_LEASE_TTL", value_parser = parse_duration, default_value = "10s")]
+    pub lease_ttl: Duration,
+
+    /// A warm not ready after this long is cancelled (and retried later).
+    #[arg(long, env = "KAFKA_ASSIGNER_WARM_TIMEOUT", value_parser = parse_duration, default_value = "5m")]
+    pub warm_timeout: Duration,
+
+    /// A release not acknowledged after this long is completed anyway.
+    #[arg(long, env = "KAFKA_ASSIGNER_RELEASE_TIMEOUT", value_parser = parse_duration, default_value = "1m")]
+    pub release_timeout: Duration,
+
+    /// How long a SHUTDOWN_NOW consumer's partitions are held for its return.
+    #[arg(long, env = "KAFKA_ASSIGNER_RESTART_GRACE", value_parser = parse_duration, default_value = "30s")]
+    pub restart_grace: Duration,
+
+    /// What Deregister answers.
+    #[arg(long, env = "KAFKA_ASSIGNER_DRAIN_POLICY", value_enum, default_value = "shutdown-now")]
+    pub drain_policy: DrainPolicy,
+
+    /// Partitions one consumer may warm at once (like Kafka Streams' max.warmup.replicas).
+    #[arg(long, env = "KAFKA_ASSIGNER_MAX_WARMING", default_value = "4", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_warming: u32,
+
+    /// This instance's id (default: host name and process id).
+    #[arg(long, env = "KAFKA_ASSIGNER_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+}
+
+/// Partition counts by topic.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicPartitions(pub BTreeMap<String, u32>);
+
+/// Parses `500ms`, `10s`, `5m`, `1h` (humantime syntax); zero is refused.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("'{text}' is not a duration ({e}); use e.g. 500ms, 10s, 5m"))?;
+    if d.is_zero() {
+        return Err(format!("'{text}' must be greater than zero"));
+    }
+    Ok(d)
+}
+
+/// Parses `events=12,orders=4` (empty: none).
+pub fn parse_topic_partitions(text: &str) -> Result<TopicPartitions, String> {
+    let mut map = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (topic, count) =
+            part.split_once('=').ok_or_else(|| format!("'{part}' is not topic=count (e.g. events=12)"))?;
+        let topic = topic.trim();
+        crate::coordinator::validate_topic_name(topic).map_err(|e| e.to_string())?;
+        let count: u32 = count
+            .trim()
+            .parse()
+            .map_err(|_| format!("'{part}': partition count '{}' is not a positive integer", count.trim()))?;
+        if count == 0 {
+            return Err(format!("'{part}': a topic has at least one partition"));
+        }
+        if map.insert(topic.to_string(), count).is_some() {
+            return Err(format!("topic '{topic}' is listed twice"));
+        }
+    }
+    Ok(TopicPartitions(map))
+}
+
+/// The default instance id: host name and process id.
+pub fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let host = if host.is_empty() { "kafka-assigner".to_string() } else { host };
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("ten").unwrap_err().contains("'ten' is not a duration"));
+    }
+
+    #[test]
+    fn topic_partitions() {
+        let parsed = parse_topic_partitions("events=12, orders=4").unwrap();
+        assert_eq!(parsed.0.get("events"), Some(&12));
+        assert_eq!(parsed.0.get("orders"), Some(&4));
+        assert_eq!(parse_topic_partitions("").unwrap(), TopicPartitions::default());
+        for bad in ["events", "events=x", "events=0", "a/b=1", "e=1,e=2"] {
+            assert!(parse_topic_partitions(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag() {
+        let err = Cli::try_parse_from(["kafka-assigner", "serve", "--lease-ttl", "soon"]).unwrap_err().to_string();
+        assert!(err.contains("--lease-ttl"), "{err}");
+        let err = Cli::try_parse_from(["kafka-assigner", "serve", "--backend", "zk"]).unwrap_err().to_string();
+        assert!(err.contains("--backend"), "{err}");
+    }
+}

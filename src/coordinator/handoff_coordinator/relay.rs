@@ -1,0 +1,287 @@
+//! The watcher and the relay: keep the cache equal to the store, and turn every change
+//! into commands for the consumers connected to this instance.
+//!
+//! Commands come only from here, derived from the cache after a whole revision has been
+//! applied, so a consumer never sees a half-applied transaction, and every instance derives
+//! the same commands from the same revision.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::Inner;
+use crate::coordinator::{
+    CoordinatorError,
+    cache::{Cache, TopicEntry},
+};
+use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
+use crate::proto::v1::{
+    AssignmentCommand, AssignmentUpdate, ReleasePartition, TopicPartition, WarmPartition, assignment_command,
+};
+use crate::store::{Revision, SessionId};
+
+/// Why the server ended a local stream; tells the session task what to do with the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum EndReason {
+    /// The consumer drained: revoke the session.
+    Drained,
+    /// A newer registration of the same name replaced this one: revoke the old session.
+    Replaced,
+    /// The consumer's record is gone (session expired): nothing left to do.
+    Expired,
+    /// This instance is shutting down: keep nothing alive, let the TTL give the consumer
+    /// time to reconnect elsewhere.
+    Shutdown,
+}
+
+/// A consumer stream held by this instance.
+pub(super) struct LocalStream {
+    /// The session the stream's registration is bound to.
+    pub session: SessionId,
+    /// Store revision of the registration write; before the cache reaches it, a missing
+    /// or different record means "not seen yet", after it "replaced or expired".
+    pub registered_at: Revision,
+    /// Whether the snapshot has been sent.
+    pub activated: bool,
+    /// What the consumer has been told so far.
+    pub told: ConsumerView,
+    /// The stream's sender.
+    pub tx: mpsc::UnboundedSender<Result<AssignmentCommand, CoordinatorError>>,
+    /// Tells the session task why the stream ended.
+    pub end: Option<oneshot::Sender<EndReason>>,
+}
+
+/// Local streams keyed by topic, consumer *and* session, so the cleanup of a stale stream
+/// can never remove the newer one that replaced it.
+#[derive(Default)]
+pub(super) struct Streams {
+    pub by_key: BTreeMap<(String, String, SessionId), LocalStream>,
+}
+
+impl Streams {
+    /// Ends and removes one stream (if it is still there), telling its session task why.
+    pub fn end(&mut self, key: &(String, String, SessionId), reason: EndReason, last: Option<CoordinatorError>) {
+        if let Some(mut stream) = self.by_key.remove(key) {
+            if let Some(error) = last {
+                let _ = stream.tx.send(Err(error));
+            }
+            if let Some(end) = stream.end.take() {
+                let _ = end.send(reason);
+            }
+        }
+    }
+}
+
+fn tp(topic: &str, partition: u32) -> TopicPartition {
+    TopicPartition { topic: topic.to_string(), partition }
+}
+
+/// Converts a pure command into the wire message.
+pub(super) fn to_wire(topic: &str, command: Command) -> AssignmentCommand {
+    let command = match command {
+        Command::Assignment { assigned, unassigned } => assignment_command::Command::Assignment(AssignmentUpdate {
+            assigned: assigned.into_iter().map(|p| tp(topic, p)).collect(),
+            unassigned: unassigned.into_iter().map(|p| tp(topic, p)).collect(),
+        }),
+        Command::Warm { partition, current_owner } => {
+            assignment_command::Command::Warm(WarmPartition { partition: Some(tp(topic, partition)), current_owner })
+        }
+        Command::Release { partition, new_owner } => {
+            assignment_command::Command::Release(ReleasePartition { partition: Some(tp(topic, partition)), new_owner })
+        }
+    };
+    AssignmentCommand { command: Some(command) }
+}
+
+/// Brings one local stream up to date with the cache; returns why it must end, if it must.
+pub(super) fn relay_one(
+    topic: &str,
+    consumer: &str,
+    stream: &mut LocalStream,
+    entry: Option<&TopicEntry>,
+    revision: Revision,
+) -> Option<(EndReason, Option<CoordinatorError>)> {
+    let record = entry.and_then(|e| e.consumers.get(consumer));
+    let ours = record.is_some_and(|r| r.value.session == stream.session.0);
+    if !ours {
+        if revision < stream.registered_at {
+            return None; // our registration is not in the cache yet
+        }
+        // Tell the consumer it owns nothing any more before the stream ends.
+        let commands = diff_views(&stream.told, &ConsumerView::default());
+        send(topic, stream, commands);
+        return Some(match record {
+            Some(_) => (
+                EndReason::Replaced,
+                Some(CoordinatorError::Aborted(format!(
+                    "consumer '{consumer}' registered again for topic '{topic}'; this stream was replaced"
+                ))),
+            ),
+            None => (
+                EndReason::Expired,
+                Some(CoordinatorError::Unavailable(format!(
+                    "the session of consumer '{consumer}' on topic '{topic}' expired; register again"
+                ))),
+            ),
+        });
+    }
+    let Some(entry) = entry else { return None };
+    let state = entry.state();
+    let view = ConsumerView::of(&state, consumer);
+    if !stream.activated {
+        // The first message is always the snapshot, even when it is empty.
+        stream.activated = true;
+        let owned = view.owned.iter().copied().collect();
+        send(topic, stream, vec![Command::Assignment { assigned: owned, unassigned: vec![] }]);
+        stream.told = ConsumerView { owned: view.owned.clone(), ..Default::default() };
+    }
+    let commands = diff_views(&stream.told, &view);
+    send(topic, stream, commands);
+    stream.told = view;
+    let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
+    if draining && state.is_idle(consumer) {
+        return Some((EndReason::Drained, None));
+    }
+    None
+}
+
+fn send(topic: &str, stream: &LocalStream, commands: Vec<Command>) {
+    for command in commands {
+        // A closed receiver means the client is gone; its session task notices that.
+        let _ = stream.tx.send(Ok(to_wire(topic, command)));
+    }
+}
+
+/// Relays the cache to every local stream of the given topics (all topics if `None`).
+pub(super) fn relay(inner: &Inner, cache: &Cache, topics: Option<&BTreeSet<String>>) {
+    let mut streams = inner.lock_streams();
+    let mut ended = Vec::new();
+    for (key, stream) in streams.by_key.iter_mut() {
+        let (topic, consumer, _) = key;
+        if topics.is_some_and(|t| !t.contains(topic)) {
+            continue;
+        }
+        if let Some(end) = relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision) {
+            ended.push((key.clone(), end));
+        }
+    }
+    for (key, (reason, last)) in ended {
+        tracing::info!(topic = %key.0, consumer = %key.1, ?reason, "consumer stream ended");
+        streams.end(&key, reason, last);
+    }
+    inner.metrics.streams.set(streams.by_key.len() as i64);
+}
+
+/// Ends every local stream (instance shutdown).
+pub(super) fn end_all_streams(inner: &Inner) {
+    let mut streams = inner.lock_streams();
+    let keys: Vec<_> = streams.by_key.keys().cloned().collect();
+    for key in keys {
+        let error = CoordinatorError::Unavailable(format!(
+            "assigner instance '{}' is shutting down; reconnect to another instance",
+            inner.config.instance_id
+        ));
+        streams.end(&key, EndReason::Shutdown, Some(error));
+    }
+    inner.metrics.streams.set(0);
+}
+
+/// Keeps the cache equal to the store and relays every change. Runs until shutdown.
+pub(super) async fn watch_loop(inner: Arc<Inner>) {
+    let mut from = inner.read_cache().revision + 1;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let watch = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            w = inner.store.watch_prefix(inner.keys.prefix(), from) => w,
+        };
+        match watch {
+            Ok(stream) => {
+                backoff = Duration::from_millis(50);
+                follow(&inner, stream).await;
+            }
+            Err(error) => tracing::warn!(%error, "watch failed; re-reading state"),
+        }
+        if inner.shutdown.is_cancelled() {
+            return;
+        }
+        // Re-read everything, then relay what differs: nothing is missed across the gap.
+        loop {
+            match inner.store.get_prefix(inner.keys.prefix()).await {
+                Ok(snapshot) => {
+                    let fresh = Cache::from_snapshot(&inner.keys, snapshot);
+                    from = fresh.revision + 1;
+                    let topics = {
+                        let mut cache = inner.cache.write().unwrap_or_else(|p| p.into_inner());
+                        let topics = cache.topics_differing(&fresh);
+                        *cache = fresh;
+                        topics
+                    };
+                    let cache = inner.read_cache();
+                    relay(&inner, &cache, Some(&topics));
+                    inner.changed.send_replace(cache.revision);
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot re-read state; retrying");
+                    tokio::select! {
+                        _ = inner.shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+/// Applies a watch stream to the cache until it fails, the resync interval passes, or
+/// shutdown. Events that are ready together (one revision at least) are applied before
+/// relaying, so consumers never see part of a transaction.
+async fn follow(inner: &Inner, mut stream: crate::store::WatchStream) {
+    let resync = tokio::time::sleep(inner.config.resync_interval);
+    tokio::pin!(resync);
+    loop {
+        let first = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            _ = &mut resync => return,
+            item = stream.next() => item,
+        };
+        let mut item = first;
+        let mut topics = BTreeSet::new();
+        let mut failed = false;
+        {
+            let mut cache = inner.cache.write().unwrap_or_else(|p| p.into_inner());
+            loop {
+                match item {
+                    Some(Ok(event)) => topics.extend(cache.apply(&inner.keys, event)),
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "watch ended");
+                        failed = true;
+                        break;
+                    }
+                    None => {
+                        failed = true;
+                        break;
+                    }
+                }
+                match stream.next().now_or_never() {
+                    Some(next) => item = next,
+                    None => break,
+                }
+            }
+        }
+        let cache = inner.read_cache();
+        relay(inner, &cache, Some(&topics));
+        inner.changed.send_replace(cache.revision);
+        drop(cache);
+        if failed {
+            return;
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The stored records and their key layout (DESIGN.md §3).
+//!
+//! ```text
+//! {prefix}topics/{topic}                   TopicRecord
+//! {prefix}consumers/{topic}/{consumer}     ConsumerRecord   (bound to the consumer's session)
+//! {prefix}assignments/{topic}/{partition}  AssignmentRecord (durable)
+//! {prefix}handoffs/{topic}/{partition}     HandoffRecord    (durable)
+//! {prefix}leader                           the elected instance (bound to its session)
+//! ```
+//!
+//! Records are JSON with a version field `v`, so a later release can read (and migrate)
+//! what an earlier one wrote. Unknown fields are ignored; a newer `v` is refused.
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::handoff::{ConsumerStatus, Handoff, Millis};
+use crate::store::StoreError;
+
+/// The record format this release writes.
+pub const RECORD_VERSION: u32 = 1;
+
+/// `{prefix}topics/{topic}`: how many partitions the topic has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRecord {
+    /// Record format version.
+    pub v: u32,
+    /// Partition count.
+    pub partition_count: u32,
+}
+
+/// `{prefix}consumers/{topic}/{consumer}`: a live registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerRecord {
+    /// Record format version.
+    pub v: u32,
+    /// Active or draining.
+    pub status: ConsumerStatus,
+    /// The session (etcd lease) the record is bound to; identifies the current stream.
+    pub session: i64,
+    /// The assigner instance holding the consumer's stream.
+    pub instance: String,
+    /// Set by a `SHUTDOWN_NOW` deregistration: the holding instance keeps the session
+    /// (and so the partitions) alive until this time, waiting for the consumer's return.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_until: Option<Millis>,
+}
+
+/// `{prefix}assignments/{topic}/{partition}`: the partition's owner.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssignmentRecord {
+    /// Record format version.
+    pub v: u32,
+    /// The owning consumer.
+    pub owner: String,
+}
+
+/// `{prefix}handoffs/{topic}/{partition}`: a handoff in flight.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandoffRecord {
+    /// Record format version.
+    pub v: u32,
+    /// The handoff.
+    #[serde(flatten)]
+    pub handoff: Handoff,
+}
+
+/// Encodes a record.
+pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    // Serializing these plain structs cannot fail.
+    serde_json::to_vec(record).unwrap_or_default()
+}
+
+/// Decodes a record, refusing versions newer than this release understands.
+pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    #[derive(Deserialize)]
+    struct Version {
+        v: u32,
+    }
+    let version: Version =
+        serde_json::from_slice(bytes).map_err(|e| StoreError::Invalid(format!("{key}: {e}")))?;
+    if version.v > RECORD_VERSION {
+        return Err(StoreError::Invalid(format!(
+            "{key}: record version {} is newer than this release ({RECORD_VERSION})",
+            version.v
+        )));
+    }
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Invalid(format!("{key}: {e}")))
+}
+
+/// A parsed key under the prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Key {
+    /// A topic config.
+    Topic(String),
+    /// A consumer registration.
+    Consumer(String, String),
+    /// A partition's owner.
+    Assignment(String, u32),
+    /// A partition's handoff.
+    Handoff(String, u32),
+    /// The leader election key.
+    Leader,
+}
+
+/// Builds and parses keys under one prefix.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys under `prefix` (a trailing `/` is added when missing).
+    pub fn new(prefix: &str) -> Self {
+        let mut prefix = prefix.to_string();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Self { prefix }
+    }
+
+    /// The prefix itself (everything the assigner stores lives under it).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `{prefix}topics/{topic}`.
+    pub fn topic(&self, topic: &str) -> String {
+        format!("{}topics/{topic}", self.prefix)
+    }
+
+    /// `{prefix}consumers/{topic}/{consumer}`.
+    pub fn consumer(&self, topic: &str, consumer: &str) -> String {
+        format!("{}consumers/{topic}/{consumer}", self.prefix)
+    }
+
+    /// `{prefix}assignments/{topic}/{partition}`.
+    pub fn assignment(&self, topic: &str, partition: u32) -> String {
+        format!("{}assignments/{topic}/{partition}", self.prefix)
+    }
+
+    /// `{prefix}handoffs/{topic}/{partition}`.
+    pub fn handoff(&self, topic: &str, partition: u32) -> String {
+        format!("{}handoffs/{topic}/{partition}", self.prefix)
+    }
+
+    /// `{prefix}leader`.
+    pub fn leader(&self) -> String {
+        format!("{}leader", self.prefix)
+    }
+
+    /// Parses a key under the prefix; `None` for anything else.
+    pub fn parse(&self, key: &str) -> Option<Key> {
+        let rest = key.strip_prefix(&self.prefix)?;
+        if rest == "leader" {
+            return Some(Key::Leader);
+        }
+        let (kind, rest) = rest.split_once('/')?;
+        match kind {
+            "topics" => Some(Key::Topic(rest.to_string())),
+            "consumers" => {
+                let (topic, consumer) = rest.split_once('/')?;
+                Some(Key::Consumer(topic.to_string(), consumer.to_string()))
+            }
+            "assignments" | "handoffs" => {
+                let (topic, partition) = rest.split_once('/')?;
+                let partition = partition.parse().ok()?;
+                Some(if kind == "handoffs" {
+                    Key::Handoff(topic.to_string(), partition)
+                } else {
+                    Key::Assignment(topic.to_string(), partition)
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::Phase;
+
+    #[test]
+    fn keys_round_trip() {
+        let keys = Keys::new("/ka");
+        for key in [
+            Key::Topic("events".into()),
+            Key::Consumer("events".into(), "pod-0".into()),
+            Key::Assignment("events".into(), 7),
+            Key::Handoff("events".into(), 3),
+            Key::Leader,
+        ] {
+            let text = match &key {
+                Key::Topic(t) => keys.topic(t),
+                Key::Consumer(t, c) => keys.consumer(t, c),
+                Key::Assignment(t, p) => keys.assignment(t, *p),
+                Key::Handoff(t, p) => keys.handoff(t, *p),
+                Key::Leader => keys.leader(),
+            };
+            assert_eq!(keys.parse(&text), Some(key));
+        }
+        assert_eq!(keys.parse("/other/leader"), None);
+        assert_eq!(keys.parse("/ka/assignments/events/x"), None);
+    }
+
+    #[test]
+    fn records_are_versioned() {
+        let h = HandoffRecord {
+            v: RECORD_VERSION,
+            handoff: Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 5 },
+        };
+        let bytes = encode(&h);
+        assert_eq!(decode::<HandoffRecord>("k", &bytes).unwrap(), h);
+        let newer = br#"{"v":99,"owner":"a"}"#;
+        let err = decode::<AssignmentRecord>("k", newer).unwrap_err().to_string();
+        assert!(err.contains("newer than this release"), "{err}");
+        assert!(decode::<AssignmentRecord>("k", b"garbage").is_err());
+    }
+}

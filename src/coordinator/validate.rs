@@ -1,0 +1,62 @@
+//! Validation of names that arrive from the network, before they reach a store key.
+
+use super::CoordinatorError;
+
+/// Kafka's own rules: 1..=249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn validate_topic_name(topic: &str) -> Result<(), CoordinatorError> {
+    if topic.is_empty() {
+        return Err(CoordinatorError::InvalidArgument("topic must not be empty".into()));
+    }
+    if topic.len() > 249 {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "topic name is {} characters long; Kafka allows at most 249",
+            topic.len()
+        )));
+    }
+    if topic == "." || topic == ".." {
+        return Err(CoordinatorError::InvalidArgument(format!("'{topic}' is not a valid Kafka topic name")));
+    }
+    if let Some(bad) = topic.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "topic '{topic}' contains {bad:?}; Kafka topic names use only letters, digits, '.', '_' and '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// A consumer name becomes part of a store key: non-empty, at most 253 characters
+/// (a Kubernetes pod name fits), printable, no `/`.
+pub fn validate_consumer_name(name: &str) -> Result<(), CoordinatorError> {
+    if name.is_empty() {
+        return Err(CoordinatorError::InvalidArgument("consumer_name must not be empty".into()));
+    }
+    if name.len() > 253 {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "consumer_name is {} characters long; at most 253 are allowed",
+            name.len()
+        )));
+    }
+    if let Some(bad) = name.chars().find(|c| *c == '/' || c.is_control() || c.is_whitespace()) {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "consumer_name {name:?} contains {bad:?}; use a name without '/', spaces or control characters"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_topic_name("events.v1_x-y").is_ok());
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(250)] {
+            assert!(validate_topic_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_consumer_name("pod-0").is_ok());
+        for bad in ["", "a/b", "a b", "a\n", &"x".repeat(254)] {
+            assert!(validate_consumer_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The warm / ready / release state machine, as pure code.
+//!
+//! Everything here is a function of its inputs: the state of one topic (consumers,
+//! owners, handoffs), an [`Event`], and the time `now` in milliseconds, passed in by the
+//! caller. There is no I/O and no clock, which is what lets the simulation test run
+//! thousands of random schedules, and what lets the memory and etcd backends share one
+//! implementation: the coordinator turns the state change into compare-and-swap writes.
+//!
+//! * [`step`] applies an event and returns the new state plus the [`Write`]s that persist it.
+//! * [`plan`] (the `Tick` event) is the leader's decision: targets from
+//!   [`crate::assignment::assign`], handoffs started, cancelled, timed out and completed
+//!   (DESIGN.md §5).
+//! * [`ConsumerView`] and [`diff_views`] derive the commands a consumer must be sent from
+//!   what it was told before and the state now.
+
+mod plan;
+mod transitions;
+mod view;
+
+pub use plan::{Cooldowns, PlanConfig, PlanReport, plan};
+pub use transitions::{HandoffError, apply_ready, apply_released};
+pub use view::{Command, ConsumerView, diff_views};
+
+use std::collections::BTreeMap;
+
+/// Milliseconds since the Unix epoch: the only notion of time this module knows.
+pub type Millis = u64;
+
+/// Whether a consumer may receive partitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ConsumerStatus {
+    /// Eligible for partitions.
+    Active,
+    /// Leaving: gets no new partitions, hands off the ones it has.
+    Draining,
+}
+
+/// The two phases of a handoff of one partition from `from` to `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Phase {
+    /// `to` is warming; `from` still owns the partition.
+    Warming,
+    /// `to` owns the partition; `from` has been told to release it.
+    Releasing,
+}
+
+/// An in-flight move of one partition.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Handoff {
+    /// The consumer giving the partition up.
+    pub from: String,
+    /// The consumer taking it.
+    pub to: String,
+    /// Where the handoff stands.
+    pub phase: Phase,
+    /// When the current phase began (for the warm and release time limits).
+    pub since: Millis,
+}
+
+/// The state of one topic, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicState {
+    /// Number of partitions (`0..partition_count`).
+    pub partition_count: u32,
+    /// Live consumers (their session records exist) and their status.
+    pub consumers: BTreeMap<String, ConsumerStatus>,
+    /// Current owner of each partition that has one.
+    pub owners: BTreeMap<u32, String>,
+    /// In-flight handoffs by partition.
+    pub handoffs: BTreeMap<u32, Handoff>,
+}
+
+impl TopicState {
+    /// Whether `name` is a live consumer.
+    pub fn is_live(&self, name: &str) -> bool {
+        self.consumers.contains_key(name)
+    }
+
+    /// Whether `name` is a live, active (not draining) consumer.
+    pub fn is_active(&self, name: &str) -> bool {
+        self.consumers.get(name) == Some(&ConsumerStatus::Active)
+    }
+
+    /// Whether `name` owns nothing and takes part in no handoff (a drained consumer).
+    pub fn is_idle(&self, name: &str) -> bool {
+        !self.owners.values().any(|o| o == name)
+            && !self.handoffs.values().any(|h| h.from == name || h.to == name)
+    }
+}
+
+/// One record change that persists a state change. The coordinator turns these into
+/// transaction ops, each guarded by the revision of the record as it was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Set the owner of a partition.
+    SetOwner {
+        /// The partition.
+        partition: u32,
+        /// Its new owner.
+        owner: String,
+    },
+    /// Remove the owner record of a partition (only for partitions beyond the count).
+    ClearOwner {
+        /// The partition.
+        partition: u32,
+    },
+    /// Create or replace the handoff record of a partition.
+    PutHandoff {
+        /// The partition.
+        partition: u32,
+        /// The handoff.
+        handoff: Handoff,
+    },
+    /// Remove the handoff record of a partition.
+    DeleteHandoff {
+        /// The partition.
+        partition: u32,
+    },
+}
+
+impl Write {
+    /// The partition this write touches.
+    pub fn partition(&self) -> u32 {
+        match self {
+            Write::SetOwner { partition, .. }
+            | Write::ClearOwner { partition }
+            | Write::PutHandoff { partition, .. }
+            | Write::DeleteHandoff { partition } => *partition,
+        }
+    }
+}
+
+/// The writes that turn `old` into `new` (owners and handoffs only), in partition order.
+pub fn diff_writes(old: &TopicState, new: &TopicState) -> Vec<Write> {
+    let mut writes = Vec::new();
+    let partitions: std::collections::BTreeSet<u32> = old
+        .owners
+        .keys()
+        .chain(new.owners.keys())
+        .chain(old.handoffs.keys())
+        .chain(new.handoffs.keys())
+        .copied()
+        .collect();
+    for partition in partitions {
+        match (old.owners.get(&partition), new.owners.get(&partition)) {
+            (a, Some(b)) if a != Some(b) => {
+                writes.push(Write::SetOwner { partition, owner: b.clone() })
+            }
+            (Some(_), None) => writes.push(Write::ClearOwner { partition }),
+            _ => {}
+        }
+        match (old.handoffs.get(&partition), new.handoffs.get(&partition)) {
+            (a, Some(b)) if a != Some(b) => {
+                writes.push(Write::PutHandoff { partition, handoff: b.clone() })
+            }
+            (Some(_), None) => writes.push(Write::DeleteHandoff { partition }),
+            _ => {}
+        }
+    }
+    writes
+}
+
+/// Something that happens to a topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A consumer registered (or re-registered) and is active.
+    Joined(String),
+    /// A consumer's session ended (crash, or lease expiry).
+    Expired(String),
+    /// A consumer asked to drain.
+    Draining(String),
+    /// `PartitionReady` from a consumer.
+    Ready(String, u32),
+    /// `PartitionReleased` from a consumer.
+    Released(String, u32),
+    /// Time passes; the leader reconciles at `now`.
+    Tick(Millis),
+}
+
+/// Applies one event. Consumer events change membership only (the leader reacts on its
+/// next tick); `Ready` / `Released` are validated and may be refused, leaving `state` as
+/// it was; `Tick` runs [`plan`]. Returns the writes that persist the change.
+pub fn step(
+    state: &mut TopicState,
+    event: &Event,
+    now: Millis,
+    config: &PlanConfig,
+    cooldowns: &mut Cooldowns,
+) -> Result<Vec<Write>, HandoffError> {
+    let before = state.clone();
+    match event {
+        Event::Joined(name) => {
+            state.consumers.insert(name.clone(), ConsumerStatus::Active);
+        }
+        Event::Expired(name) => {
+            state.consumers.remove(name);
+        }
+        Event::Draining(name) => {
+            if let Some(status) = state.consumers.get_mut(name) {
+                *status = ConsumerStatus::Draining;
+            }
+        }
+        Event::Ready(name, partition) => apply_ready(state, name, *partition, now)?,
+        Event::Released(name, partition) => apply_released(state, name, *partition)?,
+        Event::Tick(at) => {
+            plan(state, *at, config, cooldowns);
+        }
+    }
+    Ok(diff_writes(&before, state))
+}

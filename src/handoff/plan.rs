@@ -1,0 +1,284 @@
+//! The leader's reconcile step: from the stored state and `now`, decide what moves.
+//!
+//! Per partition, in this order (DESIGN.md §5):
+//! 1. settle handoffs whose participants died, whose target is no longer the target, or
+//!    whose time limit passed (a warm that never got ready is cancelled and the partition
+//!    cools down before it is retried; a release never acknowledged is completed anyway);
+//! 2. give partitions with no live owner straight to their target (nobody to hand off from);
+//! 3. start a warming handoff for every partition whose live owner is not its target,
+//!    at most `max_warming_per_consumer` per target at a time.
+//!
+//! Partitions with a handoff in flight are left alone, and nothing else waits for them:
+//! one slow warm never blocks the rest of a rebalance.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Handoff, Millis, Phase, TopicState};
+use crate::assignment;
+
+/// Limits the leader applies to handoffs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanConfig {
+    /// A warming handoff not ready after this long is cancelled.
+    pub warm_timeout_ms: Millis,
+    /// A releasing handoff not acknowledged after this long is completed anyway.
+    pub release_timeout_ms: Millis,
+    /// How many partitions one consumer may be warming at once (like Kafka Streams'
+    /// `max.warmup.replicas`), so a new consumer is not asked to warm everything at once.
+    pub max_warming_per_consumer: usize,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        Self { warm_timeout_ms: 300_000, release_timeout_ms: 60_000, max_warming_per_consumer: 4 }
+    }
+}
+
+/// Partitions whose warm timed out, with the time before which no new handoff of them
+/// starts. Kept in the leader's memory: losing it on failover only means an earlier retry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cooldowns(pub BTreeMap<u32, Millis>);
+
+/// What one reconcile did, for logs and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanReport {
+    /// Handoffs started (partition, from, to).
+    pub started: Vec<(u32, String, String)>,
+    /// Partitions given to a consumer directly, with no live owner to hand off from.
+    pub assigned_directly: Vec<(u32, String)>,
+    /// Warming handoffs cancelled because the target died, drained or stopped being the target.
+    pub cancelled: Vec<u32>,
+    /// Warming handoffs cancelled because they were not ready in time.
+    pub warm_timeouts: Vec<u32>,
+    /// Releasing handoffs completed without an acknowledgement (timeout or dead old owner).
+    pub release_forced: Vec<u32>,
+    /// Releasing handoffs that timed out (a subset of `release_forced`).
+    pub release_timeouts: Vec<u32>,
+}
+
+impl PlanReport {
+    /// Whether the reconcile changed nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Target owner of each partition: the assignment, computed as if every warming handoff
+/// to an active consumer had already completed, so an in-flight move keeps its target.
+fn targets(state: &TopicState) -> BTreeMap<u32, String> {
+    let active: BTreeSet<String> =
+        state.consumers.keys().filter(|c| state.is_active(c)).cloned().collect();
+    let mut planned = state.owners.clone();
+    for (partition, handoff) in &state.handoffs {
+        if handoff.phase == Phase::Warming && state.is_active(&handoff.to) {
+            planned.insert(*partition, handoff.to.clone());
+        }
+    }
+    assignment::assign(state.partition_count, &planned, &active)
+}
+
+/// Reconciles `state` at `now`, mutating it into the state the leader should write.
+pub fn plan(state: &mut TopicState, now: Millis, config: &PlanConfig, cooldowns: &mut Cooldowns) -> PlanReport {
+    let mut report = PlanReport::default();
+    cooldowns.0.retain(|_, until| *until > now);
+    // Records of partitions beyond the count (never produced by us; defensive) go away.
+    state.owners.retain(|p, _| *p < state.partition_count);
+    state.handoffs.retain(|p, _| *p < state.partition_count);
+    let target = targets(state);
+
+    settle_handoffs(state, now, config, &target, cooldowns, &mut report);
+
+    for partition in 0..state.partition_count {
+        let owner_live = state.owners.get(&partition).is_some_and(|o| state.is_live(o));
+        if owner_live || state.handoffs.contains_key(&partition) {
+            continue;
+        }
+        if let Some(to) = target.get(&partition) {
+            state.owners.insert(partition, to.clone());
+            report.assigned_directly.push((partition, to.clone()));
+        }
+    }
+
+    let mut warming: BTreeMap<String, usize> = BTreeMap::new();
+    for h in state.handoffs.values().filter(|h| h.phase == Phase::Warming) {
+        *warming.entry(h.to.clone()).or_default() += 1;
+    }
+    for (partition, to) in &target {
+        let Some(owner) = state.owners.get(partition) else { continue };
+        if owner == to || state.handoffs.contains_key(partition) || cooldowns.0.contains_key(partition) {
+            continue;
+        }
+        let count = warming.entry(to.clone()).or_default();
+        if *count >= config.max_warming_per_consumer {
+            continue;
+        }
+        *count += 1;
+        report.started.push((*partition, owner.clone(), to.clone()));
+        let handoff = Handoff { from: owner.clone(), to: to.clone(), phase: Phase::Warming, since: now };
+        state.handoffs.insert(*partition, handoff);
+    }
+    report
+}
+
+/// Step 1 of [`plan`]: cancel, time out or complete the handoffs that cannot go on.
+fn settle_handoffs(
+    state: &mut TopicState,
+    now: Millis,
+    config: &PlanConfig,
+    target: &BTreeMap<u32, String>,
+    cooldowns: &mut Cooldowns,
+    report: &mut PlanReport,
+) {
+    let handoffs: Vec<(u32, Handoff)> = state.handoffs.iter().map(|(p, h)| (*p, h.clone())).collect();
+    for (partition, h) in handoffs {
+        let owner = state.owners.get(&partition).cloned();
+        let age = now.saturating_sub(h.since);
+        match h.phase {
+            Phase::Warming => {
+                if owner.as_deref() != Some(h.from.as_str()) {
+                    // The source no longer owns it (should not happen): drop the handoff;
+                    // step 2 or a later plan fixes ownership.
+                    state.handoffs.remove(&partition);
+                    report.cancelled.push(partition);
+                } else if !state.is_live(&h.from) && state.is_active(&h.to) {
+                    // The owner died while the target warmed: the target takes it now.
+                    state.handoffs.remove(&partition);
+                    state.owners.insert(partition, h.to.clone());
+                    report.assigned_directly.push((partition, h.to.clone()));
+                } else if !state.is_active(&h.to) || target.get(&partition) != Some(&h.to) {
+                    state.handoffs.remove(&partition);
+                    report.cancelled.push(partition);
+                } else if age >= config.warm_timeout_ms {
+                    state.handoffs.remove(&partition);
+                    // Retry no sooner than another warm timeout from now (at least 1 s).
+                    cooldowns.0.insert(partition, now + config.warm_timeout_ms.max(1_000));
+                    report.warm_timeouts.push(partition);
+                }
+            }
+            Phase::Releasing => {
+                if owner.as_deref() != Some(h.to.as_str()) {
+                    state.handoffs.remove(&partition);
+                    report.cancelled.push(partition);
+                } else if !state.is_live(&h.from) {
+                    // Nobody left to acknowledge: the handoff is complete.
+                    state.handoffs.remove(&partition);
+                    report.release_forced.push(partition);
+                } else if age >= config.release_timeout_ms {
+                    state.handoffs.remove(&partition);
+                    report.release_forced.push(partition);
+                    report.release_timeouts.push(partition);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::{ConsumerStatus, apply_ready, apply_released};
+
+    fn state(p: u32, consumers: &[&str]) -> TopicState {
+        let mut s = TopicState { partition_count: p, ..Default::default() };
+        for c in consumers {
+            s.consumers.insert(c.to_string(), ConsumerStatus::Active);
+        }
+        s
+    }
+
+    fn cfg() -> PlanConfig {
+        PlanConfig { warm_timeout_ms: 1_000, release_timeout_ms: 500, max_warming_per_consumer: 100 }
+    }
+
+    #[test]
+    fn first_consumer_gets_everything_directly() {
+        let mut s = state(4, &["a"]);
+        let r = plan(&mut s, 0, &cfg(), &mut Cooldowns::default());
+        assert_eq!(r.assigned_directly.len(), 4);
+        assert!(s.owners.values().all(|o| o == "a"));
+        assert!(s.handoffs.is_empty());
+    }
+
+    #[test]
+    fn joining_consumer_warms_before_it_owns() {
+        let mut s = state(4, &["a"]);
+        let mut cd = Cooldowns::default();
+        plan(&mut s, 0, &cfg(), &mut cd);
+        s.consumers.insert("b".into(), ConsumerStatus::Active);
+        let r = plan(&mut s, 10, &cfg(), &mut cd);
+        assert_eq!(r.started.len(), 2);
+        assert!(s.owners.values().all(|o| o == "a"), "ownership does not change before ready");
+        // Planning again changes nothing while the warm is pending.
+        let before = s.clone();
+        assert!(plan(&mut s, 20, &cfg(), &mut cd).is_empty());
+        assert_eq!(s, before);
+        for p in r.started.iter().map(|(p, _, _)| *p) {
+            apply_ready(&mut s, "b", p, 30).unwrap();
+            apply_released(&mut s, "a", p).unwrap();
+        }
+        assert!(plan(&mut s, 40, &cfg(), &mut cd).is_empty());
+        assert_eq!(s.owners.values().filter(|o| *o == "b").count(), 2);
+    }
+
+    #[test]
+    fn warm_cap_limits_concurrent_warms_per_target() {
+        let mut s = state(8, &["a"]);
+        let mut cd = Cooldowns::default();
+        plan(&mut s, 0, &cfg(), &mut cd);
+        s.consumers.insert("b".into(), ConsumerStatus::Active);
+        let config = PlanConfig { max_warming_per_consumer: 1, ..cfg() };
+        assert_eq!(plan(&mut s, 1, &config, &mut cd).started.len(), 1);
+        assert_eq!(plan(&mut s, 2, &config, &mut cd).started.len(), 0);
+    }
+
+    #[test]
+    fn target_death_cancels_and_source_death_hands_over() {
+        let mut s = state(2, &["a"]);
+        let mut cd = Cooldowns::default();
+        plan(&mut s, 0, &cfg(), &mut cd);
+        s.consumers.insert("b".into(), ConsumerStatus::Active);
+        plan(&mut s, 1, &cfg(), &mut cd);
+        let p = *s.handoffs.keys().next().unwrap();
+        let mut b_dies = s.clone();
+        b_dies.consumers.remove("b");
+        let r = plan(&mut b_dies, 2, &cfg(), &mut cd);
+        assert_eq!(r.cancelled, vec![p]);
+        assert!(b_dies.owners.values().all(|o| o == "a"));
+        let mut a_dies = s.clone();
+        a_dies.consumers.remove("a");
+        plan(&mut a_dies, 2, &cfg(), &mut cd);
+        assert!(a_dies.owners.values().all(|o| o == "b"));
+        assert!(a_dies.handoffs.is_empty());
+    }
+
+    #[test]
+    fn timeouts_cancel_warms_with_cooldown_and_force_releases() {
+        let mut s = state(2, &["a"]);
+        let mut cd = Cooldowns::default();
+        plan(&mut s, 0, &cfg(), &mut cd);
+        s.consumers.insert("b".into(), ConsumerStatus::Active);
+        plan(&mut s, 0, &cfg(), &mut cd);
+        let p = *s.handoffs.keys().next().unwrap();
+        let r = plan(&mut s, 1_000, &cfg(), &mut cd);
+        assert_eq!(r.warm_timeouts, vec![p]);
+        assert!(r.started.is_empty(), "no retry during the cooldown");
+        let r = plan(&mut s, 2_000, &cfg(), &mut cd);
+        assert_eq!(r.started.len(), 1, "retried after the cooldown");
+        apply_ready(&mut s, "b", p, 2_000).unwrap();
+        let r = plan(&mut s, 2_500, &cfg(), &mut cd);
+        assert_eq!(r.release_timeouts, vec![p]);
+        assert!(s.handoffs.is_empty());
+        assert_eq!(s.owners[&p], "b");
+    }
+
+    #[test]
+    fn draining_consumer_hands_everything_off() {
+        let mut s = state(4, &["a", "b"]);
+        let mut cd = Cooldowns::default();
+        plan(&mut s, 0, &cfg(), &mut cd);
+        s.consumers.insert("a".into(), ConsumerStatus::Draining);
+        let r = plan(&mut s, 1, &cfg(), &mut cd);
+        assert_eq!(r.started.len(), 2);
+        assert!(r.started.iter().all(|(_, from, to)| from == "a" && to == "b"));
+    }
+}

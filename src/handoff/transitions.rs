@@ -1,0 +1,166 @@
+//! The consumer-driven steps of a handoff: `PartitionReady` and `PartitionReleased`.
+//!
+//! Any instance applies these (no round trip through the leader); the coordinator makes
+//! the resulting writes conditional on the handoff record it validated against, so a
+//! concurrent change makes the write fail instead of acting on stale state.
+
+use super::{Handoff, Millis, Phase, TopicState};
+
+/// Why a consumer's call was refused. Nothing changes when one is returned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HandoffError {
+    /// The partition is not in `0..partition_count`.
+    #[error("partition {partition} is out of range: the topic has {partition_count} partitions (0..{partition_count})")]
+    PartitionOutOfRange {
+        /// The partition asked for.
+        partition: u32,
+        /// The topic's partition count.
+        partition_count: u32,
+    },
+    /// The consumer has no live registration for this topic.
+    #[error("consumer '{0}' is not registered for this topic")]
+    UnknownConsumer(String),
+    /// `PartitionReady` from a consumer that is not warming this partition.
+    #[error("consumer '{consumer}' is not the target of a warming handoff for partition {partition} ({actual})")]
+    NotWarmingTarget {
+        /// The caller.
+        consumer: String,
+        /// The partition.
+        partition: u32,
+        /// What the state actually is, for the message.
+        actual: String,
+    },
+    /// `PartitionReleased` from a consumer that is not releasing this partition.
+    #[error("consumer '{consumer}' is not releasing partition {partition} ({actual})")]
+    NotReleasing {
+        /// The caller.
+        consumer: String,
+        /// The partition.
+        partition: u32,
+        /// What the state actually is, for the message.
+        actual: String,
+    },
+}
+
+/// Describes a partition's ownership for an error message.
+fn describe(state: &TopicState, partition: u32) -> String {
+    let owner = state.owners.get(&partition).map_or("no owner".to_string(), |o| format!("owner '{o}'"));
+    match state.handoffs.get(&partition) {
+        None => format!("{owner}, no handoff in flight"),
+        Some(h) => format!("{owner}, handoff '{}' -> '{}' is {:?}", h.from, h.to, h.phase),
+    }
+}
+
+fn check_common(state: &TopicState, consumer: &str, partition: u32) -> Result<(), HandoffError> {
+    if partition >= state.partition_count {
+        return Err(HandoffError::PartitionOutOfRange { partition, partition_count: state.partition_count });
+    }
+    if !state.is_live(consumer) {
+        return Err(HandoffError::UnknownConsumer(consumer.to_string()));
+    }
+    Ok(())
+}
+
+/// `PartitionReady(consumer, partition)`: the target of a warming handoff is ready, so in
+/// one step it becomes the owner and the handoff moves to `Releasing` (DESIGN.md §5.3).
+///
+/// A repeated call from the consumer that already owns the partition (the handoff is
+/// releasing or done) succeeds without change, so a client may retry a call whose
+/// response it lost.
+pub fn apply_ready(state: &mut TopicState, consumer: &str, partition: u32, now: Millis) -> Result<(), HandoffError> {
+    check_common(state, consumer, partition)?;
+    let owner = state.owners.get(&partition).map(String::as_str);
+    match state.handoffs.get(&partition) {
+        Some(Handoff { to, phase: Phase::Warming, .. }) if to == consumer => {}
+        Some(Handoff { to, phase: Phase::Releasing, .. }) if to == consumer => return Ok(()),
+        None if owner == Some(consumer) => return Ok(()),
+        _ => {
+            return Err(HandoffError::NotWarmingTarget {
+                consumer: consumer.to_string(),
+                partition,
+                actual: describe(state, partition),
+            });
+        }
+    }
+    state.owners.insert(partition, consumer.to_string());
+    if let Some(handoff) = state.handoffs.get_mut(&partition) {
+        handoff.phase = Phase::Releasing;
+        handoff.since = now;
+    }
+    Ok(())
+}
+
+/// `PartitionReleased(consumer, partition)`: the old owner has stopped; the handoff is
+/// removed (DESIGN.md §5.4).
+pub fn apply_released(state: &mut TopicState, consumer: &str, partition: u32) -> Result<(), HandoffError> {
+    check_common(state, consumer, partition)?;
+    match state.handoffs.get(&partition) {
+        Some(Handoff { from, phase: Phase::Releasing, .. }) if from == consumer => {
+            state.handoffs.remove(&partition);
+            Ok(())
+        }
+        _ => Err(HandoffError::NotReleasing {
+            consumer: consumer.to_string(),
+            partition,
+            actual: describe(state, partition),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::ConsumerStatus;
+
+    fn warming() -> TopicState {
+        let mut s = TopicState { partition_count: 2, ..Default::default() };
+        s.consumers.insert("a".into(), ConsumerStatus::Active);
+        s.consumers.insert("b".into(), ConsumerStatus::Active);
+        s.owners.insert(0, "a".into());
+        s.owners.insert(1, "a".into());
+        s.handoffs.insert(0, Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0 });
+        s
+    }
+
+    #[test]
+    fn ready_flips_owner_and_phase_in_one_step() {
+        let mut s = warming();
+        apply_ready(&mut s, "b", 0, 7).unwrap();
+        assert_eq!(s.owners[&0], "b");
+        assert_eq!(s.handoffs[&0].phase, Phase::Releasing);
+        assert_eq!(s.handoffs[&0].since, 7);
+        // Retried call: accepted, no change.
+        let before = s.clone();
+        apply_ready(&mut s, "b", 0, 9).unwrap();
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn wrong_calls_are_refused_and_change_nothing() {
+        let s = warming();
+        let cases: Vec<(&str, u32, bool)> = vec![("a", 0, true), ("b", 1, true), ("c", 0, true), ("b", 2, true), ("b", 0, false)];
+        for (consumer, partition, ready) in cases {
+            let mut t = s.clone();
+            let result =
+                if ready { apply_ready(&mut t, consumer, partition, 1) } else { apply_released(&mut t, consumer, partition) };
+            assert!(result.is_err(), "{consumer} {partition} ready={ready} must be refused");
+            assert_eq!(t, s);
+        }
+        let mut t = s.clone();
+        assert!(matches!(apply_ready(&mut t, "c", 0, 1), Err(HandoffError::UnknownConsumer(_))));
+        assert!(matches!(apply_ready(&mut t, "b", 5, 1), Err(HandoffError::PartitionOutOfRange { .. })));
+        let msg = apply_ready(&mut t, "a", 0, 1).unwrap_err().to_string();
+        assert!(msg.contains("handoff 'a' -> 'b' is Warming"), "{msg}");
+    }
+
+    #[test]
+    fn released_removes_the_handoff_only_from_the_releasing_owner() {
+        let mut s = warming();
+        apply_ready(&mut s, "b", 0, 1).unwrap();
+        assert!(apply_released(&mut s, "b", 0).is_err());
+        apply_released(&mut s, "a", 0).unwrap();
+        assert!(s.handoffs.is_empty());
+        assert_eq!(s.owners[&0], "b");
+        assert!(apply_released(&mut s, "a", 0).is_err(), "a second release is refused");
+    }
+}

@@ -1,0 +1,167 @@
+//! What one consumer should know, and the commands that bring it up to date.
+//!
+//! Commands are derived from state, never stored: an instance remembers the last
+//! [`ConsumerView`] it sent to each of its consumers and, on every state change, sends
+//! [`diff_views`] of that and the new view. A reconnecting consumer starts from an empty
+//! view, so it gets a full snapshot plus every warm or release still pending for it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Phase, TopicState};
+
+/// One consumer's share of a topic's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerView {
+    /// Partitions it owns.
+    pub owned: BTreeSet<u32>,
+    /// Partitions it is warming, with their current owner.
+    pub warming: BTreeMap<u32, String>,
+    /// Partitions it must release, with their new owner.
+    pub releasing: BTreeMap<u32, String>,
+}
+
+impl ConsumerView {
+    /// The view of `consumer` in `state`. A consumer that is not live sees nothing.
+    pub fn of(state: &TopicState, consumer: &str) -> Self {
+        let mut view = Self::default();
+        if !state.is_live(consumer) {
+            return view;
+        }
+        view.owned = state.owners.iter().filter(|(_, o)| *o == consumer).map(|(p, _)| *p).collect();
+        for (p, h) in &state.handoffs {
+            match h.phase {
+                Phase::Warming if h.to == consumer => {
+                    view.warming.insert(*p, h.from.clone());
+                }
+                Phase::Releasing if h.from == consumer => {
+                    view.releasing.insert(*p, h.to.clone());
+                }
+                _ => {}
+            }
+        }
+        view
+    }
+}
+
+/// A command for one consumer, mirroring `AssignmentCommand` on the wire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Partitions now owned, and partitions no longer owned (or no longer to be warmed).
+    Assignment {
+        /// Newly owned.
+        assigned: Vec<u32>,
+        /// No longer owned, or a warm that was cancelled.
+        unassigned: Vec<u32>,
+    },
+    /// Start warming a partition.
+    Warm {
+        /// The partition.
+        partition: u32,
+        /// Its current owner.
+        current_owner: String,
+    },
+    /// Stop processing a partition: the handoff is complete.
+    Release {
+        /// The partition.
+        partition: u32,
+        /// The new owner.
+        new_owner: String,
+    },
+}
+
+/// The commands that take a consumer from `told` to `now`.
+///
+/// * a newly owned partition is `assigned`;
+/// * a partition owned before that it now must release gets `Release` (never `unassigned`:
+///   the old owner keeps processing until it acknowledges);
+/// * a partition owned before and not releasing now (its owner died or was replaced) is
+///   `unassigned`, as is a warm that was cancelled (the proto has no "cancel warm";
+///   `unassigned` for a partition being warmed means "drop the warm state");
+/// * a new warm or release is sent once.
+///
+/// An `Assignment` comes first, so a consumer learns what it lost and gained before it is
+/// asked to warm or release; an empty diff sends nothing.
+pub fn diff_views(told: &ConsumerView, now: &ConsumerView) -> Vec<Command> {
+    let assigned: Vec<u32> = now.owned.difference(&told.owned).copied().collect();
+    let mut unassigned: Vec<u32> = told
+        .owned
+        .iter()
+        .filter(|p| !now.owned.contains(p) && !now.releasing.contains_key(p))
+        .copied()
+        .collect();
+    unassigned.extend(
+        told.warming.keys().filter(|p| !now.warming.contains_key(p) && !now.owned.contains(p)).copied(),
+    );
+    unassigned.sort_unstable();
+    let mut commands = Vec::new();
+    if !assigned.is_empty() || !unassigned.is_empty() {
+        commands.push(Command::Assignment { assigned, unassigned });
+    }
+    for (p, from) in &now.warming {
+        if told.warming.get(p) != Some(from) {
+            commands.push(Command::Warm { partition: *p, current_owner: from.clone() });
+        }
+    }
+    for (p, to) in &now.releasing {
+        if told.releasing.get(p) != Some(to) {
+            commands.push(Command::Release { partition: *p, new_owner: to.clone() });
+        }
+    }
+    commands
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::{ConsumerStatus, Handoff, apply_ready};
+
+    fn two_consumers_warming() -> TopicState {
+        let mut s = TopicState { partition_count: 2, ..Default::default() };
+        s.consumers.insert("a".into(), ConsumerStatus::Active);
+        s.consumers.insert("b".into(), ConsumerStatus::Active);
+        s.owners.insert(0, "a".into());
+        s.owners.insert(1, "a".into());
+        s.handoffs.insert(1, Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0 });
+        s
+    }
+
+    #[test]
+    fn snapshot_then_warm_then_flip() {
+        let mut s = two_consumers_warming();
+        let a0 = ConsumerView::of(&s, "a");
+        let b0 = ConsumerView::of(&s, "b");
+        assert_eq!(
+            diff_views(&ConsumerView::default(), &a0),
+            vec![Command::Assignment { assigned: vec![0, 1], unassigned: vec![] }]
+        );
+        assert_eq!(
+            diff_views(&ConsumerView::default(), &b0),
+            vec![Command::Warm { partition: 1, current_owner: "a".into() }]
+        );
+        apply_ready(&mut s, "b", 1, 1).unwrap();
+        let a1 = ConsumerView::of(&s, "a");
+        let b1 = ConsumerView::of(&s, "b");
+        assert_eq!(diff_views(&a0, &a1), vec![Command::Release { partition: 1, new_owner: "b".into() }]);
+        assert_eq!(diff_views(&b0, &b1), vec![Command::Assignment { assigned: vec![1], unassigned: vec![] }]);
+        assert!(diff_views(&a1, &a1).is_empty());
+    }
+
+    #[test]
+    fn cancelled_warm_and_lost_ownership_are_unassigned() {
+        let s = two_consumers_warming();
+        let b0 = ConsumerView::of(&s, "b");
+        let mut cancelled = s.clone();
+        cancelled.handoffs.clear();
+        assert_eq!(
+            diff_views(&b0, &ConsumerView::of(&cancelled, "b")),
+            vec![Command::Assignment { assigned: vec![], unassigned: vec![1] }]
+        );
+        let a0 = ConsumerView::of(&s, "a");
+        let mut gone = s.clone();
+        gone.consumers.remove("a");
+        assert_eq!(
+            diff_views(&a0, &ConsumerView::of(&gone, "a")),
+            vec![Command::Assignment { assigned: vec![], unassigned: vec![0, 1] }]
+        );
+    }
+}

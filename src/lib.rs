@@ -1,0 +1,31 @@
+//! # kafka-assigner
+//!
+//! Decides which Kafka consumer owns which partition, and moves partitions between
+//! consumers with **warm handoffs** so stateful consumers never start cold. Consumers speak
+//! gRPC (`proto/kafka_assigner/v1/service.proto`); state lives in a [`store::LeaseStore`]
+//! (etcd in production, in-process for one node).
+//!
+//! ## Layout
+//!
+//! * [`proto`] — the generated wire contract.
+//! * [`assignment`] — pure: the sticky, balanced target assignment.
+//! * [`handoff`] — pure: the warm / ready / release state machine (`state + event → state
+//!   + writes`), and the commands each consumer is sent, derived from state.
+//! * [`store`] — the `LeaseStore` trait with `MemoryStore` and `EtcdStore`.
+//! * [`coordinator`] — the `ConsumerGroupCoordinator` trait the gRPC layer talks to, and
+//!   the warm-handoff coordinator over a `LeaseStore` (leader election, fenced batched
+//!   writes, the relay of commands to local streams, consumer sessions).
+//! * [`server`] — the tonic service, health and reflection, the admin HTTP server.
+//! * [`config`] — flags and environment of `kafka-assigner serve`.
+//! * [`metrics`] — Prometheus metrics.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod assignment;
+pub mod config;
+pub mod coordinator;
+pub mod handoff;
+pub mod metrics;
+pub mod proto;
+pub mod server;
+pub mod store;

@@ -1,0 +1,41 @@
+//! The admin HTTP server: `/live`, `/ready`, `/metrics` (Prometheus) and `/status`
+//! (consumers, partitions and handoffs as JSON).
+
+use std::sync::Arc;
+
+use axum::{Json, Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+
+use crate::coordinator::ConsumerGroupCoordinator;
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+struct AdminState {
+    coordinator: Arc<dyn ConsumerGroupCoordinator>,
+    metrics: Arc<Metrics>,
+}
+
+/// The admin routes.
+pub fn router(coordinator: Arc<dyn ConsumerGroupCoordinator>, metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/live", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics_text))
+        .route("/status", get(status))
+        .with_state(AdminState { coordinator, metrics })
+}
+
+async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
+    if state.coordinator.status().await.ready {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn metrics_text(State(state): State<AdminState>) -> impl IntoResponse {
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
+}
+
+async fn status(State(state): State<AdminState>) -> impl IntoResponse {
+    Json(state.coordinator.status().await)
+}

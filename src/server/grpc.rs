@@ -1,0 +1,85 @@
+//! The tonic service: the wire contract over a [`ConsumerGroupCoordinator`].
+//!
+//! This layer validates the shape of requests (required fields), maps
+//! [`CoordinatorError`]s to gRPC status codes, and talks to nothing but the coordinator.
+
+use std::{pin::Pin, sync::Arc};
+
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError};
+use crate::proto::v1::{
+    AssignmentCommand, DeregisterRequest, DeregisterResponse, PartitionReadyRequest, PartitionReadyResponse,
+    PartitionReleasedRequest, PartitionReleasedResponse, RegisterRequest, TopicPartition,
+    kafka_assigner_server::KafkaAssigner,
+};
+
+/// The gRPC service.
+#[derive(Clone)]
+pub struct AssignerService {
+    coordinator: Arc<dyn ConsumerGroupCoordinator>,
+}
+
+impl AssignerService {
+    /// A service answering from `coordinator`.
+    pub fn new(coordinator: Arc<dyn ConsumerGroupCoordinator>) -> Self {
+        Self { coordinator }
+    }
+}
+
+/// Maps a coordinator error to its gRPC status.
+pub fn to_status(error: CoordinatorError) -> Status {
+    let message = error.to_string();
+    match error {
+        CoordinatorError::InvalidArgument(_) => Status::invalid_argument(message),
+        CoordinatorError::NotFound(_) => Status::not_found(message),
+        CoordinatorError::FailedPrecondition(_) => Status::failed_precondition(message),
+        CoordinatorError::Aborted(_) => Status::aborted(message),
+        CoordinatorError::Unavailable(_) => Status::unavailable(message),
+        CoordinatorError::Internal(_) => Status::internal(message),
+    }
+}
+
+fn required(partition: Option<TopicPartition>) -> Result<TopicPartition, Status> {
+    partition.ok_or_else(|| Status::invalid_argument("partition is required (topic and partition number)"))
+}
+
+type CommandStream = Pin<Box<dyn Stream<Item = Result<AssignmentCommand, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl KafkaAssigner for AssignerService {
+    type RegisterStream = CommandStream;
+
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<CommandStream>, Status> {
+        let RegisterRequest { consumer_name, topic } = request.into_inner();
+        let stream = self.coordinator.register(&consumer_name, &topic).await.map_err(to_status)?;
+        Ok(Response::new(Box::pin(stream.map(|item| item.map_err(to_status)))))
+    }
+
+    async fn partition_ready(
+        &self,
+        request: Request<PartitionReadyRequest>,
+    ) -> Result<Response<PartitionReadyResponse>, Status> {
+        let PartitionReadyRequest { consumer_name, partition } = request.into_inner();
+        let tp = required(partition)?;
+        self.coordinator.partition_ready(&consumer_name, &tp.topic, tp.partition).await.map_err(to_status)?;
+        Ok(Response::new(PartitionReadyResponse {}))
+    }
+
+    async fn partition_released(
+        &self,
+        request: Request<PartitionReleasedRequest>,
+    ) -> Result<Response<PartitionReleasedResponse>, Status> {
+        let PartitionReleasedRequest { consumer_name, partition } = request.into_inner();
+        let tp = required(partition)?;
+        self.coordinator.partition_released(&consumer_name, &tp.topic, tp.partition).await.map_err(to_status)?;
+        Ok(Response::new(PartitionReleasedResponse {}))
+    }
+
+    async fn deregister(&self, request: Request<DeregisterRequest>) -> Result<Response<DeregisterResponse>, Status> {
+        let DeregisterRequest { consumer_name } = request.into_inner();
+        let action = self.coordinator.deregister(&consumer_name).await.map_err(to_status)?;
+        Ok(Response::new(DeregisterResponse { action: action.into() }))
+    }
+}

@@ -1,0 +1,160 @@
+//! Serving: the gRPC API (with health and reflection) and the admin HTTP server.
+//!
+//! [`AssignerServer::start`] binds both listeners and serves a coordinator; it is also
+//! what users start in-process from their own integration tests (memory backend, no
+//! Docker): see [`AssignerServer::start_memory`].
+
+pub mod admin;
+pub mod grpc;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Backend, ServeArgs};
+use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator};
+use crate::handoff::PlanConfig;
+use crate::metrics::Metrics;
+use crate::proto::v1::kafka_assigner_server::KafkaAssignerServer;
+use crate::store::{EtcdStore, EtcdStoreConfig, LeaseStore, MemoryStore};
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The backend could not start (store unreachable, ...).
+    #[error("backend failed to start: {0}")]
+    Backend(#[from] CoordinatorError),
+    /// Reflection could not be built from the descriptor set.
+    #[error("reflection: {0}")]
+    Reflection(String),
+}
+
+/// A running assigner: gRPC and admin servers over one coordinator.
+pub struct AssignerServer {
+    /// Where gRPC is served.
+    pub grpc_addr: SocketAddr,
+    /// Where the admin endpoints are served.
+    pub admin_addr: SocketAddr,
+    /// The coordinator being served.
+    pub coordinator: Arc<dyn ConsumerGroupCoordinator>,
+    stop: CancellationToken,
+    grpc: JoinHandle<()>,
+    admin: JoinHandle<()>,
+}
+
+/// Builds the coordinator `args` ask for.
+pub async fn coordinator_from_args(
+    args: &ServeArgs,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<dyn ConsumerGroupCoordinator>, ServerError> {
+    let store: Arc<dyn LeaseStore> = match args.backend {
+        Backend::Memory => Arc::new(MemoryStore::new()),
+        Backend::Etcd => {
+            let config = EtcdStoreConfig { endpoints: args.etcd_endpoints.clone(), ..EtcdStoreConfig::default() };
+            Arc::new(EtcdStore::connect(config).await.map_err(CoordinatorError::from)?)
+        }
+    };
+    let config = HandoffConfig {
+        instance_id: args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id),
+        backend: format!("{:?}", args.backend).to_lowercase(),
+        prefix: args.etcd_prefix.clone(),
+        lease_ttl: args.lease_ttl,
+        plan: PlanConfig {
+            warm_timeout_ms: args.warm_timeout.as_millis() as u64,
+            release_timeout_ms: args.release_timeout.as_millis() as u64,
+            max_warming_per_consumer: args.max_warming as usize,
+        },
+        restart_grace: args.restart_grace,
+        drain_policy: args.drain_policy,
+        topic_partitions: args.topic_partitions.0.clone(),
+        ..HandoffConfig::default()
+    };
+    Ok(Arc::new(HandoffCoordinator::start(store, config, metrics).await?))
+}
+
+impl AssignerServer {
+    /// Serves `coordinator` on `grpc_addr` and `admin_addr` (port 0: any free port).
+    pub async fn start(
+        coordinator: Arc<dyn ConsumerGroupCoordinator>,
+        metrics: Arc<Metrics>,
+        grpc_addr: SocketAddr,
+        admin_addr: SocketAddr,
+    ) -> Result<Self, ServerError> {
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })
+        };
+        let grpc_listener = bind(grpc_addr).await?;
+        let admin_listener = bind(admin_addr).await?;
+        let grpc_addr = grpc_listener.local_addr().map_err(|source| ServerError::Bind { addr: grpc_addr, source })?;
+        let admin_addr =
+            admin_listener.local_addr().map_err(|source| ServerError::Bind { addr: admin_addr, source })?;
+        let stop = CancellationToken::new();
+
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter.set_serving::<KafkaAssignerServer<grpc::AssignerService>>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ServerError::Reflection(e.to_string()))?;
+        let service = KafkaAssignerServer::new(grpc::AssignerService::new(coordinator.clone()));
+        let grpc_stop = stop.clone();
+        // Without TCP_NODELAY a small command waits for a delayed ACK (~40 ms).
+        let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+        let grpc = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(reflection)
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, grpc_stop.cancelled_owned())
+                .await;
+            if let Err(error) = result {
+                tracing::error!(%error, "gRPC server failed");
+            }
+        });
+        let admin_stop = stop.clone();
+        let router = admin::router(coordinator.clone(), metrics);
+        let admin = tokio::spawn(async move {
+            let result =
+                axum::serve(admin_listener, router).with_graceful_shutdown(admin_stop.cancelled_owned()).await;
+            if let Err(error) = result {
+                tracing::error!(%error, "admin server failed");
+            }
+        });
+        tracing::info!(%grpc_addr, %admin_addr, "serving");
+        Ok(Self { grpc_addr, admin_addr, coordinator, stop, grpc, admin })
+    }
+
+    /// An in-process server on the memory backend with the given partition counts, on
+    /// free loopback ports: what a user's integration test starts instead of a container.
+    pub async fn start_memory(config: HandoffConfig) -> Result<Self, ServerError> {
+        let metrics = Arc::new(Metrics::new());
+        let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+        let coordinator = Arc::new(HandoffCoordinator::start(store, config, metrics.clone()).await?);
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self::start(coordinator, metrics, any, any).await
+    }
+
+    /// `http://{grpc_addr}`, for a tonic client.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc_addr)
+    }
+
+    /// Graceful stop: the coordinator ends every stream with `UNAVAILABLE` (sessions stay
+    /// alive for their TTL so consumers can reconnect elsewhere) and resigns leadership;
+    /// then both servers stop.
+    pub async fn stop(self) {
+        self.coordinator.shutdown().await;
+        self.stop.cancel();
+        let _ = self.grpc.await;
+        let _ = self.admin.await;
+    }
+}

@@ -1,0 +1,59 @@
+//! Shared helpers for the integration tests: a real etcd server per test ([`EtcdServer`]),
+//! and waiting on conditions with deadlines instead of fixed sleeps.
+
+// Each test module uses a different subset of these helpers.
+#![allow(dead_code)]
+
+pub mod etcd;
+
+use std::{future::Future, time::Duration};
+
+use futures::{Stream, StreamExt};
+
+pub use etcd::EtcdServer;
+
+/// How often [`wait_until`] re-checks its condition.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Polls `f` every [`POLL_INTERVAL`] until it returns `true`; panics with `what` if that
+/// takes longer than `deadline`. Uses tokio time, so it also works under paused time.
+pub async fn wait_until<F, Fut>(deadline: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let give_up = tokio::time::Instant::now() + deadline;
+    loop {
+        if f().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= give_up {
+            panic!("timed out after {deadline:?} waiting until {what}");
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// The next item of `stream`, panicking with `what` if none comes within `deadline` or
+/// the stream ends.
+pub async fn next_within<S>(stream: &mut S, deadline: Duration, what: &str) -> S::Item
+where
+    S: Stream + Unpin,
+{
+    match tokio::time::timeout(deadline, stream.next()).await {
+        Ok(Some(item)) => item,
+        Ok(None) => panic!("stream ended while waiting for {what}"),
+        Err(_) => panic!("timed out after {deadline:?} waiting for {what}"),
+    }
+}
+
+/// Asserts that `stream` yields nothing for `quiet` (use sparingly: it costs `quiet`).
+pub async fn assert_quiet<S>(stream: &mut S, quiet: Duration, what: &str)
+where
+    S: Stream + Unpin,
+    S::Item: std::fmt::Debug,
+{
+    if let Ok(item) = tokio::time::timeout(quiet, stream.next()).await {
+        panic!("expected nothing from {what} for {quiet:?}, got {item:?}");
+    }
+}
