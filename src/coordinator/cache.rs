@@ -92,7 +92,7 @@ impl Cache {
             .filter(|t| {
                 let (a, b) = (self.topics.get(*t), other.topics.get(*t));
                 a.map(TopicEntry::state) != b.map(TopicEntry::state)
-                    || a.map(|e| sessions(e)) != b.map(|e| sessions(e))
+                    || a.map(sessions) != b.map(sessions)
             })
             .cloned()
             .collect()

@@ -172,10 +172,19 @@ pub fn fenced_batches(
         .collect()
 }
 
+/// One topic's reconcile result, planned under the cache lock and written after it.
+struct TopicPlan {
+    topic: String,
+    writes: Vec<Write>,
+    report: PlanReport,
+    /// (assignment, handoff) mod revisions by partition, as the plan saw them.
+    revisions: BTreeMap<u32, (Revision, Revision)>,
+}
+
 async fn reconcile_all(inner: &Inner, me: &mut Leadership, fence: Fence) {
     let now = now_ms();
     // Plan every topic from one consistent cache read.
-    let plans: Vec<(String, Vec<Write>, PlanReport, BTreeMap<u32, (Revision, Revision)>)> = {
+    let plans: Vec<TopicPlan> = {
         let cache = inner.read_cache();
         cache
             .topics
@@ -194,12 +203,12 @@ async fn reconcile_all(inner: &Inner, me: &mut Leadership, fence: Fence) {
                     .iter()
                     .map(|w| (w.partition(), (entry.owner_revision(w.partition()), entry.handoff_revision(w.partition()))))
                     .collect();
-                Some((topic.clone(), writes, report, revisions))
+                Some(TopicPlan { topic: topic.clone(), writes, report, revisions })
             })
             .collect()
     };
     let leader_key = inner.keys.leader();
-    for (topic, writes, report, revisions) in plans {
+    for TopicPlan { topic, writes, report, revisions } in plans {
         let guard = |w: &Write| {
             let (owner_rev, handoff_rev) = revisions.get(&w.partition()).copied().unwrap_or_default();
             match w {
@@ -290,4 +299,40 @@ pub(super) async fn resign(inner: &Inner) {
         .then(crate::store::Op::delete(&key));
     let _ = inner.store.txn(txn).await;
     tracing::info!(instance = %inner.config.instance_id, "resigned leadership");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::{Handoff, Phase};
+    use crate::store::Op;
+
+    #[test]
+    fn rebalance_writes_are_batched_fenced_and_keep_a_partition_together() {
+        // 300 partitions, each with an owner change and a handoff change: 600 writes.
+        let mut writes = Vec::new();
+        for partition in 0..300 {
+            writes.push(Write::SetOwner { partition, owner: "b".into() });
+            let handoff = Handoff { from: "a".into(), to: "b".into(), phase: Phase::Releasing, since: 0 };
+            writes.push(Write::PutHandoff { partition, handoff });
+        }
+        let fence = Fence { session: SessionId(1), revision: 42 };
+        let guard = |w: &Write| Compare::ModRevision(format!("k/{}", w.partition()), 7);
+        let ops = |ws: &[Write]| ws.iter().map(|w| Op::delete(format!("k/{}", w.partition()))).collect();
+        let txns = fenced_batches("leader", fence, &writes, guard, ops);
+        assert_eq!(txns.len(), 300usize.div_ceil(PARTITIONS_PER_TXN), "one txn per {PARTITIONS_PER_TXN} partitions");
+        let mut seen = 0;
+        for txn in &txns {
+            assert_eq!(txn.compares[0], Compare::CreateRevision("leader".into(), 42), "every txn is fenced");
+            assert!(txn.compares.len() <= 128 && txn.ops.len() <= 128, "within etcd's default max-txn-ops");
+            seen += txn.ops.len();
+        }
+        assert_eq!(seen, 600);
+        // No partition is split across two transactions.
+        for pair in txns.windows(2) {
+            let last = pair[0].ops.last().cloned();
+            let first = pair[1].ops.first().cloned();
+            assert_ne!(last, first);
+        }
+    }
 }

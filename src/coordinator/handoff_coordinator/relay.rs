@@ -130,7 +130,7 @@ pub(super) fn relay_one(
             ),
         });
     }
-    let Some(entry) = entry else { return None };
+    let entry = entry?;
     let state = entry.state();
     let view = ConsumerView::of(&state, consumer);
     if !stream.activated {
