@@ -1,0 +1,150 @@
+//! Handoff fast-path latency on a real etcd, against the raw etcd chain it is built from.
+//!
+//! * **baseline**: one client runs a compare-and-swap transaction, another client's watch
+//!   receives it (the floor for "one fenced txn + one watch delivery");
+//! * **handoff**: consumer B sends `PartitionReady` over gRPC, the instance applies it with
+//!   one CAS transaction, and consumer A receives `ReleasePartition` on its stream.
+//!
+//! Both run in the same process against the same etcd, interleaved, so the machine's noise
+//! hits both; the ratio is the number to read (DESIGN.md §9 aims for ≤ 2×).
+//! Run: `cargo bench --bench handoff` (starts etcd itself; needs the `etcd` binary).
+
+#[allow(dead_code)]
+#[path = "../tests/integration/support/etcd.rs"]
+mod etcd;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
+use futures::StreamExt;
+use kafka_assigner::{
+    coordinator::{HandoffConfig, HandoffCoordinator},
+    handoff::PlanConfig,
+    metrics::Metrics,
+    proto::v1::{
+        PartitionReadyRequest, PartitionReleasedRequest, RegisterRequest, TopicPartition,
+        assignment_command::Command, kafka_assigner_client::KafkaAssignerClient,
+    },
+    server::AssignerServer,
+    store::LeaseStore,
+};
+
+const SAMPLES: u32 = 200;
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort_unstable();
+    let index = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[index]
+}
+
+type BoxError = Box<dyn std::error::Error>;
+
+async fn raw_chain(endpoints: &[String]) -> Result<Vec<Duration>, BoxError> {
+    let mut writer = etcd_client::Client::connect(endpoints, None).await?;
+    let mut watcher = etcd_client::Client::connect(endpoints, None).await?;
+    let key = "/bench/raw";
+    let rev = writer.put(key, "0", None).await?.header().map_or(0, |h| h.revision());
+    let mut stream = watcher.watch(key, Some(WatchOptions::new().with_start_revision(rev + 1))).await?;
+    let mut last = rev;
+    let mut samples = Vec::new();
+    for i in 0..SAMPLES {
+        let start = Instant::now();
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, last)])
+            .and_then([TxnOp::put(key, i.to_string(), Some(PutOptions::new()))]);
+        let response = writer.txn(txn).await?;
+        if !response.succeeded() {
+            return Err("raw txn lost its compare".into());
+        }
+        last = response.header().map_or(0, |h| h.revision());
+        loop {
+            let message = stream.message().await?.ok_or("watch ended")?;
+            if message.events().iter().any(|e| e.kv().is_some_and(|kv| kv.mod_revision() == last)) {
+                break;
+            }
+        }
+        samples.push(start.elapsed());
+    }
+    Ok(samples)
+}
+
+async fn handoffs(endpoints: &[String]) -> Result<Vec<Duration>, BoxError> {
+    let store = kafka_assigner::store::EtcdStore::connect(kafka_assigner::store::EtcdStoreConfig {
+        endpoints: endpoints.to_vec(),
+        ..Default::default()
+    })
+    .await?;
+    let store: Arc<dyn LeaseStore> = Arc::new(store);
+    let mut config = HandoffConfig {
+        prefix: "/bench/assigner/".into(),
+        reconcile_interval: Duration::from_millis(200),
+        plan: PlanConfig { max_warming_per_consumer: 1_000, ..PlanConfig::default() },
+        ..HandoffConfig::default()
+    };
+    config.topic_partitions.insert("bench".into(), SAMPLES * 2);
+    let metrics = Arc::new(Metrics::new());
+    let coordinator = Arc::new(HandoffCoordinator::start(store, config, metrics.clone()).await?);
+    let any = "127.0.0.1:0".parse()?;
+    let server = AssignerServer::start(coordinator, metrics, any, any).await?;
+    let mut client = KafkaAssignerClient::connect(server.grpc_url()).await?;
+    let register = |name: &str| RegisterRequest { consumer_name: name.into(), topic: "bench".into() };
+    let mut a = client.register(register("a")).await?.into_inner();
+    // Wait until A owns everything.
+    let mut owned = 0;
+    while owned < SAMPLES * 2 {
+        if let Some(Command::Assignment(update)) = a.next().await.ok_or("a ended")??.command {
+            owned += update.assigned.len() as u32;
+        }
+    }
+    let mut b = client.register(register("b")).await?.into_inner();
+    let mut warms = Vec::new();
+    while warms.len() < SAMPLES as usize {
+        if let Some(Command::Warm(warm)) = b.next().await.ok_or("b ended")??.command {
+            warms.push(warm.partition.ok_or("warm without partition")?.partition);
+        }
+    }
+    let mut samples = Vec::new();
+    for partition in warms {
+        let tp = TopicPartition { topic: "bench".into(), partition };
+        let start = Instant::now();
+        client.partition_ready(PartitionReadyRequest { consumer_name: "b".into(), partition: Some(tp.clone()) }).await?;
+        loop {
+            if let Some(Command::Release(release)) = a.next().await.ok_or("a ended")??.command
+                && release.partition.as_ref() == Some(&tp)
+            {
+                break;
+            }
+        }
+        samples.push(start.elapsed());
+        client.partition_released(PartitionReleasedRequest { consumer_name: "a".into(), partition: Some(tp) }).await?;
+    }
+    server.stop().await;
+    Ok(samples)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let server = etcd::EtcdServer::start().await;
+    let endpoints = server.endpoints();
+    let mut raw = raw_chain(&endpoints).await?;
+    let mut ours = handoffs(&endpoints).await?;
+    let (raw50, raw99) = (percentile(&mut raw, 0.5), percentile(&mut raw, 0.99));
+    let (our50, our99) = (percentile(&mut ours, 0.5), percentile(&mut ours, 0.99));
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    let table = format!(
+        "| path ({SAMPLES} samples, etcd 3.4 on loopback) | p50 | p99 |\n| --- | --- | --- |\n\
+         | raw etcd: CAS txn → another client's watch | {raw50:.2?} | {raw99:.2?} |\n\
+         | handoff: PartitionReady → old owner gets ReleasePartition | {our50:.2?} | {our99:.2?} |\n\
+         | ratio handoff / raw | {:.2}× | {:.2}× |\n",
+        ratio(our50, raw50),
+        ratio(our99, raw99),
+    );
+    println!("{table}");
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-handoff.md");
+    std::fs::write(&out, &table)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
