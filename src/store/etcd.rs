@@ -14,8 +14,11 @@
 //! * **Watches** use etcd's watch with `start_revision`; a compacted start revision ends the
 //!   stream with [`StoreError::Compacted`] (reported as the first item, as etcd reports it
 //!   asynchronously). Any broken or cancelled watch ends the stream with an error item.
+//!   A start revision of `0` (or less) means "from the next revision on".
 //!   The client requires a leader (`hasleader` metadata), so a member cut off from the
 //!   cluster fails requests and watches instead of serving stale state.
+//! * **Time.** Timeouts and backoff run on tokio timers: do not use an `EtcdStore` under
+//!   `tokio::time::pause()` (auto-advance would fire the timeouts while etcd is answering).
 
 use std::{collections::VecDeque, fmt, future::Future, sync::Arc, time::Duration};
 
@@ -98,6 +101,9 @@ enum CallError {
     /// No answer in time; the message says what was tried.
     Unavailable(String),
 }
+
+/// Large prefix reads and watch replays may exceed gRPC's default 4 MiB per message.
+const MAX_DECODING_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 
 /// First retry delay; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
@@ -442,8 +448,9 @@ impl LeaseStore for EtcdStore {
 
     async fn get_prefix(&self, prefix: &str) -> Result<PrefixSnapshot, StoreError> {
         let response = self
-            .call("get prefix", |mut client| async move {
-                client.get(prefix, Some(GetOptions::new().with_prefix())).await
+            .call("get prefix", |client| async move {
+                let mut kv = client.kv_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
+                kv.get(prefix, Some(GetOptions::new().with_prefix())).await
             })
             .await
             .map_err(|e| self.store_error(e))?;
@@ -480,10 +487,12 @@ impl LeaseStore for EtcdStore {
     async fn watch_prefix(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError> {
         let options = WatchOptions::new().with_prefix().with_start_revision(from_revision.max(0));
         let (stream, first) = self
-            .call("watch", |mut client| {
+            .call("watch", |client| {
                 let options = options.clone();
                 async move {
-                    let mut stream = client.watch(prefix, Some(options)).await?;
+                    let mut watcher =
+                        client.watch_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
+                    let mut stream = watcher.watch(prefix, Some(options)).await?;
                     // The "created" answer: the watch is registered once we have it.
                     let first = stream.message().await?;
                     Ok((stream, first))

@@ -21,6 +21,7 @@
 //!   then live. Events are sent while the commit holds the store lock, so every watcher
 //!   sees one total order. History that was trimmed or [`compacted`](LeaseStore::compact)
 //!   away makes a watch from an older revision fail with [`StoreError::Compacted`].
+//!   As in etcd, a start revision of `0` (or less) means "from the next revision on".
 //!
 //! `MemoryStore` is a cheap handle (`Arc` inside): clone it to share one store.
 
@@ -81,6 +82,8 @@ struct Session {
 
 struct Watcher {
     prefix: String,
+    /// Events before this revision are not for this watcher (a start in the future).
+    from: Revision,
     tx: mpsc::UnboundedSender<Result<WatchEvent, StoreError>>,
 }
 
@@ -174,8 +177,8 @@ impl fmt::Debug for MemoryStore {
 impl Inner {
     /// The state, without applying due expiries.
     fn lock(&self) -> MutexGuard<'_, State> {
-        // No code panics while holding the lock with the state half-updated; a poisoned
-        // lock is only possible from a panic elsewhere in the same critical section.
+        // Nothing under the lock is expected to panic; if something did, keep serving the
+        // state as it is rather than turning every later call into a panic.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -319,18 +322,16 @@ impl State {
 
     /// Sends events to the matching watchers (in order, under the lock) and records them.
     fn publish(&mut self, events: Vec<WatchEvent>) {
-        let mut gone = false;
-        for watcher in &self.watchers {
+        // Watchers whose stream was dropped go away here.
+        self.watchers.retain(|watcher| {
             for event in &events {
-                if event.key.starts_with(&watcher.prefix) && watcher.tx.send(Ok(event.clone())).is_err() {
-                    gone = true;
-                    break;
+                let wanted = event.revision >= watcher.from && event.key.starts_with(&watcher.prefix);
+                if wanted && watcher.tx.send(Ok(event.clone())).is_err() {
+                    return false;
                 }
             }
-        }
-        if gone {
-            self.watchers.retain(|w| !w.tx.is_closed());
-        }
+            !watcher.tx.is_closed()
+        });
         self.history.extend(events);
         self.trim_history();
     }
@@ -455,7 +456,7 @@ impl LeaseStore for MemoryStore {
             // The receiver is alive: it is still in our hands.
             let _ = tx.send(Ok(event.clone()));
         }
-        state.watchers.push(Watcher { prefix: prefix.to_string(), tx });
+        state.watchers.push(Watcher { prefix: prefix.to_string(), from, tx });
         Ok(UnboundedReceiverStream::new(rx).boxed())
     }
 
@@ -554,6 +555,17 @@ mod tests {
         let mut watch = store.watch_prefix("", 4).await.unwrap();
         assert_eq!(watch.next().await.unwrap().unwrap().key, "d");
         assert_eq!(watch.next().await.unwrap().unwrap().key, "e");
+    }
+
+    #[tokio::test]
+    async fn dropped_watches_are_forgotten() {
+        let store = MemoryStore::new();
+        let watch = store.watch_prefix("quiet/", 0).await.unwrap();
+        let _kept = store.watch_prefix("", 0).await.unwrap();
+        assert_eq!(store.inner.lock().watchers.len(), 2);
+        drop(watch);
+        store.put("elsewhere", b"1".to_vec(), None).await.unwrap();
+        assert_eq!(store.inner.lock().watchers.len(), 1);
     }
 
     #[tokio::test]

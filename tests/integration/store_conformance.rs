@@ -2,9 +2,10 @@
 //! `EtcdStore` on a real etcd (`store_conformance::memory::*`, `store_conformance::etcd::*`).
 //! A few etcd-only tests (connection failures, dead endpoints, outages) follow.
 //!
-//! Scenarios work under a unique key prefix and compare revisions they produced themselves,
-//! so they also pass against a shared cluster (`ETCD_ENDPOINTS`), except where
-//! [`exclusive`] says the store is ours alone.
+//! Each scenario is `async fn(store, prefix, exclusive)`. Scenarios work under a unique key
+//! prefix and compare revisions they produced themselves, so they also pass against a shared
+//! cluster (`ETCD_ENDPOINTS`); `exclusive` (nobody else writes to the store, so the global
+//! revision moves only with our writes) enables the exact revision checks.
 
 use std::{
     collections::BTreeSet,
@@ -39,7 +40,7 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     let store: super::Store = std::sync::Arc::new(kafka_assigner::store::MemoryStore::new());
-                    super::$name(store, concat!("/conformance/", stringify!($name), "/")).await;
+                    super::$name(store, concat!("/conformance/", stringify!($name), "/"), true).await;
                 }
             )*
         }
@@ -50,7 +51,7 @@ macro_rules! conformance {
                 async fn $name() {
                     let server = crate::support::EtcdServer::start().await;
                     let store: super::Store = std::sync::Arc::new(server.store().await);
-                    super::$name(store, &server.unique_prefix(stringify!($name))).await;
+                    super::$name(store, &server.unique_prefix(stringify!($name)), !server.is_shared()).await;
                 }
             )*
         }
@@ -68,14 +69,9 @@ conformance!(
     kept_alive_session_keeps_its_records,
     watch_delivers_every_event_live_and_replayed,
     watch_from_compacted_revision_fails,
+    watch_from_now_or_the_future_skips_earlier_events,
     concurrent_cas_has_one_winner_per_round,
 );
-
-/// Whether nobody else writes to the store (not a shared `ETCD_ENDPOINTS` cluster), so the
-/// global revision moves only with our writes.
-fn exclusive() -> bool {
-    std::env::var_os("ETCD_ENDPOINTS").is_none()
-}
 
 async fn get(store: &Store, key: &str) -> Option<KeyValue> {
     store.get(key).await.unwrap_or_else(|e| panic!("get {key}: {e}"))
@@ -116,7 +112,7 @@ fn summary(event: &WatchEvent) -> (String, Revision, Option<Vec<u8>>) {
     (event.key.clone(), event.revision, value)
 }
 
-async fn put_get_delete(store: Store, prefix: &str) {
+async fn put_get_delete(store: Store, prefix: &str, exclusive: bool) {
     let key = format!("{prefix}k");
     let start = revision(&store, prefix).await;
     assert!(start >= 1, "revisions start at 1");
@@ -147,7 +143,7 @@ async fn put_get_delete(store: Store, prefix: &str) {
 
     // Deleting what is absent changes nothing.
     let r4 = store.delete(&key).await.unwrap();
-    if exclusive() {
+    if exclusive {
         assert_eq!(r4, r3, "a no-op delete must not create a revision");
     } else {
         assert!(r4 >= r3);
@@ -157,12 +153,12 @@ async fn put_get_delete(store: Store, prefix: &str) {
     let r5 = put(&store, &key, "v3").await;
     let kv = get(&store, &key).await.expect("re-created");
     assert_eq!((kv.create_revision, kv.mod_revision), (r5, r5));
-    if exclusive() {
+    if exclusive {
         assert_eq!((r1, r2, r3, r5), (start + 1, start + 2, start + 3, start + 4), "one revision per write");
     }
 }
 
-async fn get_prefix_is_scoped_and_ordered(store: Store, prefix: &str) {
+async fn get_prefix_is_scoped_and_ordered(store: Store, prefix: &str, exclusive: bool) {
     let inside = ["list/b", "list/a", "list/c", "list/a/deep"];
     let outside = ["list0", "lis", "lisu", "other/list/a"];
     let mut last = 0;
@@ -181,7 +177,7 @@ async fn get_prefix_is_scoped_and_ordered(store: Store, prefix: &str) {
         "snapshot revision {} predates the last write {last}",
         snapshot.revision
     );
-    if exclusive() {
+    if exclusive {
         assert_eq!(snapshot.revision, last);
     }
 
@@ -194,7 +190,7 @@ async fn get_prefix_is_scoped_and_ordered(store: Store, prefix: &str) {
     assert!(everything.kvs.windows(2).all(|w| w[0].key < w[1].key), "key order");
 }
 
-async fn cas_succeeds_on_each_compare(store: Store, prefix: &str) {
+async fn cas_succeeds_on_each_compare(store: Store, prefix: &str, _exclusive: bool) {
     let key = format!("{prefix}cas");
     let create_if_absent =
         || Txn::new().when(Compare::ModRevision(key.clone(), 0)).then(Op::put(key.clone(), "first"));
@@ -256,7 +252,7 @@ async fn cas_succeeds_on_each_compare(store: Store, prefix: &str) {
     assert_eq!(get(&store, &key).await.unwrap().value, b"fourth");
 }
 
-async fn failed_cas_changes_nothing(store: Store, prefix: &str) {
+async fn failed_cas_changes_nothing(store: Store, prefix: &str, exclusive: bool) {
     let a = format!("{prefix}a");
     let b = format!("{prefix}b");
     let absent = format!("{prefix}absent");
@@ -295,7 +291,7 @@ async fn failed_cas_changes_nothing(store: Store, prefix: &str) {
     for (what, txn) in failing {
         let outcome = store.txn(ops(txn)).await.unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(!outcome.succeeded, "{what}: must fail");
-        if exclusive() {
+        if exclusive {
             assert_eq!(outcome.revision, before.revision, "{what}: a failed txn must not create a revision");
         } else {
             assert!(outcome.revision >= before.revision);
@@ -304,7 +300,7 @@ async fn failed_cas_changes_nothing(store: Store, prefix: &str) {
 
     let after = store.get_prefix(prefix).await.unwrap();
     assert_eq!(after.kvs, before.kvs, "failed transactions changed records");
-    if exclusive() {
+    if exclusive {
         assert_eq!(after.revision, before.revision);
     }
     // No event was produced: the first one is our marker.
@@ -313,7 +309,7 @@ async fn failed_cas_changes_nothing(store: Store, prefix: &str) {
     assert_eq!((first.key.as_str(), first.revision), (format!("{prefix}marker").as_str(), marker));
 }
 
-async fn multi_op_txn_is_atomic_at_one_revision(store: Store, prefix: &str) {
+async fn multi_op_txn_is_atomic_at_one_revision(store: Store, prefix: &str, exclusive: bool) {
     let keys: Vec<String> = (0..4).map(|i| format!("{prefix}multi/{i}")).collect();
     let gone = format!("{prefix}multi/gone");
     put(&store, &gone, "x").await;
@@ -325,7 +321,7 @@ async fn multi_op_txn_is_atomic_at_one_revision(store: Store, prefix: &str) {
     });
     let outcome = store.txn(txn.then(Op::delete(gone.clone()))).await.unwrap();
     assert!(outcome.succeeded);
-    if exclusive() {
+    if exclusive {
         assert_eq!(outcome.revision, start + 1, "one revision for the whole txn");
     }
     for key in &keys {
@@ -368,7 +364,7 @@ async fn multi_op_txn_is_atomic_at_one_revision(store: Store, prefix: &str) {
     writer.await.unwrap();
 }
 
-async fn revoked_session_deletes_its_records(store: Store, prefix: &str) {
+async fn revoked_session_deletes_its_records(store: Store, prefix: &str, _exclusive: bool) {
     let session = store.grant_session(Duration::from_secs(30)).await.unwrap();
     let other = store.grant_session(Duration::from_secs(30)).await.unwrap();
     let (a, b, durable, others) =
@@ -420,7 +416,7 @@ async fn revoked_session_deletes_its_records(store: Store, prefix: &str) {
     assert_eq!(get(&store, &others).await, None);
 }
 
-async fn expired_session_deletes_its_records(store: Store, prefix: &str) {
+async fn expired_session_deletes_its_records(store: Store, prefix: &str, _exclusive: bool) {
     let key = format!("{prefix}ephemeral");
     let durable = format!("{prefix}durable");
     let session = store.grant_session(SHORT_TTL).await.unwrap();
@@ -450,11 +446,11 @@ async fn expired_session_deletes_its_records(store: Store, prefix: &str) {
     store.revoke_session(session).await.unwrap();
 }
 
-async fn kept_alive_session_keeps_its_records(store: Store, prefix: &str) {
+async fn kept_alive_session_keeps_its_records(store: Store, prefix: &str, _exclusive: bool) {
     let key = format!("{prefix}kept");
     let session = store.grant_session(SHORT_TTL).await.unwrap();
     store.put(&key, b"1".to_vec(), Some(session)).await.unwrap();
-    let until = Instant::now() + SHORT_TTL * 3 + SHORT_TTL / 2;
+    let until = Instant::now() + SHORT_TTL * 3;
     while Instant::now() < until {
         store.keep_alive(session).await.unwrap();
         assert!(get(&store, &key).await.is_some(), "record vanished while its session was kept alive");
@@ -467,7 +463,7 @@ async fn kept_alive_session_keeps_its_records(store: Store, prefix: &str) {
     .await;
 }
 
-async fn watch_delivers_every_event_live_and_replayed(store: Store, prefix: &str) {
+async fn watch_delivers_every_event_live_and_replayed(store: Store, prefix: &str, _exclusive: bool) {
     let key = |name: &str| format!("{prefix}{name}");
     let start = store.get_prefix(prefix).await.unwrap();
     let mut live = watch(&store, prefix, start.revision + 1).await;
@@ -543,7 +539,12 @@ async fn watch_delivers_every_event_live_and_replayed(store: Store, prefix: &str
     }
 }
 
-async fn watch_from_compacted_revision_fails(store: Store, prefix: &str) {
+async fn watch_from_compacted_revision_fails(store: Store, prefix: &str, exclusive: bool) {
+    if !exclusive {
+        // Compaction is cluster-wide: on a shared cluster it would break other tests' replays.
+        eprintln!("NOT RUN on a shared ETCD_ENDPOINTS cluster: compaction would disturb other tests");
+        return;
+    }
     let mut revisions = Vec::new();
     for i in 0..5 {
         revisions.push(put(&store, &format!("{prefix}k{i}"), "v").await);
@@ -583,7 +584,29 @@ async fn watch_from_compacted_revision_fails(store: Store, prefix: &str) {
     assert_eq!(store.get_prefix(prefix).await.unwrap().kvs.len(), 5);
 }
 
-async fn concurrent_cas_has_one_winner_per_round(store: Store, prefix: &str) {
+async fn watch_from_now_or_the_future_skips_earlier_events(store: Store, prefix: &str, _exclusive: bool) {
+    let key = |i: usize| format!("{prefix}k{i}");
+    put(&store, &key(0), "before").await;
+    // Revision 0: from the next revision on.
+    let mut from_now = watch(&store, prefix, 0).await;
+    let r1 = put(&store, &key(1), "1").await;
+    // A start in the future: nothing before it.
+    let mut from_future = watch(&store, prefix, r1 + 3).await;
+    let mut revisions = vec![r1];
+    for i in 2..=5 {
+        revisions.push(put(&store, &key(i), "v").await);
+    }
+    for (i, rev) in revisions.iter().enumerate() {
+        let event = next_event(&mut from_now, "events from now").await;
+        assert_eq!((event.key, event.revision), (key(i + 1), *rev));
+    }
+    for (i, rev) in revisions.iter().enumerate().filter(|(_, rev)| **rev >= r1 + 3) {
+        let event = next_event(&mut from_future, "events from the future start").await;
+        assert_eq!((event.key, event.revision), (key(i + 1), *rev));
+    }
+}
+
+async fn concurrent_cas_has_one_winner_per_round(store: Store, prefix: &str, _exclusive: bool) {
     const TASKS: usize = 16;
     const ROUNDS: usize = 8;
     let key = format!("{prefix}contended");
@@ -634,7 +657,7 @@ async fn memory_session_expiry_under_paused_time() {
     let start = tokio::time::Instant::now();
     // Under paused time the deadline must exceed the TTL: auto-advance would fire it first.
     let event = next_within(&mut events, Duration::from_secs(60), "the expiry").await.unwrap();
-    assert_eq!(summary(&event), ("/p/k".to_string(), 2, None));
+    assert_eq!(summary(&event), ("/p/k".to_string(), 3, None));
     assert_eq!(start.elapsed(), Duration::from_secs(10));
 }
 
