@@ -41,6 +41,30 @@ impl ConsumerView {
         }
         view
     }
+
+    /// The views of every live consumer of `state`, in one pass over the partitions
+    /// (what the relay needs after each revision; [`ConsumerView::of`] per consumer would
+    /// be quadratic on a large topic).
+    pub fn all(state: &TopicState) -> BTreeMap<String, ConsumerView> {
+        let mut views: BTreeMap<String, ConsumerView> =
+            state.consumers.keys().map(|c| (c.clone(), ConsumerView::default())).collect();
+        for (p, owner) in &state.owners {
+            if let Some(view) = views.get_mut(owner) {
+                view.owned.insert(*p);
+            }
+        }
+        for (p, h) in &state.handoffs {
+            let (consumer, peer) = match h.phase {
+                Phase::Warming => (&h.to, &h.from),
+                Phase::Releasing => (&h.from, &h.to),
+            };
+            if let Some(view) = views.get_mut(consumer) {
+                let map = if h.phase == Phase::Warming { &mut view.warming } else { &mut view.releasing };
+                map.insert(*p, peer.clone());
+            }
+        }
+        views
+    }
 }
 
 /// A command for one consumer, mirroring `AssignmentCommand` on the wire.
@@ -144,6 +168,22 @@ mod tests {
         assert_eq!(diff_views(&a0, &a1), vec![Command::Release { partition: 1, new_owner: "b".into() }]);
         assert_eq!(diff_views(&b0, &b1), vec![Command::Assignment { assigned: vec![1], unassigned: vec![] }]);
         assert!(diff_views(&a1, &a1).is_empty());
+    }
+
+    #[test]
+    fn all_views_match_one_by_one() {
+        let mut s = two_consumers_warming();
+        s.consumers.insert("idle".into(), ConsumerStatus::Draining);
+        for state in [s.clone(), {
+            apply_ready(&mut s, "b", 1, 1).unwrap();
+            s
+        }] {
+            let all = ConsumerView::all(&state);
+            assert_eq!(all.len(), 3);
+            for (name, view) in all {
+                assert_eq!(view, ConsumerView::of(&state, &name), "{name}");
+            }
+        }
     }
 
     #[test]

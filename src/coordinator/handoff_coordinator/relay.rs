@@ -104,6 +104,7 @@ pub(super) fn relay_one(
     consumer: &str,
     stream: &mut LocalStream,
     entry: Option<&TopicEntry>,
+    views: &BTreeMap<String, ConsumerView>,
     revision: Revision,
 ) -> Option<(EndReason, Option<CoordinatorError>)> {
     let record = entry.and_then(|e| e.consumers.get(consumer));
@@ -130,9 +131,11 @@ pub(super) fn relay_one(
             ),
         });
     }
-    let entry = entry?;
-    let state = entry.state();
-    let view = ConsumerView::of(&state, consumer);
+    let view = views.get(consumer).cloned().unwrap_or_default();
+    let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
+    // Idle: owns nothing and takes part in no handoff. The view shows every role: a warm's
+    // source and a release's target own the partition, the others are listed.
+    let idle = view.owned.is_empty() && view.warming.is_empty() && view.releasing.is_empty();
     if !stream.activated {
         // The first message is always the snapshot, even when it is empty.
         stream.activated = true;
@@ -143,8 +146,7 @@ pub(super) fn relay_one(
     let commands = diff_views(&stream.told, &view);
     send(topic, stream, commands);
     stream.told = view;
-    let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
-    if draining && state.is_idle(consumer) {
+    if draining && idle {
         return Some((EndReason::Drained, None));
     }
     None
@@ -161,12 +163,16 @@ fn send(topic: &str, stream: &LocalStream, commands: Vec<Command>) {
 pub(super) fn relay(inner: &Inner, cache: &Cache, topics: Option<&BTreeSet<String>>) {
     let mut streams = inner.lock_streams();
     let mut ended = Vec::new();
+    let mut views: BTreeMap<String, BTreeMap<String, ConsumerView>> = BTreeMap::new();
     for (key, stream) in streams.by_key.iter_mut() {
         let (topic, consumer, _) = key;
         if topics.is_some_and(|t| !t.contains(topic)) {
             continue;
         }
-        if let Some(end) = relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision) {
+        let entry = cache.topics.get(topic);
+        let topic_views =
+            views.entry(topic.clone()).or_insert_with(|| entry.map(|e| ConsumerView::all(&e.state())).unwrap_or_default());
+        if let Some(end) = relay_one(topic, consumer, stream, entry, topic_views, cache.revision) {
             ended.push((key.clone(), end));
         }
     }
