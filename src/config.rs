@@ -97,6 +97,42 @@ pub struct ServeArgs {
     /// This instance's id (default: host name and process id).
     #[arg(long, env = "KAFKA_ASSIGNER_INSTANCE_ID")]
     pub instance_id: Option<String>,
+
+    /// Kafka bootstrap brokers, comma-separated (`host:port`): partition counts of topics
+    /// not in `--topic-partitions` are asked from Kafka. None: only `--topic-partitions`.
+    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS", value_delimiter = ',')]
+    pub kafka_brokers: Vec<String>,
+
+    /// Extra librdkafka setting `key=value` (SASL, TLS, ...), repeatable; in the
+    /// environment, comma-separated.
+    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_CONFIG", value_name = "KEY=VALUE", value_parser = parse_kafka_config)]
+    pub kafka_config: Vec<KafkaConfig>,
+
+    /// A Kafka metadata request not answered within this is `UNAVAILABLE`.
+    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub kafka_timeout: Duration,
+
+    /// How often the leader asks Kafka for the partition counts of known topics (growth).
+    #[arg(long, env = "KAFKA_ASSIGNER_TOPIC_REFRESH_INTERVAL", value_parser = parse_duration, default_value = "60s")]
+    pub topic_refresh_interval: Duration,
+}
+
+impl ServeArgs {
+    /// Every `--kafka-config` setting, in order (a later one for the same key wins).
+    pub fn kafka_settings(&self) -> Vec<(String, String)> {
+        self.kafka_config.iter().flat_map(|c| c.0.iter().cloned()).collect()
+    }
+}
+
+/// librdkafka settings from one `--kafka-config` value. Debug shows the keys only
+/// (values may be secrets).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KafkaConfig(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|(key, _)| format!("{key}=<redacted>"))).finish()
+    }
 }
 
 /// Partition counts by topic.
@@ -135,6 +171,38 @@ pub fn parse_topic_partitions(text: &str) -> Result<TopicPartitions, String> {
     Ok(TopicPartitions(map))
 }
 
+/// Parses `key=value` librdkafka settings, comma-separated (`security.protocol=SASL_SSL,
+/// sasl.mechanism=PLAIN`). A comma followed by text without `=` belongs to the value
+/// before it (`ssl.cipher.suites=A,B`).
+pub fn parse_kafka_config(text: &str) -> Result<KafkaConfig, String> {
+    let mut settings: Vec<(String, String)> = Vec::new();
+    for part in text.split(',') {
+        match part.split_once('=') {
+            Some((key, value)) => {
+                let key = key.trim();
+                if key.is_empty() {
+                    return Err(format!(
+                        "'{part}' has no key; use key=value (e.g. security.protocol=SASL_SSL)"
+                    ));
+                }
+                settings.push((key.to_string(), value.trim().to_string()));
+            }
+            None => match settings.last_mut() {
+                Some((_, value)) => {
+                    value.push(',');
+                    value.push_str(part.trim());
+                }
+                None if part.trim().is_empty() => {}
+                None => return Err(format!("'{part}' is not key=value (e.g. security.protocol=SASL_SSL)")),
+            },
+        }
+    }
+    if settings.is_empty() {
+        return Err(format!("'{text}' is not key=value (e.g. security.protocol=SASL_SSL)"));
+    }
+    Ok(KafkaConfig(settings))
+}
+
 /// The default instance id: host name and process id.
 pub fn default_instance_id() -> String {
     let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
@@ -163,6 +231,63 @@ mod tests {
         assert_eq!(parse_topic_partitions("").unwrap(), TopicPartitions::default());
         for bad in ["events", "events=x", "events=0", "a/b=1", "e=1,e=2"] {
             assert!(parse_topic_partitions(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn kafka_config() {
+        let parsed = parse_kafka_config("security.protocol=SASL_SSL, sasl.mechanism=PLAIN").unwrap();
+        assert_eq!(
+            parsed.0,
+            vec![("security.protocol".into(), "SASL_SSL".into()), ("sasl.mechanism".into(), "PLAIN".into())]
+        );
+        // A comma inside a value, and '=' inside a value.
+        let parsed = parse_kafka_config("ssl.cipher.suites=A,B,sasl.password=x=y").unwrap();
+        assert_eq!(
+            parsed.0,
+            vec![("ssl.cipher.suites".into(), "A,B".into()), ("sasl.password".into(), "x=y".into())]
+        );
+        for bad in ["", "debug", "=x", "a=1,=2"] {
+            assert!(parse_kafka_config(bad).is_err(), "{bad}");
+        }
+        assert!(!format!("{parsed:?}").contains("x=y"), "Debug must not show values: {parsed:?}");
+    }
+
+    #[test]
+    fn kafka_flags() {
+        let serve = |args: &[&str]| {
+            let mut all = vec!["kafka-assigner", "serve"];
+            all.extend_from_slice(args);
+            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command;
+            args
+        };
+        let defaults = serve(&[]);
+        assert!(defaults.kafka_brokers.is_empty());
+        assert!(defaults.kafka_settings().is_empty());
+        assert_eq!(defaults.kafka_timeout, Duration::from_secs(10));
+        assert_eq!(defaults.topic_refresh_interval, Duration::from_secs(60));
+        let args = serve(&[
+            "--kafka-brokers",
+            "k1:9092,k2:9092",
+            "--kafka-config",
+            "security.protocol=SASL_SSL",
+            "--kafka-config",
+            "sasl.username=u,sasl.password=p",
+            "--kafka-timeout",
+            "2s",
+            "--topic-refresh-interval",
+            "500ms",
+        ]);
+        assert_eq!(args.kafka_brokers, vec!["k1:9092", "k2:9092"]);
+        let keys: Vec<String> = args.kafka_settings().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, vec!["security.protocol", "sasl.username", "sasl.password"]);
+        assert_eq!(args.kafka_timeout, Duration::from_secs(2));
+        assert_eq!(args.topic_refresh_interval, Duration::from_millis(500));
+        for (flag, value) in
+            [("--kafka-config", "debug"), ("--kafka-timeout", "0s"), ("--topic-refresh-interval", "x")]
+        {
+            let err = Cli::try_parse_from(["kafka-assigner", "serve", flag, value]).unwrap_err().to_string();
+            assert!(err.contains(flag), "{err}");
         }
     }
 

@@ -16,6 +16,7 @@
 //!   the warm-handoff coordinator over a `LeaseStore` (leader election, fenced batched
 //!   writes, the relay of commands to local streams, consumer sessions).
 //! * [`server`] — the tonic service, health and reflection, the admin HTTP server.
+//! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
 //! * [`metrics`] — Prometheus metrics.
 #![forbid(unsafe_code)]
@@ -25,6 +26,7 @@ pub mod assignment;
 pub mod config;
 pub mod coordinator;
 pub mod handoff;
+pub mod kafka;
 pub mod metrics;
 pub mod proto;
 pub mod server;

@@ -61,6 +61,38 @@ use kafka_assigner::handoff::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// One step of the failure report.
+struct LogEntry {
+    step: usize,
+    now: Millis,
+    what: Logged,
+    /// Commands delivered after the step, per consumer.
+    sent: Vec<(String, Vec<Command>)>,
+}
+
+enum Logged {
+    Step(Event, Result<usize, HandoffError>),
+    Failover,
+}
+
+impl std::fmt::Display for LogEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{} t={} ", self.step, self.now)?;
+        match &self.what {
+            Logged::Step(event, Ok(writes)) => write!(f, "{event:?} -> ok, {writes} writes")?,
+            Logged::Step(event, Err(e)) => write!(f, "{event:?} -> refused: {e}")?,
+            Logged::Failover => write!(f, "leader failover (cooldowns lost)")?,
+        }
+        if !self.sent.is_empty() {
+            write!(f, "; sent")?;
+            for (name, cmds) in &self.sent {
+                write!(f, " {name}:{cmds:?}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Names that never join.
 const UNKNOWN: [&str; 2] = ["ghost", ""];
 /// How many steps the failure report shows.
@@ -192,6 +224,7 @@ struct Stats {
     drained_left: u64,
     settled_with_active: u64,
     quiesce_rounds_max: u64,
+    steps: u64,
 }
 
 impl Stats {
@@ -209,6 +242,7 @@ impl Stats {
         self.drained_left += other.drained_left;
         self.settled_with_active += other.settled_with_active;
         self.quiesce_rounds_max = self.quiesce_rounds_max.max(other.quiesce_rounds_max);
+        self.steps += other.steps;
     }
 }
 
@@ -226,7 +260,7 @@ struct Sim {
     last_call: Option<Event>,
     steps: usize,
     step_no: usize,
-    log: VecDeque<String>,
+    log: VecDeque<LogEntry>,
     stats: Stats,
 }
 
@@ -271,11 +305,11 @@ impl Sim {
         self.state.partition_count
     }
 
-    fn note(&mut self, line: String) {
+    fn note(&mut self, entry: LogEntry) {
         if self.log.len() == LOG_LEN {
             self.log.pop_front();
         }
-        self.log.push_back(line);
+        self.log.push_back(entry);
     }
 
     fn report(&self, msg: &str) -> String {
@@ -287,8 +321,8 @@ impl Sim {
             self.config,
             self.step_no
         );
-        for line in &self.log {
-            let _ = writeln!(out, "  {line}");
+        for entry in &self.log {
+            let _ = writeln!(out, "  {entry}");
         }
         let _ = writeln!(out, "state: {:#?}", self.state);
         let _ = writeln!(out, "cooldowns: {:?}", self.cooldowns.0);
@@ -392,8 +426,9 @@ impl Sim {
                 // Leader failover: the cooldowns live in the leader's memory only.
                 self.cooldowns = Cooldowns::default();
                 self.step_no += 1;
-                let line = format!("#{} t={} leader failover (cooldowns lost)", self.step_no, self.now);
-                self.note(line);
+                let entry =
+                    LogEntry { step: self.step_no, now: self.now, what: Logged::Failover, sent: Vec::new() };
+                self.note(entry);
                 return Ok(());
             }
             _ => None,
@@ -478,10 +513,11 @@ impl Sim {
         };
         let result = step(&mut self.state, &event, self.now, &self.config, &mut self.cooldowns);
         let outcome = match &result {
-            Ok(writes) => format!("ok, {} writes", writes.len()),
-            Err(e) => format!("refused: {e}"),
+            Ok(writes) => Ok(writes.len()),
+            Err(e) => Err(e.clone()),
         };
-        self.note(format!("#{} t={} {event:?} -> {outcome}", self.step_no, self.now));
+        let what = Logged::Step(event.clone(), outcome);
+        self.note(LogEntry { step: self.step_no, now: self.now, what, sent: Vec::new() });
 
         // Writes, refusals and the reference model.
         match &result {
@@ -561,8 +597,8 @@ impl Sim {
 
     /// The relay: every consumer gets the diff of what it was told and its view now.
     fn deliver_all(&mut self) -> Result<(), String> {
-        let mut sent = String::new();
-        for name in self.names.clone() {
+        for i in 0..self.names.len() {
+            let name = self.names[i].clone();
             let view = ConsumerView::of(&self.state, &name);
             let client = &self.clients[&name];
             let cmds = diff_views(&client.told, &view);
@@ -576,10 +612,13 @@ impl Sim {
                 ensure!(cmds.is_empty(), "{cmds:?} sent to {name}, which is not live");
                 continue;
             }
-            if !cmds.is_empty() {
-                let _ = write!(sent, " {name}:{cmds:?}");
+            let delivered = self.deliver(&name, &cmds);
+            if !cmds.is_empty()
+                && let Some(last) = self.log.back_mut()
+            {
+                last.sent.push((name.clone(), cmds));
             }
-            self.deliver(&name, &cmds)?;
+            delivered?;
             let client = self.clients.get_mut(&name).expect("pool name");
             client.told = view;
             let client = &self.clients[&name];
@@ -602,20 +641,18 @@ impl Sim {
         for name in UNKNOWN {
             ensure!(ConsumerView::of(&self.state, name) == ConsumerView::default(), "'{name}' has a view");
         }
-        if !sent.is_empty()
-            && let Some(last) = self.log.back_mut()
-        {
-            let _ = write!(last, "; sent{sent}");
-        }
         // The ownership invariant of DESIGN.md §5.
-        for p in 0..self.p() {
-            let believers: Vec<&String> = self
-                .clients
-                .iter()
-                .filter(|(_, c)| c.live && c.belief.contains(&p))
-                .map(|(n, _)| n)
-                .collect();
-            ensure!(believers.len() <= 1, "partition {p} is believed owned by {believers:?}");
+        let mut believer: Vec<Option<&str>> = vec![None; self.p() as usize];
+        for (name, client) in self.clients.iter().filter(|(_, c)| c.live) {
+            for &p in &client.belief {
+                let slot = believer
+                    .get_mut(p as usize)
+                    .ok_or_else(|| format!("{name} believes it owns {p} >= P"))?;
+                if let Some(other) = slot {
+                    return Err(format!("partition {p} is believed owned by {other} and {name}"));
+                }
+                *slot = Some(name);
+            }
         }
         Ok(())
     }
@@ -888,6 +925,36 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Runs some schedules; returns their summed stats, the failing seeds and the report of
+/// the first failure.
+fn run_chunk(seeds: &[u64], params: &Params) -> (Stats, Vec<u64>, Option<String>) {
+    let mut total = Stats::default();
+    let mut failed: Vec<u64> = Vec::new();
+    let mut first_report = None;
+    for &seed in seeds {
+        let mut sim = Sim::new(seed, params);
+        let outcome = catch_unwind(AssertUnwindSafe(|| sim.run()));
+        let error = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(msg)) => Some(msg),
+            Err(payload) => Some(format!("panicked: {}", panic_message(payload.as_ref()))),
+        };
+        match error {
+            None => {
+                sim.stats.steps = sim.step_no as u64;
+                total.add(&sim.stats)
+            }
+            Some(msg) => {
+                failed.push(seed);
+                if first_report.is_none() {
+                    first_report = Some(sim.report(&msg));
+                }
+            }
+        }
+    }
+    (total, failed, first_report)
+}
+
 /// Runs the schedules of one test (`SIM_SEED`, `SIM_SCHEDULES`, `SIM_BASE_SEED`) and
 /// returns the summed stats; panics with the first failure's report.
 fn run_schedules(test: &str, params: &Params, default_base: u64, default_count: u64) -> (u64, Stats) {
@@ -899,25 +966,24 @@ fn run_schedules(test: &str, params: &Params, default_base: u64, default_count: 
             (0..count).map(|i| base.wrapping_add(i)).collect()
         }
     };
+    // Schedules are independent: run contiguous chunks of seeds on a few threads. The
+    // outcome does not depend on the number of threads.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+    let chunk = seeds.len().div_ceil(threads).max(1);
+    let results: Vec<(Stats, Vec<u64>, Option<String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            seeds.chunks(chunk).map(|seeds| scope.spawn(move || run_chunk(seeds, params))).collect();
+        handles.into_iter().map(|h| h.join().expect("simulation thread")).collect()
+    });
     let mut total = Stats::default();
     let mut failed: Vec<u64> = Vec::new();
     let mut first_report = None;
-    for &seed in &seeds {
-        let mut sim = Sim::new(seed, params);
-        let outcome = catch_unwind(AssertUnwindSafe(|| sim.run()));
-        let error = match outcome {
-            Ok(Ok(())) => None,
-            Ok(Err(msg)) => Some(msg),
-            Err(payload) => Some(format!("panicked: {}", panic_message(payload.as_ref()))),
-        };
-        match error {
-            None => total.add(&sim.stats),
-            Some(msg) => {
-                failed.push(seed);
-                if first_report.is_none() {
-                    first_report = Some(sim.report(&msg));
-                }
-            }
+    // Chunks are in seed order, so the first report found is the smallest failing seed's.
+    for (stats, seeds, report) in results {
+        total.add(&stats);
+        failed.extend(seeds);
+        if first_report.is_none() {
+            first_report = report;
         }
     }
     if let Some(report) = first_report {
@@ -1032,6 +1098,28 @@ fn single_consumer() {
         sim.quiesce()?;
         ensure!(sim.live_names() == vec!["c1".to_string()], "c0 drained and left");
         ensure!(sim.clients["c1"].belief.len() == 5, "c1 owns everything");
+        Ok(())
+    })();
+    ok(r, &sim);
+}
+
+#[test]
+fn tmp_probe_source_death() {
+    let mut sim = scripted(4, 5);
+    sim.config.max_warming_per_consumer = 4;
+    let r = (|| {
+        sim.do_step(Event::Joined("c0".into()))?;
+        sim.tick(10)?;
+        sim.do_step(Event::Joined("c1".into()))?;
+        sim.tick(10)?;
+        eprintln!("after c1 joins: {:?}", sim.state.handoffs);
+        sim.do_step(Event::Joined("c2".into()))?;
+        sim.do_step(Event::Joined("c3".into()))?;
+        sim.do_step(Event::Joined("c4".into()))?;
+        sim.do_step(Event::Expired("c0".into()))?;
+        sim.tick(10)?;
+        for e in &sim.log { eprintln!("{e}"); }
+        eprintln!("owners {:?}\nhandoffs {:?}", sim.state.owners, sim.state.handoffs);
         Ok(())
     })();
     ok(r, &sim);

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Backend, ServeArgs};
 use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator};
 use crate::handoff::PlanConfig;
+use crate::kafka::KafkaMetadata;
 use crate::metrics::Metrics;
 use crate::proto::v1::kafka_assigner_server::KafkaAssignerServer;
 use crate::store::{EtcdStore, EtcdStoreConfig, LeaseStore, MemoryStore};
@@ -36,6 +37,9 @@ pub enum ServerError {
     /// Reflection could not be built from the descriptor set.
     #[error("reflection: {0}")]
     Reflection(String),
+    /// The Kafka client could not be created (`--kafka-brokers`, `--kafka-config`).
+    #[error("--kafka-brokers / --kafka-config: {0}")]
+    Kafka(#[from] crate::kafka::KafkaError),
 }
 
 /// A running assigner: gRPC and admin servers over one coordinator.
@@ -56,6 +60,20 @@ pub async fn coordinator_from_args(
     args: &ServeArgs,
     metrics: Arc<Metrics>,
 ) -> Result<Arc<dyn ConsumerGroupCoordinator>, ServerError> {
+    // Kafka settings first: a bad one stops the start before anything connects.
+    let kafka = if args.kafka_brokers.iter().all(|b| b.trim().is_empty()) {
+        if !args.kafka_config.is_empty() {
+            tracing::warn!("--kafka-config is ignored without --kafka-brokers");
+        }
+        None
+    } else {
+        let kafka = KafkaMetadata::new(&args.kafka_brokers, &args.kafka_settings(), args.kafka_timeout)?;
+        tracing::info!(
+            brokers = kafka.brokers(),
+            "partition counts of topics not in --topic-partitions come from Kafka"
+        );
+        Some(Arc::new(kafka))
+    };
     let store: Arc<dyn LeaseStore> = match args.backend {
         Backend::Memory => Arc::new(MemoryStore::new()),
         Backend::Etcd => {
@@ -76,6 +94,8 @@ pub async fn coordinator_from_args(
         restart_grace: args.restart_grace,
         drain_policy: args.drain_policy,
         topic_partitions: args.topic_partitions.0.clone(),
+        kafka,
+        topic_refresh_interval: args.topic_refresh_interval,
         ..HandoffConfig::default()
     };
     Ok(Arc::new(HandoffCoordinator::start(store, config, metrics).await?))

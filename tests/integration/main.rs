@@ -1,5 +1,8 @@
 //! Integration tests: real etcd (started by the harness), real gRPC over loopback.
 
-mod support;
-mod grpc_smoke;
+mod grpc_bad_input;
+mod grpc_scenarios;
+mod kafka_metadata;
+mod multi_instance;
 mod store_conformance;
+mod support;

@@ -198,6 +198,14 @@ pub(super) async fn deregister(inner: &Inner, consumer: &str) -> Result<Deregist
             }
         })
         .await?;
+        if let Some(record) = &changed
+            && !drain
+        {
+            // Refresh the session now: the instance holding the stream sees the hold
+            // before the session could expire, even if the consumer already disconnected.
+            let _ = inner.store.keep_alive(crate::store::SessionId(record.session)).await;
+        }
+        let changed = changed.is_some();
         if drain && changed {
             action = DeregisterAction::WaitForDrain;
             tracing::info!(topic, consumer, "consumer draining");
@@ -209,16 +217,16 @@ pub(super) async fn deregister(inner: &Inner, consumer: &str) -> Result<Deregist
 }
 
 /// Rewrites a consumer record (keeping its session binding) with compare-and-swap.
-/// Returns false when the record is gone.
+/// Returns the record written, or `None` when it is gone.
 async fn update_consumer(
     inner: &Inner,
     topic: &str,
     consumer: &str,
     change: impl Fn(&mut ConsumerRecord),
-) -> Result<bool, CoordinatorError> {
+) -> Result<Option<ConsumerRecord>, CoordinatorError> {
     let key = inner.keys.consumer(topic, consumer);
     for _ in 0..CAS_ATTEMPTS {
-        let Some(kv) = inner.store.get(&key).await? else { return Ok(false) };
+        let Some(kv) = inner.store.get(&key).await? else { return Ok(None) };
         let mut record: ConsumerRecord = decode(&key, &kv.value)?;
         change(&mut record);
         let session = crate::store::SessionId(record.session);
@@ -226,7 +234,7 @@ async fn update_consumer(
             .when(Compare::ModRevision(key.clone(), kv.mod_revision))
             .then(Op::put_in(&key, encode(&record), session));
         if inner.store.txn(txn).await?.succeeded {
-            return Ok(true);
+            return Ok(Some(record));
         }
     }
     Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))

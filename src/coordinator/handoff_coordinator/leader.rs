@@ -5,12 +5,21 @@
 //! also compares the leader key's create revision with the fence: if the session expired
 //! and another instance was elected, the key was re-created with another create revision,
 //! and a deposed leader's write fails and changes nothing.
+//!
+//! With Kafka configured, the leader also refreshes the partition counts of the stored
+//! topics every `topic_refresh_interval` (in a task of its own: Kafka may be slow) and
+//! grows a topic's record when Kafka's count grew; the next reconcile assigns the new
+//! partitions like any orphan.
 
 use std::{collections::BTreeMap, sync::Arc, sync::atomic::Ordering, time::Duration};
 
+use tokio::task::JoinHandle;
+
 use super::{Inner, calls::write_ops, now_ms};
+use crate::coordinator::records::{RECORD_VERSION, TopicRecord, decode, encode};
 use crate::handoff::{Cooldowns, PlanReport, Write, diff_writes, plan};
-use crate::store::{Compare, Revision, SessionId, StoreError, Txn};
+use crate::kafka::KafkaError;
+use crate::store::{Compare, Op, Revision, SessionId, StoreError, Txn};
 
 /// etcd refuses transactions with more than 128 operations (or compares) by default; a
 /// batch holds the writes of at most this many partitions (each: ≤ 2 ops, 2 compares),
@@ -33,12 +42,23 @@ struct Leadership {
     cooldowns: BTreeMap<String, Cooldowns>,
     /// Revision our last write produced; reconcile again only once the cache has it.
     written: Revision,
+    /// The running topic refresh, if any.
+    refresh: Option<JoinHandle<()>>,
+    /// When the next topic refresh is due.
+    next_refresh: tokio::time::Instant,
 }
 
 /// Campaigns, keeps the instance session alive, and reconciles while leading.
 pub(super) async fn leader_loop(inner: Arc<Inner>) {
     let mut changed = inner.changed.subscribe();
-    let mut me = Leadership { session: None, fence: None, cooldowns: BTreeMap::new(), written: 0 };
+    let mut me = Leadership {
+        session: None,
+        fence: None,
+        cooldowns: BTreeMap::new(),
+        written: 0,
+        refresh: None,
+        next_refresh: tokio::time::Instant::now(),
+    };
     let keep_alive_every = (inner.config.lease_ttl / 3).max(Duration::from_millis(100));
     let mut next_keep_alive = tokio::time::Instant::now();
     loop {
@@ -56,6 +76,9 @@ pub(super) async fn leader_loop(inner: Arc<Inner>) {
             && inner.read_cache().revision >= me.written
         {
             reconcile_all(&inner, &mut me, fence).await;
+        }
+        if let Some(fence) = me.fence {
+            start_topic_refresh(&inner, &mut me, fence);
         }
         let wait = inner.config.reconcile_interval.min(keep_alive_every);
         tokio::select! {
@@ -97,6 +120,9 @@ fn step_down(inner: &Inner, me: &mut Leadership, why: &str) {
         inner.leading.store(false, Ordering::SeqCst);
         inner.metrics.is_leader.set(0);
         me.cooldowns.clear();
+        if let Some(refresh) = me.refresh.take() {
+            refresh.abort();
+        }
         tracing::warn!(instance = %inner.config.instance_id, why, "leadership lost");
     }
 }
@@ -128,12 +154,116 @@ async fn campaign(inner: &Inner, me: &mut Leadership) {
         Ok(outcome) if outcome.succeeded => {
             me.fence = Some(Fence { session, revision: outcome.revision });
             me.written = outcome.revision;
+            me.next_refresh = tokio::time::Instant::now(); // a new leader refreshes at once
             inner.leading.store(true, Ordering::SeqCst);
             inner.metrics.is_leader.set(1);
             tracing::info!(instance = %inner.config.instance_id, revision = outcome.revision, "leadership won");
         }
         Ok(_) => {}
         Err(error) => tracing::warn!(%error, "campaign failed"),
+    }
+}
+
+/// Starts a topic refresh when one is due and none is running.
+fn start_topic_refresh(inner: &Arc<Inner>, me: &mut Leadership, fence: Fence) {
+    if inner.config.kafka.is_none() || me.refresh.as_ref().is_some_and(|task| !task.is_finished()) {
+        return;
+    }
+    let now = tokio::time::Instant::now();
+    if now < me.next_refresh {
+        return;
+    }
+    me.next_refresh = now + inner.config.topic_refresh_interval;
+    me.refresh = Some(tokio::spawn(refresh_topics(inner.clone(), fence)));
+}
+
+/// Asks Kafka for the partition count of every stored topic not configured with
+/// `--topic-partitions`, and grows the records of those that grew. Gives up the round
+/// at the first `UNAVAILABLE` (each request is bounded by the Kafka timeout).
+async fn refresh_topics(inner: Arc<Inner>, fence: Fence) {
+    let Some(kafka) = inner.config.kafka.clone() else { return };
+    let topics: Vec<String> = inner
+        .read_cache()
+        .topics
+        .iter()
+        .filter(|(topic, entry)| {
+            entry.config.is_some() && !inner.config.topic_partitions.contains_key(*topic)
+        })
+        .map(|(topic, _)| topic.clone())
+        .collect();
+    for topic in topics {
+        if inner.shutdown.is_cancelled() || !inner.leading.load(Ordering::SeqCst) {
+            return;
+        }
+        let answer = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            answer = kafka.partition_count(&topic) => answer,
+        };
+        match answer {
+            Ok(count) => grow_topic(&inner, fence, &topic, count).await,
+            Err(KafkaError::UnknownTopic(_)) => {
+                tracing::warn!(
+                    topic,
+                    "topic refresh: the topic no longer exists in Kafka; its partition count is kept"
+                );
+            }
+            Err(error) => {
+                tracing::warn!(%error, "topic refresh: Kafka unavailable; trying again at the next refresh");
+                return;
+            }
+        }
+    }
+}
+
+/// Stores Kafka's `count` for `topic` if it is larger than the stored one (compare-and-
+/// swap on the record, fenced by our leadership). A smaller count is logged and ignored:
+/// Kafka cannot shrink a topic.
+async fn grow_topic(inner: &Inner, fence: Fence, topic: &str, count: u32) {
+    let cached =
+        inner.read_cache().topics.get(topic).and_then(|t| t.config.as_ref().map(|c| c.value.partition_count));
+    if cached == Some(count) {
+        return;
+    }
+    let key = inner.keys.topic(topic);
+    let (stored, revision) = match inner.store.get(&key).await {
+        Ok(Some(kv)) => match decode::<TopicRecord>(&key, &kv.value) {
+            Ok(record) => (record.partition_count, kv.mod_revision),
+            Err(error) => return tracing::warn!(%error, topic, "topic refresh: unreadable topic record"),
+        },
+        Ok(None) => return,
+        Err(error) => return tracing::warn!(%error, topic, "topic refresh: cannot read the topic record"),
+    };
+    if count < stored {
+        tracing::warn!(
+            topic,
+            stored,
+            kafka = count,
+            "Kafka reports fewer partitions than stored; ignored (Kafka cannot shrink a topic)"
+        );
+        return;
+    }
+    if count == stored {
+        return;
+    }
+    let record = TopicRecord { v: RECORD_VERSION, partition_count: count };
+    let txn = Txn::new()
+        .when(Compare::CreateRevision(inner.keys.leader(), fence.revision))
+        .when(Compare::ModRevision(key.clone(), revision))
+        .then(Op::put(&key, encode(&record)));
+    match inner.store.txn(txn).await {
+        Ok(outcome) if outcome.succeeded => {
+            tracing::info!(
+                topic,
+                from = stored,
+                to = count,
+                "topic grew in Kafka; its new partitions will be assigned"
+            );
+        }
+        Ok(_) => tracing::debug!(
+            topic,
+            "topic refresh raced a change (or leadership was lost); next refresh retries"
+        ),
+        Err(error) => tracing::warn!(%error, topic, "topic refresh: cannot store the new partition count"),
     }
 }
 

@@ -33,6 +33,7 @@ use super::{
 };
 use crate::config::DrainPolicy;
 use crate::handoff::{Millis, PlanConfig};
+use crate::kafka::KafkaMetadata;
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
 use crate::store::{LeaseStore, Revision};
@@ -56,8 +57,13 @@ pub struct HandoffConfig {
     pub restart_grace: Duration,
     /// What `Deregister` answers.
     pub drain_policy: DrainPolicy,
-    /// Partition counts known without Kafka (topic → count).
+    /// Partition counts known without Kafka (topic → count); they override Kafka.
     pub topic_partitions: BTreeMap<String, u32>,
+    /// Where the partition counts of other topics come from (`--kafka-brokers`); `None`:
+    /// only `topic_partitions`.
+    pub kafka: Option<Arc<KafkaMetadata>>,
+    /// How often the leader asks Kafka for the counts of stored topics (growth).
+    pub topic_refresh_interval: Duration,
     /// How often the leader reconciles without a change (time limits, resync).
     pub reconcile_interval: Duration,
     /// How often the watcher re-reads the whole prefix as a safety net.
@@ -75,6 +81,8 @@ impl Default for HandoffConfig {
             restart_grace: Duration::from_secs(30),
             drain_policy: DrainPolicy::ShutdownNow,
             topic_partitions: BTreeMap::new(),
+            kafka: None,
+            topic_refresh_interval: Duration::from_secs(60),
             reconcile_interval: Duration::from_secs(1),
             resync_interval: Duration::from_secs(300),
         }
@@ -156,7 +164,11 @@ impl HandoffCoordinator {
     /// after their TTL). For failover tests.
     pub fn crash(&self) {
         self.inner.shutdown.cancel();
-        self.inner.lock_streams().by_key.clear();
+        self.inner.leading.store(false, std::sync::atomic::Ordering::SeqCst);
+        for (_, stream) in std::mem::take(&mut self.inner.lock_streams().by_key) {
+            // A dead instance's connections break: an error, never a clean end of stream.
+            let _ = stream.tx.send(Err(CoordinatorError::Unavailable("assigner instance crashed".into())));
+        }
     }
 
     /// Whether this instance currently leads.

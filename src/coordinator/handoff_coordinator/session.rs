@@ -20,7 +20,8 @@ use crate::coordinator::{
     records::{ConsumerRecord, RECORD_VERSION, TopicRecord, decode, encode},
     validate_consumer_name, validate_topic_name,
 };
-use crate::handoff::ConsumerStatus;
+use crate::handoff::{ConsumerStatus, ConsumerView};
+use crate::kafka::KafkaError;
 use crate::store::{Compare, Op, SessionId, StoreError, Txn};
 
 /// How many times a compare-and-swap that lost a race is retried with fresh state.
@@ -28,12 +29,15 @@ pub(super) const CAS_ATTEMPTS: usize = 5;
 
 /// Makes sure the topic has a stored partition count; returns it.
 ///
-/// A count configured with `--topic-partitions` creates the record (compare-and-swap on
-/// its absence, so concurrent instances agree) or grows it; a topic with no stored and
-/// no configured count is `NOT_FOUND`.
+/// In order: a count configured with `--topic-partitions` (it overrides Kafka: it creates
+/// the record, or grows it); a stored count; Kafka's count (`--kafka-brokers`); otherwise
+/// `NOT_FOUND`. A record is created with compare-and-swap on its absence, so concurrent
+/// instances agree on one value (the loser reads the winner's). Kafka unreachable is
+/// `UNAVAILABLE` after the Kafka timeout, and nothing is stored.
 pub(super) async fn ensure_topic(inner: &Inner, topic: &str) -> Result<u32, CoordinatorError> {
     let configured = inner.config.topic_partitions.get(topic).copied();
     let key = inner.keys.topic(topic);
+    let mut from_kafka = None;
     for _ in 0..CAS_ATTEMPTS {
         let cached = inner.read_cache().topics.get(topic).and_then(|t| t.config.clone());
         let stored = match cached {
@@ -49,16 +53,38 @@ pub(super) async fn ensure_topic(inner: &Inner, topic: &str) -> Result<u32, Coor
             (Some((_, rev)), Some(c)) => (c, rev),
             (None, Some(c)) => (c, 0),
             (None, None) => {
-                return Err(CoordinatorError::NotFound(format!(
-                    "topic '{topic}' is unknown: no partition count is stored or configured for it \
-                     (configure it with --topic-partitions {topic}=<count>)"
-                )));
+                let Some(kafka) = &inner.config.kafka else {
+                    return Err(CoordinatorError::NotFound(format!(
+                        "topic '{topic}' is unknown: no partition count is stored or configured for it \
+                         (configure it with --topic-partitions {topic}=<count>, or set --kafka-brokers)"
+                    )));
+                };
+                let count = match from_kafka {
+                    Some(count) => count,
+                    None => {
+                        let count = kafka.partition_count(topic).await.map_err(|error| match error {
+                            KafkaError::UnknownTopic(_) => CoordinatorError::NotFound(format!(
+                                "topic '{topic}' is unknown: it does not exist in Kafka ({})",
+                                kafka.brokers()
+                            )),
+                            KafkaError::Unavailable(_) | KafkaError::Config(_) => {
+                                CoordinatorError::Unavailable(format!(
+                                    "cannot learn the partition count of topic '{topic}': {error}"
+                                ))
+                            }
+                        })?;
+                        *from_kafka.insert(count)
+                    }
+                };
+                (count, 0)
             }
         };
         let record = TopicRecord { v: RECORD_VERSION, partition_count: count };
-        let txn = Txn::new().when(Compare::ModRevision(key.clone(), revision)).then(Op::put(&key, encode(&record)));
+        let txn =
+            Txn::new().when(Compare::ModRevision(key.clone(), revision)).then(Op::put(&key, encode(&record)));
         if inner.store.txn(txn).await?.succeeded {
-            tracing::info!(topic, partitions = count, "topic config stored");
+            let source = if configured.is_some() { "--topic-partitions" } else { "Kafka" };
+            tracing::info!(topic, partitions = count, source, "topic config stored");
             return Ok(count);
         }
     }
@@ -99,7 +125,9 @@ pub(super) async fn register(inner: &Arc<Inner>, consumer: &str, topic: &str) ->
             tx: tx.clone(),
             end: Some(end_tx),
         };
-        let ended = relay_one(topic, consumer, &mut stream, cache.topics.get(topic), cache.revision);
+        let entry = cache.topics.get(topic);
+        let views = entry.map(|e| ConsumerView::all(&e.state())).unwrap_or_default();
+        let ended = relay_one(topic, consumer, &mut stream, entry, &views, cache.revision);
         streams.by_key.insert(key.clone(), stream);
         if let Some((reason, last)) = ended {
             streams.end(&key, reason, last);
@@ -161,16 +189,22 @@ async fn session_task(
     }
     let session = key.2;
     let period = (inner.config.lease_ttl / 3).max(Duration::from_millis(100));
+    // The session was granted (or last refreshed) no earlier than this.
+    let mut alive_at = tokio::time::Instant::now();
     let ended = loop {
         tokio::select! {
             reason = &mut end_rx => break Ended::Server(reason.unwrap_or(EndReason::Shutdown)),
             _ = tx.closed() => break Ended::ClientGone,
             _ = tokio::time::sleep(period) => {
-                if let Err(error) = inner.store.keep_alive(session).await {
-                    if matches!(error, StoreError::SessionExpired(_)) {
-                        break Ended::Expired;
+                let asked_at = tokio::time::Instant::now();
+                match inner.store.keep_alive(session).await {
+                    Ok(()) => alive_at = asked_at,
+                    Err(error) => {
+                        if matches!(error, StoreError::SessionExpired(_)) {
+                            break Ended::Expired;
+                        }
+                        tracing::warn!(%error, topic = %key.0, consumer = %key.1, "keep-alive failed; retrying");
                     }
-                    tracing::warn!(%error, topic = %key.0, consumer = %key.1, "keep-alive failed; retrying");
                 }
             }
         }
@@ -184,7 +218,7 @@ async fn session_task(
         Ended::ClientGone => {
             tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected");
             inner.lock_streams().end(&key, EndReason::Shutdown, None);
-            hold_for_restart(&inner, &key).await;
+            hold_for_restart(&inner, &key, alive_at).await;
         }
         Ended::Expired => {
             let error = CoordinatorError::Unavailable(format!(
@@ -196,11 +230,15 @@ async fn session_task(
     }
 }
 
-/// After a `SHUTDOWN_NOW` deregistration the consumer is expected back under the same
-/// name: keep its session (and so its partitions) until the record's `hold_until`.
-async fn hold_for_restart(inner: &Inner, key: &(String, String, SessionId)) {
+/// After the stream drops, the session lives on for its TTL: a quick reconnect keeps the
+/// partitions. If a `SHUTDOWN_NOW` deregistration sets `hold_until` on the record (before
+/// or during that window, through any instance), keep the session (and so the partitions)
+/// alive until then, waiting for the consumer's return; then revoke it.
+async fn hold_for_restart(inner: &Inner, key: &(String, String, SessionId), alive_at: tokio::time::Instant) {
     let (topic, consumer, session) = key;
     let period = (inner.config.lease_ttl / 3).max(Duration::from_millis(100));
+    let mut changed = inner.changed.subscribe();
+    let mut expires_at = alive_at + inner.config.lease_ttl;
     loop {
         let hold_until = {
             let cache = inner.read_cache();
@@ -210,19 +248,27 @@ async fn hold_for_restart(inner: &Inner, key: &(String, String, SessionId)) {
                 _ => return, // replaced by a new registration, or gone
             }
         };
-        let Some(until) = hold_until else { return };
-        let now = now_ms();
-        if now >= until {
-            tracing::info!(topic, consumer, "restart grace over; releasing the consumer's partitions");
-            let _ = inner.store.revoke_session(*session).await;
-            return;
-        }
-        if inner.store.keep_alive(*session).await.is_err() {
-            return;
-        }
-        let wait = Duration::from_millis(until - now).min(period);
+        let wait = match hold_until {
+            Some(until) if now_ms() >= until => {
+                tracing::info!(topic, consumer, "restart grace over; releasing the consumer's partitions");
+                let _ = inner.store.revoke_session(*session).await;
+                return;
+            }
+            Some(until) => {
+                let asked_at = tokio::time::Instant::now();
+                if inner.store.keep_alive(*session).await.is_err() {
+                    return;
+                }
+                expires_at = asked_at + inner.config.lease_ttl;
+                Duration::from_millis(until.saturating_sub(now_ms())).min(period)
+            }
+            // No hold (yet): watch the record until the session would expire by itself.
+            None if tokio::time::Instant::now() >= expires_at => return,
+            None => expires_at - tokio::time::Instant::now(),
+        };
         tokio::select! {
             _ = inner.shutdown.cancelled() => return,
+            _ = changed.changed() => {}
             _ = tokio::time::sleep(wait) => {}
         }
     }

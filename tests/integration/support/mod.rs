@@ -4,6 +4,7 @@
 // Each test module uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod assigner;
 pub mod etcd;
 
 use std::{future::Future, time::Duration};
