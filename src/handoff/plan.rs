@@ -140,8 +140,10 @@ fn settle_handoffs(
                     // step 2 or a later plan fixes ownership.
                     state.handoffs.remove(&partition);
                     report.cancelled.push(partition);
-                } else if !state.is_live(&h.from) && state.is_active(&h.to) {
+                } else if !state.is_live(&h.from) && target.get(&partition) == Some(&h.to) {
                     // The owner died while the target warmed: the target takes it now.
+                    // (If the target is no longer the target, the handoff is cancelled
+                    // below and step 2 gives the orphan to its real target: one move.)
                     state.handoffs.remove(&partition);
                     state.owners.insert(partition, h.to.clone());
                     report.assigned_directly.push((partition, h.to.clone()));
@@ -156,7 +158,9 @@ fn settle_handoffs(
                 }
             }
             Phase::Releasing => {
-                if owner.as_deref() != Some(h.to.as_str()) {
+                if owner.as_deref() != Some(h.to.as_str()) || !state.is_live(&h.to) {
+                    // The new owner died mid-release: drop the handoff; step 2 gives the
+                    // orphaned partition to its target in this same tick.
                     state.handoffs.remove(&partition);
                     report.cancelled.push(partition);
                 } else if !state.is_live(&h.from) {
