@@ -110,7 +110,9 @@ async fn handoffs(endpoints: &[String]) -> Result<Vec<Duration>, BoxError> {
     for partition in warms {
         let tp = TopicPartition { topic: "bench".into(), partition };
         let start = Instant::now();
-        client.partition_ready(PartitionReadyRequest { consumer_name: "b".into(), partition: Some(tp.clone()) }).await?;
+        client
+            .partition_ready(PartitionReadyRequest { consumer_name: "b".into(), partition: Some(tp.clone()) })
+            .await?;
         loop {
             if let Some(Command::Release(release)) = a.next().await.ok_or("a ended")??.command
                 && release.partition.as_ref() == Some(&tp)
@@ -119,7 +121,9 @@ async fn handoffs(endpoints: &[String]) -> Result<Vec<Duration>, BoxError> {
             }
         }
         samples.push(start.elapsed());
-        client.partition_released(PartitionReleasedRequest { consumer_name: "a".into(), partition: Some(tp) }).await?;
+        client
+            .partition_released(PartitionReleasedRequest { consumer_name: "a".into(), partition: Some(tp) })
+            .await?;
     }
     server.stop().await;
     Ok(samples)

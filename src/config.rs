@@ -10,7 +10,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// Top-level command line.
 #[derive(Debug, Parser)]
-#[command(name = "kafka-assigner", version, about = "Assigns Kafka partitions to stateful consumers with warm handoffs")]
+#[command(
+    name = "kafka-assigner",
+    version,
+    about = "Assigns Kafka partitions to stateful consumers with warm handoffs"
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -31,6 +35,20 @@ pub enum Backend {
     Memory,
     /// Warm-handoff coordinator over etcd (many instances).
     Etcd,
+    /// Lease claiming without warm handoffs (Kinesis-KCL style) over `--store`.
+    Fleet,
+    /// Fixed partitions from the environment (`--static-assignment` or
+    /// `--static-members`); no store, for local development.
+    Static,
+}
+
+/// The lease store of the `fleet` backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// In-process (one node).
+    Memory,
+    /// etcd (`--etcd-endpoints`; many instances).
+    Etcd,
 }
 
 /// What `Deregister` answers (DESIGN.md §6).
@@ -50,6 +68,20 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_BACKEND", value_enum, default_value = "memory")]
     pub backend: Backend,
 
+    /// Lease store of the fleet backend.
+    #[arg(long, env = "KAFKA_ASSIGNER_STORE", value_enum, default_value = "memory")]
+    pub store: StoreKind,
+
+    /// Static backend: partitions per consumer, e.g. `consumer-0=0-5;consumer-1=6,7,8-11`
+    /// (inclusive ranges; `topic:` prefixes when several topics are configured).
+    #[arg(long, env = "KAFKA_ASSIGNER_STATIC_ASSIGNMENT")]
+    pub static_assignment: Option<String>,
+
+    /// Static backend, when `--static-assignment` is unset: round-robin over this many
+    /// members, by the number at the end of the consumer name (`pod-3` is member 3).
+    #[arg(long, env = "KAFKA_ASSIGNER_STATIC_MEMBERS")]
+    pub static_members: Option<String>,
+
     /// gRPC listen address.
     #[arg(long, env = "KAFKA_ASSIGNER_GRPC_ADDR", default_value = "127.0.0.1:50051")]
     pub grpc_addr: SocketAddr,
@@ -59,7 +91,12 @@ pub struct ServeArgs {
     pub admin_addr: SocketAddr,
 
     /// etcd endpoints, comma-separated (etcd backend).
-    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_ENDPOINTS", value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    #[arg(
+        long,
+        env = "KAFKA_ASSIGNER_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
     pub etcd_endpoints: Vec<String>,
 
     /// Key prefix for everything the assigner stores.
@@ -293,9 +330,31 @@ mod tests {
 
     #[test]
     fn bad_flags_name_the_flag() {
-        let err = Cli::try_parse_from(["kafka-assigner", "serve", "--lease-ttl", "soon"]).unwrap_err().to_string();
+        let err =
+            Cli::try_parse_from(["kafka-assigner", "serve", "--lease-ttl", "soon"]).unwrap_err().to_string();
         assert!(err.contains("--lease-ttl"), "{err}");
-        let err = Cli::try_parse_from(["kafka-assigner", "serve", "--backend", "zk"]).unwrap_err().to_string();
+        let err =
+            Cli::try_parse_from(["kafka-assigner", "serve", "--backend", "zk"]).unwrap_err().to_string();
         assert!(err.contains("--backend"), "{err}");
+    }
+
+    #[test]
+    fn fleet_and_static_flags() {
+        let serve = |args: &[&str]| {
+            let mut all = vec!["kafka-assigner", "serve"];
+            all.extend_from_slice(args);
+            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command;
+            args
+        };
+        let args = serve(&["--backend", "fleet", "--store", "etcd"]);
+        assert_eq!((args.backend, args.store), (Backend::Fleet, StoreKind::Etcd));
+        assert_eq!(serve(&["--backend", "fleet"]).store, StoreKind::Memory);
+        let args =
+            serve(&["--backend", "static", "--static-assignment", "a=0-5;b=6-11", "--static-members", "2"]);
+        assert_eq!(args.backend, Backend::Static);
+        assert_eq!(args.static_assignment.as_deref(), Some("a=0-5;b=6-11"));
+        assert_eq!(args.static_members.as_deref(), Some("2"));
+        let err = Cli::try_parse_from(["kafka-assigner", "serve", "--store", "zk"]).unwrap_err().to_string();
+        assert!(err.contains("--store"), "{err}");
     }
 }

@@ -49,12 +49,17 @@ impl Metrics {
         };
         let handoffs_started = m(&mut registry, "handoffs_started", "Warming handoffs started");
         let handoffs_ready = m(&mut registry, "handoffs_ready", "Handoffs flipped by PartitionReady");
-        let handoffs_released = m(&mut registry, "handoffs_released", "Handoffs completed by PartitionReleased");
+        let handoffs_released =
+            m(&mut registry, "handoffs_released", "Handoffs completed by PartitionReleased");
         let handoffs_cancelled = m(&mut registry, "handoffs_cancelled", "Warming handoffs cancelled");
         let warm_timeouts = m(&mut registry, "warm_timeouts", "Warming handoffs that timed out");
-        let release_timeouts =
-            m(&mut registry, "release_timeouts", "Releases completed without acknowledgement after the timeout");
-        let direct_assignments = m(&mut registry, "direct_assignments", "Partitions assigned with no live owner");
+        let release_timeouts = m(
+            &mut registry,
+            "release_timeouts",
+            "Releases completed without acknowledgement after the timeout",
+        );
+        let direct_assignments =
+            m(&mut registry, "direct_assignments", "Partitions assigned with no live owner");
         let reconcile_conflicts =
             m(&mut registry, "reconcile_conflicts", "Leader transactions refused by their compare");
         let is_leader = Gauge::default();

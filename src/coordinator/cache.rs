@@ -91,8 +91,7 @@ impl Cache {
             .into_iter()
             .filter(|t| {
                 let (a, b) = (self.topics.get(*t), other.topics.get(*t));
-                a.map(TopicEntry::state) != b.map(TopicEntry::state)
-                    || a.map(sessions) != b.map(sessions)
+                a.map(TopicEntry::state) != b.map(TopicEntry::state) || a.map(sessions) != b.map(sessions)
             })
             .cloned()
             .collect()

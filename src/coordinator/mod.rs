@@ -7,13 +7,22 @@
 //! * [`HandoffCoordinator`] is the warm-handoff coordinator over any
 //!   [`LeaseStore`](crate::store::LeaseStore): the `memory` and `etcd` backends are this one
 //!   implementation with a different store.
+//! * [`FleetCoordinator`] (`fleet` backend): per-partition leases in a `LeaseStore`,
+//!   claimed up to a fair share by the instance holding each consumer's stream; no leader,
+//!   no warm handoffs.
+//! * [`StaticCoordinator`] (`static` backend): fixed partitions from the environment, no
+//!   store, for local development.
 
 pub mod cache;
+pub mod fleet;
 mod handoff_coordinator;
 pub mod records;
+pub mod static_backend;
 mod validate;
 
+pub use fleet::{FleetConfig, FleetCoordinator};
 pub use handoff_coordinator::{HandoffConfig, HandoffCoordinator};
+pub use static_backend::{StaticAssignment, StaticConfig, StaticCoordinator};
 pub use validate::{validate_consumer_name, validate_topic_name};
 
 use std::pin::Pin;
@@ -56,7 +65,9 @@ pub enum CoordinatorError {
 impl From<StoreError> for CoordinatorError {
     fn from(error: StoreError) -> Self {
         match error {
-            StoreError::Unavailable(_) | StoreError::Closed => CoordinatorError::Unavailable(error.to_string()),
+            StoreError::Unavailable(_) | StoreError::Closed => {
+                CoordinatorError::Unavailable(error.to_string())
+            }
             other => CoordinatorError::Internal(other.to_string()),
         }
     }
@@ -142,7 +153,12 @@ pub trait ConsumerGroupCoordinator: Send + Sync + 'static {
     async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError>;
 
     /// `consumer` finished warming `partition` of `topic`.
-    async fn partition_ready(&self, consumer: &str, topic: &str, partition: u32) -> Result<(), CoordinatorError>;
+    async fn partition_ready(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError>;
 
     /// `consumer` released `partition` of `topic`.
     async fn partition_released(

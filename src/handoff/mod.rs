@@ -143,16 +143,12 @@ pub fn diff_writes(old: &TopicState, new: &TopicState) -> Vec<Write> {
         .collect();
     for partition in partitions {
         match (old.owners.get(&partition), new.owners.get(&partition)) {
-            (a, Some(b)) if a != Some(b) => {
-                writes.push(Write::SetOwner { partition, owner: b.clone() })
-            }
+            (a, Some(b)) if a != Some(b) => writes.push(Write::SetOwner { partition, owner: b.clone() }),
             (Some(_), None) => writes.push(Write::ClearOwner { partition }),
             _ => {}
         }
         match (old.handoffs.get(&partition), new.handoffs.get(&partition)) {
-            (a, Some(b)) if a != Some(b) => {
-                writes.push(Write::PutHandoff { partition, handoff: b.clone() })
-            }
+            (a, Some(b)) if a != Some(b) => writes.push(Write::PutHandoff { partition, handoff: b.clone() }),
             (Some(_), None) => writes.push(Write::DeleteHandoff { partition }),
             _ => {}
         }

@@ -66,8 +66,7 @@ impl PlanReport {
 /// Target owner of each partition: the assignment, computed as if every warming handoff
 /// to an active consumer had already completed, so an in-flight move keeps its target.
 fn targets(state: &TopicState) -> BTreeMap<u32, String> {
-    let active: BTreeSet<String> =
-        state.consumers.keys().filter(|c| state.is_active(c)).cloned().collect();
+    let active: BTreeSet<String> = state.consumers.keys().filter(|c| state.is_active(c)).cloned().collect();
     let mut planned = state.owners.clone();
     for (partition, handoff) in &state.handoffs {
         if handoff.phase == Phase::Warming && state.is_active(&handoff.to) {
@@ -78,7 +77,12 @@ fn targets(state: &TopicState) -> BTreeMap<u32, String> {
 }
 
 /// Reconciles `state` at `now`, mutating it into the state the leader should write.
-pub fn plan(state: &mut TopicState, now: Millis, config: &PlanConfig, cooldowns: &mut Cooldowns) -> PlanReport {
+pub fn plan(
+    state: &mut TopicState,
+    now: Millis,
+    config: &PlanConfig,
+    cooldowns: &mut Cooldowns,
+) -> PlanReport {
     let mut report = PlanReport::default();
     cooldowns.0.retain(|_, until| *until > now);
     // Records of partitions beyond the count (never produced by us; defensive) go away.

@@ -10,7 +10,9 @@ use super::{Handoff, Millis, Phase, TopicState};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HandoffError {
     /// The partition is not in `0..partition_count`.
-    #[error("partition {partition} is out of range: the topic has {partition_count} partitions (0..{partition_count})")]
+    #[error(
+        "partition {partition} is out of range: the topic has {partition_count} partitions (0..{partition_count})"
+    )]
     PartitionOutOfRange {
         /// The partition asked for.
         partition: u32,
@@ -21,7 +23,9 @@ pub enum HandoffError {
     #[error("consumer '{0}' is not registered for this topic")]
     UnknownConsumer(String),
     /// `PartitionReady` from a consumer that is not warming this partition.
-    #[error("consumer '{consumer}' is not the target of a warming handoff for partition {partition} ({actual})")]
+    #[error(
+        "consumer '{consumer}' is not the target of a warming handoff for partition {partition} ({actual})"
+    )]
     NotWarmingTarget {
         /// The caller.
         consumer: String,
@@ -67,7 +71,12 @@ fn check_common(state: &TopicState, consumer: &str, partition: u32) -> Result<()
 /// A repeated call from the consumer that already owns the partition (the handoff is
 /// releasing or done) succeeds without change, so a client may retry a call whose
 /// response it lost.
-pub fn apply_ready(state: &mut TopicState, consumer: &str, partition: u32, now: Millis) -> Result<(), HandoffError> {
+pub fn apply_ready(
+    state: &mut TopicState,
+    consumer: &str,
+    partition: u32,
+    now: Millis,
+) -> Result<(), HandoffError> {
     check_common(state, consumer, partition)?;
     let owner = state.owners.get(&partition).map(String::as_str);
     match state.handoffs.get(&partition) {
@@ -138,11 +147,15 @@ mod tests {
     #[test]
     fn wrong_calls_are_refused_and_change_nothing() {
         let s = warming();
-        let cases: Vec<(&str, u32, bool)> = vec![("a", 0, true), ("b", 1, true), ("c", 0, true), ("b", 2, true), ("b", 0, false)];
+        let cases: Vec<(&str, u32, bool)> =
+            vec![("a", 0, true), ("b", 1, true), ("c", 0, true), ("b", 2, true), ("b", 0, false)];
         for (consumer, partition, ready) in cases {
             let mut t = s.clone();
-            let result =
-                if ready { apply_ready(&mut t, consumer, partition, 1) } else { apply_released(&mut t, consumer, partition) };
+            let result = if ready {
+                apply_ready(&mut t, consumer, partition, 1)
+            } else {
+                apply_released(&mut t, consumer, partition)
+            };
             assert!(result.is_err(), "{consumer} {partition} ready={ready} must be refused");
             assert_eq!(t, s);
         }

@@ -73,11 +73,17 @@ impl KafkaAssigner for AssignerService {
     ) -> Result<Response<PartitionReleasedResponse>, Status> {
         let PartitionReleasedRequest { consumer_name, partition } = request.into_inner();
         let tp = required(partition)?;
-        self.coordinator.partition_released(&consumer_name, &tp.topic, tp.partition).await.map_err(to_status)?;
+        self.coordinator
+            .partition_released(&consumer_name, &tp.topic, tp.partition)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(PartitionReleasedResponse {}))
     }
 
-    async fn deregister(&self, request: Request<DeregisterRequest>) -> Result<Response<DeregisterResponse>, Status> {
+    async fn deregister(
+        &self,
+        request: Request<DeregisterRequest>,
+    ) -> Result<Response<DeregisterResponse>, Status> {
         let DeregisterRequest { consumer_name } = request.into_inner();
         let action = self.coordinator.deregister(&consumer_name).await.map_err(to_status)?;
         Ok(Response::new(DeregisterResponse { action: action.into() }))

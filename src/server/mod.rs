@@ -12,8 +12,11 @@ use std::{net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Backend, ServeArgs};
-use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator};
+use crate::config::{Backend, ServeArgs, StoreKind};
+use crate::coordinator::{
+    ConsumerGroupCoordinator, CoordinatorError, FleetConfig, FleetCoordinator, HandoffConfig,
+    HandoffCoordinator, StaticConfig, StaticCoordinator,
+};
 use crate::handoff::PlanConfig;
 use crate::kafka::KafkaMetadata;
 use crate::metrics::Metrics;
@@ -37,6 +40,9 @@ pub enum ServerError {
     /// Reflection could not be built from the descriptor set.
     #[error("reflection: {0}")]
     Reflection(String),
+    /// A setting is malformed (the message names it).
+    #[error("{0}")]
+    Config(String),
     /// The Kafka client could not be created (`--kafka-brokers`, `--kafka-config`).
     #[error("--kafka-brokers / --kafka-config: {0}")]
     Kafka(#[from] crate::kafka::KafkaError),
@@ -60,6 +66,12 @@ pub async fn coordinator_from_args(
     args: &ServeArgs,
     metrics: Arc<Metrics>,
 ) -> Result<Arc<dyn ConsumerGroupCoordinator>, ServerError> {
+    let store_kind = match args.backend {
+        Backend::Static => return static_from_args(args, metrics),
+        Backend::Fleet => return fleet_from_args(args, metrics).await,
+        Backend::Memory => StoreKind::Memory,
+        Backend::Etcd => StoreKind::Etcd,
+    };
     // Kafka settings first: a bad one stops the start before anything connects.
     let kafka = if args.kafka_brokers.iter().all(|b| b.trim().is_empty()) {
         if !args.kafka_config.is_empty() {
@@ -74,13 +86,7 @@ pub async fn coordinator_from_args(
         );
         Some(Arc::new(kafka))
     };
-    let store: Arc<dyn LeaseStore> = match args.backend {
-        Backend::Memory => Arc::new(MemoryStore::new()),
-        Backend::Etcd => {
-            let config = EtcdStoreConfig { endpoints: args.etcd_endpoints.clone(), ..EtcdStoreConfig::default() };
-            Arc::new(EtcdStore::connect(config).await.map_err(CoordinatorError::from)?)
-        }
-    };
+    let store = open_store(store_kind, args).await?;
     let config = HandoffConfig {
         instance_id: args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id),
         backend: format!("{:?}", args.backend).to_lowercase(),
@@ -101,6 +107,54 @@ pub async fn coordinator_from_args(
     Ok(Arc::new(HandoffCoordinator::start(store, config, metrics).await?))
 }
 
+/// Opens the lease store `kind` (etcd at `--etcd-endpoints`).
+async fn open_store(kind: StoreKind, args: &ServeArgs) -> Result<Arc<dyn LeaseStore>, ServerError> {
+    Ok(match kind {
+        StoreKind::Memory => Arc::new(MemoryStore::new()),
+        StoreKind::Etcd => {
+            let config =
+                EtcdStoreConfig { endpoints: args.etcd_endpoints.clone(), ..EtcdStoreConfig::default() };
+            Arc::new(EtcdStore::connect(config).await.map_err(CoordinatorError::from)?)
+        }
+    })
+}
+
+/// The `static` backend: parses `--static-assignment` / `--static-members` (or their
+/// environment variables); a malformed value stops the start, naming the variable.
+fn static_from_args(
+    args: &ServeArgs,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<dyn ConsumerGroupCoordinator>, ServerError> {
+    let config = StaticConfig::from_settings(
+        args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id),
+        args.topic_partitions.0.clone(),
+        args.static_assignment.as_deref(),
+        args.static_members.as_deref(),
+    )
+    .map_err(ServerError::Config)?;
+    Ok(Arc::new(StaticCoordinator::new(config, metrics)))
+}
+
+/// The `fleet` backend over `--store`.
+async fn fleet_from_args(
+    args: &ServeArgs,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<dyn ConsumerGroupCoordinator>, ServerError> {
+    if !args.kafka_brokers.iter().all(|b| b.trim().is_empty()) {
+        tracing::warn!("--kafka-brokers is not used by the fleet backend (only --topic-partitions)");
+    }
+    let store = open_store(args.store, args).await?;
+    let config = FleetConfig {
+        instance_id: args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id),
+        backend: format!("fleet-{:?}", args.store).to_lowercase(),
+        prefix: args.etcd_prefix.clone(),
+        lease_ttl: args.lease_ttl,
+        topic_partitions: args.topic_partitions.0.clone(),
+        ..FleetConfig::default()
+    };
+    Ok(Arc::new(FleetCoordinator::start(store, config, metrics).await?))
+}
+
 impl AssignerServer {
     /// Serves `coordinator` on `grpc_addr` and `admin_addr` (port 0: any free port).
     pub async fn start(
@@ -114,7 +168,8 @@ impl AssignerServer {
         };
         let grpc_listener = bind(grpc_addr).await?;
         let admin_listener = bind(admin_addr).await?;
-        let grpc_addr = grpc_listener.local_addr().map_err(|source| ServerError::Bind { addr: grpc_addr, source })?;
+        let grpc_addr =
+            grpc_listener.local_addr().map_err(|source| ServerError::Bind { addr: grpc_addr, source })?;
         let admin_addr =
             admin_listener.local_addr().map_err(|source| ServerError::Bind { addr: admin_addr, source })?;
         let stop = CancellationToken::new();
@@ -143,8 +198,9 @@ impl AssignerServer {
         let admin_stop = stop.clone();
         let router = admin::router(coordinator.clone(), metrics);
         let admin = tokio::spawn(async move {
-            let result =
-                axum::serve(admin_listener, router).with_graceful_shutdown(admin_stop.cancelled_owned()).await;
+            let result = axum::serve(admin_listener, router)
+                .with_graceful_shutdown(admin_stop.cancelled_owned())
+                .await;
             if let Err(error) = result {
                 tracing::error!(%error, "admin server failed");
             }

@@ -225,7 +225,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
 
     /// Writes one key unconditionally (bound to `session` if given).
-    async fn put(&self, key: &str, value: Vec<u8>, session: Option<SessionId>) -> Result<Revision, StoreError> {
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        session: Option<SessionId>,
+    ) -> Result<Revision, StoreError> {
         let op = Op::Put { key: key.to_string(), value, session };
         Ok(self.txn(Txn::new().then(op)).await?.revision)
     }

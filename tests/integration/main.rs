@@ -1,8 +1,11 @@
 //! Integration tests: real etcd (started by the harness), real gRPC over loopback.
 
+mod every_backend;
+mod fleet_backend;
 mod grpc_bad_input;
 mod grpc_scenarios;
 mod kafka_metadata;
 mod multi_instance;
+mod static_backend;
 mod store_conformance;
 mod support;

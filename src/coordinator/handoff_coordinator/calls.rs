@@ -7,6 +7,7 @@
 //! loses a race does it re-read those records from the store and decide again, so a call
 //! is refused only on the store's current state, and a refused call changes nothing.
 
+use crate::config::DrainPolicy;
 use crate::coordinator::{
     ConsumerStatusView, CoordinatorError, HandoffStatusView, StatusView, TopicStatus,
     records::{AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode},
@@ -17,7 +18,6 @@ use crate::handoff::{
 };
 use crate::proto::v1::DeregisterAction;
 use crate::store::{Compare, Op, Revision, Txn};
-use crate::config::DrainPolicy;
 
 use super::{Inner, now_ms, session::CAS_ATTEMPTS};
 
@@ -48,13 +48,19 @@ async fn from_store(
     let keys = &inner.keys;
     let topic_key = keys.topic(topic);
     let Some(config) = inner.store.get(&topic_key).await? else {
-        return Err(CoordinatorError::NotFound(format!("topic '{topic}' is unknown: no consumer registered for it")));
+        return Err(CoordinatorError::NotFound(format!(
+            "topic '{topic}' is unknown: no consumer registered for it"
+        )));
     };
-    let mut state =
-        TopicState { partition_count: decode::<TopicRecord>(&topic_key, &config.value)?.partition_count, ..Default::default() };
+    let mut state = TopicState {
+        partition_count: decode::<TopicRecord>(&topic_key, &config.value)?.partition_count,
+        ..Default::default()
+    };
     let consumer_key = keys.consumer(topic, consumer);
     if let Some(kv) = inner.store.get(&consumer_key).await? {
-        state.consumers.insert(consumer.to_string(), decode::<ConsumerRecord>(&consumer_key, &kv.value)?.status);
+        state
+            .consumers
+            .insert(consumer.to_string(), decode::<ConsumerRecord>(&consumer_key, &kv.value)?.status);
     }
     let (mut owner_revision, mut handoff_revision) = (0, 0);
     let owner_key = keys.assignment(topic, partition);
@@ -178,7 +184,10 @@ pub(super) async fn deregister(inner: &Inner, consumer: &str) -> Result<Deregist
             .iter()
             .filter(|(_, e)| e.consumers.contains_key(consumer))
             .map(|(t, e)| {
-                let others = e.consumers.iter().any(|(n, r)| n != consumer && r.value.status == ConsumerStatus::Active);
+                let others = e
+                    .consumers
+                    .iter()
+                    .any(|(n, r)| n != consumer && r.value.status == ConsumerStatus::Active);
                 (t.clone(), others)
             })
             .collect()
@@ -230,9 +239,11 @@ async fn update_consumer(
         let mut record: ConsumerRecord = decode(&key, &kv.value)?;
         change(&mut record);
         let session = crate::store::SessionId(record.session);
-        let txn = Txn::new()
-            .when(Compare::ModRevision(key.clone(), kv.mod_revision))
-            .then(Op::put_in(&key, encode(&record), session));
+        let txn = Txn::new().when(Compare::ModRevision(key.clone(), kv.mod_revision)).then(Op::put_in(
+            &key,
+            encode(&record),
+            session,
+        ));
         if inner.store.txn(txn).await?.succeeded {
             return Ok(Some(record));
         }

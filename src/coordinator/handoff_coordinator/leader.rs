@@ -147,9 +147,11 @@ async fn campaign(inner: &Inner, me: &mut Leadership) {
         return;
     }
     let key = inner.keys.leader();
-    let txn = Txn::new()
-        .when(Compare::CreateRevision(key.clone(), 0))
-        .then(crate::store::Op::put_in(&key, inner.config.instance_id.as_bytes().to_vec(), session));
+    let txn = Txn::new().when(Compare::CreateRevision(key.clone(), 0)).then(crate::store::Op::put_in(
+        &key,
+        inner.config.instance_id.as_bytes().to_vec(),
+        session,
+    ));
     match inner.store.txn(txn).await {
         Ok(outcome) if outcome.succeeded => {
             me.fence = Some(Fence { session, revision: outcome.revision });
@@ -331,7 +333,12 @@ async fn reconcile_all(inner: &Inner, me: &mut Leadership, fence: Fence) {
                 }
                 let revisions = writes
                     .iter()
-                    .map(|w| (w.partition(), (entry.owner_revision(w.partition()), entry.handoff_revision(w.partition()))))
+                    .map(|w| {
+                        (
+                            w.partition(),
+                            (entry.owner_revision(w.partition()), entry.handoff_revision(w.partition())),
+                        )
+                    })
                     .collect();
                 Some(TopicPlan { topic: topic.clone(), writes, report, revisions })
             })
@@ -450,7 +457,11 @@ mod tests {
         let guard = |w: &Write| Compare::ModRevision(format!("k/{}", w.partition()), 7);
         let ops = |ws: &[Write]| ws.iter().map(|w| Op::delete(format!("k/{}", w.partition()))).collect();
         let txns = fenced_batches("leader", fence, &writes, guard, ops);
-        assert_eq!(txns.len(), 300usize.div_ceil(PARTITIONS_PER_TXN), "one txn per {PARTITIONS_PER_TXN} partitions");
+        assert_eq!(
+            txns.len(),
+            300usize.div_ceil(PARTITIONS_PER_TXN),
+            "one txn per {PARTITIONS_PER_TXN} partitions"
+        );
         let mut seen = 0;
         for txn in &txns {
             assert_eq!(txn.compares[0], Compare::CreateRevision("leader".into(), 42), "every txn is fenced");

@@ -183,7 +183,12 @@ impl ConsumerGroupCoordinator for HandoffCoordinator {
         session::register(&self.inner, consumer, topic).await
     }
 
-    async fn partition_ready(&self, consumer: &str, topic: &str, partition: u32) -> Result<(), CoordinatorError> {
+    async fn partition_ready(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError> {
         calls::partition_ready(&self.inner, consumer, topic, partition).await
     }
 

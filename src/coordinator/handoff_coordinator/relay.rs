@@ -65,7 +65,12 @@ pub(super) struct Streams {
 
 impl Streams {
     /// Ends and removes one stream (if it is still there), telling its session task why.
-    pub fn end(&mut self, key: &(String, String, SessionId), reason: EndReason, last: Option<CoordinatorError>) {
+    pub fn end(
+        &mut self,
+        key: &(String, String, SessionId),
+        reason: EndReason,
+        last: Option<CoordinatorError>,
+    ) {
         if let Some(mut stream) = self.by_key.remove(key) {
             if let Some(error) = last {
                 let _ = stream.tx.send(Err(error));
@@ -84,16 +89,20 @@ fn tp(topic: &str, partition: u32) -> TopicPartition {
 /// Converts a pure command into the wire message.
 pub(super) fn to_wire(topic: &str, command: Command) -> AssignmentCommand {
     let command = match command {
-        Command::Assignment { assigned, unassigned } => assignment_command::Command::Assignment(AssignmentUpdate {
-            assigned: assigned.into_iter().map(|p| tp(topic, p)).collect(),
-            unassigned: unassigned.into_iter().map(|p| tp(topic, p)).collect(),
+        Command::Assignment { assigned, unassigned } => {
+            assignment_command::Command::Assignment(AssignmentUpdate {
+                assigned: assigned.into_iter().map(|p| tp(topic, p)).collect(),
+                unassigned: unassigned.into_iter().map(|p| tp(topic, p)).collect(),
+            })
+        }
+        Command::Warm { partition, current_owner } => assignment_command::Command::Warm(WarmPartition {
+            partition: Some(tp(topic, partition)),
+            current_owner,
         }),
-        Command::Warm { partition, current_owner } => {
-            assignment_command::Command::Warm(WarmPartition { partition: Some(tp(topic, partition)), current_owner })
-        }
-        Command::Release { partition, new_owner } => {
-            assignment_command::Command::Release(ReleasePartition { partition: Some(tp(topic, partition)), new_owner })
-        }
+        Command::Release { partition, new_owner } => assignment_command::Command::Release(ReleasePartition {
+            partition: Some(tp(topic, partition)),
+            new_owner,
+        }),
     };
     AssignmentCommand { command: Some(command) }
 }
@@ -170,8 +179,9 @@ pub(super) fn relay(inner: &Inner, cache: &Cache, topics: Option<&BTreeSet<Strin
             continue;
         }
         let entry = cache.topics.get(topic);
-        let topic_views =
-            views.entry(topic.clone()).or_insert_with(|| entry.map(|e| ConsumerView::all(&e.state())).unwrap_or_default());
+        let topic_views = views
+            .entry(topic.clone())
+            .or_insert_with(|| entry.map(|e| ConsumerView::all(&e.state())).unwrap_or_default());
         if let Some(end) = relay_one(topic, consumer, stream, entry, topic_views, cache.revision) {
             ended.push((key.clone(), end));
         }

@@ -92,7 +92,11 @@ pub(super) async fn ensure_topic(inner: &Inner, topic: &str) -> Result<u32, Coor
 }
 
 /// Registers `consumer` for `topic` and returns its command stream.
-pub(super) async fn register(inner: &Arc<Inner>, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
+pub(super) async fn register(
+    inner: &Arc<Inner>,
+    consumer: &str,
+    topic: &str,
+) -> Result<CommandStream, CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
     if inner.shutdown.is_cancelled() {
@@ -156,9 +160,11 @@ async fn write_registration(
     };
     for _ in 0..CAS_ATTEMPTS {
         let existing = inner.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
-        let txn = Txn::new()
-            .when(Compare::ModRevision(key.clone(), existing))
-            .then(Op::put_in(&key, encode(&record), session));
+        let txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
+            &key,
+            encode(&record),
+            session,
+        ));
         let outcome = inner.store.txn(txn).await?;
         if outcome.succeeded {
             return Ok(outcome.revision);

@@ -1,0 +1,312 @@
+//! The watcher and the relay: keep the cache equal to the store, and tell every local
+//! consumer the difference between the leases it holds and what it was told.
+//!
+//! Updates come from here, derived from the cache after a whole revision has been applied
+//! (so a consumer never sees half a transaction), with one exception: a partition the
+//! consumer's own claim step gives back is `unassigned` by the claim step *before* its
+//! lease is deleted (`member.rs`), and kept out of the consumer's view meanwhile
+//! ([`LocalStream::releasing`]).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    Inner,
+    state::{FleetCache, FleetTopic},
+};
+use crate::coordinator::CoordinatorError;
+use crate::proto::v1::{AssignmentCommand, AssignmentUpdate, TopicPartition, assignment_command};
+use crate::store::{Revision, SessionId};
+
+/// Why the server ended a local stream; tells the consumer task what to do with the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum EndReason {
+    /// The consumer deregistered: revoke the session, freeing its leases now.
+    Left,
+    /// A newer registration of the same name took the record and the leases over: revoke
+    /// the old session (nothing is bound to it any more).
+    Replaced,
+    /// The consumer's record is gone (session expired): nothing left to do.
+    Expired,
+    /// This instance is shutting down: leave the session to its TTL, so the consumer can
+    /// reconnect elsewhere and keep its partitions.
+    Shutdown,
+}
+
+/// A consumer stream held by this instance.
+pub(super) struct LocalStream {
+    /// The session the registration (and the consumer's leases) are bound to.
+    pub session: SessionId,
+    /// Revision of the registration write (= the member record's mod revision). Before
+    /// the cache reaches it, a missing or different record means "not seen yet".
+    pub registered_at: Revision,
+    /// Whether the snapshot has been sent.
+    pub activated: bool,
+    /// Partitions the consumer has been told it owns.
+    pub told: BTreeSet<u32>,
+    /// Partitions given back (already `unassigned`) whose lease deletion is in flight.
+    pub releasing: BTreeSet<u32>,
+    /// The stream's sender.
+    pub tx: mpsc::UnboundedSender<Result<AssignmentCommand, CoordinatorError>>,
+    /// Tells the consumer task why the stream ended.
+    pub end: Option<oneshot::Sender<EndReason>>,
+}
+
+/// Local streams keyed by topic, consumer and session, so the cleanup of a stale stream can
+/// never remove the newer one that replaced it.
+pub(super) type StreamKey = (String, String, SessionId);
+
+/// The local streams.
+#[derive(Default)]
+pub(super) struct Streams {
+    pub by_key: BTreeMap<StreamKey, LocalStream>,
+}
+
+impl Streams {
+    /// Ends and removes one stream (if still there), telling its consumer task why.
+    pub fn end(&mut self, key: &StreamKey, reason: EndReason, last: Option<CoordinatorError>) {
+        if let Some(mut stream) = self.by_key.remove(key) {
+            if let Some(error) = last {
+                let _ = stream.tx.send(Err(error));
+            }
+            if let Some(end) = stream.end.take() {
+                let _ = end.send(reason);
+            }
+        }
+    }
+}
+
+/// An `AssignmentUpdate` for `topic`.
+pub(super) fn update(
+    topic: &str,
+    assigned: impl IntoIterator<Item = u32>,
+    unassigned: impl IntoIterator<Item = u32>,
+) -> AssignmentCommand {
+    let tp = |partition| TopicPartition { topic: topic.to_string(), partition };
+    AssignmentCommand {
+        command: Some(assignment_command::Command::Assignment(AssignmentUpdate {
+            assigned: assigned.into_iter().map(tp).collect(),
+            unassigned: unassigned.into_iter().map(tp).collect(),
+        })),
+    }
+}
+
+/// Tells the stream `unassigned` for everything it was told, if anything.
+fn unassign_all(topic: &str, stream: &mut LocalStream) {
+    if stream.activated && !stream.told.is_empty() {
+        let told = std::mem::take(&mut stream.told);
+        let _ = stream.tx.send(Ok(update(topic, [], told)));
+    }
+}
+
+/// Brings one local stream up to date with the cache; returns why it must end, if it must.
+pub(super) fn relay_one(
+    topic: &str,
+    consumer: &str,
+    stream: &mut LocalStream,
+    entry: Option<&FleetTopic>,
+    revision: Revision,
+) -> Option<(EndReason, Option<CoordinatorError>)> {
+    let record = entry.and_then(|e| e.members.get(consumer));
+    let Some(record) = record.filter(|r| r.value.session == stream.session.0) else {
+        if revision < stream.registered_at {
+            return None; // our registration is not in the cache yet
+        }
+        unassign_all(topic, stream);
+        return Some(match record {
+            Some(_) => (
+                EndReason::Replaced,
+                Some(CoordinatorError::Aborted(format!(
+                    "consumer '{consumer}' registered again for topic '{topic}'; this stream was replaced"
+                ))),
+            ),
+            None => (
+                EndReason::Expired,
+                Some(CoordinatorError::Unavailable(format!(
+                    "the session of consumer '{consumer}' on topic '{topic}' expired; register again"
+                ))),
+            ),
+        });
+    };
+    if record.value.leaving {
+        unassign_all(topic, stream);
+        return Some((EndReason::Left, None));
+    }
+    let held = entry.map(|e| e.held_by(consumer)).unwrap_or_default();
+    stream.releasing.retain(|p| held.contains(p));
+    let view: BTreeSet<u32> = held.difference(&stream.releasing).copied().collect();
+    if !stream.activated {
+        // The first message is always the snapshot, even when it is empty.
+        stream.activated = true;
+        let _ = stream.tx.send(Ok(update(topic, view.iter().copied(), [])));
+        stream.told = view;
+        return None;
+    }
+    let assigned: Vec<u32> = view.difference(&stream.told).copied().collect();
+    let unassigned: Vec<u32> = stream.told.difference(&view).copied().collect();
+    if !assigned.is_empty() || !unassigned.is_empty() {
+        // A closed receiver means the client is gone; its consumer task notices that.
+        let _ = stream.tx.send(Ok(update(topic, assigned, unassigned)));
+        stream.told = view;
+    }
+    None
+}
+
+/// Relays the cache to every local stream of the given topics (all topics if `None`).
+pub(super) fn relay(inner: &Inner, cache: &FleetCache, topics: Option<&BTreeSet<String>>) {
+    let mut streams = inner.lock_streams();
+    let mut ended = Vec::new();
+    for (key, stream) in streams.by_key.iter_mut() {
+        let (topic, consumer, _) = key;
+        if topics.is_some_and(|t| !t.contains(topic)) {
+            continue;
+        }
+        if let Some(end) = relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision) {
+            ended.push((key.clone(), end));
+        }
+    }
+    for (key, (reason, last)) in ended {
+        tracing::info!(topic = %key.0, consumer = %key.1, ?reason, "consumer stream ended");
+        streams.end(&key, reason, last);
+    }
+    inner.metrics.streams.set(streams.by_key.len() as i64);
+    // A consumer that deregistered after its stream had dropped: no stream ends, so no
+    // consumer task revokes its session. The instance it was registered through does, so
+    // its leases are free now rather than after the TTL.
+    let mut orphans = Vec::new();
+    for (topic, entry) in &cache.topics {
+        if topics.is_some_and(|t| !t.contains(topic)) {
+            continue;
+        }
+        for (consumer, record) in &entry.members {
+            let session = SessionId(record.value.session);
+            if record.value.leaving
+                && record.value.instance == inner.config.instance_id
+                && !streams.by_key.contains_key(&(topic.clone(), consumer.clone(), session))
+            {
+                orphans.push(session);
+            }
+        }
+    }
+    drop(streams);
+    for session in orphans {
+        let store = inner.store.clone();
+        tokio::spawn(async move {
+            let _ = store.revoke_session(session).await;
+        });
+    }
+}
+
+/// Ends every local stream with `UNAVAILABLE` (instance shutdown); sessions are left to
+/// their TTL.
+pub(super) fn end_all_streams(inner: &Inner) {
+    let mut streams = inner.lock_streams();
+    let keys: Vec<_> = streams.by_key.keys().cloned().collect();
+    for key in keys {
+        let error = CoordinatorError::Unavailable(format!(
+            "assigner instance '{}' is shutting down; reconnect to another instance",
+            inner.config.instance_id
+        ));
+        streams.end(&key, EndReason::Shutdown, Some(error));
+    }
+    inner.metrics.streams.set(0);
+}
+
+/// Keeps the cache equal to the store and relays every change. Runs until shutdown.
+pub(super) async fn watch_loop(inner: Arc<Inner>) {
+    let mut from = inner.read_cache().revision + 1;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let watch = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            w = inner.store.watch_prefix(inner.keys.root(), from) => w,
+        };
+        match watch {
+            Ok(stream) => {
+                backoff = Duration::from_millis(50);
+                follow(&inner, stream).await;
+            }
+            Err(error) => tracing::warn!(%error, "fleet watch failed; re-reading state"),
+        }
+        if inner.shutdown.is_cancelled() {
+            return;
+        }
+        // Re-read everything, then relay what differs: nothing is missed across the gap.
+        loop {
+            match inner.store.get_prefix(inner.keys.root()).await {
+                Ok(snapshot) => {
+                    let fresh = FleetCache::from_snapshot(&inner.keys, snapshot);
+                    from = fresh.revision + 1;
+                    let topics = {
+                        let mut cache = inner.cache.write().unwrap_or_else(|p| p.into_inner());
+                        let topics = cache.topics_differing(&fresh);
+                        *cache = fresh;
+                        topics
+                    };
+                    let cache = inner.read_cache();
+                    relay(&inner, &cache, Some(&topics));
+                    inner.changed.send_replace(cache.revision);
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot re-read fleet state; retrying");
+                    tokio::select! {
+                        _ = inner.shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+/// Applies a watch stream to the cache until it fails, the resync interval passes, or
+/// shutdown. Events that are ready together are applied before relaying.
+async fn follow(inner: &Inner, mut stream: crate::store::WatchStream) {
+    let resync = tokio::time::sleep(inner.config.resync_interval);
+    tokio::pin!(resync);
+    loop {
+        let mut item = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            _ = &mut resync => return,
+            item = stream.next() => item,
+        };
+        let mut topics = BTreeSet::new();
+        let mut failed = false;
+        {
+            let mut cache = inner.cache.write().unwrap_or_else(|p| p.into_inner());
+            loop {
+                match item {
+                    Some(Ok(event)) => topics.extend(cache.apply(&inner.keys, event)),
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "fleet watch ended");
+                        failed = true;
+                        break;
+                    }
+                    None => {
+                        failed = true;
+                        break;
+                    }
+                }
+                match stream.next().now_or_never() {
+                    Some(next) => item = next,
+                    None => break,
+                }
+            }
+        }
+        let cache = inner.read_cache();
+        relay(inner, &cache, Some(&topics));
+        inner.changed.send_replace(cache.revision);
+        drop(cache);
+        if failed {
+            return;
+        }
+    }
+}
