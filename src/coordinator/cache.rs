@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::mirror::MirrorCache;
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, TopicRecord, decode};
 use crate::handoff::{Handoff, TopicState};
 use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
@@ -146,6 +147,30 @@ impl Cache {
 
     fn topic(&mut self, topic: &str) -> &mut TopicEntry {
         self.topics.entry(topic.to_string()).or_default()
+    }
+}
+
+impl MirrorCache for Cache {
+    type Keys = Keys;
+
+    fn prefix(keys: &Keys) -> &str {
+        keys.prefix()
+    }
+
+    fn from_snapshot(keys: &Keys, snapshot: PrefixSnapshot) -> Self {
+        Cache::from_snapshot(keys, snapshot)
+    }
+
+    fn apply(&mut self, keys: &Keys, event: WatchEvent) -> Option<String> {
+        Cache::apply(self, keys, event)
+    }
+
+    fn topics_differing(&self, other: &Self) -> BTreeSet<String> {
+        Cache::topics_differing(self, other)
+    }
+
+    fn revision(&self) -> Revision {
+        self.revision
     }
 }
 

@@ -14,10 +14,13 @@
 //!   store, for local development.
 
 pub mod cache;
+mod cas;
 pub mod fleet;
 mod handoff_coordinator;
+mod mirror;
 pub mod records;
 pub mod static_backend;
+mod streams;
 mod validate;
 
 pub use fleet::{FleetConfig, FleetCoordinator};

@@ -2,16 +2,15 @@
 
 use super::{
     Inner,
-    member::CAS_ATTEMPTS,
     state::{FleetKey, MemberRecord},
 };
 use crate::coordinator::{
     ConsumerStatusView, CoordinatorError, StatusView, TopicStatus,
-    records::{decode, encode},
+    cas::{Rewrite, rewrite_bound},
     validate_consumer_name, validate_topic_name,
 };
 use crate::proto::v1::DeregisterAction;
-use crate::store::{Compare, Op, SessionId, Txn};
+use crate::store::StoreError;
 
 /// The fleet moves partitions without handoffs, so there is nothing to be ready for or to
 /// release: `FAILED_PRECONDITION` (after the names are checked).
@@ -53,32 +52,21 @@ pub(super) async fn deregister(inner: &Inner, consumer: &str) -> Result<Deregist
 
 /// Rewrites one member record with `leaving` set (keeping its session) with compare-and-swap.
 async fn mark_leaving(inner: &Inner, key: &str, consumer: &str) -> Result<(), CoordinatorError> {
-    for _ in 0..CAS_ATTEMPTS {
-        let Some(kv) = inner.store.get(key).await? else { return Ok(()) };
-        let mut record: MemberRecord = decode(key, &kv.value)?;
-        if record.leaving {
-            return Ok(());
+    let leave = |r: &mut MemberRecord| !std::mem::replace(&mut r.leaving, true);
+    match rewrite_bound(&*inner.store, key, |r: &MemberRecord| r.session, leave).await {
+        Ok(Rewrite::Written(_) | Rewrite::Unchanged | Rewrite::Gone) => Ok(()),
+        Ok(Rewrite::Contended) => {
+            Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))
         }
-        record.leaving = true;
-        let txn = Txn::new().when(Compare::ModRevision(key.to_string(), kv.mod_revision)).then(Op::put_in(
-            key,
-            encode(&record),
-            SessionId(record.session),
-        ));
-        match inner.store.txn(txn).await {
-            Ok(outcome) if outcome.succeeded => return Ok(()),
-            Ok(_) => {}
-            // The session ended meanwhile: its record and leases are gone already.
-            Err(crate::store::StoreError::SessionExpired(_)) => return Ok(()),
-            Err(error) => return Err(error.into()),
-        }
+        // The session ended meanwhile: its record and leases are gone already.
+        Err(StoreError::SessionExpired(_)) => Ok(()),
+        Err(error) => Err(error.into()),
     }
-    Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))
 }
 
 /// The read-only status view.
 pub(super) fn status(inner: &Inner) -> StatusView {
-    let cache = inner.read_cache();
+    let cache = inner.mirror.read();
     let topics = cache
         .topics
         .iter()

@@ -11,22 +11,18 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::{
     Inner,
-    relay::{EndReason, LocalStream, StreamKey, relay, relay_one, update},
+    relay::{EndReason, LocalStream, relay, relay_one, update},
     share,
     state::{LeaseRecord, MemberRecord},
 };
 use crate::coordinator::{
     CommandStream, CoordinatorError,
+    cas::CAS_ATTEMPTS,
     records::{RECORD_VERSION, TopicRecord, decode, encode},
+    streams::{CommandSender, StreamKey},
     validate_consumer_name, validate_topic_name,
 };
-use crate::proto::v1::AssignmentCommand;
 use crate::store::{Compare, Op, Revision, SessionId, StoreError, Txn};
-
-/// How many times a compare-and-swap that lost a race is retried with fresh state.
-pub(super) const CAS_ATTEMPTS: usize = 5;
-
-type Sender = mpsc::UnboundedSender<Result<AssignmentCommand, CoordinatorError>>;
 
 /// Makes sure the topic has a stored partition count, so every instance shares one count
 /// even if their `--topic-partitions` differ; returns it.
@@ -93,7 +89,7 @@ pub(super) async fn register(
     {
         // Lock order: cache, then streams (as in the relay), so the snapshot is sent
         // exactly once, either here or by the watcher.
-        let cache = inner.read_cache();
+        let cache = inner.mirror.read();
         let mut streams = inner.lock_streams();
         let mut stream = LocalStream {
             session,
@@ -164,7 +160,7 @@ async fn consumer_task(
     inner: Arc<Inner>,
     key: StreamKey,
     registered_at: Revision,
-    tx: Sender,
+    tx: CommandSender,
     mut end_rx: oneshot::Receiver<EndReason>,
 ) {
     /// How the loop ended.
@@ -183,7 +179,7 @@ async fn consumer_task(
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut claim_timer = tokio::time::interval(inner.config.claim_interval);
     claim_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut changed = inner.changed.subscribe();
+    let mut changed = inner.mirror.subscribe();
     // The claim step acts only on a cache that has seen its own last write.
     let mut seen = registered_at;
     let ended = loop {
@@ -257,7 +253,7 @@ async fn claim_step(
 ) -> Result<(), StoreError> {
     let (topic, consumer, session) = key;
     let (plan, revisions) = {
-        let cache = inner.read_cache();
+        let cache = inner.mirror.read();
         if cache.revision < *seen {
             return Ok(()); // our last write is not in the cache yet
         }
@@ -310,7 +306,7 @@ async fn claim_step(
             if let Some(stream) = inner.lock_streams().by_key.get_mut(key) {
                 stream.releasing.retain(|p| !kept.contains(p));
             }
-            let cache = inner.read_cache();
+            let cache = inner.mirror.read();
             relay(inner, &cache, Some(&[topic.clone()].into()));
         }
     }

@@ -9,9 +9,10 @@
 //!   the consumer's session alive while the stream is open, and on every change it sees
 //!   (and on a timer) runs the consumer's claim step ([`share`]): claim free leases up to
 //!   the consumer's fair share, give back the excess when membership grew.
-//! * Every instance watches the prefix (cache + relay, `relay.rs`) and tells its local
-//!   consumers the difference between the leases they hold and what they were told, as
-//!   `AssignmentUpdate{assigned, unassigned}`; the first message is the snapshot.
+//! * Every instance watches the prefix (the shared cache of `coordinator/mirror.rs`) and
+//!   its relay (`relay.rs`) tells the local consumers the difference between the leases
+//!   they hold and what they were told, as `AssignmentUpdate{assigned, unassigned}`; the
+//!   first message is the snapshot.
 //! * A partition given back is first `unassigned` on the giver's stream, then its lease is
 //!   deleted: a consumer that is alive has always been told to stop before anyone else can
 //!   claim the partition. Without warm handoffs the new owner starts cold.
@@ -33,18 +34,17 @@ pub use state::{FleetKeys, LeaseRecord, MemberRecord};
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, RwLock, atomic::AtomicBool},
+    sync::{Arc, Mutex, atomic::AtomicBool},
     time::Duration,
 };
 
 use async_trait::async_trait;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView};
+use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView, mirror::Mirror};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
-use crate::store::{LeaseStore, Revision};
+use crate::store::LeaseStore;
 
 use relay::Streams;
 use state::FleetCache;
@@ -95,10 +95,9 @@ struct Inner {
     store: Arc<dyn LeaseStore>,
     keys: FleetKeys,
     config: FleetConfig,
-    /// The store's state as last seen by the watcher.
-    cache: RwLock<FleetCache>,
-    /// Bumped (with the cache revision) after every applied revision; wakes claim steps.
-    changed: watch::Sender<Revision>,
+    /// The store's state as last seen by the watcher, and the channel bumped (with the
+    /// cache revision) after every applied revision; it wakes claim steps.
+    mirror: Mirror<FleetCache>,
     /// Streams of the consumers connected to this instance.
     streams: Mutex<Streams>,
     /// Whether the first snapshot has been loaded.
@@ -108,10 +107,6 @@ struct Inner {
 }
 
 impl Inner {
-    fn read_cache(&self) -> std::sync::RwLockReadGuard<'_, FleetCache> {
-        self.cache.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     fn lock_streams(&self) -> std::sync::MutexGuard<'_, Streams> {
         self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -132,15 +127,12 @@ impl FleetCoordinator {
         metrics: Arc<Metrics>,
     ) -> Result<Self, CoordinatorError> {
         let keys = FleetKeys::new(&config.prefix);
-        let snapshot = store.get_prefix(keys.root()).await?;
-        let cache = FleetCache::from_snapshot(&keys, snapshot);
-        let (changed, _) = watch::channel(cache.revision);
+        let mirror = Mirror::load(&*store, &keys, "fleet").await?;
         let inner = Arc::new(Inner {
             store,
             keys,
             config,
-            cache: RwLock::new(cache),
-            changed,
+            mirror,
             streams: Mutex::new(Streams::default()),
             loaded: AtomicBool::new(true),
             metrics,

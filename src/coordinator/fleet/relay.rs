@@ -1,5 +1,6 @@
-//! The watcher and the relay: keep the cache equal to the store, and tell every local
-//! consumer the difference between the leases it holds and what it was told.
+//! The relay: tell every local consumer the difference between the leases it holds and
+//! what it was told. The watcher that keeps the cache equal to the store is the shared
+//! [`Mirror`](crate::coordinator::mirror::Mirror); it calls the relay after every change.
 //!
 //! Updates come from here, derived from the cache after a whole revision has been applied
 //! (so a consumer never sees half a transaction), with one exception: a partition the
@@ -7,20 +8,19 @@
 //! lease is deleted (`member.rs`), and kept out of the consumer's view meanwhile
 //! ([`LocalStream::releasing`]).
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeSet, sync::Arc};
 
-use futures::{FutureExt, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::{
     Inner,
     state::{FleetCache, FleetTopic},
 };
-use crate::coordinator::CoordinatorError;
+use crate::coordinator::{
+    CoordinatorError,
+    mirror::Source,
+    streams::{self, CommandSender, Ending, LocalStreamEnd},
+};
 use crate::proto::v1::{AssignmentCommand, AssignmentUpdate, TopicPartition, assignment_command};
 use crate::store::{Revision, SessionId};
 
@@ -53,34 +53,25 @@ pub(super) struct LocalStream {
     /// Partitions given back (already `unassigned`) whose lease deletion is in flight.
     pub releasing: BTreeSet<u32>,
     /// The stream's sender.
-    pub tx: mpsc::UnboundedSender<Result<AssignmentCommand, CoordinatorError>>,
+    pub tx: CommandSender,
     /// Tells the consumer task why the stream ended.
     pub end: Option<oneshot::Sender<EndReason>>,
 }
 
-/// Local streams keyed by topic, consumer and session, so the cleanup of a stale stream can
-/// never remove the newer one that replaced it.
-pub(super) type StreamKey = (String, String, SessionId);
+impl LocalStreamEnd for LocalStream {
+    type Reason = EndReason;
 
-/// The local streams.
-#[derive(Default)]
-pub(super) struct Streams {
-    pub by_key: BTreeMap<StreamKey, LocalStream>,
-}
+    fn sender(&self) -> &CommandSender {
+        &self.tx
+    }
 
-impl Streams {
-    /// Ends and removes one stream (if still there), telling its consumer task why.
-    pub fn end(&mut self, key: &StreamKey, reason: EndReason, last: Option<CoordinatorError>) {
-        if let Some(mut stream) = self.by_key.remove(key) {
-            if let Some(error) = last {
-                let _ = stream.tx.send(Err(error));
-            }
-            if let Some(end) = stream.end.take() {
-                let _ = end.send(reason);
-            }
-        }
+    fn take_end(&mut self) -> Option<oneshot::Sender<EndReason>> {
+        self.end.take()
     }
 }
+
+/// The local streams of this coordinator.
+pub(super) type Streams = streams::Streams<LocalStream>;
 
 /// An `AssignmentUpdate` for `topic`.
 pub(super) fn update(
@@ -112,7 +103,7 @@ pub(super) fn relay_one(
     stream: &mut LocalStream,
     entry: Option<&FleetTopic>,
     revision: Revision,
-) -> Option<(EndReason, Option<CoordinatorError>)> {
+) -> Option<Ending<EndReason>> {
     let record = entry.and_then(|e| e.members.get(consumer));
     let Some(record) = record.filter(|r| r.value.session == stream.session.0) else {
         if revision < stream.registered_at {
@@ -161,20 +152,9 @@ pub(super) fn relay_one(
 /// Relays the cache to every local stream of the given topics (all topics if `None`).
 pub(super) fn relay(inner: &Inner, cache: &FleetCache, topics: Option<&BTreeSet<String>>) {
     let mut streams = inner.lock_streams();
-    let mut ended = Vec::new();
-    for (key, stream) in streams.by_key.iter_mut() {
-        let (topic, consumer, _) = key;
-        if topics.is_some_and(|t| !t.contains(topic)) {
-            continue;
-        }
-        if let Some(end) = relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision) {
-            ended.push((key.clone(), end));
-        }
-    }
-    for (key, (reason, last)) in ended {
-        tracing::info!(topic = %key.0, consumer = %key.1, ?reason, "consumer stream ended");
-        streams.end(&key, reason, last);
-    }
+    streams.relay(topics, |topic, consumer, stream| {
+        relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision)
+    });
     inner.metrics.streams.set(streams.by_key.len() as i64);
     // A consumer that deregistered after its stream had dropped: no stream ends, so no
     // consumer task revokes its session. The instance it was registered through does, so
@@ -206,107 +186,17 @@ pub(super) fn relay(inner: &Inner, cache: &FleetCache, topics: Option<&BTreeSet<
 /// Ends every local stream with `UNAVAILABLE` (instance shutdown); sessions are left to
 /// their TTL.
 pub(super) fn end_all_streams(inner: &Inner) {
-    let mut streams = inner.lock_streams();
-    let keys: Vec<_> = streams.by_key.keys().cloned().collect();
-    for key in keys {
-        let error = CoordinatorError::Unavailable(format!(
-            "assigner instance '{}' is shutting down; reconnect to another instance",
-            inner.config.instance_id
-        ));
-        streams.end(&key, EndReason::Shutdown, Some(error));
-    }
+    inner.lock_streams().end_all(&inner.config.instance_id, EndReason::Shutdown);
     inner.metrics.streams.set(0);
 }
 
 /// Keeps the cache equal to the store and relays every change. Runs until shutdown.
 pub(super) async fn watch_loop(inner: Arc<Inner>) {
-    let mut from = inner.read_cache().revision + 1;
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let watch = tokio::select! {
-            _ = inner.shutdown.cancelled() => return,
-            w = inner.store.watch_prefix(inner.keys.root(), from) => w,
-        };
-        match watch {
-            Ok(stream) => {
-                backoff = Duration::from_millis(50);
-                follow(&inner, stream).await;
-            }
-            Err(error) => tracing::warn!(%error, "fleet watch failed; re-reading state"),
-        }
-        if inner.shutdown.is_cancelled() {
-            return;
-        }
-        // Re-read everything, then relay what differs: nothing is missed across the gap.
-        loop {
-            match inner.store.get_prefix(inner.keys.root()).await {
-                Ok(snapshot) => {
-                    let fresh = FleetCache::from_snapshot(&inner.keys, snapshot);
-                    from = fresh.revision + 1;
-                    let topics = {
-                        let mut cache = inner.cache.write().unwrap_or_else(|p| p.into_inner());
-                        let topics = cache.topics_differing(&fresh);
-                        *cache = fresh;
-                        topics
-                    };
-                    let cache = inner.read_cache();
-                    relay(&inner, &cache, Some(&topics));
-                    inner.changed.send_replace(cache.revision);
-                    break;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot re-read fleet state; retrying");
-                    tokio::select! {
-                        _ = inner.shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
-    }
-}
-
-/// Applies a watch stream to the cache until it fails, the resync interval passes, or
-/// shutdown. Events that are ready together are applied before relaying.
-async fn follow(inner: &Inner, mut stream: crate::store::WatchStream) {
-    let resync = tokio::time::sleep(inner.config.resync_interval);
-    tokio::pin!(resync);
-    loop {
-        let mut item = tokio::select! {
-            _ = inner.shutdown.cancelled() => return,
-            _ = &mut resync => return,
-            item = stream.next() => item,
-        };
-        let mut topics = BTreeSet::new();
-        let mut failed = false;
-        {
-            let mut cache = inner.cache.write().unwrap_or_else(|p| p.into_inner());
-            loop {
-                match item {
-                    Some(Ok(event)) => topics.extend(cache.apply(&inner.keys, event)),
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, "fleet watch ended");
-                        failed = true;
-                        break;
-                    }
-                    None => {
-                        failed = true;
-                        break;
-                    }
-                }
-                match stream.next().now_or_never() {
-                    Some(next) => item = next,
-                    None => break,
-                }
-            }
-        }
-        let cache = inner.read_cache();
-        relay(inner, &cache, Some(&topics));
-        inner.changed.send_replace(cache.revision);
-        drop(cache);
-        if failed {
-            return;
-        }
-    }
+    let source = Source {
+        store: &*inner.store,
+        keys: &inner.keys,
+        resync_interval: inner.config.resync_interval,
+        shutdown: &inner.shutdown,
+    };
+    inner.mirror.run(source, |cache, topics| relay(&inner, cache, Some(topics))).await;
 }

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::coordinator::cache::Versioned;
+use crate::coordinator::mirror::MirrorCache;
 use crate::coordinator::records::{TopicRecord, decode};
 use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
 
@@ -231,6 +232,30 @@ impl FleetCache {
 
     fn topic(&mut self, topic: &str) -> &mut FleetTopic {
         self.topics.entry(topic.to_string()).or_default()
+    }
+}
+
+impl MirrorCache for FleetCache {
+    type Keys = FleetKeys;
+
+    fn prefix(keys: &FleetKeys) -> &str {
+        keys.root()
+    }
+
+    fn from_snapshot(keys: &FleetKeys, snapshot: PrefixSnapshot) -> Self {
+        FleetCache::from_snapshot(keys, snapshot)
+    }
+
+    fn apply(&mut self, keys: &FleetKeys, event: WatchEvent) -> Option<String> {
+        FleetCache::apply(self, keys, event)
+    }
+
+    fn topics_differing(&self, other: &Self) -> BTreeSet<String> {
+        FleetCache::topics_differing(self, other)
+    }
+
+    fn revision(&self) -> Revision {
+        self.revision
     }
 }
 

@@ -10,6 +10,7 @@
 use crate::config::DrainPolicy;
 use crate::coordinator::{
     ConsumerStatusView, CoordinatorError, HandoffStatusView, StatusView, TopicStatus,
+    cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound},
     records::{AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode},
     validate_consumer_name, validate_topic_name,
 };
@@ -19,7 +20,7 @@ use crate::handoff::{
 use crate::proto::v1::DeregisterAction;
 use crate::store::{Compare, Op, Revision, Txn};
 
-use super::{Inner, now_ms, session::CAS_ATTEMPTS};
+use super::{Inner, now_ms};
 
 /// The part of a topic's state one partition call needs, with the revisions to guard on.
 struct PartitionSlice {
@@ -29,7 +30,7 @@ struct PartitionSlice {
 }
 
 fn from_cache(inner: &Inner, topic: &str, partition: u32) -> Option<PartitionSlice> {
-    let cache = inner.read_cache();
+    let cache = inner.mirror.read();
     let entry = cache.topics.get(topic)?;
     entry.config.as_ref()?;
     Some(PartitionSlice {
@@ -178,7 +179,7 @@ pub(super) async fn partition_released(
 pub(super) async fn deregister(inner: &Inner, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
     validate_consumer_name(consumer)?;
     let registrations: Vec<(String, bool)> = {
-        let cache = inner.read_cache();
+        let cache = inner.mirror.read();
         cache
             .topics
             .iter()
@@ -234,26 +235,22 @@ async fn update_consumer(
     change: impl Fn(&mut ConsumerRecord),
 ) -> Result<Option<ConsumerRecord>, CoordinatorError> {
     let key = inner.keys.consumer(topic, consumer);
-    for _ in 0..CAS_ATTEMPTS {
-        let Some(kv) = inner.store.get(&key).await? else { return Ok(None) };
-        let mut record: ConsumerRecord = decode(&key, &kv.value)?;
-        change(&mut record);
-        let session = crate::store::SessionId(record.session);
-        let txn = Txn::new().when(Compare::ModRevision(key.clone(), kv.mod_revision)).then(Op::put_in(
-            &key,
-            encode(&record),
-            session,
-        ));
-        if inner.store.txn(txn).await?.succeeded {
-            return Ok(Some(record));
+    let rewrite = |r: &mut ConsumerRecord| {
+        change(r);
+        true
+    };
+    match rewrite_bound(&*inner.store, &key, |r: &ConsumerRecord| r.session, rewrite).await? {
+        Rewrite::Written(record) => Ok(Some(record)),
+        Rewrite::Gone | Rewrite::Unchanged => Ok(None),
+        Rewrite::Contended => {
+            Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))
         }
     }
-    Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))
 }
 
 /// The read-only status view.
 pub(super) fn status(inner: &Inner) -> StatusView {
-    let cache = inner.read_cache();
+    let cache = inner.mirror.read();
     let topics = cache
         .topics
         .iter()

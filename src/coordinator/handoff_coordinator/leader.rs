@@ -50,7 +50,7 @@ struct Leadership {
 
 /// Campaigns, keeps the instance session alive, and reconciles while leading.
 pub(super) async fn leader_loop(inner: Arc<Inner>) {
-    let mut changed = inner.changed.subscribe();
+    let mut changed = inner.mirror.subscribe();
     let mut me = Leadership {
         session: None,
         fence: None,
@@ -73,7 +73,7 @@ pub(super) async fn leader_loop(inner: Arc<Inner>) {
             campaign(&inner, &mut me).await;
         }
         if let Some(fence) = me.fence
-            && inner.read_cache().revision >= me.written
+            && inner.mirror.read().revision >= me.written
         {
             reconcile_all(&inner, &mut me, fence).await;
         }
@@ -130,7 +130,7 @@ fn step_down(inner: &Inner, me: &mut Leadership, why: &str) {
 /// Steps down when the cache shows the leader key gone or re-created by someone else.
 fn check_leadership(inner: &Inner, me: &mut Leadership) {
     let Some(fence) = me.fence else { return };
-    let cache = inner.read_cache();
+    let cache = inner.mirror.read();
     if cache.revision < fence.revision {
         return; // our own election is not in the cache yet
     }
@@ -143,7 +143,7 @@ fn check_leadership(inner: &Inner, me: &mut Leadership) {
 
 async fn campaign(inner: &Inner, me: &mut Leadership) {
     let Some(session) = me.session else { return };
-    if inner.read_cache().leader.is_some() {
+    if inner.mirror.read().leader.is_some() {
         return;
     }
     let key = inner.keys.leader();
@@ -185,7 +185,8 @@ fn start_topic_refresh(inner: &Arc<Inner>, me: &mut Leadership, fence: Fence) {
 async fn refresh_topics(inner: Arc<Inner>, fence: Fence) {
     let Some(kafka) = inner.config.kafka.clone() else { return };
     let topics: Vec<String> = inner
-        .read_cache()
+        .mirror
+        .read()
         .topics
         .iter()
         .filter(|(topic, entry)| {
@@ -221,8 +222,12 @@ async fn refresh_topics(inner: Arc<Inner>, fence: Fence) {
 /// swap on the record, fenced by our leadership). A smaller count is logged and ignored:
 /// Kafka cannot shrink a topic.
 async fn grow_topic(inner: &Inner, fence: Fence, topic: &str, count: u32) {
-    let cached =
-        inner.read_cache().topics.get(topic).and_then(|t| t.config.as_ref().map(|c| c.value.partition_count));
+    let cached = inner
+        .mirror
+        .read()
+        .topics
+        .get(topic)
+        .and_then(|t| t.config.as_ref().map(|c| c.value.partition_count));
     if cached == Some(count) {
         return;
     }
@@ -317,7 +322,7 @@ async fn reconcile_all(inner: &Inner, me: &mut Leadership, fence: Fence) {
     let now = now_ms();
     // Plan every topic from one consistent cache read.
     let plans: Vec<TopicPlan> = {
-        let cache = inner.read_cache();
+        let cache = inner.mirror.read();
         cache
             .topics
             .iter()

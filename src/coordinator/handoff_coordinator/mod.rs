@@ -1,9 +1,10 @@
 //! The warm-handoff coordinator over a [`LeaseStore`] (the `memory` and `etcd` backends).
 //!
 //! Every instance runs three kinds of task around one shared [`Cache`]:
-//! * the **watcher** (`relay.rs`) keeps the cache equal to the store (snapshot, then a
-//!   prefix watch; re-read on any watch error and periodically) and, after every revision,
-//!   sends each locally connected consumer the commands derived from the new state;
+//! * the **watcher** (the shared `coordinator/mirror.rs`) keeps the cache equal to the
+//!   store (snapshot, then a prefix watch; re-read on any watch error and periodically)
+//!   and, after every revision, the relay (`relay.rs`) sends each locally connected
+//!   consumer the commands derived from the new state;
 //! * the **leader loop** (`leader.rs`) campaigns for the leader key and, while it leads,
 //!   reconciles every topic with [`crate::handoff::plan`], writing the result in batched
 //!   transactions fenced by its leadership;
@@ -20,23 +21,23 @@ mod session;
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, RwLock, atomic::AtomicBool},
+    sync::{Arc, Mutex, atomic::AtomicBool},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use async_trait::async_trait;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView, cache::Cache, records::Keys,
+    CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView, cache::Cache, mirror::Mirror,
+    records::Keys,
 };
 use crate::config::DrainPolicy;
 use crate::handoff::{Millis, PlanConfig};
 use crate::kafka::KafkaMetadata;
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
-use crate::store::{LeaseStore, Revision};
+use crate::store::LeaseStore;
 
 use relay::Streams;
 
@@ -94,10 +95,9 @@ struct Inner {
     store: Arc<dyn LeaseStore>,
     keys: Keys,
     config: HandoffConfig,
-    /// The store's state as last seen by the watcher.
-    cache: RwLock<Cache>,
-    /// Bumped (with the cache revision) after every applied revision.
-    changed: watch::Sender<Revision>,
+    /// The store's state as last seen by the watcher, and the channel bumped (with the
+    /// cache revision) after every applied revision.
+    mirror: Mirror<Cache>,
     /// Streams of the consumers connected to this instance.
     streams: Mutex<Streams>,
     /// Whether the first snapshot has been loaded.
@@ -114,10 +114,6 @@ fn now_ms() -> Millis {
 }
 
 impl Inner {
-    fn read_cache(&self) -> std::sync::RwLockReadGuard<'_, Cache> {
-        self.cache.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     fn lock_streams(&self) -> std::sync::MutexGuard<'_, Streams> {
         self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -138,15 +134,12 @@ impl HandoffCoordinator {
         metrics: Arc<Metrics>,
     ) -> Result<Self, CoordinatorError> {
         let keys = Keys::new(&config.prefix);
-        let snapshot = store.get_prefix(keys.prefix()).await?;
-        let cache = Cache::from_snapshot(&keys, snapshot);
-        let (changed, _) = watch::channel(cache.revision);
+        let mirror = Mirror::load(&*store, &keys, "handoff").await?;
         let inner = Arc::new(Inner {
             store,
             keys,
             config,
-            cache: RwLock::new(cache),
-            changed,
+            mirror,
             streams: Mutex::new(Streams::default()),
             loaded: AtomicBool::new(true),
             leading: AtomicBool::new(false),

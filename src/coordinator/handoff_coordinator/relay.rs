@@ -1,5 +1,6 @@
-//! The watcher and the relay: keep the cache equal to the store, and turn every change
-//! into commands for the consumers connected to this instance.
+//! The relay: turn every change into commands for the consumers connected to this
+//! instance. The watcher that keeps the cache equal to the store is the shared
+//! [`Mirror`](crate::coordinator::mirror::Mirror); it calls the relay after every change.
 //!
 //! Commands come only from here, derived from the cache after a whole revision has been
 //! applied, so a consumer never sees a half-applied transaction, and every instance derives
@@ -8,16 +9,16 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::Arc,
-    time::Duration,
 };
 
-use futures::{FutureExt, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::Inner;
 use crate::coordinator::{
     CoordinatorError,
     cache::{Cache, TopicEntry},
+    mirror::Source,
+    streams::{self, CommandSender, Ending, LocalStreamEnd},
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
 use crate::proto::v1::{
@@ -51,36 +52,25 @@ pub(super) struct LocalStream {
     /// What the consumer has been told so far.
     pub told: ConsumerView,
     /// The stream's sender.
-    pub tx: mpsc::UnboundedSender<Result<AssignmentCommand, CoordinatorError>>,
+    pub tx: CommandSender,
     /// Tells the session task why the stream ended.
     pub end: Option<oneshot::Sender<EndReason>>,
 }
 
-/// Local streams keyed by topic, consumer *and* session, so the cleanup of a stale stream
-/// can never remove the newer one that replaced it.
-#[derive(Default)]
-pub(super) struct Streams {
-    pub by_key: BTreeMap<(String, String, SessionId), LocalStream>,
-}
+impl LocalStreamEnd for LocalStream {
+    type Reason = EndReason;
 
-impl Streams {
-    /// Ends and removes one stream (if it is still there), telling its session task why.
-    pub fn end(
-        &mut self,
-        key: &(String, String, SessionId),
-        reason: EndReason,
-        last: Option<CoordinatorError>,
-    ) {
-        if let Some(mut stream) = self.by_key.remove(key) {
-            if let Some(error) = last {
-                let _ = stream.tx.send(Err(error));
-            }
-            if let Some(end) = stream.end.take() {
-                let _ = end.send(reason);
-            }
-        }
+    fn sender(&self) -> &CommandSender {
+        &self.tx
+    }
+
+    fn take_end(&mut self) -> Option<oneshot::Sender<EndReason>> {
+        self.end.take()
     }
 }
+
+/// The local streams of this coordinator.
+pub(super) type Streams = streams::Streams<LocalStream>;
 
 fn tp(topic: &str, partition: u32) -> TopicPartition {
     TopicPartition { topic: topic.to_string(), partition }
@@ -115,7 +105,7 @@ pub(super) fn relay_one(
     entry: Option<&TopicEntry>,
     views: &BTreeMap<String, ConsumerView>,
     revision: Revision,
-) -> Option<(EndReason, Option<CoordinatorError>)> {
+) -> Option<Ending<EndReason>> {
     let record = entry.and_then(|e| e.consumers.get(consumer));
     let ours = record.is_some_and(|r| r.value.session == stream.session.0);
     if !ours {
@@ -171,133 +161,30 @@ fn send(topic: &str, stream: &LocalStream, commands: Vec<Command>) {
 /// Relays the cache to every local stream of the given topics (all topics if `None`).
 pub(super) fn relay(inner: &Inner, cache: &Cache, topics: Option<&BTreeSet<String>>) {
     let mut streams = inner.lock_streams();
-    let mut ended = Vec::new();
     let mut views: BTreeMap<String, BTreeMap<String, ConsumerView>> = BTreeMap::new();
-    for (key, stream) in streams.by_key.iter_mut() {
-        let (topic, consumer, _) = key;
-        if topics.is_some_and(|t| !t.contains(topic)) {
-            continue;
-        }
+    streams.relay(topics, |topic, consumer, stream| {
         let entry = cache.topics.get(topic);
         let topic_views = views
-            .entry(topic.clone())
+            .entry(topic.to_string())
             .or_insert_with(|| entry.map(|e| ConsumerView::all(&e.state())).unwrap_or_default());
-        if let Some(end) = relay_one(topic, consumer, stream, entry, topic_views, cache.revision) {
-            ended.push((key.clone(), end));
-        }
-    }
-    for (key, (reason, last)) in ended {
-        tracing::info!(topic = %key.0, consumer = %key.1, ?reason, "consumer stream ended");
-        streams.end(&key, reason, last);
-    }
+        relay_one(topic, consumer, stream, entry, topic_views, cache.revision)
+    });
     inner.metrics.streams.set(streams.by_key.len() as i64);
 }
 
 /// Ends every local stream (instance shutdown).
 pub(super) fn end_all_streams(inner: &Inner) {
-    let mut streams = inner.lock_streams();
-    let keys: Vec<_> = streams.by_key.keys().cloned().collect();
-    for key in keys {
-        let error = CoordinatorError::Unavailable(format!(
-            "assigner instance '{}' is shutting down; reconnect to another instance",
-            inner.config.instance_id
-        ));
-        streams.end(&key, EndReason::Shutdown, Some(error));
-    }
+    inner.lock_streams().end_all(&inner.config.instance_id, EndReason::Shutdown);
     inner.metrics.streams.set(0);
 }
 
 /// Keeps the cache equal to the store and relays every change. Runs until shutdown.
 pub(super) async fn watch_loop(inner: Arc<Inner>) {
-    let mut from = inner.read_cache().revision + 1;
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let watch = tokio::select! {
-            _ = inner.shutdown.cancelled() => return,
-            w = inner.store.watch_prefix(inner.keys.prefix(), from) => w,
-        };
-        match watch {
-            Ok(stream) => {
-                backoff = Duration::from_millis(50);
-                follow(&inner, stream).await;
-            }
-            Err(error) => tracing::warn!(%error, "watch failed; re-reading state"),
-        }
-        if inner.shutdown.is_cancelled() {
-            return;
-        }
-        // Re-read everything, then relay what differs: nothing is missed across the gap.
-        loop {
-            match inner.store.get_prefix(inner.keys.prefix()).await {
-                Ok(snapshot) => {
-                    let fresh = Cache::from_snapshot(&inner.keys, snapshot);
-                    from = fresh.revision + 1;
-                    let topics = {
-                        let mut cache = inner.cache.write().unwrap_or_else(|p| p.into_inner());
-                        let topics = cache.topics_differing(&fresh);
-                        *cache = fresh;
-                        topics
-                    };
-                    let cache = inner.read_cache();
-                    relay(&inner, &cache, Some(&topics));
-                    inner.changed.send_replace(cache.revision);
-                    break;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot re-read state; retrying");
-                    tokio::select! {
-                        _ = inner.shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
-    }
-}
-
-/// Applies a watch stream to the cache until it fails, the resync interval passes, or
-/// shutdown. Events that are ready together (one revision at least) are applied before
-/// relaying, so consumers never see part of a transaction.
-async fn follow(inner: &Inner, mut stream: crate::store::WatchStream) {
-    let resync = tokio::time::sleep(inner.config.resync_interval);
-    tokio::pin!(resync);
-    loop {
-        let first = tokio::select! {
-            _ = inner.shutdown.cancelled() => return,
-            _ = &mut resync => return,
-            item = stream.next() => item,
-        };
-        let mut item = first;
-        let mut topics = BTreeSet::new();
-        let mut failed = false;
-        {
-            let mut cache = inner.cache.write().unwrap_or_else(|p| p.into_inner());
-            loop {
-                match item {
-                    Some(Ok(event)) => topics.extend(cache.apply(&inner.keys, event)),
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, "watch ended");
-                        failed = true;
-                        break;
-                    }
-                    None => {
-                        failed = true;
-                        break;
-                    }
-                }
-                match stream.next().now_or_never() {
-                    Some(next) => item = next,
-                    None => break,
-                }
-            }
-        }
-        let cache = inner.read_cache();
-        relay(inner, &cache, Some(&topics));
-        inner.changed.send_replace(cache.revision);
-        drop(cache);
-        if failed {
-            return;
-        }
-    }
+    let source = Source {
+        store: &*inner.store,
+        keys: &inner.keys,
+        resync_interval: inner.config.resync_interval,
+        shutdown: &inner.shutdown,
+    };
+    inner.mirror.run(source, |cache, topics| relay(&inner, cache, Some(topics))).await;
 }

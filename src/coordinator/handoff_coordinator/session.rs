@@ -17,15 +17,14 @@ use super::{
 };
 use crate::coordinator::{
     CommandStream, CoordinatorError,
+    cas::CAS_ATTEMPTS,
     records::{ConsumerRecord, RECORD_VERSION, TopicRecord, decode, encode},
+    streams::{CommandSender, StreamKey},
     validate_consumer_name, validate_topic_name,
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
 use crate::kafka::KafkaError;
 use crate::store::{Compare, Op, SessionId, StoreError, Txn};
-
-/// How many times a compare-and-swap that lost a race is retried with fresh state.
-pub(super) const CAS_ATTEMPTS: usize = 5;
 
 /// Makes sure the topic has a stored partition count; returns it.
 ///
@@ -39,7 +38,7 @@ pub(super) async fn ensure_topic(inner: &Inner, topic: &str) -> Result<u32, Coor
     let key = inner.keys.topic(topic);
     let mut from_kafka = None;
     for _ in 0..CAS_ATTEMPTS {
-        let cached = inner.read_cache().topics.get(topic).and_then(|t| t.config.clone());
+        let cached = inner.mirror.read().topics.get(topic).and_then(|t| t.config.clone());
         let stored = match cached {
             Some(c) => Some((c.value.partition_count, c.mod_revision)),
             None => match inner.store.get(&key).await? {
@@ -119,7 +118,7 @@ pub(super) async fn register(
     {
         // Lock order: cache, then streams (as in the relay), so the stream is activated
         // exactly once, either here or by the watcher.
-        let cache = inner.read_cache();
+        let cache = inner.mirror.read();
         let mut streams = inner.lock_streams();
         let mut stream = LocalStream {
             session,
@@ -180,8 +179,8 @@ async fn write_registration(
 /// to expire after its TTL (so a quick reconnect keeps the partitions).
 async fn session_task(
     inner: Arc<Inner>,
-    key: (String, String, SessionId),
-    tx: mpsc::UnboundedSender<Result<crate::proto::v1::AssignmentCommand, CoordinatorError>>,
+    key: StreamKey,
+    tx: CommandSender,
     mut end_rx: oneshot::Receiver<EndReason>,
 ) {
     /// How the keep-alive loop ended.
@@ -240,14 +239,14 @@ async fn session_task(
 /// partitions. If a `SHUTDOWN_NOW` deregistration sets `hold_until` on the record (before
 /// or during that window, through any instance), keep the session (and so the partitions)
 /// alive until then, waiting for the consumer's return; then revoke it.
-async fn hold_for_restart(inner: &Inner, key: &(String, String, SessionId), alive_at: tokio::time::Instant) {
+async fn hold_for_restart(inner: &Inner, key: &StreamKey, alive_at: tokio::time::Instant) {
     let (topic, consumer, session) = key;
     let period = (inner.config.lease_ttl / 3).max(Duration::from_millis(100));
-    let mut changed = inner.changed.subscribe();
+    let mut changed = inner.mirror.subscribe();
     let mut expires_at = alive_at + inner.config.lease_ttl;
     loop {
         let hold_until = {
-            let cache = inner.read_cache();
+            let cache = inner.mirror.read();
             let record = cache.topics.get(topic).and_then(|t| t.consumers.get(consumer));
             match record {
                 Some(r) if r.value.session == session.0 => r.value.hold_until,
