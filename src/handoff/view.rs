@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Phase, TopicState};
+use super::{Handoff, Phase, TopicState};
 
 /// One consumer's share of a topic's state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -46,14 +46,25 @@ impl ConsumerView {
     /// (what the relay needs after each revision; [`ConsumerView::of`] per consumer would
     /// be quadratic on a large topic).
     pub fn all(state: &TopicState) -> BTreeMap<String, ConsumerView> {
+        Self::all_of(state.consumers.keys(), &state.owners, &state.handoffs)
+    }
+
+    /// [`ConsumerView::all`] over the parts of a state held elsewhere (the coordinator's
+    /// cache keeps them with their revisions), so the views are derived without first
+    /// cloning the whole topic into a [`TopicState`].
+    pub fn all_of<'a>(
+        consumers: impl IntoIterator<Item = &'a String>,
+        owners: impl IntoIterator<Item = (&'a u32, &'a String)>,
+        handoffs: impl IntoIterator<Item = (&'a u32, &'a Handoff)>,
+    ) -> BTreeMap<String, ConsumerView> {
         let mut views: BTreeMap<String, ConsumerView> =
-            state.consumers.keys().map(|c| (c.clone(), ConsumerView::default())).collect();
-        for (p, owner) in &state.owners {
+            consumers.into_iter().map(|c| (c.clone(), ConsumerView::default())).collect();
+        for (p, owner) in owners {
             if let Some(view) = views.get_mut(owner) {
                 view.owned.insert(*p);
             }
         }
-        for (p, h) in &state.handoffs {
+        for (p, h) in handoffs {
             let (consumer, peer) = match h.phase {
                 Phase::Warming => (&h.to, &h.from),
                 Phase::Releasing => (&h.from, &h.to),

@@ -22,19 +22,21 @@ use crate::store::{Compare, Op, Revision, Txn};
 
 use super::{Inner, now_ms};
 
-/// The part of a topic's state one partition call needs, with the revisions to guard on.
+/// The part of a topic's state one partition call needs (the partition count, the
+/// caller's registration, the partition's owner and handoff), with the revisions to guard
+/// on. Built the same way from the cache and from the store.
 struct PartitionSlice {
     state: TopicState,
     owner_revision: Revision,
     handoff_revision: Revision,
 }
 
-fn from_cache(inner: &Inner, topic: &str, partition: u32) -> Option<PartitionSlice> {
+fn from_cache(inner: &Inner, topic: &str, consumer: &str, partition: u32) -> Option<PartitionSlice> {
     let cache = inner.mirror.read();
     let entry = cache.topics.get(topic)?;
     entry.config.as_ref()?;
     Some(PartitionSlice {
-        state: entry.state(),
+        state: entry.partition_state(consumer, partition),
         owner_revision: entry.owner_revision(partition),
         handoff_revision: entry.handoff_revision(partition),
     })
@@ -109,7 +111,7 @@ async fn apply_call(
 ) -> Result<Option<i64>, CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
-    let mut slice = from_cache(inner, topic, partition);
+    let mut slice = from_cache(inner, topic, consumer, partition);
     for _ in 0..CAS_ATTEMPTS {
         let fresh = slice.is_none();
         let current = match slice.take() {

@@ -166,7 +166,7 @@ pub(super) fn relay(inner: &Inner, cache: &Cache, topics: Option<&BTreeSet<Strin
         let entry = cache.topics.get(topic);
         let topic_views = views
             .entry(topic.to_string())
-            .or_insert_with(|| entry.map(|e| ConsumerView::all(&e.state())).unwrap_or_default());
+            .or_insert_with(|| entry.map(TopicEntry::views).unwrap_or_default());
         relay_one(topic, consumer, stream, entry, topic_views, cache.revision)
     });
     inner.metrics.streams.set(streams.by_key.len() as i64);

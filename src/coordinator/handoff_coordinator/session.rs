@@ -17,12 +17,13 @@ use super::{
 };
 use crate::coordinator::{
     CommandStream, CoordinatorError,
+    cache::TopicEntry,
     cas::CAS_ATTEMPTS,
     records::{ConsumerRecord, RECORD_VERSION, TopicRecord, decode, encode},
     streams::{CommandSender, StreamKey},
     validate_consumer_name, validate_topic_name,
 };
-use crate::handoff::{ConsumerStatus, ConsumerView};
+use crate::handoff::ConsumerStatus;
 use crate::kafka::KafkaError;
 use crate::store::{Compare, Op, SessionId, StoreError, Txn};
 
@@ -129,7 +130,7 @@ pub(super) async fn register(
             end: Some(end_tx),
         };
         let entry = cache.topics.get(topic);
-        let views = entry.map(|e| ConsumerView::all(&e.state())).unwrap_or_default();
+        let views = entry.map(TopicEntry::views).unwrap_or_default();
         let ended = relay_one(topic, consumer, &mut stream, entry, &views, cache.revision);
         streams.by_key.insert(key.clone(), stream);
         if let Some((reason, last)) = ended {
