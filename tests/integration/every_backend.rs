@@ -120,13 +120,7 @@ async fn drive(
     let give_up = tokio::time::Instant::now() + deadline;
     loop {
         for consumer in consumers.iter_mut() {
-            consumer.poll_now();
-            for partition in consumer.warms.keys().copied().collect::<Vec<_>>() {
-                if consumer.ready(partition).await.is_err() {
-                    consumer.warms.remove(&partition);
-                }
-            }
-            consumer.release_all().await;
+            consumer.answer_all().await;
         }
         let views: Vec<BTreeSet<u32>> = consumers.iter().map(|c| c.owned.clone()).collect();
         let quiet =

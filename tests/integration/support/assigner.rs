@@ -745,6 +745,19 @@ impl TestConsumer {
         }
     }
 
+    /// Applies what has arrived, then answers every pending warm (`PartitionReady`; a
+    /// refusal means the warm was cancelled meanwhile and an unassign follows, so it is
+    /// dropped) and every pending release.
+    pub async fn answer_all(&mut self) {
+        self.poll_now();
+        for partition in self.warms.keys().copied().collect::<Vec<_>>() {
+            if self.ready(partition).await.is_err() {
+                self.warms.remove(&partition);
+            }
+        }
+        self.release_all().await;
+    }
+
     /// Calls `Deregister` for itself.
     pub async fn deregister(&mut self) -> Result<DeregisterAction, Status> {
         let response = self.client.deregister(DeregisterRequest { consumer_name: self.name.clone() }).await?;
@@ -808,14 +821,7 @@ pub async fn settle(
     let give_up = tokio::time::Instant::now() + deadline;
     loop {
         for consumer in consumers.iter_mut() {
-            consumer.poll_now();
-            // A refused ready means the warm was cancelled meanwhile: an unassign follows.
-            for partition in consumer.warms.keys().copied().collect::<Vec<_>>() {
-                if consumer.ready(partition).await.is_err() {
-                    consumer.warms.remove(&partition);
-                }
-            }
-            consumer.release_all().await;
+            consumer.answer_all().await;
         }
         let status = cluster.status().await;
         if let Some(t) = try_topic(&status, topic_name)
