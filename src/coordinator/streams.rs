@@ -81,6 +81,16 @@ impl<S: LocalStreamEnd> Streams<S> {
         }
     }
 
+    /// Drops every stream as a dead process would: each consumer gets an `UNAVAILABLE`
+    /// error (a broken connection, never a clean end of stream, which would mean
+    /// "drained"), and no task is told a reason, so no session is revoked.
+    pub fn crash_all(&mut self) {
+        for (_, stream) in std::mem::take(&mut self.by_key) {
+            let _ =
+                stream.sender().send(Err(CoordinatorError::Unavailable("assigner instance crashed".into())));
+        }
+    }
+
     /// Ends every stream with `UNAVAILABLE` (instance shutdown), telling each task
     /// `reason`.
     pub fn end_all(&mut self, instance_id: &str, reason: S::Reason) {

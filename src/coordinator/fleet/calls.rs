@@ -95,7 +95,8 @@ pub(super) fn status(inner: &Inner) -> StatusView {
         instance: inner.config.instance_id.clone(),
         backend: inner.config.backend.clone(),
         leader: None,
-        ready: inner.loaded.load(std::sync::atomic::Ordering::SeqCst) && !inner.shutdown.is_cancelled(),
+        // `start` returns only once the first snapshot is loaded.
+        ready: !inner.shutdown.is_cancelled(),
         topics,
     }
 }

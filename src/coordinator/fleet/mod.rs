@@ -34,7 +34,7 @@ pub use state::{FleetKeys, LeaseRecord, MemberRecord};
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, atomic::AtomicBool},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -100,8 +100,6 @@ struct Inner {
     mirror: Mirror<FleetCache>,
     /// Streams of the consumers connected to this instance.
     streams: Mutex<Streams>,
-    /// Whether the first snapshot has been loaded.
-    loaded: AtomicBool,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 }
@@ -134,7 +132,6 @@ impl FleetCoordinator {
             config,
             mirror,
             streams: Mutex::new(Streams::default()),
-            loaded: AtomicBool::new(true),
             metrics,
             shutdown: CancellationToken::new(),
         });
@@ -143,12 +140,12 @@ impl FleetCoordinator {
         Ok(Self { inner })
     }
 
-    /// Stops every task of this instance abruptly, as if the process died: no stream is
-    /// ended with a status, no session revoked (the consumers' sessions then expire after
+    /// Stops every task of this instance abruptly, as if the process died: streams break
+    /// with an error, no session is revoked (the consumers' sessions then expire after
     /// their TTL and their leases are claimed by the others). For failover tests.
     pub fn crash(&self) {
         self.inner.shutdown.cancel();
-        self.inner.lock_streams().by_key.clear();
+        self.inner.lock_streams().crash_all();
     }
 }
 

@@ -291,7 +291,8 @@ pub(super) fn status(inner: &Inner) -> StatusView {
         instance: inner.config.instance_id.clone(),
         backend: inner.config.backend.clone(),
         leader: cache.leader.as_ref().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
-        ready: inner.loaded.load(std::sync::atomic::Ordering::SeqCst),
+        // `start` returns only once the first snapshot is loaded.
+        ready: true,
         topics,
     }
 }

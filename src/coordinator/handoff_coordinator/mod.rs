@@ -100,8 +100,6 @@ struct Inner {
     mirror: Mirror<Cache>,
     /// Streams of the consumers connected to this instance.
     streams: Mutex<Streams>,
-    /// Whether the first snapshot has been loaded.
-    loaded: AtomicBool,
     /// Whether this instance currently leads.
     leading: AtomicBool,
     metrics: Arc<Metrics>,
@@ -141,7 +139,6 @@ impl HandoffCoordinator {
             config,
             mirror,
             streams: Mutex::new(Streams::default()),
-            loaded: AtomicBool::new(true),
             leading: AtomicBool::new(false),
             metrics,
             shutdown: CancellationToken::new(),
@@ -158,10 +155,7 @@ impl HandoffCoordinator {
     pub fn crash(&self) {
         self.inner.shutdown.cancel();
         self.inner.leading.store(false, std::sync::atomic::Ordering::SeqCst);
-        for (_, stream) in std::mem::take(&mut self.inner.lock_streams().by_key) {
-            // A dead instance's connections break: an error, never a clean end of stream.
-            let _ = stream.tx.send(Err(CoordinatorError::Unavailable("assigner instance crashed".into())));
-        }
+        self.inner.lock_streams().crash_all();
     }
 
     /// Whether this instance currently leads.
