@@ -22,6 +22,7 @@ pub mod records;
 pub mod static_backend;
 mod streams;
 mod validate;
+mod wire;
 
 pub use fleet::{FleetConfig, FleetCoordinator};
 pub use handoff_coordinator::{HandoffConfig, HandoffCoordinator};

@@ -39,9 +39,7 @@ use super::{
     validate_consumer_name, validate_topic_name,
 };
 use crate::metrics::Metrics;
-use crate::proto::v1::{
-    AssignmentCommand, AssignmentUpdate, DeregisterAction, TopicPartition, assignment_command,
-};
+use crate::proto::v1::{AssignmentCommand, DeregisterAction};
 
 /// Settings of a [`StaticCoordinator`].
 #[derive(Clone, Debug)]
@@ -139,19 +137,6 @@ impl StaticCoordinator {
     }
 }
 
-fn snapshot(topic: &str, partitions: impl IntoIterator<Item = u32>) -> AssignmentCommand {
-    let assigned = partitions
-        .into_iter()
-        .map(|partition| TopicPartition { topic: topic.to_string(), partition })
-        .collect();
-    AssignmentCommand {
-        command: Some(assignment_command::Command::Assignment(AssignmentUpdate {
-            assigned,
-            unassigned: vec![],
-        })),
-    }
-}
-
 #[async_trait]
 impl ConsumerGroupCoordinator for StaticCoordinator {
     async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
@@ -163,7 +148,7 @@ impl ConsumerGroupCoordinator for StaticCoordinator {
         let count = self.partition_count(topic)?;
         let partitions = self.inner.config.assignment.partitions(topic, consumer, count)?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let _ = tx.send(Ok(snapshot(topic, partitions)));
+        let _ = tx.send(Ok(super::wire::update(topic, partitions, [])));
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let key = (topic.to_string(), consumer.to_string());
         {

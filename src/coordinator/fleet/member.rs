@@ -11,10 +11,11 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::{
     Inner,
-    relay::{EndReason, LocalStream, relay, relay_one, update},
+    relay::{EndReason, LocalStream, relay, relay_one},
     share,
     state::{LeaseRecord, MemberRecord},
 };
+use crate::coordinator::wire::update;
 use crate::coordinator::{
     CommandStream, CoordinatorError,
     cas::CAS_ATTEMPTS,

@@ -16,12 +16,12 @@ use super::{
     Inner,
     state::{FleetCache, FleetTopic},
 };
+use crate::coordinator::wire::update;
 use crate::coordinator::{
     CoordinatorError,
     mirror::Source,
     streams::{self, CommandSender, Ending, LocalStreamEnd},
 };
-use crate::proto::v1::{AssignmentCommand, AssignmentUpdate, TopicPartition, assignment_command};
 use crate::store::{Revision, SessionId};
 
 /// Why the server ended a local stream; tells the consumer task what to do with the session.
@@ -72,21 +72,6 @@ impl LocalStreamEnd for LocalStream {
 
 /// The local streams of this coordinator.
 pub(super) type Streams = streams::Streams<LocalStream>;
-
-/// An `AssignmentUpdate` for `topic`.
-pub(super) fn update(
-    topic: &str,
-    assigned: impl IntoIterator<Item = u32>,
-    unassigned: impl IntoIterator<Item = u32>,
-) -> AssignmentCommand {
-    let tp = |partition| TopicPartition { topic: topic.to_string(), partition };
-    AssignmentCommand {
-        command: Some(assignment_command::Command::Assignment(AssignmentUpdate {
-            assigned: assigned.into_iter().map(tp).collect(),
-            unassigned: unassigned.into_iter().map(tp).collect(),
-        })),
-    }
-}
 
 /// Tells the stream `unassigned` for everything it was told, if anything.
 fn unassign_all(topic: &str, stream: &mut LocalStream) {

@@ -14,6 +14,7 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::Inner;
+use crate::coordinator::wire::to_wire;
 use crate::coordinator::{
     CoordinatorError,
     cache::{Cache, TopicEntry},
@@ -21,9 +22,6 @@ use crate::coordinator::{
     streams::{self, CommandSender, Ending, LocalStreamEnd},
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
-use crate::proto::v1::{
-    AssignmentCommand, AssignmentUpdate, ReleasePartition, TopicPartition, WarmPartition, assignment_command,
-};
 use crate::store::{Revision, SessionId};
 
 /// Why the server ended a local stream; tells the session task what to do with the session.
@@ -71,31 +69,6 @@ impl LocalStreamEnd for LocalStream {
 
 /// The local streams of this coordinator.
 pub(super) type Streams = streams::Streams<LocalStream>;
-
-fn tp(topic: &str, partition: u32) -> TopicPartition {
-    TopicPartition { topic: topic.to_string(), partition }
-}
-
-/// Converts a pure command into the wire message.
-pub(super) fn to_wire(topic: &str, command: Command) -> AssignmentCommand {
-    let command = match command {
-        Command::Assignment { assigned, unassigned } => {
-            assignment_command::Command::Assignment(AssignmentUpdate {
-                assigned: assigned.into_iter().map(|p| tp(topic, p)).collect(),
-                unassigned: unassigned.into_iter().map(|p| tp(topic, p)).collect(),
-            })
-        }
-        Command::Warm { partition, current_owner } => assignment_command::Command::Warm(WarmPartition {
-            partition: Some(tp(topic, partition)),
-            current_owner,
-        }),
-        Command::Release { partition, new_owner } => assignment_command::Command::Release(ReleasePartition {
-            partition: Some(tp(topic, partition)),
-            new_owner,
-        }),
-    };
-    AssignmentCommand { command: Some(command) }
-}
 
 /// Brings one local stream up to date with the cache; returns why it must end, if it must.
 pub(super) fn relay_one(
