@@ -15,6 +15,7 @@
 //! * [`coordinator`] — the `ConsumerGroupCoordinator` trait the gRPC layer talks to, and
 //!   the warm-handoff coordinator over a `LeaseStore` (leader election, fenced batched
 //!   writes, the relay of commands to local streams, consumer sessions).
+//! * [`backend`] — builds the coordinator and store that the `serve` flags ask for.
 //! * [`server`] — the tonic service, health and reflection, the admin HTTP server.
 //! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
@@ -23,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod assignment;
+pub mod backend;
 pub mod config;
 pub mod coordinator;
 pub mod handoff;

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use clap::Parser;
 use kafka_assigner::{
+    backend::coordinator_from_args,
     config::{Cli, Command},
     metrics::Metrics,
-    server::{AssignerServer, coordinator_from_args},
+    server::AssignerServer,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -23,7 +24,9 @@ async fn main() -> std::process::ExitCode {
     let metrics = Arc::new(Metrics::new());
     let server = async {
         let coordinator = coordinator_from_args(&args, metrics.clone()).await?;
-        AssignerServer::start(coordinator, metrics, args.grpc_addr, args.admin_addr).await
+        AssignerServer::start(coordinator, metrics, args.grpc_addr, args.admin_addr)
+            .await
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error>)
     };
     let server = match server.await {
         Ok(server) => server,

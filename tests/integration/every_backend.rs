@@ -19,7 +19,7 @@ use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{
     PartitionReadyRequest, RegisterRequest, kafka_assigner_client::KafkaAssignerClient,
 };
-use kafka_assigner::server::{AssignerServer, coordinator_from_args};
+use kafka_assigner::{backend::coordinator_from_args, server::AssignerServer};
 use tonic::Code;
 
 use crate::support::{

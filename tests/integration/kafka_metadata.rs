@@ -24,6 +24,7 @@ use std::{
 
 use clap::Parser;
 use kafka_assigner::{
+    backend::coordinator_from_args,
     config::{Cli, Command as CliCommand},
     coordinator::{
         HandoffConfig,
@@ -32,7 +33,6 @@ use kafka_assigner::{
     kafka::{KafkaError, KafkaMetadata},
     metrics::Metrics,
     proto::v1::assignment_command::Command,
-    server::coordinator_from_args,
     store::KeyValue,
 };
 use rdkafka::{mocking::MockCluster, producer::DefaultProducerContext};
