@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::config::{Backend, ServeArgs, StoreKind};
 use crate::coordinator::{
     ConsumerGroupCoordinator, CoordinatorError, FleetConfig, FleetCoordinator, HandoffConfig,
-    HandoffCoordinator, StaticConfig, StaticCoordinator,
+    HandoffCoordinator, PartitionCounts, StaticConfig, StaticCoordinator,
 };
 use crate::handoff::PlanConfig;
 use crate::kafka::KafkaMetadata;
@@ -34,27 +34,29 @@ pub async fn coordinator_from_args(
 ) -> Result<Arc<dyn ConsumerGroupCoordinator>, BackendError> {
     let store_kind = match args.backend {
         Backend::Static => return static_from_args(args, metrics),
-        Backend::Fleet => return fleet_from_args(args, metrics).await,
+        Backend::Fleet => args.store,
         Backend::Memory => StoreKind::Memory,
         Backend::Etcd => StoreKind::Etcd,
     };
     // Kafka settings first: a bad one stops the start before anything connects.
-    let kafka = if args.kafka_brokers.iter().all(|b| b.trim().is_empty()) {
-        if !args.kafka_config.is_empty() {
-            tracing::warn!("--kafka-config is ignored without --kafka-brokers");
-        }
-        None
-    } else {
-        let kafka = KafkaMetadata::new(&args.kafka_brokers, &args.kafka_settings(), args.kafka_timeout)?;
-        tracing::info!(
-            brokers = kafka.brokers(),
-            "partition counts of topics not in --topic-partitions come from Kafka"
-        );
-        Some(Arc::new(kafka))
-    };
+    let kafka = kafka_from_args(args)?;
     let store = open_store(store_kind, args).await?;
+    let instance_id = args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id);
+    if args.backend == Backend::Fleet {
+        let config = FleetConfig {
+            instance_id,
+            backend: format!("fleet-{:?}", args.store).to_lowercase(),
+            prefix: args.etcd_prefix.clone(),
+            lease_ttl: args.lease_ttl,
+            topic_partitions: args.topic_partitions.0.clone(),
+            kafka,
+            topic_refresh_interval: args.topic_refresh_interval,
+            ..FleetConfig::default()
+        };
+        return Ok(Arc::new(FleetCoordinator::start(store, config, metrics).await?));
+    }
     let config = HandoffConfig {
-        instance_id: args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id),
+        instance_id,
         backend: format!("{:?}", args.backend).to_lowercase(),
         prefix: args.etcd_prefix.clone(),
         lease_ttl: args.lease_ttl,
@@ -71,6 +73,22 @@ pub async fn coordinator_from_args(
         ..HandoffConfig::default()
     };
     Ok(Arc::new(HandoffCoordinator::start(store, config, metrics).await?))
+}
+
+/// The Kafka metadata client of `--kafka-brokers` (with `--kafka-config`), if set.
+fn kafka_from_args(args: &ServeArgs) -> Result<Option<Arc<dyn PartitionCounts>>, BackendError> {
+    if args.kafka_brokers.iter().all(|b| b.trim().is_empty()) {
+        if !args.kafka_config.is_empty() {
+            tracing::warn!("--kafka-config is ignored without --kafka-brokers");
+        }
+        return Ok(None);
+    }
+    let kafka = KafkaMetadata::new(&args.kafka_brokers, &args.kafka_settings(), args.kafka_timeout)?;
+    tracing::info!(
+        brokers = kafka.brokers(),
+        "partition counts of topics not in --topic-partitions come from Kafka"
+    );
+    Ok(Some(Arc::new(kafka)))
 }
 
 /// Opens the lease store `kind` (etcd at `--etcd-endpoints`).
@@ -99,24 +117,4 @@ fn static_from_args(
     )
     .map_err(BackendError::Config)?;
     Ok(Arc::new(StaticCoordinator::new(config, metrics)))
-}
-
-/// The `fleet` backend over `--store`.
-async fn fleet_from_args(
-    args: &ServeArgs,
-    metrics: Arc<Metrics>,
-) -> Result<Arc<dyn ConsumerGroupCoordinator>, BackendError> {
-    if !args.kafka_brokers.iter().all(|b| b.trim().is_empty()) {
-        tracing::warn!("--kafka-brokers is not used by the fleet backend (only --topic-partitions)");
-    }
-    let store = open_store(args.store, args).await?;
-    let config = FleetConfig {
-        instance_id: args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id),
-        backend: format!("fleet-{:?}", args.store).to_lowercase(),
-        prefix: args.etcd_prefix.clone(),
-        lease_ttl: args.lease_ttl,
-        topic_partitions: args.topic_partitions.0.clone(),
-        ..FleetConfig::default()
-    };
-    Ok(Arc::new(FleetCoordinator::start(store, config, metrics).await?))
 }

@@ -13,8 +13,11 @@
 //!   + writes`), and the commands each consumer is sent, derived from state.
 //! * [`store`] — the `LeaseStore` trait with `MemoryStore` and `EtcdStore`.
 //! * [`coordinator`] — the `ConsumerGroupCoordinator` trait the gRPC layer talks to, and
-//!   the warm-handoff coordinator over a `LeaseStore` (leader election, fenced batched
-//!   writes, the relay of commands to local streams, consumer sessions).
+//!   one folder per backend over a shared core: `coordinator/shared/` (store, mirror,
+//!   stream registry, registration and keep-alive, topics, shutdown),
+//!   `coordinator/handoff_backend/` (memory and etcd: warm handoffs, leader election and
+//!   reconcile), `coordinator/fleet_backend/` (lease claiming) and
+//!   `coordinator/static_backend/` (fixed partitions).
 //! * [`backend`] — builds the coordinator and store that the `serve` flags ask for.
 //! * [`server`] — the tonic service, health and reflection, the admin HTTP server.
 //! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).

@@ -25,7 +25,7 @@ pub fn router(coordinator: Arc<dyn ConsumerGroupCoordinator>, metrics: Arc<Metri
 }
 
 async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.coordinator.status().await.ready {
+    if *state.coordinator.readiness().borrow() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")

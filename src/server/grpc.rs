@@ -8,7 +8,7 @@ use std::{pin::Pin, sync::Arc};
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError};
+use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, ErrorCode};
 use crate::proto::v1::{
     AssignmentCommand, DeregisterRequest, DeregisterResponse, PartitionReadyRequest, PartitionReadyResponse,
     PartitionReleasedRequest, PartitionReleasedResponse, RegisterRequest, TopicPartition,
@@ -28,16 +28,20 @@ impl AssignerService {
     }
 }
 
-/// Maps a coordinator error to its gRPC status.
+/// Maps a coordinator error to its gRPC status. Store failures are logged in full and
+/// shown to the consumer without transport internals ([`CoordinatorError::public_message`]).
 pub fn to_status(error: CoordinatorError) -> Status {
-    let message = error.to_string();
-    match error {
-        CoordinatorError::InvalidArgument(_) => Status::invalid_argument(message),
-        CoordinatorError::NotFound(_) => Status::not_found(message),
-        CoordinatorError::FailedPrecondition(_) => Status::failed_precondition(message),
-        CoordinatorError::Aborted(_) => Status::aborted(message),
-        CoordinatorError::Unavailable(_) => Status::unavailable(message),
-        CoordinatorError::Internal(_) => Status::internal(message),
+    let message = error.public_message();
+    if matches!(error, CoordinatorError::Store(_) | CoordinatorError::Kafka { .. }) {
+        tracing::warn!(%error, "call failed");
+    }
+    match error.code() {
+        ErrorCode::InvalidArgument => Status::invalid_argument(message),
+        ErrorCode::NotFound => Status::not_found(message),
+        ErrorCode::FailedPrecondition => Status::failed_precondition(message),
+        ErrorCode::Aborted => Status::aborted(message),
+        ErrorCode::Unavailable => Status::unavailable(message),
+        ErrorCode::Internal => Status::internal(message),
     }
 }
 

@@ -49,6 +49,28 @@ pub struct AssignerServer {
     admin: JoinHandle<()>,
 }
 
+/// Keeps gRPC health (the service's and the server's, `""`) equal to the coordinator's
+/// readiness until the coordinator is dropped.
+async fn follow_readiness(
+    mut readiness: tokio::sync::watch::Receiver<bool>,
+    reporter: tonic_health::server::HealthReporter,
+) {
+    loop {
+        let ready = *readiness.borrow_and_update();
+        let status = if ready {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        reporter.set_service_status("", status).await;
+        let service = <KafkaAssignerServer<grpc::AssignerService> as tonic::server::NamedService>::NAME;
+        reporter.set_service_status(service, status).await;
+        if readiness.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 impl AssignerServer {
     /// Serves `coordinator` on `grpc_addr` and `admin_addr` (port 0: any free port).
     pub async fn start(
@@ -69,7 +91,7 @@ impl AssignerServer {
         let stop = CancellationToken::new();
 
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
-        health_reporter.set_serving::<KafkaAssignerServer<grpc::AssignerService>>().await;
+        tokio::spawn(follow_readiness(coordinator.readiness(), health_reporter));
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .build_v1()

@@ -20,7 +20,7 @@ use std::{
 use futures::StreamExt;
 use kafka_assigner::coordinator::{
     ConsumerGroupCoordinator, FleetConfig, FleetCoordinator,
-    fleet::{FleetKeys, LeaseRecord, MemberRecord},
+    fleet_backend::{FleetKeys, LeaseRecord, MemberRecord},
 };
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{

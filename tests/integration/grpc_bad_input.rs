@@ -118,7 +118,9 @@ async fn ready_released_and_deregister_refusals(backend: Backend) {
     cluster
         .wait_status(PROMPT, "a, b, c registered, one handoff warming", |s| {
             let t = topic(s, SMALL);
-            consumer_names(t) == ["a", "b", "c"] && t.handoffs.len() == 1 && t.handoffs[0].phase == "Warming"
+            consumer_names(t) == ["a", "b", "c"]
+                && t.handoffs.len() == 1
+                && t.handoffs[0].phase == kafka_assigner::handoff::Phase::Warming
         })
         .await;
     let before = cluster.fingerprint().await;

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use kafka_assigner::config::DrainPolicy;
+use kafka_assigner::handoff::{ConsumerStatus, Phase};
 use kafka_assigner::proto::v1::{AssignmentCommand, DeregisterAction, assignment_command::Command};
 use tonic::Code;
 
@@ -121,7 +122,7 @@ async fn two_consumers_split_through_warm_handoffs(backend: Backend) {
     let t = topic(&status, TOPIC);
     assert!(t.owners.iter().all(|o| o.as_deref() == Some("a")), "{t:?}");
     for h in &t.handoffs {
-        assert_eq!((h.from.as_str(), h.to.as_str(), h.phase.as_str()), ("a", "b", "Warming"), "{t:?}");
+        assert_eq!((h.from.as_str(), h.to.as_str(), h.phase), ("a", "b", Phase::Warming), "{t:?}");
         assert!(warmed.contains(&h.partition), "{t:?}");
     }
     a.poll_now();
@@ -138,7 +139,7 @@ async fn two_consumers_split_through_warm_handoffs(backend: Backend) {
             .wait_status(PROMPT, "the handoff is releasing with b owning", |s| {
                 let t = topic(s, TOPIC);
                 t.owners[p as usize].as_deref() == Some("b")
-                    && t.handoffs.iter().any(|h| h.partition == p && h.phase == "Releasing")
+                    && t.handoffs.iter().any(|h| h.partition == p && h.phase == Phase::Releasing)
             })
             .await;
         let h = topic(&status, TOPIC).handoffs.iter().find(|h| h.partition == p).cloned();
@@ -189,7 +190,7 @@ async fn slow_warm_keeps_the_old_owner_until_ready(backend: Backend) {
     let t = topic(&status, TOPIC);
     assert!(t.owners.iter().all(|o| o.as_deref() == Some("a")), "the owner stays a: {t:?}");
     let h = t.handoffs.iter().find(|h| h.partition == p).unwrap_or_else(|| panic!("handoff of {p}: {t:?}"));
-    assert_eq!((h.from.as_str(), h.to.as_str(), h.phase.as_str()), ("a", "b", "Warming"));
+    assert_eq!((h.from.as_str(), h.to.as_str(), h.phase), ("a", "b", Phase::Warming));
     assert_eq!(t.handoffs.len(), PARTITIONS as usize / 2, "{t:?}");
     a.poll_now();
     b.poll_now();
@@ -331,7 +332,7 @@ async fn deregister_with_drain_hands_everything_off(backend: Backend) {
     assert_eq!(a.deregister().await.expect("Deregister"), DeregisterAction::WaitForDrain);
     cluster
         .wait_status(PROMPT, "a is draining", |s| {
-            topic(s, TOPIC).consumers.iter().any(|c| c.name == "a" && c.status == "Draining")
+            topic(s, TOPIC).consumers.iter().any(|c| c.name == "a" && c.status == ConsumerStatus::Draining)
         })
         .await;
     b.wait_warms(a_parts.len(), PROMPT).await;

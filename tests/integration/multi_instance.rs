@@ -7,6 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use kafka_assigner::handoff::Phase;
 use kafka_assigner::proto::v1::{
     PartitionReadyRequest, PartitionReleasedRequest, TopicPartition, assignment_command::Command,
 };
@@ -130,7 +131,7 @@ async fn leader_crash_mid_handoff_fails_over_and_completes() {
     assert_eq!(status.leader.as_deref(), Some(cluster.instance(survivor).id.as_str()));
     let t = topic(&status, TOPIC);
     let h = t.handoffs.iter().find(|h| h.partition == p).unwrap_or_else(|| panic!("handoff {p} kept: {t:?}"));
-    assert_eq!((h.from.as_str(), h.to.as_str(), h.phase.as_str()), ("a", "b", "Warming"));
+    assert_eq!((h.from.as_str(), h.to.as_str(), h.phase), ("a", "b", Phase::Warming));
 
     b.ready(p).await.unwrap_or_else(|s| panic!("ready({p}) after failover: {s:?}"));
     expect_assigned(&mut b, p).await;

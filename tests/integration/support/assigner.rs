@@ -17,17 +17,12 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
     net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::Duration,
 };
 
-use async_trait::async_trait;
 use kafka_assigner::coordinator::{
-    CommandStream, ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator, StatusView,
-    TopicStatus,
+    ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, StatusView, TopicStatus,
 };
 use kafka_assigner::handoff::PlanConfig;
 use kafka_assigner::metrics::Metrics;
@@ -127,60 +122,12 @@ pub fn test_config(backend: Backend, prefix: &str) -> HandoffConfig {
     config
 }
 
-/// Serves a [`HandoffCoordinator`], except that after a crash the server's graceful stop
-/// must not shut the coordinator down (which would resign leadership and end streams
-/// cleanly: not a crash).
-struct Served {
-    coordinator: HandoffCoordinator,
-    crashed: AtomicBool,
-}
-
-#[async_trait]
-impl ConsumerGroupCoordinator for Served {
-    async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
-        self.coordinator.register(consumer, topic).await
-    }
-
-    async fn partition_ready(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        self.coordinator.partition_ready(consumer, topic, partition).await
-    }
-
-    async fn partition_released(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        self.coordinator.partition_released(consumer, topic, partition).await
-    }
-
-    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-        self.coordinator.deregister(consumer).await
-    }
-
-    async fn status(&self) -> StatusView {
-        self.coordinator.status().await
-    }
-
-    async fn shutdown(&self) {
-        if !self.crashed.load(Ordering::SeqCst) {
-            self.coordinator.shutdown().await;
-        }
-    }
-}
-
 /// One assigner instance of a [`TestCluster`].
 pub struct Instance {
     /// Its instance id.
     pub id: String,
     /// The concrete coordinator (for `crash()`, `is_leader()`, `status()`).
     pub coordinator: HandoffCoordinator,
-    served: Arc<Served>,
     server: Option<AssignerServer>,
     /// `http://127.0.0.1:port` of its gRPC server.
     pub grpc_url: String,
@@ -249,14 +196,14 @@ impl TestCluster {
         let coordinator = HandoffCoordinator::start(store, config, metrics.clone())
             .await
             .unwrap_or_else(|e| panic!("instance {id} did not start: {e}"));
-        let served = Arc::new(Served { coordinator: coordinator.clone(), crashed: AtomicBool::new(false) });
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let server = AssignerServer::start(served.clone(), metrics, any, any)
+        // `crash()` makes the server's later graceful stop a no-op for the coordinator.
+        let server = AssignerServer::start(Arc::new(coordinator.clone()), metrics, any, any)
             .await
             .unwrap_or_else(|e| panic!("instance {id} cannot serve: {e}"));
         let grpc_url = server.grpc_url();
         let admin_addr = server.admin_addr;
-        self.instances.push(Instance { id, coordinator, served, server: Some(server), grpc_url, admin_addr });
+        self.instances.push(Instance { id, coordinator, server: Some(server), grpc_url, admin_addr });
         index
     }
 
@@ -274,7 +221,6 @@ impl TestCluster {
     /// revoked, leadership not resigned), then its gRPC and admin servers stop.
     pub async fn crash(&mut self, i: usize) {
         let instance = &mut self.instances[i];
-        instance.served.crashed.store(true, Ordering::SeqCst);
         instance.coordinator.crash();
         if let Some(server) = instance.server.take() {
             tokio::time::timeout(PROMPT, server.stop())
@@ -451,8 +397,12 @@ pub fn consumer_names(topic: &TopicStatus) -> Vec<&str> {
 /// No handoff in flight, every partition owned by an active consumer, and the active
 /// consumers balanced (⌊P/N⌋ or ⌈P/N⌉ each).
 pub fn is_stable(topic: &TopicStatus) -> bool {
-    let active: Vec<&str> =
-        topic.consumers.iter().filter(|c| c.status == "Active").map(|c| c.name.as_str()).collect();
+    let active: Vec<&str> = topic
+        .consumers
+        .iter()
+        .filter(|c| c.status == kafka_assigner::handoff::ConsumerStatus::Active)
+        .map(|c| c.name.as_str())
+        .collect();
     if !topic.handoffs.is_empty() || active.is_empty() {
         return false;
     }

@@ -8,25 +8,12 @@
 //! {prefix}leader                           the elected instance (bound to its session)
 //! ```
 //!
-//! Records are JSON with a version field `v`, so a later release can read (and migrate)
-//! what an earlier one wrote. Unknown fields are ignored; a newer `v` is refused.
+//! Records are versioned JSON ([`crate::coordinator::shared::records`]).
 
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize};
 
+pub use crate::coordinator::shared::records::{RECORD_VERSION, TopicRecord, decode, encode};
 use crate::handoff::{ConsumerStatus, Handoff, Millis};
-use crate::store::StoreError;
-
-/// The record format this release writes.
-pub const RECORD_VERSION: u32 = 1;
-
-/// `{prefix}topics/{topic}`: how many partitions the topic has.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TopicRecord {
-    /// Record format version.
-    pub v: u32,
-    /// Partition count.
-    pub partition_count: u32,
-}
 
 /// `{prefix}consumers/{topic}/{consumer}`: a live registration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,29 +49,6 @@ pub struct HandoffRecord {
     /// The handoff.
     #[serde(flatten)]
     pub handoff: Handoff,
-}
-
-/// Encodes a record.
-pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
-    // Serializing these plain structs cannot fail.
-    serde_json::to_vec(record).unwrap_or_default()
-}
-
-/// Decodes a record, refusing versions newer than this release understands.
-pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
-    #[derive(Deserialize)]
-    struct Version {
-        v: u32,
-    }
-    let version: Version =
-        serde_json::from_slice(bytes).map_err(|e| StoreError::Invalid(format!("{key}: {e}")))?;
-    if version.v > RECORD_VERSION {
-        return Err(StoreError::Invalid(format!(
-            "{key}: record version {} is newer than this release ({RECORD_VERSION})",
-            version.v
-        )));
-    }
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Invalid(format!("{key}: {e}")))
 }
 
 /// A parsed key under the prefix.

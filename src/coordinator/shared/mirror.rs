@@ -22,10 +22,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{LeaseStore, PrefixSnapshot, Revision, StoreError, WatchEvent, WatchStream};
 
+/// A record and the revision it was last written at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned<T> {
+    /// The record.
+    pub value: T,
+    /// Its mod revision.
+    pub mod_revision: Revision,
+}
+
 /// The in-memory copy of a store prefix that a [`Mirror`] keeps up to date.
-pub(crate) trait MirrorCache: Sized {
+pub trait MirrorCache: Sized {
     /// What parses the keys under the prefix.
-    type Keys;
+    type Keys: Send + Sync + 'static;
 
     /// The prefix this cache mirrors.
     fn prefix(keys: &Self::Keys) -> &str;
@@ -42,10 +51,19 @@ pub(crate) trait MirrorCache: Sized {
 
     /// The store revision this cache reflects.
     fn revision(&self) -> Revision;
+
+    /// The key of `topic`'s record (its partition count).
+    fn topic_key(keys: &Self::Keys, topic: &str) -> String;
+
+    /// The stored partition count of `topic` and its record's mod revision.
+    fn topic_count(&self, topic: &str) -> Option<(u32, Revision)>;
+
+    /// Every topic with a stored partition count, and the count.
+    fn stored_topics(&self) -> Vec<(String, u32)>;
 }
 
 /// Where a [`Mirror`] follows the store from, and when it stops.
-pub(crate) struct Source<'a, K> {
+pub struct Source<'a, K> {
     /// The store.
     pub store: &'a dyn LeaseStore,
     /// The keys of the mirrored prefix.
@@ -57,7 +75,7 @@ pub(crate) struct Source<'a, K> {
 }
 
 /// A cache kept equal to a store prefix, and the channel that announces its revisions.
-pub(crate) struct Mirror<C> {
+pub struct Mirror<C> {
     /// The store's state as last seen by the watcher.
     cache: RwLock<C>,
     /// Bumped (with the cache revision) after every applied revision.
@@ -193,5 +211,93 @@ impl<C: MirrorCache> Mirror<C> {
         let cache = self.read();
         relay(&cache, topics);
         self.changed.send_replace(cache.revision());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::BTreeSet,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::{Mirror, Source};
+    use crate::coordinator::shared::test_backend::{PREFIX, Records};
+    use crate::store::{LeaseStore, MemoryStore};
+
+    /// Runs a mirror of [`PREFIX`] over `store`, recording the topics of every relay call.
+    fn run(
+        store: MemoryStore,
+        mirror: Arc<Mirror<Records>>,
+        resync: Duration,
+    ) -> (Arc<Mutex<Vec<BTreeSet<String>>>>, CancellationToken) {
+        let relayed = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let (seen, token) = (relayed.clone(), stop.clone());
+        tokio::spawn(async move {
+            let source = Source { store: &store, keys: &(), resync_interval: resync, shutdown: &token };
+            mirror.run(source, |_, topics| seen.lock().expect("lock").push(topics.clone())).await;
+        });
+        (relayed, stop)
+    }
+
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn follows_the_store_and_relays_whole_revisions() {
+        let store = MemoryStore::new();
+        let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
+        let (relayed, stop) = run(store.clone(), mirror.clone(), Duration::from_secs(300));
+        let txn = crate::store::Txn::new()
+            .then(crate::store::Op::put(format!("{PREFIX}a/x"), "1"))
+            .then(crate::store::Op::put(format!("{PREFIX}b/x"), "2"));
+        let revision = store.txn(txn).await.expect("written").revision;
+        settle().await;
+        assert_eq!(mirror.read().revision, revision);
+        assert_eq!(mirror.read().kvs.len(), 2, "both keys of the transaction");
+        let relayed = relayed.lock().expect("lock").clone();
+        assert!(relayed.iter().any(|t| t.contains("a") && t.contains("b")), "{relayed:?}");
+        stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_cannot_resume_re_reads_and_relays_what_differs() {
+        let store = MemoryStore::new();
+        store.put(&format!("{PREFIX}a/x"), b"1".to_vec(), None).await.expect("written");
+        let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
+        // Changes, then history compacted past them, before the mirror starts watching:
+        // its watch from the snapshot's revision fails and it must re-read.
+        store.put(&format!("{PREFIX}b/x"), b"2".to_vec(), None).await.expect("written");
+        store.put(&format!("{PREFIX}b/y"), b"3".to_vec(), None).await.expect("written");
+        store.compact(store.revision()).await.expect("compacted");
+        let (relayed, stop) = run(store.clone(), mirror.clone(), Duration::from_secs(300));
+        settle().await;
+        assert_eq!(mirror.read().revision, store.revision(), "caught up by the re-read");
+        assert_eq!(mirror.read().kvs.len(), 3);
+        let relayed = relayed.lock().expect("lock").clone();
+        assert_eq!(relayed.first(), Some(&BTreeSet::from(["b".to_string()])), "only the topic that changed");
+        // And it follows the store again afterwards.
+        store.put(&format!("{PREFIX}c/x"), b"4".to_vec(), None).await.expect("written");
+        settle().await;
+        assert_eq!(mirror.read().kvs.len(), 4);
+        stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_periodic_resync_re_reads_without_relaying_anything_unchanged() {
+        let store = MemoryStore::new();
+        store.put(&format!("{PREFIX}a/x"), b"1".to_vec(), None).await.expect("written");
+        let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
+        let (relayed, stop) = run(store.clone(), mirror.clone(), Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        let relayed = relayed.lock().expect("lock").clone();
+        assert!(relayed.len() >= 3, "three resyncs relayed: {relayed:?}");
+        assert!(relayed.iter().all(BTreeSet::is_empty), "nothing differed: {relayed:?}");
+        stop.cancel();
     }
 }

@@ -1,6 +1,6 @@
 //! Validation of names that arrive from the network, before they reach a store key.
 
-use super::CoordinatorError;
+use crate::coordinator::CoordinatorError;
 
 /// Kafka's own rules: 1..=249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
 pub fn validate_topic_name(topic: &str) -> Result<(), CoordinatorError> {

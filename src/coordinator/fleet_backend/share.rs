@@ -35,13 +35,13 @@ pub fn quota(count: u32, members: usize, rank: usize) -> usize {
     count / members + usize::from(rank < count % members)
 }
 
-/// The plan of consumer `me` (see the module docs); `None` when it is not live.
+/// The share of consumer `me` (see the module docs); `None` when it is not live.
 ///
 /// * `live`: the live members, in name order;
 /// * `registered`: whether a name has a member record (live or leaving); a lease whose
 ///   owner has none is free to take;
 /// * `owners`: the lease owner of each leased partition.
-pub fn plan(
+pub fn share_of(
     count: u32,
     live: &[&str],
     registered: impl Fn(&str) -> bool,
@@ -91,18 +91,18 @@ mod tests {
         // a alone holds all 4; b joins: a gives back its two highest, b claims them.
         let live = ["a", "b"];
         let registered = |n: &str| n == "a" || n == "b";
-        let a = plan(4, &live, registered, "a", &owners).unwrap();
+        let a = share_of(4, &live, registered, "a", &owners).unwrap();
         assert_eq!(a, Share { quota: 2, give_back: vec![3, 2], claim: vec![] });
-        let b = plan(4, &live, registered, "b", &owners).unwrap();
+        let b = share_of(4, &live, registered, "b", &owners).unwrap();
         assert_eq!(b, Share { quota: 2, give_back: vec![], claim: vec![] });
         let after: BTreeMap<u32, &str> = [(0, "a"), (1, "a")].into();
-        let b = plan(4, &live, registered, "b", &after).unwrap();
+        let b = share_of(4, &live, registered, "b", &after).unwrap();
         assert_eq!(b.claim, vec![2, 3]);
         // A lease of a consumer with no member record is free to take.
         let stale: BTreeMap<u32, &str> = [(0, "a"), (1, "a"), (2, "gone"), (3, "gone")].into();
-        assert_eq!(plan(4, &live, registered, "b", &stale).unwrap().claim, vec![2, 3]);
+        assert_eq!(share_of(4, &live, registered, "b", &stale).unwrap().claim, vec![2, 3]);
         // Not live: no plan.
-        assert_eq!(plan(4, &live, registered, "c", &owners), None);
+        assert_eq!(share_of(4, &live, registered, "c", &owners), None);
     }
 
     /// Consumers acting in random order on views that lag the store, with
@@ -136,7 +136,7 @@ mod tests {
                 let view = &history[history.len() - 1 - lag];
                 let view: BTreeMap<u32, &str> = view.iter().map(|(p, o)| (*p, o.as_str())).collect();
                 let members: Vec<&str> = live.iter().map(String::as_str).collect();
-                let share = plan(count, &members, |n| live.contains(n), &me, &view).unwrap();
+                let share = share_of(count, &members, |n| live.contains(n), &me, &view).unwrap();
                 for p in share.give_back {
                     if store.get(&p) == Some(&me) {
                         store.remove(&p);
@@ -155,7 +155,7 @@ mod tests {
                 for me in &members {
                     let view: BTreeMap<u32, &str> = store.iter().map(|(p, o)| (*p, o.as_str())).collect();
                     let refs: Vec<&str> = members.iter().map(String::as_str).collect();
-                    let share = plan(count, &refs, |n| live.contains(n), me, &view).unwrap();
+                    let share = share_of(count, &refs, |n| live.contains(n), me, &view).unwrap();
                     let store_next = {
                         let mut s = store.clone();
                         for p in share.give_back {

@@ -1,45 +1,45 @@
-//! The warm-handoff coordinator over a [`LeaseStore`] (the `memory` and `etcd` backends).
+//! The warm-handoff backend over a [`LeaseStore`] (the `memory` and `etcd` backends).
 //!
-//! Every instance runs three kinds of task around one shared [`Cache`]:
-//! * the **watcher** (the shared `coordinator/mirror.rs`) keeps the cache equal to the
-//!   store (snapshot, then a prefix watch; re-read on any watch error and periodically)
-//!   and, after every revision, the relay (`relay.rs`) sends each locally connected
-//!   consumer the commands derived from the new state;
-//! * the **leader loop** (`leader.rs`) campaigns for the leader key and, while it leads,
-//!   reconciles every topic with [`crate::handoff::plan`], writing the result in batched
-//!   transactions fenced by its leadership;
-//! * one **session task** per local stream (`session.rs`) keeps the consumer's session
-//!   alive while its stream is open (and through a restart grace), then lets it go.
-//!
-//! `PartitionReady` / `PartitionReleased` are applied here, by whichever instance receives
-//! them, with compare-and-swap on the handoff record (`calls.rs`): no leader round trip.
+//! A thin layer over the shared [`Core`]:
+//! * `records.rs` / `state.rs`: the key layout, the records and the cache of them;
+//! * `register.rs`: the consumer record, and the restart hold after a `SHUTDOWN_NOW`;
+//! * `relay.rs`: after every revision, each local consumer is sent the commands derived
+//!   from the new state ([`crate::handoff::diff_views`]);
+//! * `leader/`: election (leadership is one `watch` value), reconcile with
+//!   [`crate::handoff::plan`] in fenced batched transactions, and the Kafka topic refresh;
+//! * `calls.rs`: `PartitionReady` / `PartitionReleased`, applied by whichever instance
+//!   receives them with compare-and-swap (no leader round trip), and `Deregister`;
+//! * `status.rs`: the status view.
 
 mod calls;
 mod leader;
+pub mod records;
+mod register;
 mod relay;
-mod session;
+pub mod state;
+mod status;
+
+pub use leader::Fence;
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, atomic::AtomicBool},
+    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
 
-use super::{
-    CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView, cache::Cache, mirror::Mirror,
-    records::Keys,
-};
+use super::shared::{Core, CoreSettings, topics::Topics};
+use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
 use crate::config::DrainPolicy;
-use crate::handoff::{Millis, PlanConfig};
-use crate::kafka::KafkaMetadata;
+use crate::handoff::{ConsumerView, Millis, PlanConfig};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
 use crate::store::LeaseStore;
 
-use relay::Streams;
+use records::Keys;
+use state::Cache;
 
 /// Settings of a [`HandoffCoordinator`].
 #[derive(Clone, Debug)]
@@ -62,7 +62,7 @@ pub struct HandoffConfig {
     pub topic_partitions: BTreeMap<String, u32>,
     /// Where the partition counts of other topics come from (`--kafka-brokers`); `None`:
     /// only `topic_partitions`.
-    pub kafka: Option<Arc<KafkaMetadata>>,
+    pub kafka: Option<Arc<dyn PartitionCounts>>,
     /// How often the leader asks Kafka for the counts of stored topics (growth).
     pub topic_refresh_interval: Duration,
     /// How often the leader reconciles without a change (time limits, resync).
@@ -90,20 +90,13 @@ impl Default for HandoffConfig {
     }
 }
 
-/// State shared by the coordinator's tasks.
-struct Inner {
-    store: Arc<dyn LeaseStore>,
-    keys: Keys,
+/// The backend's shared state: the core, its settings and its leadership.
+struct Handoff {
+    core: Core<Cache, ConsumerView>,
     config: HandoffConfig,
-    /// The store's state as last seen by the watcher, and the channel bumped (with the
-    /// cache revision) after every applied revision.
-    mirror: Mirror<Cache>,
-    /// Streams of the consumers connected to this instance.
-    streams: Mutex<Streams>,
-    /// Whether this instance currently leads.
-    leading: AtomicBool,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
+    /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
+    /// gauge and the leader loop read.
+    leadership: watch::Sender<Option<Fence>>,
 }
 
 /// Wall-clock milliseconds: handoff ages are stored, so they must survive a failover.
@@ -111,16 +104,10 @@ fn now_ms() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as Millis)
 }
 
-impl Inner {
-    fn lock_streams(&self) -> std::sync::MutexGuard<'_, Streams> {
-        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
 /// The warm-handoff coordinator (see the module docs).
 #[derive(Clone)]
 pub struct HandoffCoordinator {
-    inner: Arc<Inner>,
+    inner: Arc<Handoff>,
 }
 
 impl HandoffCoordinator {
@@ -132,42 +119,38 @@ impl HandoffCoordinator {
         metrics: Arc<Metrics>,
     ) -> Result<Self, CoordinatorError> {
         let keys = Keys::new(&config.prefix);
-        let mirror = Mirror::load(&*store, &keys, "handoff").await?;
-        let inner = Arc::new(Inner {
-            store,
-            keys,
-            config,
-            mirror,
-            streams: Mutex::new(Streams::default()),
-            leading: AtomicBool::new(false),
-            metrics,
-            shutdown: CancellationToken::new(),
-        });
+        let settings = CoreSettings {
+            instance_id: config.instance_id.clone(),
+            lease_ttl: config.lease_ttl,
+            topics: Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() },
+        };
+        let core = Core::load(store, keys, metrics, settings, "handoff").await?;
+        let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None) });
         tokio::spawn(relay::watch_loop(inner.clone()));
         tokio::spawn(leader::leader_loop(inner.clone()));
+        tokio::spawn(leader::publish_gauge(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "coordinator started");
         Ok(Self { inner })
     }
 
     /// Stops every task of this instance abruptly, as if the process died: no stream is
     /// ended cleanly, no session revoked, leadership not resigned (sessions then expire
-    /// after their TTL). For failover tests.
+    /// after their TTL). A later `shutdown` does nothing. For failover tests.
     pub fn crash(&self) {
-        self.inner.shutdown.cancel();
-        self.inner.leading.store(false, std::sync::atomic::Ordering::SeqCst);
-        self.inner.lock_streams().crash_all();
+        self.inner.leadership.send_replace(None);
+        self.inner.core.crash();
     }
 
     /// Whether this instance currently leads.
     pub fn is_leader(&self) -> bool {
-        self.inner.leading.load(std::sync::atomic::Ordering::SeqCst)
+        self.inner.leadership.borrow().is_some()
     }
 }
 
 #[async_trait]
 impl ConsumerGroupCoordinator for HandoffCoordinator {
     async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
-        session::register(&self.inner, consumer, topic).await
+        super::shared::register::register(&self.inner, consumer, topic).await
     }
 
     async fn partition_ready(
@@ -193,12 +176,16 @@ impl ConsumerGroupCoordinator for HandoffCoordinator {
     }
 
     async fn status(&self) -> StatusView {
-        calls::status(&self.inner)
+        status::status(&self.inner)
+    }
+
+    fn readiness(&self) -> watch::Receiver<bool> {
+        self.inner.core.readiness.subscribe()
     }
 
     async fn shutdown(&self) {
-        self.inner.shutdown.cancel();
-        relay::end_all_streams(&self.inner);
-        leader::resign(&self.inner).await;
+        if self.inner.core.begin_shutdown() {
+            leader::resign(&self.inner).await;
+        }
     }
 }

@@ -6,19 +6,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::mirror::MirrorCache;
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, TopicRecord, decode};
+use crate::coordinator::shared::mirror::{MirrorCache, Versioned};
 use crate::handoff::{ConsumerView, Handoff, TopicState};
 use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
-
-/// A record and the revision it was last written at.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Versioned<T> {
-    /// The record.
-    pub value: T,
-    /// Its mod revision.
-    pub mod_revision: Revision,
-}
 
 /// Everything stored about one topic.
 #[derive(Clone, Debug, Default)]
@@ -74,6 +65,21 @@ impl TopicEntry {
         )
     }
 
+    /// The view of one consumer ([`ConsumerView::of`] of [`state`](Self::state), without
+    /// cloning the state).
+    pub fn view_of(&self, consumer: &str) -> ConsumerView {
+        ConsumerView::all_of(
+            self.consumers.keys().filter(|name| *name == consumer),
+            self.owners.iter().filter(|(_, o)| o.value == consumer).map(|(p, o)| (p, &o.value)),
+            self.handoffs
+                .iter()
+                .filter(|(_, h)| h.value.from == consumer || h.value.to == consumer)
+                .map(|(p, h)| (p, &h.value)),
+        )
+        .remove(consumer)
+        .unwrap_or_default()
+    }
+
     /// Mod revision of a partition's assignment record (0 when absent).
     pub fn owner_revision(&self, partition: u32) -> Revision {
         self.owners.get(&partition).map_or(0, |o| o.mod_revision)
@@ -97,37 +103,6 @@ pub struct Cache {
 }
 
 impl Cache {
-    /// A cache holding exactly `snapshot`.
-    pub fn from_snapshot(keys: &Keys, snapshot: PrefixSnapshot) -> Self {
-        let mut cache = Cache { revision: snapshot.revision, ..Default::default() };
-        for kv in snapshot.kvs {
-            cache.put(keys, kv);
-        }
-        cache
-    }
-
-    /// Applies one watched change; returns the topic it touched, if any.
-    pub fn apply(&mut self, keys: &Keys, event: WatchEvent) -> Option<String> {
-        self.revision = self.revision.max(event.revision);
-        match event.kind {
-            WatchEventKind::Put(kv) => self.put(keys, kv),
-            WatchEventKind::Delete => self.delete(keys, &event.key),
-        }
-    }
-
-    /// Names of topics touched between `self` and `other` (used after a re-read).
-    pub fn topics_differing(&self, other: &Cache) -> BTreeSet<String> {
-        let names: BTreeSet<&String> = self.topics.keys().chain(other.topics.keys()).collect();
-        names
-            .into_iter()
-            .filter(|t| {
-                let (a, b) = (self.topics.get(*t), other.topics.get(*t));
-                a.map(TopicEntry::state) != b.map(TopicEntry::state) || a.map(sessions) != b.map(sessions)
-            })
-            .cloned()
-            .collect()
-    }
-
     fn put(&mut self, keys: &Keys, kv: KeyValue) -> Option<String> {
         let key = keys.parse(&kv.key)?;
         let rev = kv.mod_revision;
@@ -187,20 +162,55 @@ impl MirrorCache for Cache {
         keys.prefix()
     }
 
+    /// A cache holding exactly `snapshot`.
     fn from_snapshot(keys: &Keys, snapshot: PrefixSnapshot) -> Self {
-        Cache::from_snapshot(keys, snapshot)
+        let mut cache = Cache { revision: snapshot.revision, ..Default::default() };
+        for kv in snapshot.kvs {
+            cache.put(keys, kv);
+        }
+        cache
     }
 
+    /// Applies one watched change; returns the topic it touched, if any.
     fn apply(&mut self, keys: &Keys, event: WatchEvent) -> Option<String> {
-        Cache::apply(self, keys, event)
+        self.revision = self.revision.max(event.revision);
+        match event.kind {
+            WatchEventKind::Put(kv) => self.put(keys, kv),
+            WatchEventKind::Delete => self.delete(keys, &event.key),
+        }
     }
 
-    fn topics_differing(&self, other: &Self) -> BTreeSet<String> {
-        Cache::topics_differing(self, other)
+    /// Names of topics touched between `self` and `other` (used after a re-read).
+    fn topics_differing(&self, other: &Cache) -> BTreeSet<String> {
+        let names: BTreeSet<&String> = self.topics.keys().chain(other.topics.keys()).collect();
+        names
+            .into_iter()
+            .filter(|t| {
+                let (a, b) = (self.topics.get(*t), other.topics.get(*t));
+                a.map(TopicEntry::state) != b.map(TopicEntry::state) || a.map(sessions) != b.map(sessions)
+            })
+            .cloned()
+            .collect()
     }
 
     fn revision(&self) -> Revision {
         self.revision
+    }
+
+    fn topic_key(keys: &Keys, topic: &str) -> String {
+        keys.topic(topic)
+    }
+
+    fn topic_count(&self, topic: &str) -> Option<(u32, Revision)> {
+        let config = self.topics.get(topic)?.config.as_ref()?;
+        Some((config.value.partition_count, config.mod_revision))
+    }
+
+    fn stored_topics(&self) -> Vec<(String, u32)> {
+        self.topics
+            .iter()
+            .filter_map(|(topic, entry)| Some((topic.clone(), entry.config.as_ref()?.value.partition_count)))
+            .collect()
     }
 }
 

@@ -6,11 +6,12 @@
 //!   session: two live leases on one partition cannot exist, and a crashed consumer's
 //!   leases vanish with its session, one TTL after its stream dropped.
 //! * The instance that holds a consumer's stream claims and renews on its behalf: it keeps
-//!   the consumer's session alive while the stream is open, and on every change it sees
-//!   (and on a timer) runs the consumer's claim step ([`share`]): claim free leases up to
-//!   the consumer's fair share, give back the excess when membership grew.
-//! * Every instance watches the prefix (the shared cache of `coordinator/mirror.rs`) and
-//!   its relay (`relay.rs`) tells the local consumers the difference between the leases
+//!   the consumer's session alive while the stream is open (the shared registration), and
+//!   on every change it sees (and on a timer) runs the consumer's claim step (`claim.rs`,
+//!   [`share`]): claim free leases up to the consumer's fair share, give back the excess
+//!   when membership grew.
+//! * Every instance watches the prefix (the shared mirror, `state.rs`) and its relay
+//!   (`relay.rs`) tells the local consumers the difference between the leases
 //!   they hold and what they were told, as `AssignmentUpdate{assigned, unassigned}`; the
 //!   first message is the snapshot.
 //! * A partition given back is first `unassigned` on the giver's stream, then its lease is
@@ -25,28 +26,28 @@
 //!   stream ends with `ABORTED` (or, if it had dropped, is simply forgotten).
 
 mod calls;
-mod member;
+mod claim;
+pub mod records;
+mod register;
 mod relay;
 pub mod share;
-mod state;
+pub mod state;
+mod status;
 
-pub use state::{FleetKeys, LeaseRecord, MemberRecord};
+pub use records::{FleetKeys, LeaseRecord, MemberRecord};
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
 
-use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView, mirror::Mirror};
+use super::shared::{Core, CoreSettings, topics::Topics};
+use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
 use crate::store::LeaseStore;
 
-use relay::Streams;
+use relay::FleetTold;
 use state::FleetCache;
 
 /// Settings of a [`FleetCoordinator`].
@@ -60,8 +61,13 @@ pub struct FleetConfig {
     pub prefix: String,
     /// TTL of consumer sessions: a crashed consumer's leases are free after this.
     pub lease_ttl: Duration,
-    /// Partition counts by topic (`--topic-partitions`); see [`FleetConfig::partition_count`].
+    /// Partition counts known without Kafka (`--topic-partitions`); they override Kafka.
     pub topic_partitions: BTreeMap<String, u32>,
+    /// Where the partition counts of other topics come from (`--kafka-brokers`); `None`:
+    /// only `topic_partitions`.
+    pub kafka: Option<Arc<dyn PartitionCounts>>,
+    /// How often each instance asks Kafka for the counts of stored topics (growth).
+    pub topic_refresh_interval: Duration,
     /// How often each local consumer's claim step runs without a change (safety net).
     pub claim_interval: Duration,
     /// How often the watcher re-reads the whole prefix as a safety net.
@@ -76,44 +82,24 @@ impl Default for FleetConfig {
             prefix: "/kafka-assigner/".into(),
             lease_ttl: Duration::from_secs(10),
             topic_partitions: BTreeMap::new(),
+            kafka: None,
+            topic_refresh_interval: Duration::from_secs(60),
             claim_interval: Duration::from_secs(1),
             resync_interval: Duration::from_secs(300),
         }
     }
 }
 
-impl FleetConfig {
-    /// The configured partition count of `topic`, if any. The one place the fleet learns
-    /// partition counts from outside the store (a Kafka lookup would go here).
-    pub fn partition_count(&self, topic: &str) -> Option<u32> {
-        self.topic_partitions.get(topic).copied()
-    }
-}
-
-/// State shared by the coordinator's tasks.
-struct Inner {
-    store: Arc<dyn LeaseStore>,
-    keys: FleetKeys,
+/// The backend's shared state: the core and its settings.
+struct Fleet {
+    core: Core<FleetCache, FleetTold>,
     config: FleetConfig,
-    /// The store's state as last seen by the watcher, and the channel bumped (with the
-    /// cache revision) after every applied revision; it wakes claim steps.
-    mirror: Mirror<FleetCache>,
-    /// Streams of the consumers connected to this instance.
-    streams: Mutex<Streams>,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-}
-
-impl Inner {
-    fn lock_streams(&self) -> std::sync::MutexGuard<'_, Streams> {
-        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 /// The fleet coordinator (see the module docs).
 #[derive(Clone)]
 pub struct FleetCoordinator {
-    inner: Arc<Inner>,
+    inner: Arc<Fleet>,
 }
 
 impl FleetCoordinator {
@@ -125,17 +111,15 @@ impl FleetCoordinator {
         metrics: Arc<Metrics>,
     ) -> Result<Self, CoordinatorError> {
         let keys = FleetKeys::new(&config.prefix);
-        let mirror = Mirror::load(&*store, &keys, "fleet").await?;
-        let inner = Arc::new(Inner {
-            store,
-            keys,
-            config,
-            mirror,
-            streams: Mutex::new(Streams::default()),
-            metrics,
-            shutdown: CancellationToken::new(),
-        });
+        let settings = CoreSettings {
+            instance_id: config.instance_id.clone(),
+            lease_ttl: config.lease_ttl,
+            topics: Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() },
+        };
+        let core = Core::load(store, keys, metrics, settings, "fleet").await?;
+        let inner = Arc::new(Fleet { core, config });
         tokio::spawn(relay::watch_loop(inner.clone()));
+        tokio::spawn(claim::refresh_topics(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");
         Ok(Self { inner })
     }
@@ -144,15 +128,14 @@ impl FleetCoordinator {
     /// with an error, no session is revoked (the consumers' sessions then expire after
     /// their TTL and their leases are claimed by the others). For failover tests.
     pub fn crash(&self) {
-        self.inner.shutdown.cancel();
-        self.inner.lock_streams().crash_all();
+        self.inner.core.crash();
     }
 }
 
 #[async_trait]
 impl ConsumerGroupCoordinator for FleetCoordinator {
     async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
-        member::register(&self.inner, consumer, topic).await
+        super::shared::register::register(&self.inner, consumer, topic).await
     }
 
     async fn partition_ready(
@@ -178,11 +161,14 @@ impl ConsumerGroupCoordinator for FleetCoordinator {
     }
 
     async fn status(&self) -> StatusView {
-        calls::status(&self.inner)
+        status::status(&self.inner)
+    }
+
+    fn readiness(&self) -> watch::Receiver<bool> {
+        self.inner.core.readiness.subscribe()
     }
 
     async fn shutdown(&self) {
-        self.inner.shutdown.cancel();
-        relay::end_all_streams(&self.inner);
+        self.inner.core.begin_shutdown();
     }
 }

@@ -1,0 +1,150 @@
+//! The fleet backend's cache of the store: per topic, the count, members and leases.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::records::{FleetKey, FleetKeys, LeaseRecord, MemberRecord};
+use crate::coordinator::shared::mirror::{MirrorCache, Versioned};
+use crate::coordinator::shared::records::{TopicRecord, decode};
+use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
+
+/// Everything stored about one topic.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetTopic {
+    /// The partition count, once stored.
+    pub count: Option<Versioned<u32>>,
+    /// Registrations by consumer name.
+    pub members: BTreeMap<String, Versioned<MemberRecord>>,
+    /// Lease owner by partition.
+    pub leases: BTreeMap<u32, Versioned<String>>,
+}
+
+impl FleetTopic {
+    /// The stored partition count (0 until stored).
+    pub fn partition_count(&self) -> u32 {
+        self.count.as_ref().map_or(0, |c| c.value)
+    }
+
+    /// Members taking part in the fair share (registered and not leaving), in name order.
+    pub fn live(&self) -> Vec<&str> {
+        self.members.iter().filter(|(_, r)| !r.value.leaving).map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// Partitions (below the count) whose lease `consumer` holds.
+    pub fn held_by(&self, consumer: &str) -> BTreeSet<u32> {
+        let count = self.partition_count();
+        self.leases.iter().filter(|(p, o)| **p < count && o.value == consumer).map(|(p, _)| *p).collect()
+    }
+
+    /// Mod revision of a partition's lease (0 when free).
+    pub fn lease_revision(&self, partition: u32) -> Revision {
+        self.leases.get(&partition).map_or(0, |l| l.mod_revision)
+    }
+}
+
+/// The cached fleet state under the prefix.
+#[derive(Clone, Debug, Default)]
+pub struct FleetCache {
+    /// The store revision this cache reflects.
+    pub revision: Revision,
+    /// Topics by name.
+    pub topics: BTreeMap<String, FleetTopic>,
+}
+
+impl FleetCache {
+    fn put(&mut self, keys: &FleetKeys, kv: KeyValue) -> Option<String> {
+        let key = keys.parse(&kv.key)?;
+        let rev = kv.mod_revision;
+        let decoded = match &key {
+            FleetKey::Topic(t) => decode::<TopicRecord>(&kv.key, &kv.value).map(|r| {
+                self.topic(t).count = Some(Versioned { value: r.partition_count, mod_revision: rev });
+            }),
+            FleetKey::Member(t, c) => decode::<MemberRecord>(&kv.key, &kv.value).map(|value| {
+                self.topic(t).members.insert(c.clone(), Versioned { value, mod_revision: rev });
+            }),
+            FleetKey::Lease(t, p) => decode::<LeaseRecord>(&kv.key, &kv.value).map(|r| {
+                self.topic(t).leases.insert(*p, Versioned { value: r.owner, mod_revision: rev });
+            }),
+        };
+        if let Err(error) = decoded {
+            // An unreadable record is skipped, not fatal: the rest of the fleet keeps working.
+            tracing::warn!(%error, "ignoring unreadable fleet record");
+            return None;
+        }
+        match key {
+            FleetKey::Topic(t) | FleetKey::Member(t, _) | FleetKey::Lease(t, _) => Some(t),
+        }
+    }
+
+    fn topic(&mut self, topic: &str) -> &mut FleetTopic {
+        self.topics.entry(topic.to_string()).or_default()
+    }
+}
+
+impl MirrorCache for FleetCache {
+    type Keys = FleetKeys;
+
+    fn prefix(keys: &FleetKeys) -> &str {
+        keys.root()
+    }
+
+    /// A cache holding exactly `snapshot`.
+    fn from_snapshot(keys: &FleetKeys, snapshot: PrefixSnapshot) -> Self {
+        let mut cache = FleetCache { revision: snapshot.revision, ..Default::default() };
+        for kv in snapshot.kvs {
+            cache.put(keys, kv);
+        }
+        cache
+    }
+
+    /// Applies one watched change; returns the topic it touched, if any.
+    fn apply(&mut self, keys: &FleetKeys, event: WatchEvent) -> Option<String> {
+        self.revision = self.revision.max(event.revision);
+        match event.kind {
+            WatchEventKind::Put(kv) => self.put(keys, kv),
+            WatchEventKind::Delete => {
+                let key = keys.parse(&event.key)?;
+                let topic = match key {
+                    FleetKey::Topic(t) => {
+                        self.topic(&t).count = None;
+                        t
+                    }
+                    FleetKey::Member(t, c) => {
+                        self.topic(&t).members.remove(&c);
+                        t
+                    }
+                    FleetKey::Lease(t, p) => {
+                        self.topic(&t).leases.remove(&p);
+                        t
+                    }
+                };
+                Some(topic)
+            }
+        }
+    }
+
+    /// Names of topics whose state differs between `self` and `other` (after a re-read).
+    fn topics_differing(&self, other: &FleetCache) -> BTreeSet<String> {
+        let names: BTreeSet<&String> = self.topics.keys().chain(other.topics.keys()).collect();
+        names.into_iter().filter(|t| self.topics.get(*t) != other.topics.get(*t)).cloned().collect()
+    }
+
+    fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    fn topic_key(keys: &FleetKeys, topic: &str) -> String {
+        keys.topic(topic)
+    }
+
+    fn topic_count(&self, topic: &str) -> Option<(u32, Revision)> {
+        let count = self.topics.get(topic)?.count.as_ref()?;
+        Some((count.value, count.mod_revision))
+    }
+
+    fn stored_topics(&self) -> Vec<(String, u32)> {
+        self.topics
+            .iter()
+            .filter_map(|(topic, entry)| Some((topic.clone(), entry.count.as_ref()?.value)))
+            .collect()
+    }
+}

@@ -1,0 +1,45 @@
+//! The status view of the fleet backend.
+
+use super::Fleet;
+use crate::coordinator::{ConsumerStatusView, StatusView, TopicStatus};
+use crate::handoff::ConsumerStatus;
+
+/// The read-only status view.
+pub(super) fn status(inner: &Fleet) -> StatusView {
+    let cache = inner.core.mirror.read();
+    let topics = cache
+        .topics
+        .iter()
+        .filter(|(_, e)| e.count.is_some())
+        .map(|(topic, entry)| {
+            let count = entry.partition_count();
+            TopicStatus {
+                topic: topic.clone(),
+                partition_count: count,
+                consumers: entry
+                    .members
+                    .iter()
+                    .map(|(name, r)| ConsumerStatusView {
+                        name: name.clone(),
+                        status: if r.value.leaving {
+                            ConsumerStatus::Draining
+                        } else {
+                            ConsumerStatus::Active
+                        },
+                        instance: r.value.instance.clone(),
+                        partitions: entry.held_by(name).len(),
+                    })
+                    .collect(),
+                owners: (0..count).map(|p| entry.leases.get(&p).map(|o| o.value.clone())).collect(),
+                handoffs: vec![],
+            }
+        })
+        .collect();
+    StatusView {
+        instance: inner.config.instance_id.clone(),
+        backend: inner.config.backend.clone(),
+        leader: None,
+        ready: inner.core.readiness.get(),
+        topics,
+    }
+}

@@ -1,0 +1,351 @@
+//! `PartitionReady`, `PartitionReleased`, `Deregister` and the status view.
+//!
+//! Ready and released are the fast path of a handoff (DESIGN.md §9): the receiving
+//! instance validates the call against its cache and applies it with one transaction
+//! guarded by the mod revisions of the partition's assignment and handoff records. Only
+//! when the cache disagrees (it may lag the store by a watch delivery) or the transaction
+//! loses a race does it re-read those records from the store and decide again, so a call
+//! is refused only on the store's current state, and a refused call changes nothing.
+
+use super::records::{
+    AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode,
+};
+use super::{Handoff, now_ms};
+use crate::config::DrainPolicy;
+use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
+use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
+use crate::handoff::{ConsumerStatus, Cooldowns, Event, TopicState, Write, step};
+use crate::proto::v1::DeregisterAction;
+use crate::store::{Compare, Op, Revision, Txn};
+
+/// The part of a topic's state one partition call needs (the partition count, the
+/// caller's registration, the partition's owner and handoff), with the revisions to guard
+/// on. Built the same way from the cache and from the store.
+struct PartitionSlice {
+    state: TopicState,
+    owner_revision: Revision,
+    handoff_revision: Revision,
+}
+
+fn from_cache(inner: &Handoff, topic: &str, consumer: &str, partition: u32) -> Option<PartitionSlice> {
+    let cache = inner.core.mirror.read();
+    let entry = cache.topics.get(topic)?;
+    entry.config.as_ref()?;
+    Some(PartitionSlice {
+        state: entry.partition_state(consumer, partition),
+        owner_revision: entry.owner_revision(partition),
+        handoff_revision: entry.handoff_revision(partition),
+    })
+}
+
+async fn from_store(
+    inner: &Handoff,
+    topic: &str,
+    consumer: &str,
+    partition: u32,
+) -> Result<PartitionSlice, CoordinatorError> {
+    let keys = &inner.core.keys;
+    let topic_key = keys.topic(topic);
+    let Some(config) = inner.core.store.get(&topic_key).await? else {
+        return Err(CoordinatorError::NotFound(format!(
+            "topic '{topic}' is unknown: no consumer registered for it"
+        )));
+    };
+    let mut state = TopicState {
+        partition_count: decode::<TopicRecord>(&topic_key, &config.value)?.partition_count,
+        ..Default::default()
+    };
+    let consumer_key = keys.consumer(topic, consumer);
+    if let Some(kv) = inner.core.store.get(&consumer_key).await? {
+        state
+            .consumers
+            .insert(consumer.to_string(), decode::<ConsumerRecord>(&consumer_key, &kv.value)?.status);
+    }
+    let (mut owner_revision, mut handoff_revision) = (0, 0);
+    let owner_key = keys.assignment(topic, partition);
+    if let Some(kv) = inner.core.store.get(&owner_key).await? {
+        state.owners.insert(partition, decode::<AssignmentRecord>(&owner_key, &kv.value)?.owner);
+        owner_revision = kv.mod_revision;
+    }
+    let handoff_key = keys.handoff(topic, partition);
+    if let Some(kv) = inner.core.store.get(&handoff_key).await? {
+        state.handoffs.insert(partition, decode::<HandoffRecord>(&handoff_key, &kv.value)?.handoff);
+        handoff_revision = kv.mod_revision;
+    }
+    Ok(PartitionSlice { state, owner_revision, handoff_revision })
+}
+
+/// Turns writes into transaction ops.
+pub(super) fn write_ops(inner: &Handoff, topic: &str, writes: &[Write]) -> Vec<Op> {
+    let keys = &inner.core.keys;
+    writes
+        .iter()
+        .map(|w| match w {
+            Write::SetOwner { partition, owner } => Op::put(
+                keys.assignment(topic, *partition),
+                encode(&AssignmentRecord { v: RECORD_VERSION, owner: owner.clone() }),
+            ),
+            Write::ClearOwner { partition } => Op::delete(keys.assignment(topic, *partition)),
+            Write::PutHandoff { partition, handoff } => Op::put(
+                keys.handoff(topic, *partition),
+                encode(&HandoffRecord { v: RECORD_VERSION, handoff: handoff.clone() }),
+            ),
+            Write::DeleteHandoff { partition } => Op::delete(keys.handoff(topic, *partition)),
+        })
+        .collect()
+}
+
+/// Validates and applies one consumer call (`Ready` or `Released` of `consumer` about
+/// `partition`) with compare-and-swap (see the module docs), through the state machine's
+/// one entry point, [`step`].
+async fn apply_call(
+    inner: &Handoff,
+    consumer: &str,
+    topic: &str,
+    partition: u32,
+    event: Event,
+) -> Result<Option<i64>, CoordinatorError> {
+    validate_consumer_name(consumer)?;
+    validate_topic_name(topic)?;
+    let mut slice = from_cache(inner, topic, consumer, partition);
+    for _ in 0..CAS_ATTEMPTS {
+        let fresh = slice.is_none();
+        let current = match slice.take() {
+            Some(s) => s,
+            None => from_store(inner, topic, consumer, partition).await?,
+        };
+        let mut next = current.state.clone();
+        let plan = &inner.config.plan;
+        let writes = match step(&mut next, &event, now_ms(), plan, &mut Cooldowns::default()) {
+            Ok(writes) => writes,
+            Err(error) if fresh => return Err(CoordinatorError::from_handoff(topic, error)),
+            Err(_) => continue, // the cache may lag: decide on the store's state
+        };
+        if writes.is_empty() {
+            return Ok(None); // a repeated call that is already in effect
+        }
+        let txn = Txn {
+            compares: vec![
+                Compare::ModRevision(inner.core.keys.assignment(topic, partition), current.owner_revision),
+                Compare::ModRevision(inner.core.keys.handoff(topic, partition), current.handoff_revision),
+            ],
+            ops: write_ops(inner, topic, &writes),
+        };
+        let outcome = inner.core.store.txn(txn).await?;
+        if outcome.succeeded {
+            return Ok(Some(outcome.revision));
+        }
+    }
+    Err(CoordinatorError::Aborted(format!(
+        "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
+    )))
+}
+
+/// `PartitionReady`: flips ownership to the caller and starts the release.
+pub(super) async fn partition_ready(
+    inner: &Handoff,
+    consumer: &str,
+    topic: &str,
+    partition: u32,
+) -> Result<(), CoordinatorError> {
+    let event = Event::Ready(consumer.to_string(), partition);
+    if apply_call(inner, consumer, topic, partition, event).await?.is_some() {
+        inner.core.metrics.handoffs_ready.inc();
+        tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
+    }
+    Ok(())
+}
+
+/// `PartitionReleased`: completes the handoff.
+pub(super) async fn partition_released(
+    inner: &Handoff,
+    consumer: &str,
+    topic: &str,
+    partition: u32,
+) -> Result<(), CoordinatorError> {
+    let event = Event::Released(consumer.to_string(), partition);
+    apply_call(inner, consumer, topic, partition, event).await?;
+    inner.core.metrics.handoffs_released.inc();
+    tracing::info!(topic, partition, consumer, "handoff completed");
+    Ok(())
+}
+
+/// `Deregister`: drain (when the policy says so and someone can take the partitions) or
+/// hold the partitions for the consumer's return.
+pub(super) async fn deregister(
+    inner: &Handoff,
+    consumer: &str,
+) -> Result<DeregisterAction, CoordinatorError> {
+    validate_consumer_name(consumer)?;
+    let registrations: Vec<(String, bool)> = {
+        let cache = inner.core.mirror.read();
+        cache
+            .topics
+            .iter()
+            .filter(|(_, e)| e.consumers.contains_key(consumer))
+            .map(|(t, e)| {
+                let others = e
+                    .consumers
+                    .iter()
+                    .any(|(n, r)| n != consumer && r.value.status == ConsumerStatus::Active);
+                (t.clone(), others)
+            })
+            .collect()
+    };
+    if registrations.is_empty() {
+        return Err(CoordinatorError::NotFound(format!("consumer '{consumer}' is not registered")));
+    }
+    let mut action = DeregisterAction::ShutdownNow;
+    for (topic, others) in registrations {
+        let drain = inner.config.drain_policy == DrainPolicy::Drain && others;
+        let hold_until = now_ms() + inner.config.restart_grace.as_millis() as u64;
+        let changed = update_consumer(inner, &topic, consumer, |r| {
+            if drain {
+                r.status = ConsumerStatus::Draining;
+            } else {
+                r.hold_until = Some(hold_until);
+            }
+        })
+        .await?;
+        if let Some(record) = &changed
+            && !drain
+        {
+            // Refresh the session now: the instance holding the stream sees the hold
+            // before the session could expire, even if the consumer already disconnected.
+            let _ = inner.core.store.keep_alive(crate::store::SessionId(record.session)).await;
+        }
+        let changed = changed.is_some();
+        if drain && changed {
+            action = DeregisterAction::WaitForDrain;
+            tracing::info!(topic, consumer, "consumer draining");
+        } else if changed {
+            tracing::info!(topic, consumer, grace = ?inner.config.restart_grace, "consumer shutting down; partitions held for its return");
+        }
+    }
+    Ok(action)
+}
+
+/// Rewrites a consumer record (keeping its session binding) with compare-and-swap.
+/// Returns the record written, or `None` when it is gone.
+async fn update_consumer(
+    inner: &Handoff,
+    topic: &str,
+    consumer: &str,
+    change: impl Fn(&mut ConsumerRecord),
+) -> Result<Option<ConsumerRecord>, CoordinatorError> {
+    let key = inner.core.keys.consumer(topic, consumer);
+    let rewrite = |r: &mut ConsumerRecord| {
+        change(r);
+        true
+    };
+    match rewrite_bound(&*inner.core.store, &key, |r: &ConsumerRecord| r.session, rewrite).await? {
+        Rewrite::Written(record) => Ok(Some(record)),
+        Rewrite::Gone | Rewrite::Unchanged => Ok(None),
+        Rewrite::Contended => {
+            Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use futures::StreamExt;
+
+    use crate::coordinator::{
+        CommandStream, ConsumerGroupCoordinator, ErrorCode, HandoffConfig, HandoffCoordinator,
+    };
+    use crate::handoff::Phase;
+    use crate::metrics::Metrics;
+    use crate::proto::v1::assignment_command::Command;
+    use crate::store::MemoryStore;
+
+    async fn next(stream: &mut CommandStream) -> Command {
+        let item =
+            tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("a command in time");
+        item.expect("stream open").expect("not an error").command.expect("a command")
+    }
+
+    /// `a` owns both partitions of `t`; `b` joins and is asked to warm one of them.
+    async fn warming() -> (HandoffCoordinator, MemoryStore, CommandStream, CommandStream, u32) {
+        let store = MemoryStore::new();
+        let config = HandoffConfig {
+            topic_partitions: [("t".to_string(), 2)].into(),
+            lease_ttl: Duration::from_secs(3),
+            reconcile_interval: Duration::from_millis(100),
+            ..HandoffConfig::default()
+        };
+        let coordinator =
+            HandoffCoordinator::start(Arc::new(store.clone()), config, Arc::new(Metrics::new()))
+                .await
+                .expect("starts");
+        let mut a = coordinator.register("a", "t").await.expect("a registers");
+        let mut owned = 0;
+        while owned < 2 {
+            if let Command::Assignment(update) = next(&mut a).await {
+                owned += update.assigned.len();
+            }
+        }
+        let mut b = coordinator.register("b", "t").await.expect("b registers");
+        let partition = loop {
+            if let Command::Warm(warm) = next(&mut b).await {
+                assert_eq!(warm.current_owner, "a");
+                break warm.partition.expect("a partition").partition;
+            }
+        };
+        (coordinator, store, a, b, partition)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refused_calls_name_the_problem_and_change_nothing() {
+        let (coordinator, store, _a, _b, p) = warming().await;
+        let before = store.revision();
+        let cases = [
+            ("a", "t", p, ErrorCode::FailedPrecondition, true), // the source is not the target
+            ("b", "t", 7, ErrorCode::InvalidArgument, true),    // out of range
+            ("ghost", "t", p, ErrorCode::NotFound, true),       // unknown consumer
+            ("b", "nope", p, ErrorCode::NotFound, true),        // unknown topic
+            ("", "t", p, ErrorCode::InvalidArgument, true),     // empty name
+            ("b", "t", p, ErrorCode::FailedPrecondition, false), // released while warming
+        ];
+        for (consumer, topic, partition, code, ready) in cases {
+            let result = if ready {
+                coordinator.partition_ready(consumer, topic, partition).await
+            } else {
+                coordinator.partition_released(consumer, topic, partition).await
+            };
+            let error = result.expect_err("refused");
+            assert_eq!(error.code(), code, "{consumer}/{topic}/{partition}: {error}");
+        }
+        assert_eq!(store.revision(), before, "a refused call writes nothing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ready_flips_ownership_in_one_step_and_released_completes_the_handoff() {
+        let (coordinator, _store, mut a, mut b, p) = warming().await;
+        coordinator.partition_ready("b", "t", p).await.expect("ready");
+        coordinator.partition_ready("b", "t", p).await.expect("a repeated ready is already in effect");
+        match next(&mut b).await {
+            Command::Assignment(update) => {
+                assert_eq!(update.assigned.iter().map(|tp| tp.partition).collect::<Vec<_>>(), [p])
+            }
+            other => panic!("the new owner hears `assigned` first: {other:?}"),
+        }
+        let release = loop {
+            if let Command::Release(release) = next(&mut a).await {
+                break release;
+            }
+        };
+        assert_eq!((release.partition.map(|tp| tp.partition), release.new_owner.as_str()), (Some(p), "b"));
+        let status = coordinator.status().await;
+        let handoff = &status.topics[0].handoffs[0];
+        assert_eq!((handoff.partition, handoff.phase), (p, Phase::Releasing));
+        assert_eq!(status.topics[0].owners[p as usize].as_deref(), Some("b"));
+        coordinator.partition_released("a", "t", p).await.expect("released");
+        let error = coordinator.partition_released("a", "t", p).await.expect_err("the handoff is gone");
+        assert_eq!(error.code(), ErrorCode::FailedPrecondition);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(coordinator.status().await.topics[0].handoffs.is_empty());
+    }
+}

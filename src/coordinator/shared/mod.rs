@@ -1,0 +1,189 @@
+//! The shared core of the store-backed backends (`memory`, `etcd` and `fleet`).
+//!
+//! [`Core`] holds what every one of them needs, so each backend is a thin layer of its
+//! own records, relay and calls over it:
+//! * the store, the backend's keys and the metrics;
+//! * the [`mirror`] (a cache kept equal to the store prefix by a watch, re-read on gaps);
+//! * the [`streams`] registry of the consumer streams this instance holds;
+//! * [`register`]: the registration of a consumer stream and its session keep-alive;
+//! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
+//! * readiness, shutdown and crash.
+//!
+//! [`cas`], [`validate`] and [`wire`] are small helpers every backend uses.
+
+pub mod cas;
+pub mod mirror;
+pub mod records;
+pub mod register;
+pub mod streams;
+#[cfg(test)]
+mod test_backend;
+pub mod topics;
+pub mod validate;
+pub mod wire;
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::store::LeaseStore;
+
+use mirror::{Mirror, MirrorCache, Source};
+use streams::{LocalStream, Streams};
+use topics::Topics;
+
+/// How often a session is kept alive: three times per TTL, so two lost keep-alives in a
+/// row still leave it alive; never more often than every 100 ms (etcd TTLs are seconds).
+pub fn keep_alive_period(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(100))
+}
+
+/// Whether this instance is ready to serve: an explicit value that shutdown clears, read
+/// by `/ready`, gRPC health and the status view.
+#[derive(Clone, Debug)]
+pub struct Readiness(Arc<watch::Sender<bool>>);
+
+impl Readiness {
+    /// A readiness value, initially `ready`.
+    pub fn new(ready: bool) -> Self {
+        Self(Arc::new(watch::Sender::new(ready)))
+    }
+
+    /// Sets the value (a no-op if it is unchanged).
+    pub fn set(&self, ready: bool) {
+        self.0.send_if_modified(|current| std::mem::replace(current, ready) != ready);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// A receiver that sees every change.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.0.subscribe()
+    }
+}
+
+/// The settings every store-backed backend gives its core.
+pub struct CoreSettings {
+    /// This instance's id.
+    pub instance_id: String,
+    /// TTL of consumer sessions.
+    pub lease_ttl: Duration,
+    /// Where partition counts come from.
+    pub topics: Topics,
+}
+
+/// What every store-backed backend shares (see the module docs). `C` is the backend's
+/// cache of the store, `T` what each of its streams remembers having told its consumer.
+pub struct Core<C: MirrorCache, T> {
+    /// The store.
+    pub store: Arc<dyn LeaseStore>,
+    /// The backend's key layout.
+    pub keys: C::Keys,
+    /// The instance's metrics.
+    pub metrics: Arc<Metrics>,
+    /// The store's state as last seen by the watcher.
+    pub mirror: Mirror<C>,
+    /// The consumer streams this instance holds.
+    pub streams: Streams<LocalStream<T>>,
+    /// This instance's id (records, logs, status).
+    pub instance_id: String,
+    /// TTL of consumer sessions.
+    pub lease_ttl: Duration,
+    /// Cancelled when the instance shuts down or crashes: every task stops.
+    pub shutdown: CancellationToken,
+    /// Whether the instance serves.
+    pub readiness: Readiness,
+    /// Where partition counts come from.
+    pub topics: Topics,
+}
+
+impl<C: MirrorCache, T: streams::Told> Core<C, T> {
+    /// A core over `store` holding a fresh snapshot of the prefix; fails if the store
+    /// cannot be read.
+    pub async fn load(
+        store: Arc<dyn LeaseStore>,
+        keys: C::Keys,
+        metrics: Arc<Metrics>,
+        settings: CoreSettings,
+        name: &'static str,
+    ) -> Result<Self, crate::store::StoreError> {
+        let CoreSettings { instance_id, lease_ttl, topics } = settings;
+        let mirror = Mirror::load(&*store, &keys, name).await?;
+        Ok(Self {
+            streams: Streams::new(metrics.clone()),
+            store,
+            keys,
+            metrics,
+            mirror,
+            instance_id,
+            lease_ttl,
+            shutdown: CancellationToken::new(),
+            readiness: Readiness::new(true),
+            topics,
+        })
+    }
+
+    /// Makes sure `topic` has a stored partition count and returns it ([`Topics::ensure`]).
+    pub async fn ensure_topic(&self, topic: &str) -> Result<u32, crate::coordinator::CoordinatorError> {
+        let cached = self.mirror.read().topic_count(topic);
+        self.topics.ensure(&*self.store, &C::topic_key(&self.keys, topic), topic, cached).await
+    }
+
+    /// Grows the stored counts of topics that grew in Kafka ([`Topics::grow`]), each write
+    /// also guarded by `guard`; stops early when `go_on` turns false.
+    pub async fn grow_topics(&self, guard: Option<crate::store::Compare>, go_on: impl Fn() -> bool) {
+        let stored = self.mirror.read().stored_topics();
+        let stored = stored
+            .into_iter()
+            .map(|(topic, count)| {
+                let key = C::topic_key(&self.keys, &topic);
+                (topic, key, count)
+            })
+            .collect();
+        self.topics.grow(&*self.store, stored, guard, go_on).await;
+    }
+
+    /// Keeps the cache equal to the store, calling `relay` with the topics each change
+    /// touched. Runs until shutdown.
+    pub async fn run_mirror(
+        &self,
+        resync_interval: Duration,
+        relay: impl Fn(&C, &std::collections::BTreeSet<String>),
+    ) {
+        let source =
+            Source { store: &*self.store, keys: &self.keys, resync_interval, shutdown: &self.shutdown };
+        self.mirror.run(source, relay).await;
+    }
+
+    /// The keep-alive period of sessions ([`keep_alive_period`]).
+    pub fn keep_alive_period(&self) -> Duration {
+        keep_alive_period(self.lease_ttl)
+    }
+
+    /// Starts a graceful stop: not ready, every task stops, every stream ends with
+    /// `UNAVAILABLE` (sessions are left to their TTL, so consumers can reconnect
+    /// elsewhere). Returns `false` if the instance had already stopped or crashed, so a
+    /// `shutdown` after a `crash` does nothing.
+    pub fn begin_shutdown(&self) -> bool {
+        if self.shutdown.is_cancelled() {
+            return false;
+        }
+        self.readiness.set(false);
+        self.shutdown.cancel();
+        self.streams.end_all(&self.instance_id);
+        true
+    }
+
+    /// Stops every task abruptly, as if the process died: streams break with an error, no
+    /// session is revoked and no leadership resigned. For failover tests.
+    pub fn crash(&self) {
+        self.readiness.set(false);
+        self.shutdown.cancel();
+        self.streams.crash_all();
+    }
+}

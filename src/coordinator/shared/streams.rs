@@ -1,0 +1,367 @@
+//! The registry of the consumer streams one instance holds: one type for every backend.
+//!
+//! A stream is identified by (topic, consumer, session): the registry holds at most one
+//! stream per (topic, consumer), and every removal names the session it means, so the
+//! cleanup of a stale stream can never remove the newer one that replaced it. It is a
+//! [`DashMap`]: gRPC handlers (register, disconnect) and the relay use it at once.
+//!
+//! When two registrations of one name meet on this instance, the one whose registration
+//! was written last (the higher store revision) stays; the other ends with `ABORTED`.
+
+use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
+
+use dashmap::DashMap;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::coordinator::CoordinatorError;
+use crate::metrics::Metrics;
+use crate::proto::v1::AssignmentCommand;
+use crate::store::{Revision, SessionId};
+
+/// A local stream's identity: topic, consumer and the session of its registration.
+pub type StreamKey = (String, String, SessionId);
+
+/// The sending half of a consumer's command stream.
+pub type CommandSender = mpsc::UnboundedSender<Result<AssignmentCommand, CoordinatorError>>;
+
+/// Why the server ended a stream; tells the stream's session task what to do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// The consumer left (drained, or deregistered on the fleet): revoke the session.
+    Left,
+    /// A newer registration of the same name replaced this one: revoke the old session.
+    Replaced,
+    /// The consumer's registration is gone (its session expired): nothing left to do.
+    Expired,
+    /// This instance is shutting down: keep nothing alive, and let the TTL give the
+    /// consumer time to reconnect elsewhere.
+    Shutdown,
+}
+
+/// Why a stream must end, and the last item to send it, if any.
+pub type Ending = (EndReason, Option<CoordinatorError>);
+
+/// What a backend's stream remembers having told its consumer.
+pub trait Told: Default + Send + Sync + 'static {
+    /// The commands that tell the consumer it owns nothing any more (sent before a
+    /// stream ends because it was replaced or its session is gone).
+    fn farewell(&self, topic: &str) -> Vec<AssignmentCommand>;
+}
+
+impl Told for () {
+    fn farewell(&self, _topic: &str) -> Vec<AssignmentCommand> {
+        Vec::new()
+    }
+}
+
+/// A consumer stream held by this instance.
+pub struct LocalStream<T> {
+    /// The session its registration is bound to.
+    pub session: SessionId,
+    /// Store revision of the registration write. Before the cache reaches it, a missing
+    /// or different record means "not seen yet"; after it, "replaced or expired".
+    pub registered_at: Revision,
+    /// Whether the snapshot (always the first message) has been sent.
+    pub activated: bool,
+    /// What the consumer has been told so far.
+    pub told: T,
+    /// The stream's sender.
+    pub tx: CommandSender,
+    /// Tells the session task why the stream ended (once).
+    end: Option<oneshot::Sender<EndReason>>,
+}
+
+impl<T: Told> LocalStream<T> {
+    /// A stream not yet activated, and the receiver its session task waits on.
+    pub fn new(
+        session: SessionId,
+        registered_at: Revision,
+        tx: CommandSender,
+    ) -> (Self, oneshot::Receiver<EndReason>) {
+        let (end, end_rx) = oneshot::channel();
+        let stream =
+            Self { session, registered_at, activated: false, told: T::default(), tx, end: Some(end) };
+        (stream, end_rx)
+    }
+
+    /// Sends commands; a closed receiver means the client is gone, which its session
+    /// task notices.
+    pub fn send(&self, commands: impl IntoIterator<Item = AssignmentCommand>) {
+        for command in commands {
+            let _ = self.tx.send(Ok(command));
+        }
+    }
+
+    /// Tells the consumer it owns nothing any more ([`Told::farewell`]).
+    pub fn farewell(&mut self, topic: &str) {
+        if self.activated {
+            self.send(self.told.farewell(topic));
+        }
+        self.told = T::default();
+    }
+
+    /// The ending of a stream whose registration is no longer its own, once the cache
+    /// has reached the registration (`None` before: not seen yet). `replaced` says
+    /// whether another registration of the name exists. The consumer is told it owns
+    /// nothing first.
+    pub fn lost_registration(
+        &mut self,
+        topic: &str,
+        consumer: &str,
+        replaced: bool,
+        revision: Revision,
+    ) -> Option<Ending> {
+        if revision < self.registered_at {
+            return None;
+        }
+        self.farewell(topic);
+        Some(if replaced {
+            (EndReason::Replaced, Some(replaced_error(topic, consumer)))
+        } else {
+            (
+                EndReason::Expired,
+                Some(CoordinatorError::Unavailable(format!(
+                    "the session of consumer '{consumer}' on topic '{topic}' expired; register again"
+                ))),
+            )
+        })
+    }
+
+    fn finish(mut self, reason: EndReason, last: Option<CoordinatorError>) {
+        if let Some(error) = last {
+            let _ = self.tx.send(Err(error));
+        }
+        if let Some(end) = self.end.take() {
+            let _ = end.send(reason);
+        }
+    }
+}
+
+fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
+    CoordinatorError::Aborted(format!(
+        "consumer '{consumer}' registered again for topic '{topic}'; this stream was replaced"
+    ))
+}
+
+/// The local streams, at most one per (topic, consumer).
+pub struct Streams<S> {
+    map: DashMap<(String, String), S>,
+    metrics: Arc<Metrics>,
+}
+
+impl<T: Told> Streams<LocalStream<T>> {
+    /// An empty registry that keeps the `streams` gauge.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { map: DashMap::new(), metrics }
+    }
+
+    fn gauge(&self) {
+        self.metrics.streams.set(self.map.len() as i64);
+    }
+
+    /// Adds a stream. Of two streams of one (topic, consumer), the one registered later
+    /// stays and the other ends with `ABORTED` (its consumer is told it owns nothing).
+    pub fn insert(&self, topic: &str, consumer: &str, mut stream: LocalStream<T>) {
+        use dashmap::Entry;
+        let ended = match self.map.entry((topic.to_string(), consumer.to_string())) {
+            Entry::Vacant(slot) => {
+                slot.insert(stream);
+                None
+            }
+            Entry::Occupied(mut slot) => {
+                if slot.get().registered_at > stream.registered_at {
+                    stream.farewell(topic);
+                    Some(stream)
+                } else {
+                    let mut old = slot.insert(stream);
+                    old.farewell(topic);
+                    Some(old)
+                }
+            }
+        };
+        if let Some(stream) = ended {
+            tracing::info!(topic, consumer, "consumer stream replaced by a newer registration");
+            stream.finish(EndReason::Replaced, Some(replaced_error(topic, consumer)));
+        }
+        self.gauge();
+    }
+
+    /// Ends and removes the stream `key` (if it is still there), telling its task why.
+    pub fn end(&self, key: &StreamKey, reason: EndReason, last: Option<CoordinatorError>) {
+        let (topic, consumer, session) = key;
+        let removed = self.map.remove_if(&(topic.clone(), consumer.clone()), |_, s| s.session == *session);
+        if let Some((_, stream)) = removed {
+            tracing::info!(topic = %topic, consumer = %consumer, ?reason, "consumer stream ended");
+            stream.finish(reason, last);
+            self.gauge();
+        }
+    }
+
+    /// Whether the stream `key` is held.
+    pub fn contains(&self, key: &StreamKey) -> bool {
+        self.map.get(&(key.0.clone(), key.1.clone())).is_some_and(|s| s.session == key.2)
+    }
+
+    /// Runs `f` on the stream `key`, if it is held.
+    pub fn with<R>(&self, key: &StreamKey, f: impl FnOnce(&mut LocalStream<T>) -> R) -> Option<R> {
+        let mut stream = self.map.get_mut(&(key.0.clone(), key.1.clone()))?;
+        (stream.session == key.2).then(|| f(&mut stream))
+    }
+
+    /// The (topic, consumer) of every stream, in order.
+    pub fn names(&self) -> Vec<(String, String)> {
+        let mut names: Vec<_> = self.map.iter().map(|e| e.key().clone()).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Brings every stream of the given topics (all if `None`) up to date with
+    /// `relay_one(topic, consumer, stream)`, then ends those it says must end.
+    pub fn relay(
+        &self,
+        topics: Option<&BTreeSet<String>>,
+        mut relay_one: impl FnMut(&str, &str, &mut LocalStream<T>) -> Option<Ending>,
+    ) {
+        let mut ended = Vec::new();
+        for mut entry in self.map.iter_mut() {
+            let (topic, consumer) = entry.key().clone();
+            if topics.is_some_and(|t| !t.contains(&topic)) {
+                continue;
+            }
+            let stream = entry.value_mut();
+            if let Some(end) = relay_one(&topic, &consumer, stream) {
+                ended.push(((topic, consumer, stream.session), end));
+            }
+        }
+        // Removal takes the shard's lock: only after the iteration has released it.
+        for (key, (reason, last)) in ended {
+            self.end(&key, reason, last);
+        }
+    }
+
+    /// Drops every stream as a dead process would: each consumer gets an `UNAVAILABLE`
+    /// error (a broken connection, never a clean end of stream, which would mean
+    /// "drained"), and no task is told a reason, so no session is revoked.
+    pub fn crash_all(&self) {
+        for name in self.names() {
+            if let Some((_, stream)) = self.map.remove(&name) {
+                let _ =
+                    stream.tx.send(Err(CoordinatorError::Unavailable("assigner instance crashed".into())));
+            }
+        }
+        self.gauge();
+    }
+
+    /// Ends every stream with `UNAVAILABLE` (instance shutdown).
+    pub fn end_all(&self, instance_id: &str) {
+        for (topic, consumer) in self.names() {
+            if let Some((_, stream)) = self.map.remove(&(topic, consumer)) {
+                let error = CoordinatorError::Unavailable(format!(
+                    "assigner instance '{instance_id}' is shutting down; reconnect to another instance"
+                ));
+                stream.finish(EndReason::Shutdown, Some(error));
+            }
+        }
+        self.gauge();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::{EndReason, LocalStream, Streams};
+    use crate::coordinator::{CoordinatorError, ErrorCode};
+    use crate::metrics::Metrics;
+    use crate::proto::v1::AssignmentCommand;
+    use crate::store::SessionId;
+
+    type Rx = mpsc::UnboundedReceiver<Result<AssignmentCommand, CoordinatorError>>;
+
+    fn stream(session: i64, registered_at: i64) -> (LocalStream<()>, Rx, oneshot::Receiver<EndReason>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (stream, end) = LocalStream::new(SessionId(session), registered_at, tx);
+        (stream, rx, end)
+    }
+
+    fn registry() -> (Streams<LocalStream<()>>, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        (Streams::new(metrics.clone()), metrics)
+    }
+
+    fn error_code(rx: &mut Rx) -> Option<ErrorCode> {
+        match rx.try_recv() {
+            Ok(Err(error)) => Some(error.code()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_later_registration_stays_and_the_other_ends_aborted() {
+        let (streams, metrics) = registry();
+        let (old, mut old_rx, mut old_end) = stream(1, 10);
+        let (new, mut new_rx, _new_end) = stream(2, 11);
+        streams.insert("t", "a", old);
+        streams.insert("t", "a", new);
+        assert_eq!(error_code(&mut old_rx), Some(ErrorCode::Aborted));
+        assert_eq!(old_end.try_recv(), Ok(EndReason::Replaced), "its session is revoked");
+        assert!(new_rx.try_recv().is_err(), "the newer stream hears nothing");
+        assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))));
+        // A registration that arrives late but was written earlier loses.
+        let (stale, mut stale_rx, _stale_end) = stream(3, 5);
+        streams.insert("t", "a", stale);
+        assert_eq!(error_code(&mut stale_rx), Some(ErrorCode::Aborted));
+        assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))));
+        assert_eq!(metrics.streams.get(), 1);
+    }
+
+    #[test]
+    fn ending_names_the_session_so_a_stale_cleanup_cannot_remove_the_newer_stream() {
+        let (streams, _) = registry();
+        let (s, _rx, _end) = stream(2, 11);
+        streams.insert("t", "a", s);
+        streams.end(&("t".into(), "a".into(), SessionId(1)), EndReason::Shutdown, None);
+        assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))), "session 1 is not the one held");
+        streams.end(&("t".into(), "a".into(), SessionId(2)), EndReason::Shutdown, None);
+        assert!(streams.names().is_empty());
+    }
+
+    #[test]
+    fn relay_visits_the_given_topics_and_ends_what_it_says() {
+        let (streams, _) = registry();
+        let (a, _a_rx, mut a_end) = stream(1, 1);
+        let (b, _b_rx, _b_end) = stream(2, 1);
+        let (c, _c_rx, _c_end) = stream(3, 1);
+        streams.insert("t", "a", a);
+        streams.insert("t", "b", b);
+        streams.insert("u", "c", c);
+        let mut visited = Vec::new();
+        streams.relay(Some(&["t".to_string()].into()), |topic, consumer, _| {
+            visited.push(format!("{topic}/{consumer}"));
+            (consumer == "a").then_some((EndReason::Left, None))
+        });
+        visited.sort();
+        assert_eq!(visited, ["t/a", "t/b"]);
+        assert_eq!(a_end.try_recv(), Ok(EndReason::Left));
+        assert_eq!(streams.names(), [("t".to_string(), "b".to_string()), ("u".to_string(), "c".to_string())]);
+    }
+
+    #[test]
+    fn crash_breaks_every_stream_without_telling_any_task_and_shutdown_tells_them() {
+        let (streams, metrics) = registry();
+        let (a, mut a_rx, mut a_end) = stream(1, 1);
+        streams.insert("t", "a", a);
+        streams.crash_all();
+        assert_eq!(error_code(&mut a_rx), Some(ErrorCode::Unavailable));
+        assert!(a_end.try_recv().is_err(), "no reason: the session is left to expire");
+        assert_eq!(metrics.streams.get(), 0);
+        let (b, mut b_rx, mut b_end) = stream(2, 2);
+        streams.insert("t", "b", b);
+        streams.end_all("i-1");
+        assert_eq!(error_code(&mut b_rx), Some(ErrorCode::Unavailable));
+        assert_eq!(b_end.try_recv(), Ok(EndReason::Shutdown));
+        assert!(streams.names().is_empty());
+    }
+}

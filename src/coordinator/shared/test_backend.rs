@@ -1,0 +1,157 @@
+//! A minimal store-backed backend for the shared core's unit tests: its cache is the raw
+//! records under a prefix, a registration is one record, and its relay only sends the
+//! snapshot (or ends the stream when the registration is gone or replaced).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use async_trait::async_trait;
+
+use super::mirror::MirrorCache;
+use super::register::Registrar;
+use super::streams::{Ending, LocalStream};
+use super::topics::Topics;
+use super::wire::update;
+use super::{Core, CoreSettings};
+use crate::coordinator::CoordinatorError;
+use crate::metrics::Metrics;
+use crate::store::{
+    KeyValue, LeaseStore, MemoryStore, Op, PrefixSnapshot, Revision, SessionId, WatchEvent, WatchEventKind,
+};
+
+/// The prefix everything lives under.
+pub const PREFIX: &str = "/t/";
+
+/// Every record under [`PREFIX`]: `{prefix}{topic}/...`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Records {
+    pub revision: Revision,
+    pub kvs: BTreeMap<String, KeyValue>,
+}
+
+fn topic_of(key: &str) -> Option<String> {
+    key.strip_prefix(PREFIX)?.split('/').next().map(str::to_string)
+}
+
+impl MirrorCache for Records {
+    type Keys = ();
+
+    fn prefix(_: &()) -> &str {
+        PREFIX
+    }
+
+    fn from_snapshot(_: &(), snapshot: PrefixSnapshot) -> Self {
+        let kvs = snapshot.kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+        Records { revision: snapshot.revision, kvs }
+    }
+
+    fn apply(&mut self, _: &(), event: WatchEvent) -> Option<String> {
+        self.revision = self.revision.max(event.revision);
+        match event.kind {
+            WatchEventKind::Put(kv) => self.kvs.insert(event.key.clone(), kv),
+            WatchEventKind::Delete => self.kvs.remove(&event.key),
+        };
+        topic_of(&event.key)
+    }
+
+    fn topics_differing(&self, other: &Self) -> BTreeSet<String> {
+        let keys: BTreeSet<&String> = self.kvs.keys().chain(other.kvs.keys()).collect();
+        keys.into_iter()
+            .filter(|k| self.kvs.get(*k) != other.kvs.get(*k))
+            .filter_map(|k| topic_of(k))
+            .collect()
+    }
+
+    fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    fn topic_key(_: &(), topic: &str) -> String {
+        format!("{PREFIX}{topic}/config")
+    }
+
+    fn topic_count(&self, _: &str) -> Option<(u32, Revision)> {
+        None
+    }
+
+    fn stored_topics(&self) -> Vec<(String, u32)> {
+        Vec::new()
+    }
+}
+
+/// The registration key of `consumer` on `topic`.
+pub fn registration(topic: &str, consumer: &str) -> String {
+    format!("{PREFIX}{topic}/consumers/{consumer}")
+}
+
+/// The test backend.
+pub struct TestBackend {
+    pub core: Core<Records, ()>,
+}
+
+impl TestBackend {
+    /// A backend over a fresh memory store, knowing topic `events` (4 partitions).
+    pub async fn start(ttl: Duration) -> (Arc<Self>, MemoryStore) {
+        let store = MemoryStore::new();
+        let topics = Topics { configured: [("events".to_string(), 4)].into_iter().collect(), source: None };
+        let settings = CoreSettings { instance_id: "test".into(), lease_ttl: ttl, topics };
+        let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
+        let core = Core::load(shared, (), Arc::new(Metrics::new()), settings, "test").await.expect("loads");
+        let backend = Arc::new(TestBackend { core });
+        let watcher = backend.clone();
+        tokio::spawn(async move {
+            let relay = |cache: &Records, topics: &BTreeSet<String>| {
+                watcher.core.streams.relay(Some(topics), |topic, consumer, stream| {
+                    watcher.relay_one(cache, topic, consumer, stream)
+                })
+            };
+            watcher.core.run_mirror(Duration::from_secs(300), relay).await;
+        });
+        (backend, store)
+    }
+}
+
+#[async_trait]
+impl Registrar for TestBackend {
+    type Cache = Records;
+    type Told = ();
+
+    fn core(&self) -> &Core<Records, ()> {
+        &self.core
+    }
+
+    async fn write_registration(
+        &self,
+        consumer: &str,
+        topic: &str,
+        session: SessionId,
+    ) -> Result<Revision, CoordinatorError> {
+        let txn = crate::store::Txn::new().then(Op::put_in(
+            registration(topic, consumer),
+            session.0.to_string(),
+            session,
+        ));
+        Ok(self.core.store.txn(txn).await?.revision)
+    }
+
+    fn relay_one(
+        &self,
+        cache: &Records,
+        topic: &str,
+        consumer: &str,
+        stream: &mut LocalStream<()>,
+    ) -> Option<Ending> {
+        let record = cache.kvs.get(&registration(topic, consumer));
+        if record.is_none_or(|kv| kv.session != Some(stream.session)) {
+            return stream.lost_registration(topic, consumer, record.is_some(), cache.revision);
+        }
+        if !stream.activated {
+            stream.activated = true;
+            stream.send([update(topic, [], [])]);
+        }
+        None
+    }
+}

@@ -1,0 +1,200 @@
+//! Topics: the stored partition count of each topic (`ensure_topic`) and where counts come
+//! from when none is stored ([`PartitionCounts`]: Kafka's metadata in production).
+//!
+//! Order of authority: a count configured with `--topic-partitions` (it creates the
+//! record, or grows it); a stored count; the [`PartitionCounts`] source; otherwise
+//! `NOT_FOUND`. Records are written with compare-and-swap on what was read, so concurrent
+//! instances agree on one value. [`Topics::grow`] stores a larger count seen later
+//! (Kafka partitions can be added, never removed).
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use async_trait::async_trait;
+
+use super::cas::CAS_ATTEMPTS;
+use super::records::{RECORD_VERSION, TopicRecord, decode, encode};
+use crate::coordinator::CoordinatorError;
+use crate::kafka::{KafkaError, KafkaMetadata};
+use crate::store::{Compare, LeaseStore, Op, Revision, Txn};
+
+/// Where partition counts of topics nobody configured come from.
+#[async_trait]
+pub trait PartitionCounts: Send + Sync + 'static {
+    /// The topic's partition count now.
+    async fn partition_count(&self, topic: &str) -> Result<u32, KafkaError>;
+
+    /// Names the source in messages (e.g. the brokers).
+    fn describe(&self) -> String;
+}
+
+#[async_trait]
+impl PartitionCounts for KafkaMetadata {
+    async fn partition_count(&self, topic: &str) -> Result<u32, KafkaError> {
+        KafkaMetadata::partition_count(self, topic).await
+    }
+
+    fn describe(&self) -> String {
+        format!("Kafka at {}", self.brokers())
+    }
+}
+
+impl std::fmt::Debug for dyn PartitionCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// The partition counts a backend knows: configured ones and an optional source.
+#[derive(Clone, Debug, Default)]
+pub struct Topics {
+    /// Counts from `--topic-partitions`; they override the source.
+    pub configured: BTreeMap<String, u32>,
+    /// Where other topics' counts come from (`--kafka-brokers`); `None`: nowhere.
+    pub source: Option<Arc<dyn PartitionCounts>>,
+}
+
+impl Topics {
+    /// Makes sure `topic` has a stored count at `key` and returns it. `cached` is the
+    /// count and mod revision the caller's cache holds, if any (saves a read).
+    pub async fn ensure(
+        &self,
+        store: &dyn LeaseStore,
+        key: &str,
+        topic: &str,
+        cached: Option<(u32, Revision)>,
+    ) -> Result<u32, CoordinatorError> {
+        let configured = self.configured.get(topic).copied();
+        let mut from_source = None;
+        let mut cached = cached;
+        for _ in 0..CAS_ATTEMPTS {
+            let stored = match cached.take() {
+                Some(c) => Some(c),
+                None => match store.get(key).await? {
+                    Some(kv) => {
+                        Some((decode::<TopicRecord>(key, &kv.value)?.partition_count, kv.mod_revision))
+                    }
+                    None => None,
+                },
+            };
+            let (count, revision) = match (stored, configured) {
+                (Some((stored, _)), Some(c)) if c <= stored => return Ok(stored),
+                (Some((stored, _)), None) => return Ok(stored),
+                (Some((_, rev)), Some(c)) => (c, rev),
+                (None, Some(c)) => (c, 0),
+                (None, None) => match from_source {
+                    Some(count) => (count, 0),
+                    None => (*from_source.insert(self.ask_source(topic).await?), 0),
+                },
+            };
+            let record = TopicRecord { v: RECORD_VERSION, partition_count: count };
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.to_string(), revision))
+                .then(Op::put(key, encode(&record)));
+            if store.txn(txn).await?.succeeded {
+                let source = if configured.is_some() { "--topic-partitions" } else { "Kafka" };
+                tracing::info!(topic, partitions = count, source, "topic config stored");
+                return Ok(count);
+            }
+        }
+        Err(CoordinatorError::Aborted(format!("topic '{topic}' config kept changing; retry")))
+    }
+
+    async fn ask_source(&self, topic: &str) -> Result<u32, CoordinatorError> {
+        let Some(source) = &self.source else {
+            return Err(CoordinatorError::NotFound(format!(
+                "topic '{topic}' is unknown: no partition count is stored or configured for it \
+                 (configure it with --topic-partitions {topic}=<count>, or set --kafka-brokers)"
+            )));
+        };
+        source.partition_count(topic).await.map_err(|error| match error {
+            KafkaError::UnknownTopic(_) => CoordinatorError::NotFound(format!(
+                "topic '{topic}' is unknown: it does not exist in {}",
+                source.describe()
+            )),
+            other => CoordinatorError::Kafka {
+                context: format!("cannot learn the partition count of topic '{topic}'"),
+                source: other,
+            },
+        })
+    }
+
+    /// Asks the source for the count of each topic in `stored` (name, key, stored count)
+    /// that is not configured, and stores the counts that grew, each write also guarded
+    /// by `guard` (the leader's fence, if any). Gives up the round at the first
+    /// unreachable answer; stops early when `go_on` turns false.
+    pub async fn grow(
+        &self,
+        store: &dyn LeaseStore,
+        stored: Vec<(String, String, u32)>,
+        guard: Option<Compare>,
+        go_on: impl Fn() -> bool,
+    ) {
+        let Some(source) = &self.source else { return };
+        for (topic, key, cached) in stored {
+            if !go_on() {
+                return;
+            }
+            if self.configured.contains_key(&topic) {
+                continue;
+            }
+            match source.partition_count(&topic).await {
+                Ok(count) if count == cached => {}
+                Ok(count) => grow_one(store, &key, &topic, count, guard.clone()).await,
+                Err(KafkaError::UnknownTopic(_)) => tracing::warn!(
+                    topic,
+                    "topic refresh: the topic no longer exists in Kafka; its partition count is kept"
+                ),
+                Err(error) => {
+                    tracing::warn!(%error, "topic refresh: Kafka unavailable; trying again at the next refresh");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Stores `count` for `topic` if it is larger than the stored one (compare-and-swap on
+/// the record). A smaller count is logged and ignored: Kafka cannot shrink a topic.
+async fn grow_one(store: &dyn LeaseStore, key: &str, topic: &str, count: u32, guard: Option<Compare>) {
+    let (stored, revision) = match store.get(key).await {
+        Ok(Some(kv)) => match decode::<TopicRecord>(key, &kv.value) {
+            Ok(record) => (record.partition_count, kv.mod_revision),
+            Err(error) => return tracing::warn!(%error, topic, "topic refresh: unreadable topic record"),
+        },
+        Ok(None) => return,
+        Err(error) => return tracing::warn!(%error, topic, "topic refresh: cannot read the topic record"),
+    };
+    if count < stored {
+        tracing::warn!(
+            topic,
+            stored,
+            kafka = count,
+            "Kafka reports fewer partitions than stored; ignored (Kafka cannot shrink a topic)"
+        );
+        return;
+    }
+    if count == stored {
+        return;
+    }
+    let record = TopicRecord { v: RECORD_VERSION, partition_count: count };
+    let mut txn =
+        Txn::new().when(Compare::ModRevision(key.to_string(), revision)).then(Op::put(key, encode(&record)));
+    if let Some(guard) = guard {
+        txn = txn.when(guard);
+    }
+    match store.txn(txn).await {
+        Ok(outcome) if outcome.succeeded => {
+            tracing::info!(
+                topic,
+                from = stored,
+                to = count,
+                "topic grew in Kafka; its new partitions will be assigned"
+            );
+        }
+        Ok(_) => tracing::debug!(
+            topic,
+            "topic refresh raced a change (or leadership was lost); next refresh retries"
+        ),
+        Err(error) => tracing::warn!(%error, topic, "topic refresh: cannot store the new partition count"),
+    }
+}

@@ -1,0 +1,57 @@
+//! `Register` on the static backend: the snapshot of the configured partitions, then a
+//! stream that stays open until the consumer leaves or the server shuts down.
+
+use std::sync::{Arc, atomic::Ordering};
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::Static;
+use crate::coordinator::shared::{
+    streams::{EndReason, LocalStream},
+    wire::update,
+};
+use crate::coordinator::{CommandStream, CoordinatorError, validate_consumer_name, validate_topic_name};
+use crate::store::SessionId;
+
+/// Registers `consumer` for `topic`: `NOT_FOUND` for a topic or consumer the configuration
+/// does not cover; a second registration of the name replaces the first (`ABORTED`).
+pub(super) fn register(
+    inner: &Arc<Static>,
+    consumer: &str,
+    topic: &str,
+) -> Result<CommandStream, CoordinatorError> {
+    validate_consumer_name(consumer)?;
+    validate_topic_name(topic)?;
+    if inner.shutdown.is_cancelled() {
+        return Err(CoordinatorError::Unavailable("this assigner instance is shutting down".into()));
+    }
+    let count = inner.config.topic_partitions.get(topic).copied().ok_or_else(|| {
+        CoordinatorError::NotFound(format!(
+            "topic '{topic}' is unknown to the static backend: configure its partition count with \
+             --topic-partitions {topic}=<count>"
+        ))
+    })?;
+    let partitions = inner.config.assignment.partitions(topic, consumer, count)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    // No store: a local registration number stands in for the session and its revision,
+    // so the registry keeps the newest of two registrations of one name.
+    let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+    let (mut stream, _end) = LocalStream::<()>::new(SessionId(id), id, tx.clone());
+    stream.activated = true;
+    stream.send([update(topic, partitions, [])]);
+    inner.streams.insert(topic, consumer, stream);
+    tracing::info!(topic, consumer, "consumer registered (static)");
+    // Forget the stream once the consumer goes away (unless a newer one replaced it).
+    let inner = inner.clone();
+    let key = (topic.to_string(), consumer.to_string(), SessionId(id));
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tx.closed() => {}
+            _ = inner.shutdown.cancelled() => return,
+        }
+        tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected (static)");
+        inner.streams.end(&key, EndReason::Shutdown, None);
+    });
+    Ok(Box::pin(UnboundedReceiverStream::new(rx)))
+}
