@@ -22,6 +22,9 @@ pub enum CoordinatorError {
     /// This instance cannot serve the call right now (shutting down, fenced, stream ended).
     #[error("{0}")]
     Unavailable(String),
+    /// A limit was hit (a consumer not reading its stream).
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// A refused handoff call, with the topic it was about.
     #[error("topic '{topic}': {source}")]
     Handoff {
@@ -58,6 +61,8 @@ pub enum ErrorCode {
     Aborted,
     /// `UNAVAILABLE`.
     Unavailable,
+    /// `RESOURCE_EXHAUSTED`.
+    ResourceExhausted,
     /// `INTERNAL`.
     Internal,
 }
@@ -71,6 +76,7 @@ impl CoordinatorError {
             CoordinatorError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             CoordinatorError::Aborted(_) => ErrorCode::Aborted,
             CoordinatorError::Unavailable(_) => ErrorCode::Unavailable,
+            CoordinatorError::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
             CoordinatorError::Handoff { source, .. } => match source {
                 HandoffError::PartitionOutOfRange { .. } => ErrorCode::InvalidArgument,
                 HandoffError::UnknownConsumer(_) => ErrorCode::NotFound,

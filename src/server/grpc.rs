@@ -41,6 +41,7 @@ pub fn to_status(error: CoordinatorError) -> Status {
         ErrorCode::FailedPrecondition => Status::failed_precondition(message),
         ErrorCode::Aborted => Status::aborted(message),
         ErrorCode::Unavailable => Status::unavailable(message),
+        ErrorCode::ResourceExhausted => Status::resource_exhausted(message),
         ErrorCode::Internal => Status::internal(message),
     }
 }

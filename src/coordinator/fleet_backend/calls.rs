@@ -48,12 +48,12 @@ pub(super) async fn deregister(inner: &Fleet, consumer: &str) -> Result<Deregist
 /// Rewrites one member record with `leaving` set (keeping its session) with compare-and-swap.
 async fn mark_leaving(inner: &Fleet, key: &str, consumer: &str) -> Result<(), CoordinatorError> {
     let leave = |r: &mut MemberRecord| !std::mem::replace(&mut r.leaving, true);
-    match rewrite_bound(&*inner.core.store, key, |r: &MemberRecord| r.session, leave).await {
+    match rewrite_bound(&*inner.core.store, key, leave).await {
         Ok(Rewrite::Written(_) | Rewrite::Unchanged | Rewrite::Gone) => Ok(()),
         Ok(Rewrite::Contended) => {
             Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))
         }
-        // The session ended meanwhile: its record and leases are gone already.
+        // The instance lease ended meanwhile: the record and leases are gone already.
         Err(StoreError::SessionExpired(_)) => Ok(()),
         Err(error) => Err(error.into()),
     }

@@ -38,7 +38,7 @@ pub(super) async fn claim_task(
         }
         match claim_step(&inner, &key, registered_at, &mut seen).await {
             Ok(()) => {}
-            // The session task sees the expiry too, and ends the stream.
+            // The instance lease ended: the lease task fences and renews it.
             Err(StoreError::SessionExpired(_)) => return,
             Err(error) => {
                 tracing::warn!(%error, topic = %key.0, consumer = %key.1, "claim step failed; retrying")
@@ -66,20 +66,23 @@ pub(super) async fn refresh_topics(inner: Arc<Fleet>) {
 /// leases up to it. Acts on the cache, writes with compare-and-swap; a write that loses a
 /// race changes nothing, and the watch delivery of whatever won triggers the next step.
 async fn claim_step(
-    inner: &Fleet,
+    inner: &Arc<Fleet>,
     key: &StreamKey,
     registered_at: Revision,
     seen: &mut Revision,
 ) -> Result<(), StoreError> {
-    let (topic, consumer, session) = key;
+    let (topic, consumer, registration) = key;
+    let Some(instance_lease) = inner.core.lease.borrow().live() else { return Ok(()) };
     let (plan, revisions) = {
         let cache = inner.core.mirror.read();
         if cache.revision < *seen {
             return Ok(()); // our last write is not in the cache yet
         }
         let Some(entry) = cache.topics.get(topic) else { return Ok(()) };
-        let ours =
-            entry.members.get(consumer).is_some_and(|r| r.value.session == session.0 && !r.value.leaving);
+        let ours = entry
+            .members
+            .get(consumer)
+            .is_some_and(|r| r.value.session == registration.0 && !r.value.leaving);
         if !ours || !inner.core.streams.contains(key) {
             return Ok(()); // not registered yet, leaving, or replaced: the relay handles it
         }
@@ -139,7 +142,7 @@ async fn claim_step(
                 txn.when(Compare::ModRevision(lease.clone(), revision_of(*p))).then(Op::put_in(
                     lease,
                     record.clone(),
-                    *session,
+                    instance_lease,
                 ))
             })
         };

@@ -41,7 +41,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::shared::{Core, CoreSettings, topics::Topics};
+use super::shared::{Core, CoreSettings, lease::keep_lease, topics::Topics};
 use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
@@ -118,6 +118,13 @@ impl FleetCoordinator {
         };
         let core = Core::load(store, keys, metrics, settings, "fleet").await?;
         let inner = Arc::new(Fleet { core, config });
+        let (lease, readiness) = (inner.clone(), inner.clone());
+        tokio::spawn(async move { keep_lease(&lease.core).await });
+        tokio::spawn(async move { readiness.core.follow_readiness().await });
+        if let Err(error) = inner.core.lease_granted().await {
+            inner.core.shutdown.cancel();
+            return Err(error);
+        }
         tokio::spawn(relay::watch_loop(inner.clone()));
         tokio::spawn(claim::refresh_topics(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");

@@ -18,12 +18,14 @@ use serde::{Deserialize, Serialize};
 pub struct MemberRecord {
     /// Record format version.
     pub v: u32,
-    /// The session the record (and the consumer's leases) are bound to.
+    /// The registration id: tells this registration from earlier and later ones of the
+    /// same name. The record and the consumer's leases are bound to the lease of the
+    /// instance holding the stream.
     pub session: i64,
     /// The assigner instance holding the consumer's stream.
     pub instance: String,
     /// Set by `Deregister`: the consumer takes no part in the fair share any more, and the
-    /// instance holding its stream ends it and revokes its session (freeing its leases).
+    /// instance holding its stream ends it and deletes the record and its leases.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub leaving: bool,
 }

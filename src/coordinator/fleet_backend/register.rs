@@ -15,12 +15,12 @@ use super::{Fleet, claim, state::FleetCache};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
-    cas::CAS_ATTEMPTS,
+    cas::{CAS_ATTEMPTS, delete_if},
     records::{RECORD_VERSION, decode, encode},
-    register::Registrar,
+    register::{Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
 };
-use crate::store::{Compare, Op, Revision, SessionId, Txn};
+use crate::store::{Compare, KeyValue, Op, Revision, SessionId, Txn};
 
 #[async_trait]
 impl Registrar for Fleet {
@@ -35,9 +35,10 @@ impl Registrar for Fleet {
         &self,
         consumer: &str,
         topic: &str,
-        session: SessionId,
+        registration: SessionId,
+        instance_lease: SessionId,
     ) -> Result<Revision, CoordinatorError> {
-        write_registration(self, consumer, topic, session).await
+        write_registration(self, consumer, topic, registration, instance_lease).await
     }
 
     fn relay_one(
@@ -50,24 +51,37 @@ impl Registrar for Fleet {
         relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision)
     }
 
+    fn held(&self, cache: &FleetCache, key: &StreamKey) -> Held {
+        let (topic, consumer, registration) = key;
+        match cache.topics.get(topic).and_then(|t| t.members.get(consumer)) {
+            Some(r) if r.value.session == registration.0 => Held::ForTtl,
+            _ => Held::NotOurs,
+        }
+    }
+
+    async fn unregister(&self, key: &StreamKey) {
+        unregister(self, key).await;
+    }
+
     fn spawn_companion(self: &Arc<Self>, key: StreamKey, registered_at: Revision, done: CancellationToken) {
         tokio::spawn(claim::claim_task(self.clone(), key, registered_at, done));
     }
 }
 
-/// Writes the member record bound to `session` and, in the same transaction, re-binds
-/// every lease the consumer already holds (a reconnect within the TTL) to it, each guarded
-/// by its mod revision. Returns the write's revision.
+/// Writes the member record (id `registration`) bound to the instance `lease` and, in the
+/// same transaction, re-binds every lease the consumer already holds (a reconnect within
+/// the TTL) to it, each guarded by its mod revision. Returns the write's revision.
 async fn write_registration(
     inner: &Fleet,
     consumer: &str,
     topic: &str,
-    session: SessionId,
+    registration: SessionId,
+    instance_lease: SessionId,
 ) -> Result<Revision, CoordinatorError> {
     let key = inner.core.keys.member(topic, consumer);
     let record = MemberRecord {
         v: RECORD_VERSION,
-        session: session.0,
+        session: registration.0,
         instance: inner.core.instance_id.clone(),
         leaving: false,
     };
@@ -77,14 +91,16 @@ async fn write_registration(
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
             &key,
             encode(&record),
-            session,
+            instance_lease,
         ));
         for kv in leases.kvs {
             let Ok(lease) = decode::<LeaseRecord>(&kv.key, &kv.value) else { continue };
             if lease.owner == consumer {
-                txn = txn
-                    .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
-                    .then(Op::put_in(kv.key, kv.value, session));
+                txn = txn.when(Compare::ModRevision(kv.key.clone(), kv.mod_revision)).then(Op::put_in(
+                    kv.key,
+                    kv.value,
+                    instance_lease,
+                ));
             }
         }
         let outcome = inner.core.store.txn(txn).await?;
@@ -95,4 +111,23 @@ async fn write_registration(
     Err(CoordinatorError::Aborted(format!(
         "consumer '{consumer}' is being registered concurrently elsewhere; retry"
     )))
+}
+
+/// Deletes the member record `key` and every lease its consumer holds, in one transaction
+/// guarded by their mod revisions, if the record is still this registration: the leases
+/// are free at once.
+pub(super) async fn unregister(inner: &Fleet, key: &StreamKey) {
+    let (topic, consumer, registration) = key;
+    let store = &*inner.core.store;
+    let member = inner.core.keys.member(topic, consumer);
+    let held = |kv: &KeyValue| decode::<LeaseRecord>(&kv.key, &kv.value).is_ok_and(|l| l.owner == *consumer);
+    let leases = inner.core.keys.leases(topic);
+    let ours = |r: &MemberRecord| r.session == registration.0;
+    match delete_if(store, &member, ours, Some((&leases, &held))).await {
+        Ok(true) => tracing::info!(topic, consumer, "member left; its leases are free"),
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(%error, topic, consumer, "cannot delete the member; it ends with the instance lease")
+        }
+    }
 }

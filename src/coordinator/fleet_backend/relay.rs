@@ -75,14 +75,14 @@ pub(super) fn relay_one(
 }
 
 /// Relays the cache to every local stream of the given topics (all topics if `None`).
-pub(super) fn relay(inner: &Fleet, cache: &FleetCache, topics: Option<&BTreeSet<String>>) {
+pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, topics: Option<&BTreeSet<String>>) {
     let core = &inner.core;
     core.streams.relay(topics, |topic, consumer, stream| {
         relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision)
     });
     // A consumer that deregistered after its stream had dropped: no stream ends, so no
-    // session task revokes its session. The instance it was registered through does, so
-    // its leases are free now rather than after the TTL.
+    // stream task deletes its registration. The instance it was registered through does,
+    // so its leases are free now rather than after the TTL.
     let mut orphans = Vec::new();
     for (topic, entry) in &cache.topics {
         if topics.is_some_and(|t| !t.contains(topic)) {
@@ -94,15 +94,13 @@ pub(super) fn relay(inner: &Fleet, cache: &FleetCache, topics: Option<&BTreeSet<
                 && record.value.instance == core.instance_id
                 && !core.streams.contains(&(topic.clone(), consumer.clone(), session))
             {
-                orphans.push(session);
+                orphans.push((topic.clone(), consumer.clone(), session));
             }
         }
     }
-    for session in orphans {
-        let store = core.store.clone();
-        tokio::spawn(async move {
-            let _ = store.revoke_session(session).await;
-        });
+    for key in orphans {
+        let inner = inner.clone();
+        tokio::spawn(async move { super::register::unregister(&inner, &key).await });
     }
 }
 

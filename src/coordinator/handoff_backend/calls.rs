@@ -23,6 +23,8 @@ use crate::store::{Compare, Op, Revision, Txn};
 /// on. Built the same way from the cache and from the store.
 struct PartitionSlice {
     state: TopicState,
+    /// Mod revision of the caller's registration (0: not registered).
+    consumer_revision: Revision,
     owner_revision: Revision,
     handoff_revision: Revision,
 }
@@ -33,6 +35,7 @@ fn from_cache(inner: &Handoff, topic: &str, consumer: &str, partition: u32) -> O
     entry.config.as_ref()?;
     Some(PartitionSlice {
         state: entry.partition_state(consumer, partition),
+        consumer_revision: entry.consumers.get(consumer).map_or(0, |r| r.mod_revision),
         owner_revision: entry.owner_revision(partition),
         handoff_revision: entry.handoff_revision(partition),
     })
@@ -56,10 +59,12 @@ async fn from_store(
         ..Default::default()
     };
     let consumer_key = keys.consumer(topic, consumer);
+    let mut consumer_revision = 0;
     if let Some(kv) = inner.core.store.get(&consumer_key).await? {
         state
             .consumers
             .insert(consumer.to_string(), decode::<ConsumerRecord>(&consumer_key, &kv.value)?.status);
+        consumer_revision = kv.mod_revision;
     }
     let (mut owner_revision, mut handoff_revision) = (0, 0);
     let owner_key = keys.assignment(topic, partition);
@@ -72,7 +77,7 @@ async fn from_store(
         state.handoffs.insert(partition, decode::<HandoffRecord>(&handoff_key, &kv.value)?.handoff);
         handoff_revision = kv.mod_revision;
     }
-    Ok(PartitionSlice { state, owner_revision, handoff_revision })
+    Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
 }
 
 /// Turns writes into transaction ops.
@@ -124,8 +129,11 @@ async fn apply_call(
         if writes.is_empty() {
             return Ok(None); // a repeated call that is already in effect
         }
+        // Guarded by everything the decision read: the caller's registration (still the
+        // same, so still live and in the same status), the owner and the handoff.
         let txn = Txn {
             compares: vec![
+                Compare::ModRevision(inner.core.keys.consumer(topic, consumer), current.consumer_revision),
                 Compare::ModRevision(inner.core.keys.assignment(topic, partition), current.owner_revision),
                 Compare::ModRevision(inner.core.keys.handoff(topic, partition), current.handoff_revision),
             ],
@@ -177,18 +185,19 @@ pub(super) async fn deregister(
     consumer: &str,
 ) -> Result<DeregisterAction, CoordinatorError> {
     validate_consumer_name(consumer)?;
-    let registrations: Vec<(String, bool)> = {
+    // (topic, the registration found, whether another active consumer can take over)
+    let registrations: Vec<(String, i64, bool)> = {
         let cache = inner.core.mirror.read();
         cache
             .topics
             .iter()
-            .filter(|(_, e)| e.consumers.contains_key(consumer))
-            .map(|(t, e)| {
+            .filter_map(|(t, e)| {
+                let registration = e.consumers.get(consumer)?.value.session;
                 let others = e
                     .consumers
                     .iter()
                     .any(|(n, r)| n != consumer && r.value.status == ConsumerStatus::Active);
-                (t.clone(), others)
+                Some((t.clone(), registration, others))
             })
             .collect()
     };
@@ -196,25 +205,24 @@ pub(super) async fn deregister(
         return Err(CoordinatorError::NotFound(format!("consumer '{consumer}' is not registered")));
     }
     let mut action = DeregisterAction::ShutdownNow;
-    for (topic, others) in registrations {
+    for (topic, registration, others) in registrations {
         let drain = inner.config.drain_policy == DrainPolicy::Drain && others;
         let hold_until = now_ms() + inner.config.restart_grace.as_millis() as u64;
+        // Only the registration found: a newer one (a restart that raced this call) is
+        // left alone.
         let changed = update_consumer(inner, &topic, consumer, |r| {
+            if r.session != registration {
+                return false;
+            }
             if drain {
                 r.status = ConsumerStatus::Draining;
             } else {
                 r.hold_until = Some(hold_until);
             }
+            true
         })
-        .await?;
-        if let Some(record) = &changed
-            && !drain
-        {
-            // Refresh the session now: the instance holding the stream sees the hold
-            // before the session could expire, even if the consumer already disconnected.
-            let _ = inner.core.store.keep_alive(crate::store::SessionId(record.session)).await;
-        }
-        let changed = changed.is_some();
+        .await?
+        .is_some();
         if drain && changed {
             action = DeregisterAction::WaitForDrain;
             tracing::info!(topic, consumer, "consumer draining");
@@ -225,20 +233,17 @@ pub(super) async fn deregister(
     Ok(action)
 }
 
-/// Rewrites a consumer record (keeping its session binding) with compare-and-swap.
-/// Returns the record written, or `None` when it is gone.
+/// Rewrites a consumer record (keeping its lease binding) with compare-and-swap; `change`
+/// says whether it applies. Returns the record written, or `None` when it is gone or
+/// `change` refused it.
 async fn update_consumer(
     inner: &Handoff,
     topic: &str,
     consumer: &str,
-    change: impl Fn(&mut ConsumerRecord),
+    change: impl Fn(&mut ConsumerRecord) -> bool,
 ) -> Result<Option<ConsumerRecord>, CoordinatorError> {
     let key = inner.core.keys.consumer(topic, consumer);
-    let rewrite = |r: &mut ConsumerRecord| {
-        change(r);
-        true
-    };
-    match rewrite_bound(&*inner.core.store, &key, |r: &ConsumerRecord| r.session, rewrite).await? {
+    match rewrite_bound(&*inner.core.store, &key, change).await? {
         Rewrite::Written(record) => Ok(Some(record)),
         Rewrite::Gone | Rewrite::Unchanged => Ok(None),
         Rewrite::Contended => {

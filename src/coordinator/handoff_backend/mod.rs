@@ -21,19 +21,15 @@ mod status;
 
 pub use leader::Fence;
 
-use std::{
-    collections::BTreeMap,
-    sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::shared::{Core, CoreSettings, topics::Topics};
+use super::shared::{Core, CoreSettings, lease::keep_lease, topics::Topics};
 use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
 use crate::config::DrainPolicy;
-use crate::handoff::{ConsumerView, Millis, PlanConfig};
+use crate::handoff::{ConsumerView, PlanConfig};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
 use crate::store::LeaseStore;
@@ -67,6 +63,11 @@ pub struct HandoffConfig {
     pub topic_refresh_interval: Duration,
     /// How often the leader reconciles without a change (time limits, resync).
     pub reconcile_interval: Duration,
+    /// After its view of the store was interrupted (it just became leader, its watch
+    /// broke, its calls failed), how long the leader waits before it reassigns partitions
+    /// whose owners' registrations are gone, so consumers that come straight back keep
+    /// them. `None`: one `lease_ttl`.
+    pub settle_period: Option<Duration>,
     /// How often the watcher re-reads the whole prefix as a safety net.
     pub resync_interval: Duration,
 }
@@ -85,6 +86,7 @@ impl Default for HandoffConfig {
             kafka: None,
             topic_refresh_interval: Duration::from_secs(60),
             reconcile_interval: Duration::from_secs(1),
+            settle_period: None,
             resync_interval: Duration::from_secs(300),
         }
     }
@@ -99,10 +101,7 @@ struct Handoff {
     leadership: watch::Sender<Option<Fence>>,
 }
 
-/// Wall-clock milliseconds: handoff ages are stored, so they must survive a failover.
-fn now_ms() -> Millis {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as Millis)
-}
+use crate::coordinator::shared::now_ms;
 
 /// The warm-handoff coordinator (see the module docs).
 #[derive(Clone)]
@@ -126,6 +125,13 @@ impl HandoffCoordinator {
         };
         let core = Core::load(store, keys, metrics, settings, "handoff").await?;
         let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None) });
+        let (lease, readiness) = (inner.clone(), inner.clone());
+        tokio::spawn(async move { keep_lease(&lease.core).await });
+        tokio::spawn(async move { readiness.core.follow_readiness().await });
+        if let Err(error) = inner.core.lease_granted().await {
+            inner.core.shutdown.cancel();
+            return Err(error);
+        }
         tokio::spawn(relay::watch_loop(inner.clone()));
         tokio::spawn(leader::leader_loop(inner.clone()));
         tokio::spawn(leader::publish_gauge(inner.clone()));

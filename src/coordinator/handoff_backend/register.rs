@@ -1,23 +1,20 @@
-//! `Register` for the handoff backend: the consumer record, and the restart hold.
+//! `Register` for the handoff backend: the consumer record, and how long it is kept after
+//! its stream ended (the TTL, or the restart hold of a `SHUTDOWN_NOW` deregistration).
 //!
-//! The shared registration ([`crate::coordinator::shared::register`]) gives each stream its
-//! own session; the consumer record is bound to it, so when the stream drops and nobody
-//! keeps the session alive, the record vanishes after the TTL and the leader reassigns the
-//! partitions. Registering again under the same name rewrites the record with the new
-//! session: the partitions (keyed by name) stay put, and the instance holding the old
-//! stream sees the record change and ends it.
-
-use std::time::Duration;
+//! The shared registration ([`crate::coordinator::shared::register`]) binds the consumer
+//! record to this instance's lease. When the stream drops, the record is kept for the TTL:
+//! a reconnect (to any instance) rewrites it and keeps the partitions. Otherwise the record
+//! is deleted and the leader reassigns the partitions.
 
 use async_trait::async_trait;
 
 use super::records::{ConsumerRecord, RECORD_VERSION, encode};
-use super::{Handoff, now_ms, relay, state::Cache};
+use super::{Handoff, relay, state::Cache};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
-    cas::CAS_ATTEMPTS,
-    register::Registrar,
+    cas::{CAS_ATTEMPTS, delete_if},
+    register::{Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
@@ -36,14 +33,15 @@ impl Registrar for Handoff {
         &self,
         consumer: &str,
         topic: &str,
-        session: SessionId,
+        registration: SessionId,
+        lease: SessionId,
     ) -> Result<Revision, CoordinatorError> {
         let core = &self.core;
         let key = core.keys.consumer(topic, consumer);
         let record = ConsumerRecord {
             v: RECORD_VERSION,
             status: ConsumerStatus::Active,
-            session: session.0,
+            session: registration.0,
             instance: core.instance_id.clone(),
             hold_until: None,
         };
@@ -52,7 +50,7 @@ impl Registrar for Handoff {
             let txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
                 &key,
                 encode(&record),
-                session,
+                lease,
             ));
             let outcome = core.store.txn(txn).await?;
             if outcome.succeeded {
@@ -76,52 +74,28 @@ impl Registrar for Handoff {
         relay::relay_one(topic, consumer, stream, entry, view, cache.revision)
     }
 
-    async fn after_disconnect(&self, key: &StreamKey, alive_at: tokio::time::Instant) {
-        hold_for_restart(self, key, alive_at).await;
+    fn held(&self, cache: &Cache, key: &StreamKey) -> Held {
+        let (topic, consumer, registration) = key;
+        match cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)) {
+            Some(r) if r.value.session == registration.0 => {
+                r.value.hold_until.map_or(Held::ForTtl, Held::Until)
+            }
+            _ => Held::NotOurs,
+        }
     }
-}
 
-/// After the stream drops, the session lives on for its TTL: a quick reconnect keeps the
-/// partitions. If a `SHUTDOWN_NOW` deregistration sets `hold_until` on the record (before
-/// or during that window, through any instance), keep the session (and so the partitions)
-/// alive until then, waiting for the consumer's return; then revoke it.
-async fn hold_for_restart(inner: &Handoff, key: &StreamKey, alive_at: tokio::time::Instant) {
-    let core = &inner.core;
-    let (topic, consumer, session) = key;
-    let period = core.keep_alive_period();
-    let mut changed = core.mirror.subscribe();
-    let mut expires_at = alive_at + core.lease_ttl;
-    loop {
-        let hold_until = {
-            let cache = core.mirror.read();
-            let record = cache.topics.get(topic).and_then(|t| t.consumers.get(consumer));
-            match record {
-                Some(r) if r.value.session == session.0 => r.value.hold_until,
-                _ => return, // replaced by a new registration, or gone
+    async fn unregister(&self, key: &StreamKey) {
+        let (topic, consumer, registration) = key;
+        let record_key = self.core.keys.consumer(topic, consumer);
+        let ours = |r: &ConsumerRecord| r.session == registration.0;
+        match delete_if(&*self.core.store, &record_key, ours, None).await {
+            Ok(true) => {
+                tracing::info!(topic, consumer, "registration deleted; its partitions will be reassigned")
             }
-        };
-        let wait = match hold_until {
-            Some(until) if now_ms() >= until => {
-                tracing::info!(topic, consumer, "restart grace over; releasing the consumer's partitions");
-                let _ = core.store.revoke_session(*session).await;
-                return;
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%error, topic, consumer, "cannot delete the registration; it ends with the instance lease")
             }
-            Some(until) => {
-                let asked_at = tokio::time::Instant::now();
-                if core.store.keep_alive(*session).await.is_err() {
-                    return;
-                }
-                expires_at = asked_at + core.lease_ttl;
-                Duration::from_millis(until.saturating_sub(now_ms())).min(period)
-            }
-            // No hold (yet): watch the record until the session would expire by itself.
-            None if tokio::time::Instant::now() >= expires_at => return,
-            None => expires_at - tokio::time::Instant::now(),
-        };
-        tokio::select! {
-            _ = core.shutdown.cancelled() => return,
-            _ = changed.changed() => {}
-            _ = tokio::time::sleep(wait) => {}
         }
     }
 }

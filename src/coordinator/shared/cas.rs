@@ -4,7 +4,7 @@
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::records::{decode, encode};
-use crate::store::{Compare, LeaseStore, Op, SessionId, StoreError, Txn};
+use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn};
 
 /// How many times a compare-and-swap that lost a race is retried with fresh state.
 pub(crate) const CAS_ATTEMPTS: usize = 5;
@@ -21,14 +21,13 @@ pub(crate) enum Rewrite<T> {
     Contended,
 }
 
-/// Rewrites the record at `key` with `change`, keeping it bound to the session it names
-/// (`session_of`), with compare-and-swap on the mod revision it was read at; a lost race is
-/// retried on a fresh read, up to [`CAS_ATTEMPTS`] times. `change` returns whether there is
-/// anything to write.
+/// Rewrites the record at `key` with `change`, keeping it bound to the session it is bound
+/// to, with compare-and-swap on the mod revision it was read at; a lost race is retried on
+/// a fresh read, up to [`CAS_ATTEMPTS`] times. `change` returns whether there is anything
+/// to write (so it can refuse a record that is not the one the caller meant).
 pub(crate) async fn rewrite_bound<T: Serialize + DeserializeOwned>(
     store: &dyn LeaseStore,
     key: &str,
-    session_of: impl Fn(&T) -> i64,
     change: impl Fn(&mut T) -> bool,
 ) -> Result<Rewrite<T>, StoreError> {
     for _ in 0..CAS_ATTEMPTS {
@@ -37,15 +36,48 @@ pub(crate) async fn rewrite_bound<T: Serialize + DeserializeOwned>(
         if !change(&mut record) {
             return Ok(Rewrite::Unchanged);
         }
-        let session = SessionId(session_of(&record));
-        let txn = Txn::new().when(Compare::ModRevision(key.to_string(), kv.mod_revision)).then(Op::put_in(
-            key,
-            encode(&record),
-            session,
-        ));
+        let op = match kv.session {
+            Some(session) => Op::put_in(key, encode(&record), session),
+            None => Op::put(key, encode(&record)),
+        };
+        let txn = Txn::new().when(Compare::ModRevision(key.to_string(), kv.mod_revision)).then(op);
         if store.txn(txn).await?.succeeded {
             return Ok(Rewrite::Written(record));
         }
     }
     Ok(Rewrite::Contended)
+}
+
+/// Which keys under a prefix go with a record.
+pub(crate) type PickKeys<'a> = dyn Fn(&KeyValue) -> bool + Sync + 'a;
+
+/// Deletes `key`, and the keys under `extra`'s prefix that its filter picks, with
+/// compare-and-swap on the mod revisions they were read at, if the record at `key` passes
+/// `ours` (it is still the registration the caller means). Returns whether it deleted; a
+/// lost race is retried on a fresh read.
+pub(crate) async fn delete_if<T: DeserializeOwned>(
+    store: &dyn LeaseStore,
+    key: &str,
+    ours: impl Fn(&T) -> bool,
+    extra: Option<(&str, &PickKeys<'_>)>,
+) -> Result<bool, StoreError> {
+    for _ in 0..CAS_ATTEMPTS {
+        let Some(kv) = store.get(key).await? else { return Ok(false) };
+        if !ours(&decode(key, &kv.value)?) {
+            return Ok(false);
+        }
+        let mut txn =
+            Txn::new().when(Compare::ModRevision(key.to_string(), kv.mod_revision)).then(Op::delete(key));
+        if let Some((prefix, pick)) = extra {
+            for other in store.get_prefix(prefix).await?.kvs.into_iter().filter(|kv| pick(kv)) {
+                txn = txn
+                    .when(Compare::ModRevision(other.key.clone(), other.mod_revision))
+                    .then(Op::delete(other.key));
+            }
+        }
+        if store.txn(txn).await?.succeeded {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

@@ -74,6 +74,15 @@ pub struct Source<'a, K> {
     pub shutdown: &'a CancellationToken,
 }
 
+/// Whether the mirror follows the store, and how often its view was interrupted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MirrorHealth {
+    /// Whether the last read or watch of the store worked.
+    pub following: bool,
+    /// How many times the watch broke (each one a gap in the view, closed by a re-read).
+    pub interruptions: u64,
+}
+
 /// A cache kept equal to a store prefix, and the channel that announces its revisions.
 pub struct Mirror<C> {
     /// The store's state as last seen by the watcher.
@@ -82,6 +91,8 @@ pub struct Mirror<C> {
     changed: watch::Sender<Revision>,
     /// Names this mirror in its logs.
     name: &'static str,
+    /// Whether it follows the store.
+    health: watch::Sender<MirrorHealth>,
 }
 
 impl<C: MirrorCache> Mirror<C> {
@@ -94,13 +105,28 @@ impl<C: MirrorCache> Mirror<C> {
         let snapshot = store.get_prefix(C::prefix(keys)).await?;
         let cache = C::from_snapshot(keys, snapshot);
         let (changed, _) = watch::channel(cache.revision());
-        Ok(Self { cache: RwLock::new(cache), changed, name })
+        let health = watch::Sender::new(MirrorHealth { following: true, interruptions: 0 });
+        Ok(Self { cache: RwLock::new(cache), changed, name, health })
     }
 
     /// Reads the cache. A poisoned lock still holds a whole cache (writers replace or
     /// apply whole events), so it is used as it is.
     pub fn read(&self) -> RwLockReadGuard<'_, C> {
         self.cache.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A receiver of the mirror's health.
+    pub fn health(&self) -> watch::Receiver<MirrorHealth> {
+        self.health.subscribe()
+    }
+
+    fn set_following(&self, following: bool, interrupted: bool) {
+        self.health.send_if_modified(|h| {
+            let before = *h;
+            h.following = following;
+            h.interruptions += u64::from(interrupted);
+            *h != before
+        });
     }
 
     /// A receiver woken after every applied revision.
@@ -120,13 +146,17 @@ impl<C: MirrorCache> Mirror<C> {
                 _ = shutdown.cancelled() => return,
                 w = store.watch_prefix(C::prefix(keys), from) => w,
             };
-            match watch {
+            let interrupted = match watch {
                 Ok(stream) => {
                     backoff = Duration::from_millis(50);
-                    self.follow(&source, stream, &relay).await;
+                    self.set_following(true, false);
+                    self.follow(&source, stream, &relay).await
                 }
-                Err(error) => tracing::warn!(%error, mirror = name, "watch failed; re-reading state"),
-            }
+                Err(error) => {
+                    tracing::warn!(%error, mirror = name, "watch failed; re-reading state");
+                    true
+                }
+            };
             if shutdown.is_cancelled() {
                 return;
             }
@@ -142,11 +172,13 @@ impl<C: MirrorCache> Mirror<C> {
                             *cache = fresh;
                             topics
                         };
+                        self.set_following(true, interrupted);
                         self.publish(&topics, &relay);
                         break;
                     }
                     Err(error) => {
                         tracing::warn!(%error, mirror = name, "cannot re-read state; retrying");
+                        self.set_following(false, false);
                         tokio::select! {
                             _ = shutdown.cancelled() => return,
                             _ = tokio::time::sleep(backoff) => {}
@@ -158,21 +190,21 @@ impl<C: MirrorCache> Mirror<C> {
         }
     }
 
-    /// Applies a watch stream to the cache until it fails, the resync interval passes, or
-    /// shutdown. Events that are ready together (one revision at least) are applied before
-    /// relaying, so consumers never see part of a transaction.
+    /// Applies a watch stream to the cache until it fails (returns `true`), the resync
+    /// interval passes, or shutdown. Events that are ready together (one revision at least)
+    /// are applied before relaying, so consumers never see part of a transaction.
     async fn follow(
         &self,
         source: &Source<'_, C::Keys>,
         mut stream: WatchStream,
         relay: &impl Fn(&C, &BTreeSet<String>),
-    ) {
+    ) -> bool {
         let resync = tokio::time::sleep(source.resync_interval);
         tokio::pin!(resync);
         loop {
             let mut item = tokio::select! {
-                _ = source.shutdown.cancelled() => return,
-                _ = &mut resync => return,
+                _ = source.shutdown.cancelled() => return false,
+                _ = &mut resync => return false,
                 item = stream.next() => item,
             };
             let mut topics = BTreeSet::new();
@@ -200,7 +232,7 @@ impl<C: MirrorCache> Mirror<C> {
             }
             self.publish(&topics, relay);
             if failed {
-                return;
+                return true;
             }
         }
     }

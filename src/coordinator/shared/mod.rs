@@ -12,6 +12,7 @@
 //! [`cas`], [`validate`] and [`wire`] are small helpers every backend uses.
 
 pub mod cas;
+pub mod lease;
 pub mod mirror;
 pub mod records;
 pub mod register;
@@ -30,9 +31,16 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::store::LeaseStore;
 
+use lease::{LeaseHolder, LeaseState};
 use mirror::{Mirror, MirrorCache, Source};
 use streams::{LocalStream, Streams};
 use topics::Topics;
+
+/// Wall-clock milliseconds: stored deadlines (holds, handoff ages) must survive a failover.
+pub fn now_ms() -> crate::handoff::Millis {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as crate::handoff::Millis)
+}
 
 /// How often a session is kept alive: three times per TTL, so two lost keep-alives in a
 /// row still leave it alive; never more often than every 100 ms (etcd TTLs are seconds).
@@ -100,6 +108,8 @@ pub struct Core<C: MirrorCache, T> {
     pub readiness: Readiness,
     /// Where partition counts come from.
     pub topics: Topics,
+    /// This instance's lease: every registration it holds is bound to it.
+    pub lease: watch::Sender<LeaseState>,
 }
 
 impl<C: MirrorCache, T: streams::Told> Core<C, T> {
@@ -123,9 +133,53 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             instance_id,
             lease_ttl,
             shutdown: CancellationToken::new(),
-            readiness: Readiness::new(true),
+            readiness: Readiness::new(false),
             topics,
+            lease: watch::Sender::new(LeaseState::Pending),
         })
+    }
+
+    /// The instance session, while it may be acted on (`UNAVAILABLE` otherwise).
+    pub fn live_lease(&self) -> Result<crate::store::SessionId, crate::coordinator::CoordinatorError> {
+        self.lease.borrow().live().ok_or_else(|| {
+            crate::coordinator::CoordinatorError::Unavailable(format!(
+                "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
+                self.instance_id
+            ))
+        })
+    }
+
+    /// Waits until the instance lease is live (the store grants sessions); `UNAVAILABLE`
+    /// after one TTL without.
+    pub async fn lease_granted(&self) -> Result<(), crate::coordinator::CoordinatorError> {
+        let mut lease = self.lease.subscribe();
+        match tokio::time::timeout(self.lease_ttl, lease.wait_for(|s| s.live().is_some())).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(crate::coordinator::CoordinatorError::Unavailable(
+                "the store did not grant this instance a session within one TTL".into(),
+            )),
+        }
+    }
+
+    /// Keeps readiness equal to "not stopping, the lease is live and the mirror follows
+    /// the store" until the instance stops.
+    pub async fn follow_readiness(&self) {
+        let mut lease = self.lease.subscribe();
+        let mut health = self.mirror.health();
+        loop {
+            let ready = !self.shutdown.is_cancelled()
+                && lease.borrow_and_update().live().is_some()
+                && health.borrow_and_update().following;
+            self.readiness.set(ready);
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    self.readiness.set(false);
+                    return;
+                }
+                _ = lease.changed() => {}
+                _ = health.changed() => {}
+            }
+        }
     }
 
     /// Makes sure `topic` has a stored partition count and returns it ([`Topics::ensure`]).
@@ -160,11 +214,6 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         self.mirror.run(source, relay).await;
     }
 
-    /// The keep-alive period of sessions ([`keep_alive_period`]).
-    pub fn keep_alive_period(&self) -> Duration {
-        keep_alive_period(self.lease_ttl)
-    }
-
     /// Starts a graceful stop: not ready, every task stops, every stream ends with
     /// `UNAVAILABLE` (sessions are left to their TTL, so consumers can reconnect
     /// elsewhere). Returns `false` if the instance had already stopped or crashed, so a
@@ -185,5 +234,27 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         self.readiness.set(false);
         self.shutdown.cancel();
         self.streams.crash_all();
+    }
+}
+
+impl<C: MirrorCache + Send + Sync, T: streams::Told> LeaseHolder for Core<C, T> {
+    fn store(&self) -> &dyn LeaseStore {
+        &*self.store
+    }
+
+    fn ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+
+    fn lease(&self) -> &watch::Sender<LeaseState> {
+        &self.lease
+    }
+
+    fn fence(&self) {
+        self.streams.fence_all(&self.instance_id);
+    }
+
+    fn stop_token(&self) -> &CancellationToken {
+        &self.shutdown
     }
 }

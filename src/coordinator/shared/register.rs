@@ -1,25 +1,48 @@
-//! `Register` and the session keep-alive, shared by the store-backed backends.
+//! `Register`, shared by the store-backed backends, and what happens when a stream ends.
 //!
-//! Each stream gets its own session (a store lease) and the backend binds the consumer's
-//! registration to it ([`Registrar::write_registration`]). While the stream is open its
-//! session task keeps the session alive; when it ends, the task settles the session:
-//! revoked when the consumer left or was replaced, otherwise left to expire after its TTL,
-//! so a quick reconnect keeps the partitions (the backend may hold it longer,
-//! [`Registrar::after_disconnect`]).
+//! A registration is a record bound to this **instance's** lease (`lease.rs`), carrying a
+//! registration id that tells this stream from earlier or later registrations of the same
+//! name. Registering again under the same name (on any instance) rewrites the record with
+//! compare-and-swap: the new id, bound to that instance's lease; the partitions (keyed by
+//! name) stay put, and the stream of the old registration ends with `ABORTED`.
+//!
+//! When a stream ends, the instance settles its registration: deleted at once when the
+//! consumer left (drained or deregistered); kept for the consumer TTL after the client went
+//! away or the instance fenced itself, so a quick reconnect keeps the partitions, then
+//! deleted with compare-and-swap if it is still this one ([`after_disconnect`]).
 
-use std::sync::Arc;
+use std::{
+    collections::hash_map::RandomState,
+    hash::BuildHasher,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::mirror::MirrorCache;
-use super::streams::{CommandSender, EndReason, Ending, LocalStream, StreamKey, Told};
+use super::streams::{CommandSender, EndReason, Ending, LocalStream, StreamKey, Told, command_channel};
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
-use crate::store::{Revision, SessionId, StoreError};
+use crate::handoff::Millis;
+use crate::store::{Revision, SessionId};
+
+/// How long a registration whose stream is gone is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// It is not this stream's any more (replaced or gone): nothing to do.
+    NotOurs,
+    /// For the consumer TTL after the stream ended.
+    ForTtl,
+    /// Until this wall-clock time (a `SHUTDOWN_NOW` hold for the consumer's restart).
+    Until(Millis),
+}
 
 /// What a store-backed backend plugs into the shared registration.
 #[async_trait]
@@ -32,13 +55,15 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     /// The shared core.
     fn core(&self) -> &Core<Self::Cache, Self::Told>;
 
-    /// Writes the consumer's registration bound to `session`, replacing any earlier one
-    /// of the same name with compare-and-swap; returns the write's revision.
+    /// Writes the consumer's registration with id `registration`, bound to the instance
+    /// `lease`, replacing any earlier one of the same name with compare-and-swap; returns
+    /// the write's revision.
     async fn write_registration(
         &self,
         consumer: &str,
         topic: &str,
-        session: SessionId,
+        registration: SessionId,
+        lease: SessionId,
     ) -> Result<Revision, CoordinatorError>;
 
     /// Brings one stream up to date with the cache; returns why it must end, if it must.
@@ -50,6 +75,12 @@ pub trait Registrar: Send + Sync + Sized + 'static {
         stream: &mut LocalStream<Self::Told>,
     ) -> Option<Ending>;
 
+    /// How long the registration `key` is kept after its stream ended.
+    fn held(&self, cache: &Self::Cache, key: &StreamKey) -> Held;
+
+    /// Deletes the registration `key` (and what is bound to it) if it is still this one.
+    async fn unregister(&self, key: &StreamKey);
+
     /// Work that runs beside a stream until `done` is cancelled (the fleet's claim step).
     fn spawn_companion(
         self: &Arc<Self>,
@@ -58,9 +89,14 @@ pub trait Registrar: Send + Sync + Sized + 'static {
         _done: CancellationToken,
     ) {
     }
+}
 
-    /// Called once the client went away; the session was last kept alive at `alive_at`.
-    async fn after_disconnect(&self, _key: &StreamKey, _alive_at: tokio::time::Instant) {}
+/// A fresh registration id: random, so ids of different instances never collide.
+pub fn new_registration_id() -> SessionId {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let hash = RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed));
+    // Positive, as etcd lease ids are: the id is stored where a session id was before.
+    SessionId((hash >> 1) as i64)
 }
 
 /// Registers `consumer` for `topic` through `backend` and returns its command stream, whose
@@ -77,19 +113,14 @@ pub async fn register<R: Registrar>(
         return Err(CoordinatorError::Unavailable("this assigner instance is shutting down".into()));
     }
     core.ensure_topic(topic).await?;
-    let session = core.store.grant_session(core.lease_ttl).await?;
-    let registered_at = match backend.write_registration(consumer, topic, session).await {
-        Ok(revision) => revision,
-        Err(error) => {
-            let _ = core.store.revoke_session(session).await;
-            return Err(error);
-        }
-    };
-    tracing::info!(topic, consumer, %session, "consumer registered");
+    let lease = core.live_lease()?;
+    let registration = new_registration_id();
+    let registered_at = backend.write_registration(consumer, topic, registration, lease).await?;
+    tracing::info!(topic, consumer, %registration, "consumer registered");
 
-    let (tx, rx) = mpsc::unbounded_channel();
-    let (mut stream, end_rx) = LocalStream::new(session, registered_at, tx.clone());
-    let key = (topic.to_string(), consumer.to_string(), session);
+    let (tx, rx) = command_channel();
+    let (mut stream, end_rx) = LocalStream::new(registration, registered_at, tx.clone());
+    let key = (topic.to_string(), consumer.to_string(), registration);
     {
         // Relay and insert under one read of the cache: the watcher applies the next
         // revision only after, and its relay then finds the stream.
@@ -102,71 +133,63 @@ pub async fn register<R: Registrar>(
     }
     let done = CancellationToken::new();
     backend.spawn_companion(key.clone(), registered_at, done.clone());
-    tokio::spawn(session_task(backend.clone(), key, tx, end_rx, done));
-    Ok(Box::pin(UnboundedReceiverStream::new(rx)))
+    tokio::spawn(stream_task(backend.clone(), key, tx, end_rx, done));
+    Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
-/// How a stream's keep-alive loop ended.
-#[derive(Debug)]
-enum Ended {
-    /// The server ended the stream (the relay decided why).
-    Server(EndReason),
-    /// The client went away.
-    ClientGone,
-    /// The session could not be kept alive.
-    Expired,
-}
-
-/// Keeps the stream's session alive while the stream is open, then settles it (see the
-/// module docs). Cancels `done` when it returns.
-async fn session_task<R: Registrar>(
+/// Waits for the stream to end, then settles its registration (see the module docs).
+/// Cancels `done` when the stream ended.
+async fn stream_task<R: Registrar>(
     backend: Arc<R>,
     key: StreamKey,
     tx: CommandSender,
-    mut end_rx: oneshot::Receiver<EndReason>,
+    end_rx: oneshot::Receiver<EndReason>,
     done: CancellationToken,
 ) {
-    let _done = done.drop_guard();
     let core = backend.core();
-    let session = key.2;
-    let period = core.keep_alive_period();
-    // The session was granted (or last refreshed) no earlier than this.
-    let mut alive_at = tokio::time::Instant::now();
-    let ended = loop {
-        tokio::select! {
-            reason = &mut end_rx => break Ended::Server(reason.unwrap_or(EndReason::Shutdown)),
-            _ = tx.closed() => break Ended::ClientGone,
-            _ = tokio::time::sleep(period) => {
-                let asked_at = tokio::time::Instant::now();
-                match core.store.keep_alive(session).await {
-                    Ok(()) => alive_at = asked_at,
-                    Err(StoreError::SessionExpired(_)) => break Ended::Expired,
-                    Err(error) => {
-                        tracing::warn!(%error, topic = %key.0, consumer = %key.1, "keep-alive failed; retrying");
-                    }
-                }
-            }
+    let reason = tokio::select! {
+        reason = end_rx => reason.unwrap_or(EndReason::Shutdown),
+        _ = tx.closed() => {
+            tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected");
+            core.streams.end(&key, EndReason::Disconnected, None);
+            EndReason::Disconnected
         }
     };
     drop(tx);
-    match ended {
-        Ended::Server(EndReason::Left | EndReason::Replaced) => {
-            let _ = core.store.revoke_session(session).await;
+    done.cancel();
+    match reason {
+        EndReason::Left => backend.unregister(&key).await,
+        EndReason::Disconnected => after_disconnect(&*backend, &key).await,
+        EndReason::Replaced | EndReason::Expired | EndReason::Shutdown => {}
+    }
+}
+
+/// Keeps the registration `key` as long as the backend says ([`Registrar::held`]), then
+/// deletes it if it is still this one. A reconnect (here or elsewhere) replaces it, which
+/// ends the wait.
+pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey) {
+    let core = backend.core();
+    let disconnected_at = tokio::time::Instant::now();
+    let mut changed = core.mirror.subscribe();
+    loop {
+        let held = backend.held(&core.mirror.read(), key);
+        let deadline = match held {
+            Held::NotOurs => return,
+            Held::ForTtl => disconnected_at + core.lease_ttl,
+            Held::Until(until) => {
+                let left = until.saturating_sub(crate::coordinator::shared::now_ms());
+                tokio::time::Instant::now() + std::time::Duration::from_millis(left)
+            }
+        };
+        if tokio::time::Instant::now() >= deadline {
+            tracing::info!(topic = %key.0, consumer = %key.1, ?held, "consumer did not come back; its registration ends");
+            backend.unregister(key).await;
+            return;
         }
-        Ended::Server(EndReason::Expired | EndReason::Shutdown) => {}
-        Ended::ClientGone => {
-            tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected");
-            core.streams.end(&key, EndReason::Shutdown, None);
-            backend.after_disconnect(&key, alive_at).await;
-        }
-        Ended::Expired => {
-            tracing::warn!(topic = %key.0, consumer = %key.1, "consumer session expired while connected");
-            core.streams.with(&key, |stream| stream.farewell(&key.0));
-            let error = CoordinatorError::Unavailable(format!(
-                "the session of consumer '{}' on topic '{}' expired; register again",
-                key.1, key.0
-            ));
-            core.streams.end(&key, EndReason::Expired, Some(error));
+        tokio::select! {
+            _ = core.shutdown.cancelled() => return,
+            _ = changed.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
         }
     }
 }
@@ -214,8 +237,7 @@ mod tests {
         let (backend, store) = TestBackend::start(TTL).await;
         let mut first = register(&backend, "a", "events").await.expect("registers");
         first.next().await.expect("snapshot").expect("not an error");
-        let first_session =
-            store.get(&registration("events", "a")).await.expect("read").and_then(|kv| kv.session);
+        let first_id = store.get(&registration("events", "a")).await.expect("read").map(|kv| kv.value);
         let mut second = register(&backend, "a", "events").await.expect("registers again");
         second.next().await.expect("snapshot").expect("not an error");
         let error = first.next().await.expect("an error item").expect_err("replaced");
@@ -224,7 +246,34 @@ mod tests {
         tokio::time::sleep(TTL * 2).await;
         let record =
             store.get(&registration("events", "a")).await.expect("read").expect("the second is alive");
-        assert_ne!(record.session, first_session);
+        assert_ne!(Some(record.value), first_id);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_instance_cut_off_from_its_store_fences_before_its_lease_can_expire() {
+        let (backend, cut) = TestBackend::start_cuttable(TTL).await;
+        let mut stream = register(&backend, "a", "events").await.expect("registers");
+        stream.next().await.expect("snapshot").expect("not an error");
+        let cut_at = tokio::time::Instant::now();
+        cut.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        let error = stream.next().await.expect("an error item").expect_err("fenced");
+        let fenced_after = cut_at.elapsed();
+        assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
+        assert!(error.to_string().contains("lost contact with its store"), "{error}");
+        // The last renewal was before the cut: the fence came at most 3/4 TTL after it, a
+        // quarter TTL before the lease could expire.
+        assert!(fenced_after <= TTL * 3 / 4, "fenced {fenced_after:?} after the cut");
+        assert!(!backend.core.readiness.get(), "not ready while cut off");
+        assert!(register(&backend, "b", "events").await.is_err(), "no registration while fenced");
+        // Back in touch after the lease expired: a new lease, ready again.
+        tokio::time::sleep(TTL * 2).await;
+        cut.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut readiness = backend.core.readiness.subscribe();
+        tokio::time::timeout(TTL, readiness.wait_for(|ready| *ready))
+            .await
+            .expect("ready again")
+            .expect("open");
+        assert!(register(&backend, "a", "events").await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -22,7 +22,20 @@ use crate::store::{Revision, SessionId};
 pub type StreamKey = (String, String, SessionId);
 
 /// The sending half of a consumer's command stream.
-pub type CommandSender = mpsc::UnboundedSender<Result<AssignmentCommand, CoordinatorError>>;
+pub type CommandSender = mpsc::Sender<Result<AssignmentCommand, CoordinatorError>>;
+
+/// The receiving half of a consumer's command stream.
+pub type CommandReceiver = mpsc::Receiver<Result<AssignmentCommand, CoordinatorError>>;
+
+/// How many commands may wait unread in one stream. A consumer that stops reading has its
+/// stream ended with `RESOURCE_EXHAUSTED` instead of growing the server's memory; its
+/// registration is kept for the TTL so it can reconnect (and get a fresh snapshot).
+pub const STREAM_BUFFER: usize = 1024;
+
+/// A new command channel of [`STREAM_BUFFER`] commands (and one slot for the last error).
+pub fn command_channel() -> (CommandSender, CommandReceiver) {
+    mpsc::channel(STREAM_BUFFER + 1)
+}
 
 /// Why the server ended a stream; tells the stream's session task what to do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +49,9 @@ pub enum EndReason {
     /// This instance is shutting down: keep nothing alive, and let the TTL give the
     /// consumer time to reconnect elsewhere.
     Shutdown,
+    /// The client went away, or this instance fenced itself, or the consumer stopped
+    /// reading: the registration is kept for the TTL so the consumer can come back.
+    Disconnected,
 }
 
 /// Why a stream must end, and the last item to send it, if any.
@@ -67,6 +83,8 @@ pub struct LocalStream<T> {
     pub told: T,
     /// The stream's sender.
     pub tx: CommandSender,
+    /// Set when the consumer stopped reading and the buffer filled: the stream must end.
+    overflowed: bool,
     /// Tells the session task why the stream ended (once).
     end: Option<oneshot::Sender<EndReason>>,
 }
@@ -79,17 +97,40 @@ impl<T: Told> LocalStream<T> {
         tx: CommandSender,
     ) -> (Self, oneshot::Receiver<EndReason>) {
         let (end, end_rx) = oneshot::channel();
-        let stream =
-            Self { session, registered_at, activated: false, told: T::default(), tx, end: Some(end) };
+        let stream = Self {
+            session,
+            registered_at,
+            activated: false,
+            told: T::default(),
+            tx,
+            overflowed: false,
+            end: Some(end),
+        };
         (stream, end_rx)
     }
 
-    /// Sends commands; a closed receiver means the client is gone, which its session
-    /// task notices.
-    pub fn send(&self, commands: impl IntoIterator<Item = AssignmentCommand>) {
+    /// Sends commands; a closed receiver means the client is gone, which its stream task
+    /// notices. The last slot of the buffer is kept for the error that ends an overflowing
+    /// stream ([`STREAM_BUFFER`]).
+    pub fn send(&mut self, commands: impl IntoIterator<Item = AssignmentCommand>) {
         for command in commands {
-            let _ = self.tx.send(Ok(command));
+            if self.overflowed || self.tx.capacity() <= 1 {
+                self.overflowed = true;
+                return;
+            }
+            let _ = self.tx.try_send(Ok(command));
         }
+    }
+
+    /// The ending of a stream whose consumer stopped reading, if it did.
+    fn overflow(&self, topic: &str, consumer: &str) -> Option<Ending> {
+        self.overflowed.then(|| {
+            let error = CoordinatorError::ResourceExhausted(format!(
+                "consumer '{consumer}' of topic '{topic}' is not reading its stream ({STREAM_BUFFER} commands \
+                 waiting): the stream is ended; its partitions are kept for the session TTL, reconnect to resume"
+            ));
+            (EndReason::Disconnected, Some(error))
+        })
     }
 
     /// Tells the consumer it owns nothing any more ([`Told::farewell`]).
@@ -129,7 +170,7 @@ impl<T: Told> LocalStream<T> {
 
     fn finish(mut self, reason: EndReason, last: Option<CoordinatorError>) {
         if let Some(error) = last {
-            let _ = self.tx.send(Err(error));
+            let _ = self.tx.try_send(Err(error));
         }
         if let Some(end) = self.end.take() {
             let _ = end.send(reason);
@@ -229,7 +270,8 @@ impl<T: Told> Streams<LocalStream<T>> {
                 continue;
             }
             let stream = entry.value_mut();
-            if let Some(end) = relay_one(&topic, &consumer, stream) {
+            let end = relay_one(&topic, &consumer, stream).or_else(|| stream.overflow(&topic, &consumer));
+            if let Some(end) = end {
                 ended.push(((topic, consumer, stream.session), end));
             }
         }
@@ -245,8 +287,26 @@ impl<T: Told> Streams<LocalStream<T>> {
     pub fn crash_all(&self) {
         for name in self.names() {
             if let Some((_, stream)) = self.map.remove(&name) {
-                let _ =
-                    stream.tx.send(Err(CoordinatorError::Unavailable("assigner instance crashed".into())));
+                let _ = stream
+                    .tx
+                    .try_send(Err(CoordinatorError::Unavailable("assigner instance crashed".into())));
+            }
+        }
+        self.gauge();
+    }
+
+    /// Fences every stream: each consumer is told it owns nothing, then its stream ends
+    /// with `UNAVAILABLE`; registrations are kept for the TTL (the instance lost its
+    /// store session, see `lease.rs`).
+    pub fn fence_all(&self, instance_id: &str) {
+        for (topic, consumer) in self.names() {
+            if let Some((_, mut stream)) = self.map.remove(&(topic.clone(), consumer)) {
+                stream.farewell(&topic);
+                let error = CoordinatorError::Unavailable(format!(
+                    "assigner instance '{instance_id}' lost contact with its store; stop processing and \
+                     reconnect to another instance"
+                ));
+                stream.finish(EndReason::Disconnected, Some(error));
             }
         }
         self.gauge();
@@ -272,16 +332,16 @@ mod tests {
 
     use tokio::sync::{mpsc, oneshot};
 
-    use super::{EndReason, LocalStream, Streams};
+    use super::{EndReason, LocalStream, STREAM_BUFFER, Streams};
     use crate::coordinator::{CoordinatorError, ErrorCode};
     use crate::metrics::Metrics;
     use crate::proto::v1::AssignmentCommand;
     use crate::store::SessionId;
 
-    type Rx = mpsc::UnboundedReceiver<Result<AssignmentCommand, CoordinatorError>>;
+    type Rx = mpsc::Receiver<Result<AssignmentCommand, CoordinatorError>>;
 
     fn stream(session: i64, registered_at: i64) -> (LocalStream<()>, Rx, oneshot::Receiver<EndReason>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = super::command_channel();
         let (stream, end) = LocalStream::new(SessionId(session), registered_at, tx);
         (stream, rx, end)
     }
@@ -363,5 +423,31 @@ mod tests {
         assert_eq!(error_code(&mut b_rx), Some(ErrorCode::Unavailable));
         assert_eq!(b_end.try_recv(), Ok(EndReason::Shutdown));
         assert!(streams.names().is_empty());
+    }
+
+    #[test]
+    fn a_consumer_that_stops_reading_is_ended_resource_exhausted() {
+        let (streams, _) = registry();
+        let (a, mut rx, mut end) = stream(1, 1);
+        streams.insert("t", "a", a);
+        let command = crate::coordinator::shared::wire::update("t", [0], []);
+        for _ in 0..STREAM_BUFFER + 10 {
+            streams.relay(None, |_, _, s| {
+                s.send([command.clone()]);
+                None
+            });
+        }
+        assert!(streams.names().is_empty(), "the stream is ended");
+        assert_eq!(end.try_recv(), Ok(EndReason::Disconnected), "its registration is kept for the TTL");
+        let mut items = 0;
+        let last = loop {
+            match rx.try_recv() {
+                Ok(Ok(_)) => items += 1,
+                Ok(Err(error)) => break error,
+                Err(e) => panic!("no error item after {items} commands: {e:?}"),
+            }
+        };
+        assert_eq!(items, STREAM_BUFFER, "the buffer is bounded");
+        assert_eq!(last.code(), ErrorCode::ResourceExhausted, "{last}");
     }
 }

@@ -4,14 +4,17 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
 use async_trait::async_trait;
 
 use super::mirror::MirrorCache;
-use super::register::Registrar;
+use super::register::{Held, Registrar};
 use super::streams::{Ending, LocalStream};
 use super::topics::Topics;
 use super::wire::update;
@@ -19,7 +22,8 @@ use super::{Core, CoreSettings};
 use crate::coordinator::CoordinatorError;
 use crate::metrics::Metrics;
 use crate::store::{
-    KeyValue, LeaseStore, MemoryStore, Op, PrefixSnapshot, Revision, SessionId, WatchEvent, WatchEventKind,
+    KeyValue, LeaseStore, MemoryStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome,
+    WatchEvent, WatchEventKind, WatchStream,
 };
 
 /// The prefix everything lives under.
@@ -93,12 +97,19 @@ pub struct TestBackend {
 }
 
 impl TestBackend {
-    /// A backend over a fresh memory store, knowing topic `events` (4 partitions).
+    /// A backend over a fresh memory store, knowing topic `events` (4 partitions), once
+    /// its instance lease is live.
     pub async fn start(ttl: Duration) -> (Arc<Self>, MemoryStore) {
-        let store = MemoryStore::new();
+        let (backend, cut) = Self::start_cuttable(ttl).await;
+        (backend, cut.inner.clone())
+    }
+
+    /// [`start`](Self::start) over a store the test can cut off.
+    pub async fn start_cuttable(ttl: Duration) -> (Arc<Self>, Arc<CutStore>) {
+        let cut = Arc::new(CutStore { inner: MemoryStore::new(), cut: AtomicBool::new(false) });
         let topics = Topics { configured: [("events".to_string(), 4)].into_iter().collect(), source: None };
         let settings = CoreSettings { instance_id: "test".into(), lease_ttl: ttl, topics };
-        let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
+        let shared: Arc<dyn LeaseStore> = cut.clone();
         let core = Core::load(shared, (), Arc::new(Metrics::new()), settings, "test").await.expect("loads");
         let backend = Arc::new(TestBackend { core });
         let watcher = backend.clone();
@@ -110,7 +121,65 @@ impl TestBackend {
             };
             watcher.core.run_mirror(Duration::from_secs(300), relay).await;
         });
-        (backend, store)
+        let (lease, ready) = (backend.clone(), backend.clone());
+        tokio::spawn(async move { super::lease::keep_lease(&lease.core).await });
+        tokio::spawn(async move { ready.core.follow_readiness().await });
+        let mut readiness = backend.core.readiness.subscribe();
+        readiness.wait_for(|ready| *ready).await.expect("becomes ready");
+        (backend, cut)
+    }
+}
+
+/// A memory store the test can cut off: while cut, every call fails `UNAVAILABLE` (the
+/// store itself, sessions and their expiry, keeps running).
+pub struct CutStore {
+    pub inner: MemoryStore,
+    pub cut: AtomicBool,
+}
+
+impl CutStore {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.cut.load(Ordering::SeqCst) {
+            Err(StoreError::Unavailable("cut off by the test".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for CutStore {
+    async fn grant_session(&self, ttl: Duration) -> Result<SessionId, StoreError> {
+        self.check()?;
+        self.inner.grant_session(ttl).await
+    }
+    async fn keep_alive(&self, session: SessionId) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.keep_alive(session).await
+    }
+    async fn revoke_session(&self, session: SessionId) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.revoke_session(session).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        self.check()?;
+        self.inner.get(key).await
+    }
+    async fn get_prefix(&self, prefix: &str) -> Result<PrefixSnapshot, StoreError> {
+        self.check()?;
+        self.inner.get_prefix(prefix).await
+    }
+    async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
+        self.check()?;
+        self.inner.txn(txn).await
+    }
+    async fn watch_prefix(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
+        self.check()?;
+        self.inner.watch_prefix(prefix, from).await
+    }
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.compact(revision).await
     }
 }
 
@@ -127,14 +196,22 @@ impl Registrar for TestBackend {
         &self,
         consumer: &str,
         topic: &str,
-        session: SessionId,
+        id: SessionId,
+        lease: SessionId,
     ) -> Result<Revision, CoordinatorError> {
-        let txn = crate::store::Txn::new().then(Op::put_in(
-            registration(topic, consumer),
-            session.0.to_string(),
-            session,
-        ));
+        let txn = Txn::new().then(Op::put_in(registration(topic, consumer), id.0.to_string(), lease));
         Ok(self.core.store.txn(txn).await?.revision)
+    }
+
+    fn held(&self, cache: &Records, key: &(String, String, SessionId)) -> Held {
+        match cache.kvs.get(&registration(&key.0, &key.1)) {
+            Some(kv) if kv.value == key.2.0.to_string().into_bytes() => Held::ForTtl,
+            _ => Held::NotOurs,
+        }
+    }
+
+    async fn unregister(&self, key: &(String, String, SessionId)) {
+        let _ = self.core.store.delete(&registration(&key.0, &key.1)).await;
     }
 
     fn relay_one(
@@ -145,7 +222,7 @@ impl Registrar for TestBackend {
         stream: &mut LocalStream<()>,
     ) -> Option<Ending> {
         let record = cache.kvs.get(&registration(topic, consumer));
-        if record.is_none_or(|kv| kv.session != Some(stream.session)) {
+        if record.is_none_or(|kv| kv.value != stream.session.0.to_string().into_bytes()) {
             return stream.lost_registration(topic, consumer, record.is_some(), cache.revision);
         }
         if !stream.activated {

@@ -3,12 +3,11 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::Static;
 use crate::coordinator::shared::{
-    streams::{EndReason, LocalStream},
+    streams::{EndReason, LocalStream, command_channel},
     wire::update,
 };
 use crate::coordinator::{CommandStream, CoordinatorError, validate_consumer_name, validate_topic_name};
@@ -33,7 +32,7 @@ pub(super) fn register(
         ))
     })?;
     let partitions = inner.config.assignment.partitions(topic, consumer, count)?;
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = command_channel();
     // No store: a local registration number stands in for the session and its revision,
     // so the registry keeps the newest of two registrations of one name.
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -53,5 +52,5 @@ pub(super) fn register(
         tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected (static)");
         inner.streams.end(&key, EndReason::Shutdown, None);
     });
-    Ok(Box::pin(UnboundedReceiverStream::new(rx)))
+    Ok(Box::pin(ReceiverStream::new(rx)))
 }

@@ -1,39 +1,9 @@
-//! Leader election: campaign for the leader key with this instance's session, keep the
-//! session alive, step down when the key is gone or another election replaced it, and
-//! resign on shutdown.
+//! Leader election: campaign for the leader key with this instance's lease; step down when
+//! the lease is fenced or replaced, or the key is gone or belongs to another election;
+//! adopt a key that holds our lease after a lost answer; resign on shutdown.
 
-use std::time::Duration;
-
-use super::{Fence, Handoff, Leadership};
-use crate::store::{Compare, Op, StoreError, Txn};
-
-/// Grants the instance session if there is none, and keeps it alive every period.
-pub(super) async fn keep_session(
-    inner: &Handoff,
-    me: &mut Leadership,
-    next: &mut tokio::time::Instant,
-) -> Result<(), StoreError> {
-    let core = &inner.core;
-    let every: Duration = core.keep_alive_period();
-    match me.session {
-        None => {
-            me.session = Some(core.store.grant_session(core.lease_ttl).await?);
-            *next = tokio::time::Instant::now() + every;
-        }
-        Some(session) if tokio::time::Instant::now() >= *next => {
-            *next = tokio::time::Instant::now() + every;
-            if let Err(error) = core.store.keep_alive(session).await {
-                if matches!(error, StoreError::SessionExpired(_)) {
-                    me.session = None;
-                    step_down(inner, me, "instance session expired");
-                }
-                return Err(error);
-            }
-        }
-        Some(_) => {}
-    }
-    Ok(())
-}
+use super::{Fence, Handoff, Leadership, settle};
+use crate::store::{Compare, Op, Txn};
 
 /// Gives up leadership (if held) and what only a leader keeps.
 pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
@@ -46,9 +16,15 @@ pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
     }
 }
 
-/// Steps down when the cache shows the leader key gone or re-created by someone else.
+/// Steps down when the instance lease is no longer the live one the key is bound to (it is
+/// fenced: the key may expire any moment), or the cache shows the leader key gone or
+/// re-created by someone else.
 pub(super) fn check_leadership(inner: &Handoff, me: &mut Leadership) {
     let Some(fence) = inner.fence() else { return };
+    if inner.core.lease.borrow().live() != Some(fence.session) {
+        step_down(inner, me, "the instance session is fenced or was replaced");
+        return;
+    }
     let cache = inner.core.mirror.read();
     if cache.revision < fence.revision {
         return; // our own election is not in the cache yet
@@ -60,10 +36,12 @@ pub(super) fn check_leadership(inner: &Handoff, me: &mut Leadership) {
     }
 }
 
-/// Creates the leader key bound to our session if nobody holds it.
+/// Creates the leader key bound to our lease if nobody holds it. After an answer that was
+/// lost or refused, reads the key: one bound to our lease is ours (the write went through),
+/// adopted with the fence at its create revision.
 pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
-    let Some(session) = me.session else { return };
-    if inner.core.mirror.read().leader.is_some() {
+    let Some(session) = inner.core.lease.borrow().live() else { return };
+    if inner.core.mirror.read().leader.as_ref().is_some_and(|kv| kv.session != Some(session)) {
         return;
     }
     let key = inner.core.keys.leader();
@@ -72,16 +50,30 @@ pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
         inner.config.instance_id.as_bytes().to_vec(),
         session,
     ));
-    match inner.core.store.txn(txn).await {
-        Ok(outcome) if outcome.succeeded => {
-            me.written = outcome.revision;
-            me.next_refresh = None; // a new leader refreshes at once
-            inner.leadership.send_replace(Some(Fence { session, revision: outcome.revision }));
-            tracing::info!(instance = %inner.config.instance_id, revision = outcome.revision, "leadership won");
+    let won = match inner.core.store.txn(txn).await {
+        Ok(outcome) if outcome.succeeded => Some(outcome.revision),
+        Ok(_) => None,
+        Err(error) => {
+            tracing::warn!(%error, "campaign failed; checking whether it went through");
+            None
         }
-        Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "campaign failed"),
-    }
+    };
+    let revision = match won {
+        Some(revision) => revision,
+        None => match inner.core.store.get(&key).await {
+            Ok(Some(kv)) if kv.session == Some(session) => {
+                tracing::info!("the leader key holds our session: adopting it");
+                kv.create_revision
+            }
+            Ok(_) => return,
+            Err(error) => return tracing::warn!(%error, "cannot read the leader key"),
+        },
+    };
+    me.written = me.written.max(revision);
+    me.next_refresh = None; // a new leader refreshes at once
+    settle(inner, me, "leadership won");
+    inner.leadership.send_replace(Some(Fence { session, revision }));
+    tracing::info!(instance = %inner.config.instance_id, revision, "leadership won");
 }
 
 /// After a refused transaction: was it a stale read, or were we deposed?

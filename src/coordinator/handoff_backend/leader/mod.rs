@@ -36,8 +36,12 @@ pub struct Fence {
 /// The leader loop's own state.
 #[derive(Default)]
 struct Leadership {
-    /// This instance's session (the leader key is bound to it).
-    session: Option<SessionId>,
+    /// Until when orphaned partitions are left alone (see [`HandoffConfig::settle_period`]).
+    ///
+    /// [`HandoffConfig::settle_period`]: super::HandoffConfig::settle_period
+    settle_until: Option<tokio::time::Instant>,
+    /// The mirror's interruption count last seen.
+    interruptions: u64,
     /// Per-topic cooldowns of the planner; lost with leadership.
     cooldowns: BTreeMap<String, Cooldowns>,
     /// Revision our last write produced; reconcile again only once the cache has it.
@@ -49,6 +53,11 @@ struct Leadership {
 }
 
 impl Handoff {
+    /// The settle period (one TTL unless configured).
+    fn settle_period(&self) -> std::time::Duration {
+        self.config.settle_period.unwrap_or(self.config.lease_ttl)
+    }
+
     /// Our fence, while we lead.
     fn fence(&self) -> Option<Fence> {
         *self.leadership.borrow()
@@ -60,18 +69,20 @@ impl Handoff {
     }
 }
 
-/// Campaigns, keeps the instance session alive, and reconciles while leading.
+/// Campaigns with the instance lease, and reconciles while leading.
 pub(super) async fn leader_loop(inner: Arc<Handoff>) {
     let mut changed = inner.core.mirror.subscribe();
+    let mut lease = inner.core.lease.subscribe();
+    let mut health = inner.core.mirror.health();
     let mut me = Leadership::default();
-    let keep_alive_every = inner.core.keep_alive_period();
-    let mut next_keep_alive = tokio::time::Instant::now();
     loop {
         if inner.core.shutdown.is_cancelled() {
             return;
         }
-        if let Err(error) = election::keep_session(&inner, &mut me, &mut next_keep_alive).await {
-            tracing::warn!(%error, "instance session unavailable");
+        let interruptions = health.borrow_and_update().interruptions;
+        if interruptions != me.interruptions {
+            me.interruptions = interruptions;
+            settle(&inner, &mut me, "the store watch was interrupted");
         }
         election::check_leadership(&inner, &mut me);
         if inner.fence().is_none() {
@@ -80,17 +91,28 @@ pub(super) async fn leader_loop(inner: Arc<Handoff>) {
         if let Some(fence) = inner.fence()
             && inner.core.mirror.read().revision >= me.written
         {
-            reconcile::reconcile_all(&inner, &mut me, fence).await;
+            let settling = me.settle_until.is_some_and(|until| tokio::time::Instant::now() < until);
+            reconcile::reconcile_all(&inner, &mut me, fence, settling).await;
         }
         if let Some(fence) = inner.fence() {
             start_topic_refresh(&inner, &mut me, fence);
         }
-        let wait = inner.config.reconcile_interval.min(keep_alive_every);
         tokio::select! {
             _ = inner.core.shutdown.cancelled() => return,
             _ = changed.changed() => {}
-            _ = tokio::time::sleep(wait) => {}
+            _ = lease.changed() => {}
+            _ = health.changed() => {}
+            _ = tokio::time::sleep(inner.config.reconcile_interval) => {}
         }
+    }
+}
+
+/// Starts a settle period: orphaned partitions are left alone until it ends.
+fn settle(inner: &Handoff, me: &mut Leadership, why: &str) {
+    let period = inner.settle_period();
+    me.settle_until = Some(tokio::time::Instant::now() + period);
+    if inner.fence().is_some() {
+        tracing::info!(why, ?period, "settling: partitions of consumers whose registrations are gone wait");
     }
 }
 

@@ -10,19 +10,19 @@ use crate::coordinator::handoff_backend::{Handoff, calls::write_ops, now_ms};
 use crate::handoff::{PlanReport, Write, diff_writes, plan};
 use crate::store::{Compare, Revision, Txn};
 
-/// etcd refuses transactions with more than 128 operations (or compares) by default; a
-/// batch holds the writes of at most this many partitions (each: ≤ 2 ops, 2 compares),
-/// plus the fence.
-const PARTITIONS_PER_TXN: usize = 60;
+/// etcd refuses transactions with more than 128 compares (or operations) by default; a
+/// batch holds the writes of at most this many partitions (each: ≤ 2 ops, 2 compares on
+/// its own records, and at most one on a gone owner's registration), plus the fence.
+const PARTITIONS_PER_TXN: usize = 40;
 
 /// Builds the fenced transactions for one topic's writes, a batch per
-/// [`PARTITIONS_PER_TXN`] partitions; each write is also guarded by the mod revision of
-/// the record it replaces, as the leader saw it.
+/// [`PARTITIONS_PER_TXN`] partitions. Each batch compares the fence and, once each, the
+/// `guards` of its partitions: what the plan for that partition was decided from.
 pub fn fenced_batches(
     leader_key: &str,
     fence: Fence,
     writes: &[Write],
-    guard: impl Fn(&Write) -> Compare,
+    guards: impl Fn(u32) -> Vec<Compare>,
     ops: impl Fn(&[Write]) -> Vec<crate::store::Op>,
 ) -> Vec<Txn> {
     let mut batches: Vec<Vec<Write>> = Vec::new();
@@ -44,10 +44,28 @@ pub fn fenced_batches(
         .into_iter()
         .map(|batch| {
             let mut compares = vec![Compare::CreateRevision(leader_key.to_string(), fence.revision)];
-            compares.extend(batch.iter().map(&guard));
+            let mut partitions: Vec<u32> = batch.iter().map(Write::partition).collect();
+            partitions.dedup();
+            for compare in partitions.into_iter().flat_map(&guards) {
+                if !compares.contains(&compare) {
+                    compares.push(compare);
+                }
+            }
             Txn { compares, ops: ops(&batch) }
         })
         .collect()
+}
+
+/// What one partition's plan was decided from, as the leader saw it.
+#[derive(Clone, Debug, Default)]
+struct Basis {
+    /// Mod revision of the assignment record (0: none).
+    owner: Revision,
+    /// Mod revision of the handoff record (0: none).
+    handoff: Revision,
+    /// The previous owner, when its registration was gone: the plan assigns the partition
+    /// directly, which is only right while that registration is still absent.
+    gone_owner: Option<String>,
 }
 
 /// One topic's reconcile result, planned under the cache lock and written after it.
@@ -55,11 +73,14 @@ struct TopicPlan {
     topic: String,
     writes: Vec<Write>,
     report: PlanReport,
-    /// (assignment, handoff) mod revisions by partition, as the plan saw them.
-    revisions: BTreeMap<u32, (Revision, Revision)>,
+    /// What each written partition's plan was decided from.
+    basis: BTreeMap<u32, Basis>,
 }
 
-pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: Fence) {
+/// Plans and writes every topic (see the module docs). While `settling`, a topic with a
+/// partition whose owner's registration is gone is left alone: that consumer may be about
+/// to come back (DESIGN.md §6, "settle after an interruption").
+pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: Fence, settling: bool) {
     let now = now_ms();
     // Plan every topic from one consistent cache read.
     let plans: Vec<TopicPlan> = {
@@ -68,6 +89,7 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
             .topics
             .iter()
             .filter(|(_, e)| e.config.is_some())
+            .filter(|(_, e)| !settling || e.owners.values().all(|o| e.consumers.contains_key(&o.value)))
             .filter_map(|(topic, entry)| {
                 let before = entry.state();
                 let mut after = before.clone();
@@ -77,39 +99,46 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
                 if writes.is_empty() {
                     return None;
                 }
-                let revisions = writes
+                let basis = writes
                     .iter()
                     .map(|w| {
-                        (
-                            w.partition(),
-                            (entry.owner_revision(w.partition()), entry.handoff_revision(w.partition())),
-                        )
+                        let p = w.partition();
+                        let gone_owner = before.owners.get(&p).filter(|o| !before.is_live(o)).cloned();
+                        let basis = Basis {
+                            owner: entry.owner_revision(p),
+                            handoff: entry.handoff_revision(p),
+                            gone_owner,
+                        };
+                        (p, basis)
                     })
                     .collect();
-                Some(TopicPlan { topic: topic.clone(), writes, report, revisions })
+                Some(TopicPlan { topic: topic.clone(), writes, report, basis })
             })
             .collect()
     };
     let leader_key = inner.core.keys.leader();
-    for TopicPlan { topic, writes, report, revisions } in plans {
-        let guard = |w: &Write| {
-            let (owner_rev, handoff_rev) = revisions.get(&w.partition()).copied().unwrap_or_default();
-            match w {
-                Write::SetOwner { partition, .. } | Write::ClearOwner { partition } => {
-                    Compare::ModRevision(inner.core.keys.assignment(&topic, *partition), owner_rev)
-                }
-                Write::PutHandoff { partition, .. } | Write::DeleteHandoff { partition } => {
-                    Compare::ModRevision(inner.core.keys.handoff(&topic, *partition), handoff_rev)
-                }
+    let keys = &inner.core.keys;
+    for TopicPlan { topic, writes, report, basis } in plans {
+        let guards = |p: u32| {
+            let b = basis.get(&p).cloned().unwrap_or_default();
+            let mut compares = vec![
+                Compare::ModRevision(keys.assignment(&topic, p), b.owner),
+                Compare::ModRevision(keys.handoff(&topic, p), b.handoff),
+            ];
+            if let Some(owner) = b.gone_owner {
+                compares.push(Compare::ModRevision(keys.consumer(&topic, &owner), 0));
             }
+            compares
         };
-        let batches = fenced_batches(&leader_key, fence, &writes, guard, |w| write_ops(inner, &topic, w));
+        let batches = fenced_batches(&leader_key, fence, &writes, guards, |w| write_ops(inner, &topic, w));
         let count = batches.len();
         let mut all_applied = true;
         for txn in batches {
             match inner.core.store.txn(txn).await {
                 Ok(outcome) if outcome.succeeded => me.written = me.written.max(outcome.revision),
                 Ok(_) => {
+                    // A compare failed: the plan was made from a stale view. Nothing of
+                    // this batch was written; the next revision plans again.
                     all_applied = false;
                     inner.core.metrics.reconcile_conflicts.inc();
                     still_leading(inner, me, fence).await;
@@ -118,6 +147,7 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
                 Err(error) => {
                     all_applied = false;
                     tracing::warn!(%error, topic, "reconcile write failed");
+                    super::settle(inner, me, "a store call failed");
                     break;
                 }
             }
@@ -172,7 +202,8 @@ mod tests {
             writes.push(Write::PutHandoff { partition, handoff });
         }
         let fence = Fence { session: SessionId(1), revision: 42 };
-        let guard = |w: &Write| Compare::ModRevision(format!("k/{}", w.partition()), 7);
+        let guard =
+            |p: u32| vec![Compare::ModRevision(format!("k/{p}"), 7), Compare::ModRevision("gone".into(), 0)];
         let ops = |ws: &[Write]| ws.iter().map(|w| Op::delete(format!("k/{}", w.partition()))).collect();
         let txns = fenced_batches("leader", fence, &writes, guard, ops);
         assert_eq!(

@@ -1,0 +1,198 @@
+//! This instance's lease: one store session for every registration the instance holds,
+//! so keep-alive traffic grows with instances, not consumers (DESIGN.md §6).
+//!
+//! [`keep_lease`] grants the session, keeps it alive every third of the TTL, and retries a
+//! failed keep-alive at once with backoff. **Self-fencing:** when the session has not been
+//! renewed for [`fence_after`] (three quarters of the TTL), the instance stops acting on
+//! it *before* the store can expire it: every consumer stream is told `unassigned` for
+//! everything and ended with `UNAVAILABLE`, the instance is not ready, and the leader steps
+//! down (it watches the same value). The quarter of the TTL left is the safety margin: it
+//! covers the keep-alive's own round trip (renewal is timed from when it was *sent*), clock
+//! rate differences between this host and the store, and the delivery of the last commands.
+//! A keep-alive that succeeds again before the session expired lifts the fence; a session
+//! the store reports expired is replaced by a new one.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::store::{SessionId, StoreError};
+
+/// The state of the instance lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Not granted yet (start, or the store expired the last one).
+    Pending,
+    /// Renewed recently enough to act on.
+    Live(SessionId),
+    /// Not renewed for [`fence_after`]: the instance acts on nothing until it is again.
+    Fenced(SessionId),
+}
+
+impl LeaseState {
+    /// The session, while it may be acted on.
+    pub fn live(self) -> Option<SessionId> {
+        match self {
+            LeaseState::Live(session) => Some(session),
+            _ => None,
+        }
+    }
+}
+
+/// How long after its last renewal a session may still be acted on: three quarters of the
+/// TTL (see the module docs for the margin).
+pub fn fence_after(ttl: Duration) -> Duration {
+    ttl * 3 / 4
+}
+
+/// What [`keep_lease`] needs from the core, and tells it.
+pub trait LeaseHolder: Send + Sync {
+    /// The store.
+    fn store(&self) -> &dyn crate::store::LeaseStore;
+    /// The session TTL.
+    fn ttl(&self) -> Duration;
+    /// The lease's state channel.
+    fn lease(&self) -> &watch::Sender<LeaseState>;
+    /// Called when the lease becomes fenced: end every stream.
+    fn fence(&self);
+    /// Cancelled when the instance stops.
+    fn stop_token(&self) -> &tokio_util::sync::CancellationToken;
+}
+
+/// Grants and keeps the instance lease until the instance stops (see the module docs).
+pub async fn keep_lease(holder: &impl LeaseHolder) {
+    let ttl = holder.ttl();
+    let period = super::keep_alive_period(ttl);
+    let mut backoff = Backoff::new(period);
+    'grant: loop {
+        let asked_at = Instant::now();
+        let session = tokio::select! {
+            _ = holder.stop_token().cancelled() => return,
+            granted = holder.store().grant_session(ttl) => granted,
+        };
+        let session = match session {
+            Ok(session) => session,
+            Err(error) => {
+                tracing::warn!(%error, "cannot start the instance session; retrying");
+                if sleep_or_stop(holder, backoff.next()).await {
+                    return;
+                }
+                continue 'grant;
+            }
+        };
+        backoff.reset();
+        set(holder, LeaseState::Live(session));
+        tracing::info!(%session, "instance session started");
+        let mut renewed_at = asked_at;
+        let mut next_at = asked_at + period;
+        loop {
+            let live = holder.lease().borrow().live().is_some();
+            let fence_at = renewed_at + fence_after(ttl);
+            // Wake for the next keep-alive, or to fence on time while keep-alives fail.
+            let wake = if live { next_at.min(fence_at) } else { next_at };
+            tokio::select! {
+                _ = holder.stop_token().cancelled() => return,
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+            if live && Instant::now() >= fence_at {
+                fence(holder, session, renewed_at);
+                continue;
+            }
+            if Instant::now() < next_at {
+                continue;
+            }
+            // A keep-alive may hang: it is bounded by the moment the session must be
+            // fenced (while live) or is surely expired (once fenced).
+            let deadline = if live { fence_at } else { renewed_at + ttl };
+            let asked_at = Instant::now();
+            let answer = tokio::select! {
+                _ = holder.stop_token().cancelled() => return,
+                answer = tokio::time::timeout_at(deadline, holder.store().keep_alive(session)) => answer,
+            };
+            match answer {
+                Ok(Ok(())) => {
+                    renewed_at = asked_at;
+                    next_at = asked_at + period;
+                    backoff.reset();
+                    if !live {
+                        tracing::info!(%session, "instance session renewed again: fence lifted");
+                        set(holder, LeaseState::Live(session));
+                    }
+                }
+                Ok(Err(StoreError::SessionExpired(_))) => {
+                    tracing::warn!(%session, "the store expired the instance session; starting a new one");
+                    fence(holder, session, renewed_at);
+                    set(holder, LeaseState::Pending);
+                    continue 'grant;
+                }
+                Err(_) if !live => {
+                    tracing::warn!(%session, "instance session not renewed within its TTL; starting a new one");
+                    set(holder, LeaseState::Pending);
+                    continue 'grant;
+                }
+                // Timed out at the fence deadline: the next turn fences.
+                Err(_) => next_at = Instant::now(),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, %session, "instance keep-alive failed; retrying");
+                    next_at = Instant::now() + backoff.next();
+                    if !live && next_at >= renewed_at + ttl {
+                        tracing::warn!(%session, "instance session not renewed within its TTL; starting a new one");
+                        set(holder, LeaseState::Pending);
+                        continue 'grant;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Fences the instance (if its lease is live): see the module docs.
+fn fence(holder: &impl LeaseHolder, session: SessionId, renewed_at: Instant) {
+    if holder.lease().borrow().live().is_none() {
+        return;
+    }
+    tracing::error!(
+        %session,
+        unrenewed_for = ?(Instant::now() - renewed_at),
+        "instance session not renewed in time: fencing this instance (its consumers are told to stop)"
+    );
+    set(holder, LeaseState::Fenced(session));
+    holder.fence();
+}
+
+fn set(holder: &impl LeaseHolder, state: LeaseState) {
+    holder.lease().send_replace(state);
+}
+
+/// Sleeps `wait`; returns whether the instance stopped meanwhile.
+async fn sleep_or_stop(holder: &impl LeaseHolder, wait: Duration) -> bool {
+    tokio::select! {
+        _ = holder.stop_token().cancelled() => true,
+        _ = tokio::time::sleep(wait) => false,
+    }
+}
+
+/// Exponential backoff from 50 ms, doubling, capped at `cap`.
+struct Backoff {
+    next: Duration,
+    cap: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+
+    fn new(cap: Duration) -> Self {
+        Self { next: Self::FIRST, cap }
+    }
+
+    fn next(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.cap);
+        wait
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
