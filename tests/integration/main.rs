@@ -4,6 +4,7 @@ mod every_backend;
 mod fleet_backend;
 mod grpc_bad_input;
 mod grpc_scenarios;
+mod harness;
 mod kafka_metadata;
 mod multi_instance;
 mod static_backend;
