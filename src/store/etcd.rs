@@ -2,10 +2,11 @@
 //!
 //! * **Timeouts and retries** (see `etcd_call.rs`). Every call is bounded by
 //!   [`EtcdStoreConfig::request_timeout`] and retried while etcd answers `Unavailable` or the
-//!   transport fails (a dead member, a leader election, a restarting member). With several
-//!   endpoints each attempt is also bounded by [`EtcdStoreConfig::attempt_timeout`] and a
-//!   retry goes to the next endpoint, so a frozen or dead member costs one attempt, not the
-//!   whole budget. When time runs out the call fails with [`StoreError::Unavailable`]
+//!   transport fails (a dead member, a leader election, a restarting member). Calls go to one
+//!   pinned endpoint; with several endpoints each attempt is also bounded by
+//!   [`EtcdStoreConfig::attempt_timeout`], and a failed attempt moves the pin (and its retry)
+//!   to the next endpoint, so a frozen or dead member costs one attempt of one call, not
+//!   every call's whole budget. When time runs out the call fails with [`StoreError::Unavailable`]
 //!   naming the endpoints and the last error. A retried transaction whose first attempt was
 //!   applied but whose answer was lost is seen as a failed compare-and-swap (its compares
 //!   no longer hold); an unconditional write may be applied twice (same value, one more
@@ -30,7 +31,13 @@ mod call;
 #[path = "etcd_watch.rs"]
 mod watch;
 
-use std::{fmt, future::Future, sync::Arc, sync::atomic::AtomicUsize, time::Duration};
+use std::{
+    fmt,
+    future::Future,
+    sync::Arc,
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use etcd_client::{Client, CompareOp, ConnectOptions, GetOptions, PutOptions, TxnOp, WatchOptions};
@@ -115,6 +122,9 @@ impl fmt::Debug for EtcdStore {
     }
 }
 
+/// Counts stores made by this process (to spread their pinned endpoints).
+static NEXT_STORE: AtomicUsize = AtomicUsize::new(0);
+
 /// Large prefix reads and watch replays may exceed gRPC's default 4 MiB per message.
 const MAX_DECODING_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 
@@ -164,22 +174,15 @@ impl EtcdStore {
             // pings more often than every 5 s (`--grpc-keepalive-min-time`).
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_require_leader(true);
-        let balanced = client(&config.endpoints, options.clone(), config.connect_timeout).await?;
-        let mut per_endpoint = Vec::new();
-        if config.endpoints.len() > 1 {
-            for endpoint in &config.endpoints {
-                let single =
-                    client(std::slice::from_ref(endpoint), options.clone(), config.connect_timeout).await?;
-                per_endpoint.push((endpoint.clone(), single));
-            }
+        let mut clients = Vec::new();
+        for endpoint in &config.endpoints {
+            let single =
+                client(std::slice::from_ref(endpoint), options.clone(), config.connect_timeout).await?;
+            clients.push((endpoint.clone(), single));
         }
-        let clients = Clients {
-            balanced,
-            per_endpoint,
-            next: AtomicUsize::new(0),
-            endpoints: config.endpoints.join(","),
-            attempt_timeout: config.attempt_timeout,
-        };
+        // Spread instances over the members: each starts pinned to a different endpoint.
+        let first = std::process::id() as usize + NEXT_STORE.fetch_add(1, Ordering::Relaxed);
+        let clients = Clients::new(clients, first, config.attempt_timeout);
         let connect_timeout = config.connect_timeout;
         let store = EtcdStore { clients: Arc::new(clients), config: Arc::new(config) };
         store
@@ -190,6 +193,11 @@ impl EtcdStore {
             .await
             .map_err(|error| store.store_error(error))?;
         Ok(store)
+    }
+
+    /// The endpoint calls go to now (it moves when an attempt there fails).
+    pub fn pinned_endpoint(&self) -> &str {
+        self.clients.pinned_endpoint()
     }
 
     /// The configuration this store was connected with.
@@ -224,7 +232,7 @@ impl EtcdStore {
                 etcd_client::Error::InvalidArgs(_)
                 | etcd_client::Error::InvalidUri(_)
                 | etcd_client::Error::Utf8Error(_) => StoreError::Invalid(error.to_string()),
-                _ => StoreError::Unavailable(format!("etcd at {}: {error}", self.config.endpoints.join(","))),
+                _ => StoreError::Unavailable(format!("etcd at {}: {error}", self.clients.endpoints())),
             },
         }
     }
@@ -389,13 +397,13 @@ impl LeaseStore for EtcdStore {
             })
             .await
             .map_err(|e| self.store_error(e))?;
-        let mut watch = Watch::new(stream, from_revision, self.config.endpoints.join(","));
+        let mut watch = Watch::new(stream, from_revision, self.clients.endpoints().to_string());
         match first {
             Some(response) => watch.absorb(response),
             None => {
                 return Err(StoreError::Unavailable(format!(
                     "etcd at {}: watch stream ended at once",
-                    self.config.endpoints.join(",")
+                    self.clients.endpoints().to_string()
                 )));
             }
         }

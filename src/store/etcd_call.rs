@@ -2,12 +2,14 @@
 //!
 //! * Every call ends within its budget (`request_timeout`): each attempt runs under
 //!   `timeout_at(deadline)`, so no call can hang on a frozen member or a dead connection.
-//! * etcd-client balances over all endpoints (tower's power-of-two-choices) and never drops
-//!   a dead one: a request can land on a killed member (fast transport error), a frozen one
-//!   (no answer at all) or one that lost its leader (`Unavailable`, we require a leader).
-//!   So with several endpoints an attempt is also bounded by `attempt_timeout`, and every
-//!   retry goes to the next endpoint in turn through a client of its own: within as many
-//!   attempts as there are endpoints, one lands on a healthy member.
+//! * etcd-client's own multi-endpoint client balances over every endpoint and never drops a
+//!   dead one: a request can land on a killed member, a frozen one (no answer at all) or one
+//!   that lost its leader (`Unavailable`: we require a leader), at random. So the store
+//!   keeps one client per endpoint and, like etcd's Go client, **pins** one endpoint: every
+//!   call goes there while it answers. An attempt that fails with a retryable error, or
+//!   gets no answer within `attempt_timeout`, marks its endpoint suspect and moves the pin to
+//!   the next endpoint not suspected in the last [`SUSPECT_FOR`]; the retry goes there. So a
+//!   frozen or dead member costs one attempt of one call, not every call's whole budget.
 //! * With one endpoint there is nowhere else to go: one attempt may use the whole budget
 //!   (a short attempt timeout would only resend, and double-apply, slow writes).
 //! * A call that needed retries is logged once as it starts waiting (`warn`, naming the
@@ -15,7 +17,10 @@
 
 use std::{
     future::Future,
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -45,21 +50,69 @@ pub(super) fn is_retryable(error: &etcd_client::Error) -> bool {
     }
 }
 
-/// The clients a call can use: the balanced one first, then one per endpoint in turn.
+/// How long an endpoint that failed an attempt is passed over when the pin moves.
+pub(super) const SUSPECT_FOR: Duration = Duration::from_secs(10);
+
+/// One client per endpoint, and which one calls use (see the module docs).
 pub(super) struct Clients {
-    /// Balanced over every endpoint.
-    pub balanced: Client,
-    /// One client per endpoint (`(url, client)`), only when there are several endpoints.
-    pub per_endpoint: Vec<(String, Client)>,
-    /// Where the next retry starts, shared by all calls so they spread over the endpoints.
-    pub next: AtomicUsize,
+    /// `(url, client)` per endpoint, in configuration order; never empty.
+    clients: Vec<(String, Client)>,
+    /// The endpoint calls go to.
+    pinned: AtomicUsize,
+    /// When each endpoint last failed an attempt.
+    failed_at: Mutex<Vec<Option<Instant>>>,
     /// All endpoints, for messages.
-    pub endpoints: String,
+    endpoints: String,
     /// Bound on one attempt when there are several endpoints.
-    pub attempt_timeout: Duration,
+    attempt_timeout: Duration,
 }
 
 impl Clients {
+    /// Clients for `clients` (`(url, client)`, at least one), pinned first to `first`.
+    pub(super) fn new(clients: Vec<(String, Client)>, first: usize, attempt_timeout: Duration) -> Self {
+        let endpoints = clients.iter().map(|(url, _)| url.as_str()).collect::<Vec<_>>().join(",");
+        let failed_at = Mutex::new(vec![None; clients.len()]);
+        let pinned = AtomicUsize::new(first % clients.len().max(1));
+        Clients { clients, pinned, failed_at, endpoints, attempt_timeout }
+    }
+
+    /// All endpoints, comma-separated.
+    pub(super) fn endpoints(&self) -> &str {
+        &self.endpoints
+    }
+
+    /// The pinned endpoint's URL.
+    pub(super) fn pinned_endpoint(&self) -> &str {
+        &self.clients[self.pinned()].0
+    }
+
+    /// The pinned endpoint's index.
+    pub(super) fn pinned(&self) -> usize {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    /// Marks endpoint `failed` suspect and, if calls still go there, moves the pin to the
+    /// next endpoint not suspected lately (or simply the next one if all are).
+    fn fail_over(&self, failed: usize) {
+        let n = self.clients.len();
+        let now = Instant::now();
+        let next = {
+            let mut failed_at = self.failed_at.lock().unwrap_or_else(PoisonError::into_inner);
+            failed_at[failed] = Some(now);
+            (1..n)
+                .map(|step| (failed + step) % n)
+                .find(|&i| failed_at[i].is_none_or(|at| now.duration_since(at) >= SUSPECT_FOR))
+                .unwrap_or((failed + 1) % n)
+        };
+        if n > 1 && self.pinned.compare_exchange(failed, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            tracing::warn!(
+                from = %self.clients[failed].0,
+                to = %self.clients[next].0,
+                "etcd endpoint failed an attempt; calls move to the next endpoint"
+            );
+        }
+    }
+
     /// Runs `f` until it succeeds, fails for good, or `budget` is spent (see the module docs).
     pub(super) async fn call<T, F, Fut>(
         &self,
@@ -73,54 +126,52 @@ impl Clients {
     {
         let started = Instant::now();
         let deadline = started + budget;
-        let multi = !self.per_endpoint.is_empty();
+        let multi = self.clients.len() > 1;
         let mut backoff = FIRST_BACKOFF;
         let mut attempts = 0u32;
         let mut last_error: Option<String> = None;
         loop {
             attempts += 1;
-            let (client, via) = if attempts == 1 || !multi {
-                (self.balanced.clone(), "any endpoint")
-            } else {
-                let index = self.next.fetch_add(1, Ordering::Relaxed) % self.per_endpoint.len();
-                let (url, client) = &self.per_endpoint[index];
-                (client.clone(), url.as_str())
-            };
+            let index = self.pinned();
+            let (url, client) = &self.clients[index];
             let attempt_start = Instant::now();
             let attempt_deadline =
                 if multi { deadline.min(attempt_start + self.attempt_timeout) } else { deadline };
-            let failure = match tokio::time::timeout_at(attempt_deadline, f(client)).await {
+            let failure = match tokio::time::timeout_at(attempt_deadline, f(client.clone())).await {
                 Ok(Ok(value)) => {
                     if attempts > 1 {
                         tracing::info!(
                             what,
                             attempts,
+                            endpoint = %url,
                             waited_ms = started.elapsed().as_millis() as u64,
                             "etcd call got through after retries"
                         );
                     }
                     return Ok(value);
                 }
-                Ok(Err(error)) if is_retryable(&error) => format!("{via}: {error}"),
+                Ok(Err(error)) if is_retryable(&error) => format!("{url}: {error}"),
                 Ok(Err(error)) => return Err(CallError::Failed(error)),
-                Err(_elapsed) => format!("{via}: no answer within {:?}", attempt_deadline - attempt_start),
+                Err(_elapsed) => format!("{url}: no answer within {:?}", attempt_deadline - attempt_start),
             };
             if last_error.is_none() {
                 tracing::warn!(
                     what,
                     error = %failure,
-                    endpoints = %self.endpoints,
-                    "etcd call is waiting (a member down, an election, or no leader); retrying{}",
+                    "etcd call is waiting (a member down or frozen, an election, or no leader); retrying{}",
                     if multi { " on the next endpoint" } else { "" }
                 );
             }
-            let timed_out = Instant::now() >= attempt_deadline;
             last_error = Some(failure);
+            let timed_out = Instant::now() >= attempt_deadline;
+            if multi {
+                self.fail_over(index);
+            }
             if Instant::now() >= deadline {
                 break;
             }
             if !timed_out {
-                // A fast failure: do not spin on it.
+                // A fast failure: do not spin on it (all endpoints may be refusing).
                 if Instant::now() + backoff >= deadline {
                     break;
                 }
