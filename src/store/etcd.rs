@@ -403,7 +403,7 @@ impl LeaseStore for EtcdStore {
             None => {
                 return Err(StoreError::Unavailable(format!(
                     "etcd at {}: watch stream ended at once",
-                    self.clients.endpoints().to_string()
+                    self.clients.endpoints()
                 )));
             }
         }
