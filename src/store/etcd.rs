@@ -18,7 +18,10 @@
 //!   revision (see `etcd_watch.rs`); a compacted start revision ends the stream with
 //!   [`StoreError::Compacted`] (reported as the first item, as etcd reports it
 //!   asynchronously). Any broken or cancelled watch ends the stream with an error item.
-//!   A start revision of `0` (or less) means "from the next revision on".
+//!   A start revision of `0` (or less) means "from the next revision on". A watch quiet for
+//!   2 s asks etcd for a progress notification and ends `Unavailable` if none comes within
+//!   the attempt (or, with one endpoint, request) timeout: a frozen member or a black-holed
+//!   connection breaks the watch instead of silently stalling it.
 //!   The client requires a leader (`hasleader` metadata), so a member cut off from the
 //!   cluster fails requests and watches instead of serving stale state.
 //! * **Time.** Timeouts and backoff run on tokio timers: do not use an `EtcdStore` under
@@ -397,7 +400,13 @@ impl LeaseStore for EtcdStore {
             })
             .await
             .map_err(|e| self.store_error(e))?;
-        let mut watch = Watch::new(stream, from_revision, self.clients.endpoints().to_string());
+        let answer_within = if self.config.endpoints.len() > 1 {
+            self.config.attempt_timeout
+        } else {
+            self.config.request_timeout
+        };
+        let mut watch =
+            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), answer_within);
         match first {
             Some(response) => watch.absorb(response),
             None => {

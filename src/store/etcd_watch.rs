@@ -4,14 +4,24 @@
 //! etcd never splits one revision's events across responses (unless a watch asks for
 //! fragments, which ours do not), but one response may hold several revisions (a replay, or
 //! a burst of commits): each response is split by revision, in order.
+//!
+//! **Liveness.** A watch on a frozen member, or behind a network that drops everything,
+//! never errors: it just goes quiet (HTTP/2 keep-alive notices only after 15 s). So after
+//! [`PROGRESS_AFTER_IDLE`] of silence the watch asks etcd for a progress notification,
+//! which a live member answers at once; no answer within the call timeout ends the watch
+//! with [`StoreError::Unavailable`], and the caller re-watches (through the store's
+//! failover to a healthy endpoint).
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, time::Duration};
 
 use etcd_client::{EventType, WatchResponse};
 use futures::StreamExt;
 
 use super::{key_string, key_value};
 use crate::store::{Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind, WatchStream};
+
+/// Silence after which a watch checks that its member still answers.
+pub(super) const PROGRESS_AFTER_IDLE: Duration = Duration::from_secs(2);
 
 /// The state behind a [`WatchStream`] from etcd.
 pub(super) struct Watch {
@@ -21,12 +31,20 @@ pub(super) struct Watch {
     failed: bool,
     from_revision: Revision,
     endpoints: String,
+    /// How long a progress request may wait for its answer.
+    answer_within: Duration,
 }
 
 impl Watch {
-    /// A watch on an etcd stream that asked for history from `from_revision`.
-    pub(super) fn new(stream: etcd_client::WatchStream, from_revision: Revision, endpoints: String) -> Self {
-        Watch { stream, pending: VecDeque::new(), failed: false, from_revision, endpoints }
+    /// A watch on an etcd stream that asked for history from `from_revision`; a progress
+    /// request unanswered within `answer_within` ends it.
+    pub(super) fn new(
+        stream: etcd_client::WatchStream,
+        from_revision: Revision,
+        endpoints: String,
+        answer_within: Duration,
+    ) -> Self {
+        Watch { stream, pending: VecDeque::new(), failed: false, from_revision, endpoints, answer_within }
     }
 
     /// Takes the error the first response reported, if it is a compaction (reported by
@@ -117,7 +135,31 @@ impl Watch {
             if self.failed {
                 return None;
             }
-            match self.stream.message().await {
+            // `message()` keeps its state in the stream, so timing it out loses nothing.
+            let message = match tokio::time::timeout(PROGRESS_AFTER_IDLE, self.stream.message()).await {
+                Ok(message) => message,
+                Err(_quiet) => {
+                    if let Err(error) = self.stream.request_progress().await {
+                        self.fail(StoreError::Unavailable(format!(
+                            "etcd at {}: watch progress request failed: {error}",
+                            self.endpoints
+                        )));
+                        continue;
+                    }
+                    match tokio::time::timeout(self.answer_within, self.stream.message()).await {
+                        Ok(message) => message,
+                        Err(_) => {
+                            self.fail(StoreError::Unavailable(format!(
+                                "etcd at {}: the watch went quiet and a progress request got no answer within {:?}",
+                                self.endpoints, self.answer_within
+                            )));
+                            continue;
+                        }
+                    }
+                }
+            };
+            match message {
+                // A progress notification holds no event: nothing is queued.
                 Ok(Some(response)) => self.absorb(response),
                 Ok(None) => self
                     .fail(StoreError::Unavailable(format!("etcd at {}: watch stream ended", self.endpoints))),

@@ -115,14 +115,15 @@ async fn proxy_cuts_an_etcd_store_off_and_back() {
         .with_request_timeout(request_timeout);
     let store = kafka_assigner::store::EtcdStore::connect(config).await.expect("connect through the proxy");
     let prefix = server.unique_prefix("proxy");
-    let rev = store.put(&format!("{prefix}a"), b"1".to_vec(), None).await.expect("put through the proxy");
-    let mut watch = store.watch_prefix(&prefix, rev + 1).await.expect("watch");
+    store.put(&format!("{prefix}a"), b"1".to_vec(), None).await.expect("put through the proxy");
 
     for (what, cut_off) in [("partition", true), ("black hole", false)] {
+        let from = store.get_prefix(&prefix).await.expect("read").revision + 1;
+        let mut watch = store.watch_prefix(&prefix, from).await.expect("watch");
         if cut_off {
             proxy.partition();
         } else {
-            proxy.cut();
+            // The connection stays open; nothing moves on it.
             proxy.blackhole();
         }
         let started = Instant::now();
@@ -130,12 +131,13 @@ async fn proxy_cuts_an_etcd_store_off_and_back() {
         let elapsed = started.elapsed();
         assert!(matches!(result, Err(StoreError::Unavailable(_))), "{what}: {result:?}");
         assert!(elapsed < request_timeout + Duration::from_millis(500), "{what}: took {elapsed:?}");
-        if cut_off {
-            match next_within(&mut watch, PROMPT, "the watch to break").await {
-                Err(StoreError::Unavailable(_)) => {}
-                other => panic!("expected the watch to break, got {other:?}"),
-            }
+        // Reset, the watch breaks at once; black-holed, once a progress request (after 2 s
+        // of silence) goes unanswered for the request timeout.
+        match next_within(&mut watch, PROMPT, "the watch to break").await {
+            Err(StoreError::Unavailable(_)) => {}
+            other => panic!("{what}: expected the watch to break, got {other:?}"),
         }
+        eprintln!("[proxy] {what}: the watch broke {:?} after the cut", started.elapsed());
         proxy.restore();
         wait_until(PROMPT, "the store works through the proxy again", || async {
             store.put(&format!("{prefix}c"), b"1".to_vec(), None).await.is_ok()
@@ -159,9 +161,10 @@ async fn frozen_etcd_times_calls_out_then_thaws() {
     let result = store.get(&format!("{prefix}before")).await;
     let elapsed = started.elapsed();
     assert!(matches!(result, Err(StoreError::Unavailable(_))), "get from a frozen etcd: {result:?}");
+    // Bounded by the request timeout (plus slack for a loaded machine), not a hang.
     assert!(
-        elapsed >= request_timeout && elapsed < request_timeout + Duration::from_millis(500),
-        "a frozen etcd costs exactly the request timeout, took {elapsed:?}"
+        elapsed >= request_timeout && elapsed < request_timeout + Duration::from_secs(2),
+        "a frozen etcd costs the request timeout, took {elapsed:?}"
     );
     server.thaw();
     wait_until(PROMPT, "a thawed etcd answers", || async {

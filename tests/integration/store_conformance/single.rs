@@ -110,3 +110,19 @@ async fn etcd_outage_is_unavailable_then_recovers() {
     .await;
     assert!(get(&store, &format!("{prefix}before")).await.is_some(), "data survives a restart");
 }
+
+/// A watch with nothing to report stays open: its liveness checks (a progress request after
+/// 2 s of silence) are answered by a live etcd, and the next change still arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_quiet_watch_stays_open() {
+    let server = EtcdServer::start().await;
+    let config = server.store_config().with_request_timeout(Duration::from_secs(1));
+    let store: Store = Arc::new(EtcdStore::connect(config).await.unwrap());
+    let prefix = server.unique_prefix("quiet");
+    let mut events = watch(&store, &prefix, 0).await;
+    // Two and a half idle periods: at least two progress requests, both answered.
+    crate::support::assert_quiet(&mut events.stream, Duration::from_millis(5_000), "a quiet watch").await;
+    let rev = put(&store, &format!("{prefix}k"), "1").await;
+    let event = next_event(&mut events, "the change after the quiet").await;
+    assert_eq!(event.revision, rev);
+}
