@@ -1,37 +1,55 @@
 //! [`EtcdStore`]: the [`LeaseStore`] on a real etcd v3 cluster.
 //!
-//! * **Timeouts and retries.** Every call is bounded by
-//!   [`EtcdStoreConfig::request_timeout`] and retried with a short backoff while etcd answers
-//!   `Unavailable` or the transport fails (a dead endpoint of a multi-endpoint client, a
-//!   leader election, a restarting member). When time runs out the call fails with
-//!   [`StoreError::Unavailable`] naming the endpoints and the last error. A retried
-//!   transaction whose first attempt was applied but whose answer was lost is seen as a
-//!   failed compare-and-swap (its compares no longer hold); an unconditional write may be
-//!   applied twice (same value, one more revision). Callers re-read after a failed CAS anyway.
+//! * **Timeouts and retries** (see `etcd_call.rs`). Every call is bounded by
+//!   [`EtcdStoreConfig::request_timeout`] and retried while etcd answers `Unavailable` or the
+//!   transport fails (a dead member, a leader election, a restarting member). Calls go to one
+//!   pinned endpoint; with several endpoints each attempt is also bounded by
+//!   [`EtcdStoreConfig::attempt_timeout`], and a failed attempt moves the pin (and its retry)
+//!   to the next endpoint, so a frozen or dead member costs one attempt of one call, not
+//!   every call's whole budget. When time runs out the call fails with [`StoreError::Unavailable`]
+//!   naming the endpoints and the last error. A retried transaction whose first attempt was
+//!   applied but whose answer was lost is seen as a failed compare-and-swap (its compares
+//!   no longer hold); an unconditional write may be applied twice (same value, one more
+//!   revision). Callers re-read after a failed CAS anyway.
 //! * **Sessions** are etcd leases. etcd TTLs are whole seconds: the TTL is rounded **up** to
 //!   whole seconds, at least 1 s; the server may raise it further to its minimum TTL
 //!   (1.5 × election timeout, rounded up: 2 s with etcd's default settings).
-//! * **Watches** use etcd's watch with `start_revision`; a compacted start revision ends the
-//!   stream with [`StoreError::Compacted`] (reported as the first item, as etcd reports it
+//! * **Watches** use etcd's watch with `start_revision` and yield one [`WatchBatch`] per
+//!   revision (see `etcd_watch.rs`); a compacted start revision ends the stream with
+//!   [`StoreError::Compacted`] (reported as the first item, as etcd reports it
 //!   asynchronously). Any broken or cancelled watch ends the stream with an error item.
-//!   A start revision of `0` (or less) means "from the next revision on".
+//!   A start revision of `0` (or less) means "from the next revision on". A watch quiet for
+//!   2 s asks etcd for a progress notification and ends `Unavailable` if none comes within
+//!   the attempt (or, with one endpoint, request) timeout: a frozen member or a black-holed
+//!   connection breaks the watch instead of silently stalling it.
 //!   The client requires a leader (`hasleader` metadata), so a member cut off from the
 //!   cluster fails requests and watches instead of serving stale state.
 //! * **Time.** Timeouts and backoff run on tokio timers: do not use an `EtcdStore` under
 //!   `tokio::time::pause()` (auto-advance would fire the timeouts while etcd is answering).
+//!
+//! [`WatchBatch`]: super::WatchBatch
 
-use std::{collections::VecDeque, fmt, future::Future, sync::Arc, time::Duration};
+#[path = "etcd_call.rs"]
+mod call;
+#[path = "etcd_watch.rs"]
+mod watch;
+
+use std::{
+    fmt,
+    future::Future,
+    sync::Arc,
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
 
 use async_trait::async_trait;
-use etcd_client::{
-    Client, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, TxnOp, WatchOptions, WatchResponse,
-};
-use futures::StreamExt;
-use tokio::time::Instant;
+use etcd_client::{Client, CompareOp, ConnectOptions, GetOptions, PutOptions, TxnOp, WatchOptions};
 
+use self::call::{CallError, Clients, is_retryable};
+use self::watch::Watch;
 use super::{
     Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome,
-    WatchEvent, WatchEventKind, WatchStream,
+    WatchStream,
 };
 
 /// How to reach etcd.
@@ -44,10 +62,14 @@ pub struct EtcdStoreConfig {
     pub connect_timeout: Duration,
     /// Bound on every store call, retries included.
     pub request_timeout: Duration,
+    /// With several endpoints, bound on one attempt of a call before it is retried on the
+    /// next endpoint (a frozen member never answers). Ignored with one endpoint.
+    pub attempt_timeout: Duration,
 }
 
 impl EtcdStoreConfig {
-    /// Default timeouts (5 s to connect, 5 s per request) for these endpoints.
+    /// Default timeouts (5 s to connect, 5 s per request, 1 s per attempt) for these
+    /// endpoints.
     pub fn new<I, S>(endpoints: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -67,15 +89,24 @@ impl EtcdStoreConfig {
         self.request_timeout = timeout;
         self
     }
+
+    /// Sets [`attempt_timeout`](Self::attempt_timeout).
+    pub fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
+        self
+    }
 }
 
 impl Default for EtcdStoreConfig {
-    /// `http://127.0.0.1:2379`, 5 s to connect, 5 s per request.
+    /// `http://127.0.0.1:2379`, 5 s to connect, 5 s per request, 1 s per attempt.
     fn default() -> Self {
         EtcdStoreConfig {
             endpoints: vec!["http://127.0.0.1:2379".to_string()],
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            // Loopback etcd answers a 64-key txn in about 1 ms; 1 s is far beyond a healthy
+            // member's answer and leaves a 5 s budget room for four more endpoints.
+            attempt_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -84,7 +115,7 @@ impl Default for EtcdStoreConfig {
 /// connections.
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    clients: Arc<Clients>,
     config: Arc<EtcdStoreConfig>,
 }
 
@@ -94,31 +125,11 @@ impl fmt::Debug for EtcdStore {
     }
 }
 
-/// Why a call did not succeed.
-enum CallError {
-    /// etcd (or the client) refused it; not worth retrying.
-    Failed(etcd_client::Error),
-    /// No answer in time; the message says what was tried.
-    Unavailable(String),
-}
+/// Counts stores made by this process (to spread their pinned endpoints).
+static NEXT_STORE: AtomicUsize = AtomicUsize::new(0);
 
 /// Large prefix reads and watch replays may exceed gRPC's default 4 MiB per message.
 const MAX_DECODING_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
-
-/// First retry delay; doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(10);
-const MAX_BACKOFF: Duration = Duration::from_millis(250);
-
-/// Whether an error means "try again" (no leader, member down, connection refused...).
-fn is_retryable(error: &etcd_client::Error) -> bool {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => status.code() == tonic::Code::Unavailable,
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        // The keep-alive stream ended before its first answer.
-        etcd_client::Error::WatchError(_) => true,
-        _ => false,
-    }
-}
 
 fn is_lease_not_found(error: &etcd_client::Error) -> bool {
     matches!(error, etcd_client::Error::GRpcStatus(status)
@@ -129,6 +140,25 @@ fn grpc_message(error: &etcd_client::Error) -> Option<&str> {
     match error {
         etcd_client::Error::GRpcStatus(status) => Some(status.message()),
         _ => None,
+    }
+}
+
+/// Builds a client for `endpoints` within `timeout` (connections are made lazily by the
+/// client; this fails only on malformed endpoints or a client that cannot start).
+async fn client(
+    endpoints: &[String],
+    options: ConnectOptions,
+    timeout: Duration,
+) -> Result<Client, StoreError> {
+    match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(error)) if is_retryable(&error) => {
+            Err(StoreError::Unavailable(format!("etcd at {endpoints:?}: {error}")))
+        }
+        Ok(Err(error)) => Err(StoreError::Invalid(format!("etcd endpoints {endpoints:?}: {error}"))),
+        Err(_) => {
+            Err(StoreError::Unavailable(format!("etcd at {endpoints:?}: no connection within {timeout:?}")))
+        }
     }
 }
 
@@ -147,30 +177,20 @@ impl EtcdStore {
             // pings more often than every 5 s (`--grpc-keepalive-min-time`).
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_require_leader(true);
-        let client = match tokio::time::timeout(
-            config.connect_timeout,
-            Client::connect(&config.endpoints, Some(options)),
-        )
-        .await
-        {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) if is_retryable(&error) => {
-                return Err(StoreError::Unavailable(format!("etcd at {:?}: {error}", config.endpoints)));
-            }
-            Ok(Err(error)) => {
-                return Err(StoreError::Invalid(format!("etcd endpoints {:?}: {error}", config.endpoints)));
-            }
-            Err(_) => {
-                return Err(StoreError::Unavailable(format!(
-                    "etcd at {:?}: no connection within {:?}",
-                    config.endpoints, config.connect_timeout
-                )));
-            }
-        };
+        let mut clients = Vec::new();
+        for endpoint in &config.endpoints {
+            let single =
+                client(std::slice::from_ref(endpoint), options.clone(), config.connect_timeout).await?;
+            clients.push((endpoint.clone(), single));
+        }
+        // Spread instances over the members: each starts pinned to a different endpoint.
+        let first = std::process::id() as usize + NEXT_STORE.fetch_add(1, Ordering::Relaxed);
+        let clients = Clients::new(clients, first, config.attempt_timeout);
         let connect_timeout = config.connect_timeout;
-        let store = EtcdStore { client, config: Arc::new(config) };
+        let store = EtcdStore { clients: Arc::new(clients), config: Arc::new(config) };
         store
-            .call_within(connect_timeout, "connect", |mut client| async move {
+            .clients
+            .call(connect_timeout, "connect", |mut client| async move {
                 client.get("kafka-assigner/connect-probe", Some(GetOptions::new().with_count_only())).await
             })
             .await
@@ -178,58 +198,23 @@ impl EtcdStore {
         Ok(store)
     }
 
+    /// The endpoint calls go to now (it moves when an attempt there fails).
+    pub fn pinned_endpoint(&self) -> &str {
+        self.clients.pinned_endpoint()
+    }
+
     /// The configuration this store was connected with.
     pub fn config(&self) -> &EtcdStoreConfig {
         &self.config
     }
 
-    /// Runs `f` (with a fresh client handle each attempt) within `request_timeout`.
+    /// Runs `f` (with a client handle per attempt) within `request_timeout`.
     async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T, CallError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        self.call_within(self.config.request_timeout, what, f).await
-    }
-
-    /// Runs `f` until it succeeds, fails for good, or `budget` is spent, retrying
-    /// retryable errors with a short backoff.
-    async fn call_within<T, F, Fut>(
-        &self,
-        budget: Duration,
-        what: &'static str,
-        mut f: F,
-    ) -> Result<T, CallError>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        let deadline = Instant::now() + budget;
-        let mut backoff = FIRST_BACKOFF;
-        let mut attempts = 0u32;
-        let mut last_error = None;
-        loop {
-            attempts += 1;
-            match tokio::time::timeout_at(deadline, f(self.client.clone())).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(error)) if is_retryable(&error) => {
-                    tracing::debug!(%error, what, attempts, "etcd call failed; retrying");
-                    last_error = Some(error.to_string());
-                    if Instant::now() + backoff >= deadline {
-                        break;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-                Ok(Err(error)) => return Err(CallError::Failed(error)),
-                Err(_elapsed) => break,
-            }
-        }
-        Err(CallError::Unavailable(format!(
-            "{what}: no answer from etcd at {} within {budget:?} ({attempts} attempt(s); last error: {})",
-            self.config.endpoints.join(","),
-            last_error.as_deref().unwrap_or("timed out")
-        )))
+        self.clients.call(self.config.request_timeout, what, f).await
     }
 
     /// The generic mapping of a failed call.
@@ -250,7 +235,7 @@ impl EtcdStore {
                 etcd_client::Error::InvalidArgs(_)
                 | etcd_client::Error::InvalidUri(_)
                 | etcd_client::Error::Utf8Error(_) => StoreError::Invalid(error.to_string()),
-                _ => StoreError::Unavailable(format!("etcd at {}: {error}", self.config.endpoints.join(","))),
+                _ => StoreError::Unavailable(format!("etcd at {}: {error}", self.clients.endpoints())),
             },
         }
     }
@@ -305,91 +290,6 @@ fn etcd_txn(txn: &Txn) -> etcd_client::Txn {
         })
         .collect();
     etcd_client::Txn::new().when(compares).and_then(ops)
-}
-
-/// The state behind a [`WatchStream`] from etcd.
-struct Watch {
-    stream: etcd_client::WatchStream,
-    pending: VecDeque<Result<WatchEvent, StoreError>>,
-    /// An error item was queued: nothing after it.
-    failed: bool,
-    from_revision: Revision,
-    endpoints: String,
-}
-
-impl Watch {
-    /// Queues the events (or the error) of one etcd response, in order.
-    fn absorb(&mut self, response: WatchResponse) {
-        if self.failed {
-            return;
-        }
-        if response.compact_revision() > 0 {
-            self.fail(StoreError::Compacted {
-                requested: self.from_revision,
-                compacted: response.compact_revision(),
-            });
-            return;
-        }
-        if response.canceled() {
-            let reason = response.cancel_reason();
-            self.fail(StoreError::Unavailable(format!(
-                "etcd at {} cancelled the watch: {reason}",
-                self.endpoints
-            )));
-            return;
-        }
-        for event in response.events() {
-            let Some(kv) = event.kv() else {
-                self.fail(StoreError::Invalid("etcd watch event without a key".into()));
-                return;
-            };
-            let item = match event.event_type() {
-                EventType::Put => key_value(kv).map(|record| WatchEvent {
-                    key: record.key.clone(),
-                    revision: kv.mod_revision(),
-                    kind: WatchEventKind::Put(record),
-                }),
-                EventType::Delete => key_string(kv).map(|key| WatchEvent {
-                    key,
-                    revision: kv.mod_revision(),
-                    kind: WatchEventKind::Delete,
-                }),
-            };
-            match item {
-                Ok(event) => self.pending.push_back(Ok(event)),
-                Err(error) => {
-                    self.fail(error);
-                    return;
-                }
-            }
-        }
-    }
-
-    fn fail(&mut self, error: StoreError) {
-        self.failed = true;
-        self.pending.push_back(Err(error));
-    }
-
-    /// The next item: queued ones first, then the next response; `None` after an error item.
-    async fn next(&mut self) -> Option<Result<WatchEvent, StoreError>> {
-        loop {
-            if let Some(item) = self.pending.pop_front() {
-                return Some(item);
-            }
-            if self.failed {
-                return None;
-            }
-            match self.stream.message().await {
-                Ok(Some(response)) => self.absorb(response),
-                Ok(None) => self
-                    .fail(StoreError::Unavailable(format!("etcd at {}: watch stream ended", self.endpoints))),
-                Err(error) => self.fail(StoreError::Unavailable(format!(
-                    "etcd at {}: watch stream broke: {error}",
-                    self.endpoints
-                ))),
-            }
-        }
-    }
 }
 
 #[async_trait]
@@ -500,30 +400,26 @@ impl LeaseStore for EtcdStore {
             })
             .await
             .map_err(|e| self.store_error(e))?;
-        let mut watch = Watch {
-            stream,
-            pending: VecDeque::new(),
-            failed: false,
-            from_revision,
-            endpoints: self.config.endpoints.join(","),
+        let answer_within = if self.config.endpoints.len() > 1 {
+            self.config.attempt_timeout
+        } else {
+            self.config.request_timeout
         };
+        let mut watch =
+            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), answer_within);
         match first {
             Some(response) => watch.absorb(response),
             None => {
                 return Err(StoreError::Unavailable(format!(
                     "etcd at {}: watch stream ended at once",
-                    watch.endpoints
+                    self.clients.endpoints()
                 )));
             }
         }
-        if let Some(Err(StoreError::Compacted { .. })) = watch.pending.front() {
-            return Err(watch.pending.pop_front().and_then(Result::err).unwrap_or(StoreError::Closed));
+        if let Some(compacted) = watch.take_compacted() {
+            return Err(compacted);
         }
-        Ok(futures::stream::unfold(
-            watch,
-            |mut watch| async move { watch.next().await.map(|item| (item, watch)) },
-        )
-        .boxed())
+        Ok(watch.into_stream())
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {

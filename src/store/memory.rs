@@ -16,9 +16,10 @@
 //!   to watchers) as soon as its deadline passes, so tests under `tokio::time::pause()` are
 //!   driven by auto-advance. Expiry is also applied lazily before every operation, so a
 //!   session past its deadline is never observed alive;
-//! * watches get every event in revision order, first replayed from a bounded history
+//! * watches get every revision whole ([`WatchBatch`]: all events of one commit under the
+//!   prefix, in op order), in revision order, first replayed from a bounded history
 //!   (default [`MemoryStore::DEFAULT_HISTORY_LIMIT`] events, see [`MemoryStore::with_history_limit`]),
-//!   then live. Events are sent while the commit holds the store lock, so every watcher
+//!   then live. Batches are sent while the commit holds the store lock, so every watcher
 //!   sees one total order. History that was trimmed or [`compacted`](LeaseStore::compact)
 //!   away makes a watch from an older revision fail with [`StoreError::Compacted`].
 //!   As in etcd, a start revision of `0` (or less) means "from the next revision on".
@@ -44,7 +45,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::{
     Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome,
-    WatchEvent, WatchEventKind, WatchStream,
+    WatchBatch, WatchEvent, WatchEventKind, WatchStream,
 };
 
 /// An in-process [`LeaseStore`] with etcd semantics (see the module docs).
@@ -84,7 +85,20 @@ struct Watcher {
     prefix: String,
     /// Events before this revision are not for this watcher (a start in the future).
     from: Revision,
-    tx: mpsc::UnboundedSender<Result<WatchEvent, StoreError>>,
+    tx: mpsc::UnboundedSender<Result<WatchBatch, StoreError>>,
+}
+
+impl Watcher {
+    /// The part of `batch` this watcher wants (`None` if nothing): whole or not at all
+    /// per revision, filtered by prefix.
+    fn wants(prefix: &str, from: Revision, batch: &WatchBatch) -> Option<WatchBatch> {
+        if batch.revision < from {
+            return None;
+        }
+        let events: Vec<WatchEvent> =
+            batch.events.iter().filter(|e| e.key.starts_with(prefix)).cloned().collect();
+        (!events.is_empty()).then_some(WatchBatch { revision: batch.revision, events })
+    }
 }
 
 struct State {
@@ -97,7 +111,10 @@ struct State {
     /// Sessions by deadline, for the expiry task.
     deadlines: BTreeSet<(Instant, i64)>,
     next_session: i64,
-    history: VecDeque<WatchEvent>,
+    /// Recent revisions, whole, for watches that start in the past.
+    history: VecDeque<WatchBatch>,
+    /// Events in `history` (the limit counts events, not revisions).
+    history_events: usize,
     history_limit: usize,
     watchers: Vec<Watcher>,
     expiry_task: Option<JoinHandle<()>>,
@@ -123,6 +140,7 @@ impl MemoryStore {
             deadlines: BTreeSet::new(),
             next_session: 1,
             history: VecDeque::new(),
+            history_events: 0,
             history_limit: limit,
             watchers: Vec::new(),
             expiry_task: None,
@@ -316,35 +334,31 @@ impl State {
             return self.revision;
         }
         self.revision = revision;
-        self.publish(events);
+        self.publish(WatchBatch { revision, events });
         revision
     }
 
-    /// Sends events to the matching watchers (in order, under the lock) and records them.
-    fn publish(&mut self, events: Vec<WatchEvent>) {
+    /// Sends one revision to the matching watchers (whole, under the lock, so every watcher
+    /// sees one order) and records it.
+    fn publish(&mut self, batch: WatchBatch) {
         // Watchers whose stream was dropped go away here.
-        self.watchers.retain(|watcher| {
-            for event in &events {
-                let wanted = event.revision >= watcher.from && event.key.starts_with(&watcher.prefix);
-                if wanted && watcher.tx.send(Ok(event.clone())).is_err() {
-                    return false;
-                }
-            }
-            !watcher.tx.is_closed()
+        self.watchers.retain(|watcher| match Watcher::wants(&watcher.prefix, watcher.from, &batch) {
+            Some(part) => watcher.tx.send(Ok(part)).is_ok(),
+            None => !watcher.tx.is_closed(),
         });
-        self.history.extend(events);
+        self.history_events += batch.events.len();
+        self.history.push_back(batch);
         self.trim_history();
     }
 
+    /// Drops the oldest revisions (whole) beyond the limit or before the compaction point.
     fn trim_history(&mut self) {
-        while self.history.len() > self.history_limit {
-            if let Some(dropped) = self.history.pop_front() {
-                self.compacted = self.compacted.max(dropped.revision + 1);
-            }
-        }
-        // Never keep part of a revision: drop its remaining events too.
-        while self.history.front().is_some_and(|e| e.revision < self.compacted) {
-            self.history.pop_front();
+        while self.history_events > self.history_limit
+            || self.history.front().is_some_and(|b| b.revision < self.compacted)
+        {
+            let Some(dropped) = self.history.pop_front() else { break };
+            self.history_events -= dropped.events.len();
+            self.compacted = self.compacted.max(dropped.revision + 1);
         }
     }
 }
@@ -452,9 +466,9 @@ impl LeaseStore for MemoryStore {
             return Err(StoreError::Compacted { requested: from, compacted: state.compacted });
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        for event in state.history.iter().filter(|e| e.revision >= from && e.key.starts_with(prefix)) {
+        for part in state.history.iter().filter_map(|batch| Watcher::wants(prefix, from, batch)) {
             // The receiver is alive: it is still in our hands.
-            let _ = tx.send(Ok(event.clone()));
+            let _ = tx.send(Ok(part));
         }
         state.watchers.push(Watcher { prefix: prefix.to_string(), from, tx });
         Ok(UnboundedReceiverStream::new(rx).boxed())
@@ -475,121 +489,5 @@ impl LeaseStore for MemoryStore {
 }
 
 #[cfg(test)]
-mod tests {
-    //! Memory-only behaviour; the shared contract is tested by the conformance suite.
-
-    use super::*;
-    use crate::store::Op;
-
-    #[tokio::test(start_paused = true)]
-    async fn expiry_runs_on_paused_time() {
-        let store = MemoryStore::new();
-        let session = store.grant_session(Duration::from_secs(10)).await.unwrap();
-        store.put("a", b"1".to_vec(), Some(session)).await.unwrap();
-        let mut watch = store.watch_prefix("", 0).await.unwrap();
-        let start = Instant::now();
-        // Nothing but the expiry task is pending: auto-advance jumps to the deadline.
-        let event = watch.next().await.unwrap().unwrap();
-        assert_eq!(event.kind, WatchEventKind::Delete);
-        assert_eq!(event.key, "a");
-        assert_eq!(Instant::now() - start, Duration::from_secs(10));
-        assert!(matches!(store.keep_alive(session).await, Err(StoreError::SessionExpired(_))));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn keep_alive_pushes_the_deadline() {
-        let store = MemoryStore::new();
-        let session = store.grant_session(Duration::from_secs(3)).await.unwrap();
-        store.put("a", b"1".to_vec(), Some(session)).await.unwrap();
-        for _ in 0..10 {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            store.keep_alive(session).await.unwrap();
-        }
-        assert!(store.get("a").await.unwrap().is_some());
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(store.get("a").await.unwrap().is_none());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn earlier_session_granted_later_wakes_the_task() {
-        let store = MemoryStore::new();
-        let long = store.grant_session(Duration::from_secs(100)).await.unwrap();
-        store.put("long", b"".to_vec(), Some(long)).await.unwrap();
-        let short = store.grant_session(Duration::from_secs(1)).await.unwrap();
-        store.put("short", b"".to_vec(), Some(short)).await.unwrap();
-        let mut watch = store.watch_prefix("", 0).await.unwrap();
-        let start = Instant::now();
-        let event = watch.next().await.unwrap().unwrap();
-        assert_eq!((event.key.as_str(), Instant::now() - start), ("short", Duration::from_secs(1)));
-    }
-
-    #[tokio::test]
-    async fn dropping_the_store_stops_the_task_and_ends_watches() {
-        let store = MemoryStore::new();
-        store.grant_session(Duration::from_secs(3600)).await.unwrap();
-        let task = store.inner.lock().expiry_task.as_ref().map(|t| t.id());
-        assert!(task.is_some());
-        let weak = Arc::downgrade(&store.inner);
-        let mut watch = store.watch_prefix("", 0).await.unwrap();
-        drop(store);
-        assert!(weak.upgrade().is_none());
-        assert!(matches!(watch.next().await, Some(Err(StoreError::Closed))));
-        assert!(watch.next().await.is_none());
-    }
-
-    #[tokio::test]
-    async fn history_limit_compacts_whole_revisions() {
-        let store = MemoryStore::with_history_limit(3);
-        store.put("a", b"1".to_vec(), None).await.unwrap(); // rev 2
-        let rev3 =
-            store.txn(Txn::new().then(Op::put("b", "1")).then(Op::put("c", "1"))).await.unwrap().revision;
-        assert_eq!(rev3, 3);
-        store.put("d", b"1".to_vec(), None).await.unwrap(); // rev 4: history [b@3, c@3, d@4]
-        assert_eq!(store.compacted_revision(), 3);
-        store.put("e", b"1".to_vec(), None).await.unwrap(); // rev 5: b@3 dropped, so c@3 too
-        assert_eq!(store.compacted_revision(), 4);
-        assert!(matches!(
-            store.watch_prefix("", 3).await,
-            Err(StoreError::Compacted { requested: 3, compacted: 4 })
-        ));
-        let mut watch = store.watch_prefix("", 4).await.unwrap();
-        assert_eq!(watch.next().await.unwrap().unwrap().key, "d");
-        assert_eq!(watch.next().await.unwrap().unwrap().key, "e");
-    }
-
-    #[tokio::test]
-    async fn dropped_watches_are_forgotten() {
-        let store = MemoryStore::new();
-        let watch = store.watch_prefix("quiet/", 0).await.unwrap();
-        let _kept = store.watch_prefix("", 0).await.unwrap();
-        assert_eq!(store.inner.lock().watchers.len(), 2);
-        drop(watch);
-        store.put("elsewhere", b"1".to_vec(), None).await.unwrap();
-        assert_eq!(store.inner.lock().watchers.len(), 1);
-    }
-
-    #[tokio::test]
-    async fn invalid_transactions_are_refused() {
-        let store = MemoryStore::new();
-        let dup = Txn::new().then(Op::put("a", "1")).then(Op::delete("a"));
-        assert!(matches!(store.txn(dup).await, Err(StoreError::Invalid(_))));
-        assert!(matches!(store.put("", b"".to_vec(), None).await, Err(StoreError::Invalid(_))));
-        assert!(matches!(store.grant_session(Duration::ZERO).await, Err(StoreError::Invalid(_))));
-        assert!(matches!(store.compact(5).await, Err(StoreError::Invalid(_))));
-        assert_eq!(store.revision(), 1);
-    }
-
-    #[tokio::test]
-    async fn moving_a_key_between_sessions() {
-        let store = MemoryStore::new();
-        let a = store.grant_session(Duration::from_secs(60)).await.unwrap();
-        let b = store.grant_session(Duration::from_secs(60)).await.unwrap();
-        store.put("k", b"1".to_vec(), Some(a)).await.unwrap();
-        store.put("k", b"2".to_vec(), Some(b)).await.unwrap();
-        store.revoke_session(a).await.unwrap();
-        assert_eq!(store.get("k").await.unwrap().unwrap().session, Some(b));
-        store.put("k", b"3".to_vec(), None).await.unwrap();
-        store.revoke_session(b).await.unwrap();
-        assert_eq!(store.get("k").await.unwrap().unwrap().value, b"3");
-    }
-}
+#[path = "memory_tests.rs"]
+mod tests;

@@ -8,14 +8,18 @@
 //! * [`MemoryStore`] keeps everything in process (demos, tests, single-node use). Its
 //!   session expiry runs on tokio time, so tests with paused time drive it.
 //! * [`EtcdStore`] talks to a real etcd cluster.
+//! * [`FaultyStore`] wraps either to inject faults (lost answers, delays, cut-offs, session
+//!   expiry): a test tool for simulations and fault tests, never used by the service.
 //!
 //! Both pass the same conformance suite (`tests/integration/store_conformance.rs`), which is
 //! what makes the memory store trustworthy rather than a mock.
 
 mod etcd;
+mod faulty;
 mod memory;
 
 pub use etcd::{EtcdStore, EtcdStoreConfig};
+pub use faulty::{FaultStats, FaultyStore};
 pub use memory::MemoryStore;
 
 use std::{fmt, time::Duration};
@@ -165,8 +169,19 @@ pub struct WatchEvent {
     pub kind: WatchEventKind,
 }
 
-/// A stream of changes in revision order; it ends only with an error item.
-pub type WatchStream = BoxStream<'static, Result<WatchEvent, StoreError>>;
+/// Every change of one revision under a watched prefix, together: a watcher never sees part
+/// of a transaction (or of a session's expiry), as with etcd's watch responses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchBatch {
+    /// The revision of every event in the batch.
+    pub revision: Revision,
+    /// The changes under the watched prefix, in the transaction's op order; never empty.
+    pub events: Vec<WatchEvent>,
+}
+
+/// A stream of whole revisions, in revision order (one [`WatchBatch`] per revision that
+/// touched the prefix); it ends only with an error item.
+pub type WatchStream = BoxStream<'static, Result<WatchBatch, StoreError>>;
 
 /// Errors of a [`LeaseStore`].
 #[derive(Debug, thiserror::Error)]
@@ -215,8 +230,8 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Applies a transaction atomically.
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError>;
 
-    /// Watches every change under `prefix` with revision `>= from_revision`, in order.
-    /// Fails (immediately or as the first item) with [`StoreError::Compacted`] when that
+    /// Watches every change under `prefix` with revision `>= from_revision`, in order, one
+    /// [`WatchBatch`] per revision. Fails (immediately or as the first item) with [`StoreError::Compacted`] when that
     /// history is gone.
     async fn watch_prefix(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError>;
 

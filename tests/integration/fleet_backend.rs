@@ -320,18 +320,20 @@ impl Auditor {
         let (v, r) = (violations.clone(), revisions.clone());
         let task = tokio::spawn(async move {
             let mut current = snapshot.revision;
-            while let Some(Ok(event)) = watch.next().await {
-                // Check the state left by a whole revision, before the next one applies.
-                if event.revision != current {
-                    v.lock().unwrap().extend(replica.check(current));
-                    *r.lock().unwrap() += 1;
-                    current = event.revision;
+            while let Some(Ok(batch)) = watch.next().await {
+                for event in batch.events {
+                    // Check the state left by a whole revision, before the next one applies.
+                    if event.revision != current {
+                        v.lock().unwrap().extend(replica.check(current));
+                        *r.lock().unwrap() += 1;
+                        current = event.revision;
+                    }
+                    let value = match &event.kind {
+                        WatchEventKind::Put(kv) => Some(kv.value.as_slice()),
+                        WatchEventKind::Delete => None,
+                    };
+                    replica.apply(&keys, &event.key, value);
                 }
-                let value = match &event.kind {
-                    WatchEventKind::Put(kv) => Some(kv.value.as_slice()),
-                    WatchEventKind::Delete => None,
-                };
-                replica.apply(&keys, &event.key, value);
             }
         });
         Auditor { task, violations, revisions }

@@ -1,9 +1,11 @@
 //! Integration tests: real etcd (started by the harness), real gRPC over loopback.
 
 mod every_backend;
+mod faults;
 mod fleet_backend;
 mod grpc_bad_input;
 mod grpc_scenarios;
+mod harness;
 mod kafka_metadata;
 mod multi_instance;
 mod static_backend;

@@ -7,21 +7,28 @@
 //! cluster (`ETCD_ENDPOINTS`); `exclusive` (nobody else writes to the store, so the global
 //! revision moves only with our writes) enables the exact revision checks.
 
+mod single;
+mod watches;
+
 use std::{
-    collections::BTreeSet,
-    net::TcpListener,
+    collections::{BTreeSet, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use kafka_assigner::store::{
-    Compare, EtcdStore, EtcdStoreConfig, KeyValue, LeaseStore, MemoryStore, Op, Revision, SessionId,
-    StoreError, Txn, WatchEvent, WatchEventKind, WatchStream,
+    Compare, KeyValue, LeaseStore, Op, Revision, SessionId, StoreError, Txn, WatchBatch, WatchEvent,
+    WatchEventKind, WatchStream,
 };
 use tokio::sync::Barrier;
 
-use crate::support::{EtcdServer, next_within, wait_until};
+use crate::support::{next_within, wait_until};
+
+use self::watches::{
+    revisions_arrive_whole_under_concurrent_writers, session_ends_arrive_whole,
+    watch_delivers_every_event_live_and_replayed, watch_from_compacted_revision_fails,
+    watch_from_now_or_the_future_skips_earlier_events,
+};
 
 /// Generous bound for anything that should be prompt (a watch event, a read).
 const PROMPT: Duration = Duration::from_secs(5);
@@ -71,6 +78,8 @@ conformance!(
     watch_from_compacted_revision_fails,
     watch_from_now_or_the_future_skips_earlier_events,
     concurrent_cas_has_one_winner_per_round,
+    revisions_arrive_whole_under_concurrent_writers,
+    session_ends_arrive_whole,
 );
 
 async fn get(store: &Store, key: &str) -> Option<KeyValue> {
@@ -85,15 +94,54 @@ async fn revision(store: &Store, prefix: &str) -> Revision {
     store.get_prefix(prefix).await.unwrap().revision
 }
 
-async fn watch(store: &Store, prefix: &str, from: Revision) -> WatchStream {
-    store.watch_prefix(prefix, from).await.unwrap_or_else(|e| panic!("watch {prefix} from {from}: {e}"))
+/// A watch under test: hands out whole revisions or single events, and checks on the way
+/// that every batch is one non-empty revision, later than the one before.
+pub struct Events {
+    /// The store's stream.
+    pub stream: WatchStream,
+    pending: VecDeque<WatchEvent>,
+    last: Revision,
 }
 
-async fn next_event(stream: &mut WatchStream, what: &str) -> WatchEvent {
-    match next_within(stream, PROMPT, what).await {
-        Ok(event) => event,
-        Err(error) => panic!("watch failed while waiting for {what}: {error}"),
+impl Events {
+    /// The next whole revision (checked), panicking on an error item or after [`PROMPT`].
+    pub async fn next_batch(&mut self, what: &str) -> WatchBatch {
+        assert!(
+            self.pending.is_empty(),
+            "{what}: events of the last batch were not taken: {:?}",
+            self.pending
+        );
+        let batch = match next_within(&mut self.stream, PROMPT, what).await {
+            Ok(batch) => batch,
+            Err(error) => panic!("watch failed while waiting for {what}: {error}"),
+        };
+        assert!(!batch.events.is_empty(), "{what}: an empty batch at revision {}", batch.revision);
+        assert!(batch.revision > self.last, "{what}: revision {} after {}", batch.revision, self.last);
+        for event in &batch.events {
+            assert_eq!(event.revision, batch.revision, "{what}: an event of another revision in {batch:?}");
+        }
+        self.last = batch.revision;
+        batch
     }
+
+    /// The next event (of the current batch, or of the next one).
+    pub async fn next_event(&mut self, what: &str) -> WatchEvent {
+        if self.pending.is_empty() {
+            let batch = self.next_batch(what).await;
+            self.pending.extend(batch.events);
+        }
+        self.pending.pop_front().unwrap_or_else(|| unreachable!("batches are never empty"))
+    }
+}
+
+async fn watch(store: &Store, prefix: &str, from: Revision) -> Events {
+    let stream =
+        store.watch_prefix(prefix, from).await.unwrap_or_else(|e| panic!("watch {prefix} from {from}: {e}"));
+    Events { stream, pending: VecDeque::new(), last: 0 }
+}
+
+async fn next_event(events: &mut Events, what: &str) -> WatchEvent {
+    events.next_event(what).await
 }
 
 /// The event we expect: `Some(value)` for a put, `None` for a delete.
@@ -329,10 +377,9 @@ async fn multi_op_txn_is_atomic_at_one_revision(store: Store, prefix: &str, excl
         assert_eq!((kv.create_revision, kv.mod_revision), (outcome.revision, outcome.revision));
     }
     assert_eq!(get(&store, &gone).await, None);
-    let mut seen = Vec::new();
-    for _ in 0..=keys.len() {
-        seen.push(summary(&next_event(&mut events, "the txn's events").await));
-    }
+    let batch = events.next_batch("the txn's events").await;
+    assert_eq!(batch.revision, outcome.revision);
+    let seen: Vec<_> = batch.events.iter().map(summary).collect();
     let mut expected: Vec<_> =
         keys.iter().map(|k| (k.clone(), outcome.revision, Some(b"v0".to_vec()))).collect();
     expected.push((gone.clone(), outcome.revision, None));
@@ -386,8 +433,10 @@ async fn revoked_session_deletes_its_records(store: Store, prefix: &str, _exclus
     assert!(get(&store, &others).await.is_some(), "another session's record must stay");
 
     next_event(&mut events, "the others put").await;
-    let first = summary(&next_event(&mut events, "first revocation delete").await);
-    let second = summary(&next_event(&mut events, "second revocation delete").await);
+    let revocation = events.next_batch("the revocation's deletes, in one batch").await;
+    assert_eq!(revocation.events.len(), 2, "{revocation:?}");
+    let first = summary(&revocation.events[0]);
+    let second = summary(&revocation.events[1]);
     assert_eq!(first.1, second.1, "a session's records go in one revision");
     assert_eq!(BTreeSet::from([first.0, second.0]), BTreeSet::from([a.clone(), b.clone()]));
     assert_eq!((first.2, second.2), (None, None));
@@ -463,149 +512,6 @@ async fn kept_alive_session_keeps_its_records(store: Store, prefix: &str, _exclu
     .await;
 }
 
-async fn watch_delivers_every_event_live_and_replayed(store: Store, prefix: &str, _exclusive: bool) {
-    let key = |name: &str| format!("{prefix}{name}");
-    let start = store.get_prefix(prefix).await.unwrap();
-    let mut live = watch(&store, prefix, start.revision + 1).await;
-    // Outside the prefix: never seen.
-    store.put(&format!("{}-sibling", prefix.trim_end_matches('/')), b"x".to_vec(), None).await.unwrap();
-
-    let session = store.grant_session(Duration::from_secs(30)).await.unwrap();
-    let short = store.grant_session(SHORT_TTL).await.unwrap();
-    let mut expected = Vec::new();
-    let r = put(&store, &key("a"), "1").await;
-    expected.push((key("a"), r, Some(b"1".to_vec())));
-    let r = store.put(&key("b"), b"2".to_vec(), Some(session)).await.unwrap();
-    expected.push((key("b"), r, Some(b"2".to_vec())));
-    let r = put(&store, &key("a"), "3").await;
-    expected.push((key("a"), r, Some(b"3".to_vec())));
-    let r = store.delete(&key("a")).await.unwrap();
-    expected.push((key("a"), r, None));
-    let r = store
-        .txn(Txn::new().then(Op::put(key("c"), "4")).then(Op::put(key("d"), "5")))
-        .await
-        .unwrap()
-        .revision;
-    expected.push((key("c"), r, Some(b"4".to_vec())));
-    expected.push((key("d"), r, Some(b"5".to_vec())));
-    store.revoke_session(session).await.unwrap();
-    // The revocation's revision is not returned: take it from the event below.
-    let r = store.put(&key("e"), b"6".to_vec(), Some(short)).await.unwrap();
-
-    let mut seen = Vec::new();
-    while seen.len() < expected.len() + 2 {
-        seen.push(next_event(&mut live, "live events").await);
-    }
-    let revoked = seen[expected.len()].clone();
-    assert_eq!(summary(&revoked), (key("b"), revoked.revision, None), "revocation delete");
-    assert!(revoked.revision > expected.last().unwrap().1 && revoked.revision < r);
-    expected.push((key("b"), revoked.revision, None));
-    expected.push((key("e"), r, Some(b"6".to_vec())));
-
-    // Then the short session expires on its own; then one more write.
-    let expiry = next_event(&mut live, "the session-expiry delete").await;
-    assert_eq!(summary(&expiry), (key("e"), expiry.revision, None));
-    assert!(expiry.revision > r);
-    expected.push((key("e"), expiry.revision, None));
-    seen.push(expiry);
-    let r = put(&store, &key("f"), "7").await;
-    expected.push((key("f"), r, Some(b"7".to_vec())));
-    seen.push(next_event(&mut live, "the last put").await);
-
-    let summaries: Vec<_> = seen.iter().map(summary).collect();
-    assert_eq!(summaries, expected, "live events");
-    assert!(seen.windows(2).all(|w| w[0].revision <= w[1].revision), "revision order");
-    if let WatchEventKind::Put(kv) = &seen[1].kind {
-        assert_eq!(kv.session, Some(session), "a put event carries its session");
-    }
-
-    // Replay from the first of our revisions: the same events, in the same order, then live.
-    let mut replay = watch(&store, prefix, expected[0].1).await;
-    let mut replayed = Vec::new();
-    while replayed.len() < seen.len() {
-        replayed.push(next_event(&mut replay, "replayed events").await);
-    }
-    assert_eq!(replayed, seen, "replay differs from the live events");
-    // Replay from the middle: exactly the tail.
-    let middle = seen[3].revision;
-    let mut tail = watch(&store, prefix, middle).await;
-    for event in seen.iter().filter(|e| e.revision >= middle) {
-        assert_eq!(&next_event(&mut tail, "the tail").await, event);
-    }
-    let r = put(&store, &key("g"), "8").await;
-    for stream in [&mut live, &mut replay, &mut tail] {
-        let event = next_event(stream, "a live event after the replay").await;
-        assert_eq!((event.key.as_str(), event.revision), (key("g").as_str(), r));
-    }
-}
-
-async fn watch_from_compacted_revision_fails(store: Store, prefix: &str, exclusive: bool) {
-    if !exclusive {
-        // Compaction is cluster-wide: on a shared cluster it would break other tests' replays.
-        eprintln!("NOT RUN on a shared ETCD_ENDPOINTS cluster: compaction would disturb other tests");
-        return;
-    }
-    let mut revisions = Vec::new();
-    for i in 0..5 {
-        revisions.push(put(&store, &format!("{prefix}k{i}"), "v").await);
-    }
-    let at = revisions[2];
-    store.compact(at).await.unwrap();
-    // Compacting the same or an older revision again is not an error.
-    store.compact(at).await.unwrap();
-    store.compact(revisions[0]).await.unwrap();
-    // Compacting the future is.
-    let future = store.compact(revisions[4] + 1_000_000).await;
-    assert!(matches!(future, Err(StoreError::Invalid(_))), "compact in the future: {future:?}");
-
-    // Too old: an error, at once or as the first item.
-    let failure = match store.watch_prefix(prefix, revisions[0]).await {
-        Err(error) => error,
-        Ok(mut stream) => match next_within(&mut stream, PROMPT, "the compaction error").await {
-            Err(error) => error,
-            Ok(event) => panic!("watch from a compacted revision yielded {event:?}"),
-        },
-    };
-    match failure {
-        StoreError::Compacted { requested, compacted } => {
-            assert_eq!(requested, revisions[0]);
-            assert!(compacted >= at, "compacted revision {compacted} < {at}");
-        }
-        other => panic!("expected Compacted, got {other:?}"),
-    }
-
-    // From the compaction revision on, history is still there.
-    let mut stream = watch(&store, prefix, at + 1).await;
-    for (i, rev) in revisions.iter().enumerate().skip(3) {
-        let event = next_event(&mut stream, "history after the compaction").await;
-        assert_eq!((event.key, event.revision), (format!("{prefix}k{i}"), *rev));
-    }
-    // Current records are untouched.
-    assert_eq!(store.get_prefix(prefix).await.unwrap().kvs.len(), 5);
-}
-
-async fn watch_from_now_or_the_future_skips_earlier_events(store: Store, prefix: &str, _exclusive: bool) {
-    let key = |i: usize| format!("{prefix}k{i}");
-    put(&store, &key(0), "before").await;
-    // Revision 0: from the next revision on.
-    let mut from_now = watch(&store, prefix, 0).await;
-    let r1 = put(&store, &key(1), "1").await;
-    // A start in the future: nothing before it.
-    let mut from_future = watch(&store, prefix, r1 + 3).await;
-    let mut revisions = vec![r1];
-    for i in 2..=5 {
-        revisions.push(put(&store, &key(i), "v").await);
-    }
-    for (i, rev) in revisions.iter().enumerate() {
-        let event = next_event(&mut from_now, "events from now").await;
-        assert_eq!((event.key, event.revision), (key(i + 1), *rev));
-    }
-    for (i, rev) in revisions.iter().enumerate().filter(|(_, rev)| **rev >= r1 + 3) {
-        let event = next_event(&mut from_future, "events from the future start").await;
-        assert_eq!((event.key, event.revision), (key(i + 1), *rev));
-    }
-}
-
 async fn concurrent_cas_has_one_winner_per_round(store: Store, prefix: &str, _exclusive: bool) {
     const TASKS: usize = 16;
     const ROUNDS: usize = 8;
@@ -644,102 +550,4 @@ async fn concurrent_cas_has_one_winner_per_round(store: Store, prefix: &str, _ex
     }
     let last = winners[ROUNDS - 1][0];
     assert_eq!(get(&store, &key).await.unwrap().value, format!("{}:{last}", ROUNDS - 1).into_bytes());
-}
-
-// ---- MemoryStore under paused time: the same contract, driven by tokio's clock. ----
-
-#[tokio::test(start_paused = true)]
-async fn memory_session_expiry_under_paused_time() {
-    let store: Store = Arc::new(MemoryStore::new());
-    let session = store.grant_session(Duration::from_secs(10)).await.unwrap();
-    store.put("/p/k", b"1".to_vec(), Some(session)).await.unwrap();
-    let mut events = watch(&store, "/p/", 0).await;
-    let start = tokio::time::Instant::now();
-    // Under paused time the deadline must exceed the TTL: auto-advance would fire it first.
-    let event = next_within(&mut events, Duration::from_secs(60), "the expiry").await.unwrap();
-    assert_eq!(summary(&event), ("/p/k".to_string(), 3, None));
-    assert_eq!(start.elapsed(), Duration::from_secs(10));
-}
-
-// ---- EtcdStore only. ----
-
-#[tokio::test]
-async fn etcd_connect_to_closed_port_fails_within_the_timeout() {
-    let port = {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
-    let connect_timeout = Duration::from_secs(1);
-    let config =
-        EtcdStoreConfig::new([format!("http://127.0.0.1:{port}")]).with_connect_timeout(connect_timeout);
-    let started = Instant::now();
-    let result = EtcdStore::connect(config).await;
-    let elapsed = started.elapsed();
-    match result {
-        Err(StoreError::Unavailable(message)) => assert!(message.contains(&port.to_string()), "{message}"),
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-    assert!(elapsed < connect_timeout + Duration::from_millis(500), "took {elapsed:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_works_when_the_first_endpoint_is_dead() {
-    let server = EtcdServer::start().await;
-    let dead = {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port())
-    };
-    let mut endpoints = vec![dead];
-    endpoints.extend(server.endpoints());
-    let config = EtcdStoreConfig { endpoints, ..server.store_config() };
-    let store: Store = Arc::new(EtcdStore::connect(config).await.expect("connect with one dead endpoint"));
-    let prefix = server.unique_prefix("dead-endpoint");
-    let start = revision(&store, &prefix).await;
-    let mut events = watch(&store, &prefix, start + 1).await;
-    let session = store.grant_session(Duration::from_secs(10)).await.unwrap();
-    for i in 0..40 {
-        let key = format!("{prefix}{i}");
-        let rev = store.put(&key, b"v".to_vec(), Some(session)).await.unwrap();
-        assert_eq!(get(&store, &key).await.unwrap().mod_revision, rev);
-        let txn = Txn::new().when(Compare::ModRevision(key.clone(), rev)).then(Op::delete(key.clone()));
-        assert!(store.txn(txn).await.unwrap().succeeded);
-        store.keep_alive(session).await.unwrap();
-    }
-    for _ in 0..80 {
-        next_event(&mut events, "events through the live endpoint").await;
-    }
-    store.revoke_session(session).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_outage_is_unavailable_then_recovers() {
-    let mut server = EtcdServer::start().await;
-    if server.is_shared() {
-        return; // cannot stop a shared cluster; the other tests cover it
-    }
-    let request_timeout = Duration::from_secs(1);
-    let config = server.store_config().with_request_timeout(request_timeout);
-    let store: Store = Arc::new(EtcdStore::connect(config).await.unwrap());
-    let prefix = server.unique_prefix("outage");
-    let rev = put(&store, &format!("{prefix}before"), "1").await;
-    let mut events = watch(&store, &prefix, rev + 1).await;
-
-    server.stop();
-    let started = Instant::now();
-    let result = store.put(&format!("{prefix}during"), b"1".to_vec(), None).await;
-    let elapsed = started.elapsed();
-    assert!(matches!(result, Err(StoreError::Unavailable(_))), "put during an outage: {result:?}");
-    assert!(elapsed < request_timeout + Duration::from_millis(500), "took {elapsed:?}");
-    match next_within(&mut events, PROMPT, "the watch to break").await {
-        Err(StoreError::Unavailable(_)) => {}
-        other => panic!("expected the watch to end with Unavailable, got {other:?}"),
-    }
-    assert!(events.next().await.is_none(), "nothing after the error item");
-
-    server.restart().await;
-    wait_until(PROMPT, "the store works again", || async {
-        store.put(&format!("{prefix}after"), b"1".to_vec(), None).await.is_ok()
-    })
-    .await;
-    assert!(get(&store, &format!("{prefix}before")).await.is_some(), "data survives a restart");
 }

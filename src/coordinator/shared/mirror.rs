@@ -213,7 +213,8 @@ impl<C: MirrorCache> Mirror<C> {
                 let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
                 loop {
                     match item {
-                        Some(Ok(event)) => topics.extend(cache.apply(source.keys, event)),
+                        Some(Ok(batch)) => topics
+                            .extend(batch.events.into_iter().filter_map(|e| cache.apply(source.keys, e))),
                         Some(Err(error)) => {
                             tracing::warn!(%error, mirror = self.name, "watch ended");
                             failed = true;

@@ -183,15 +183,28 @@ impl TestCluster {
 
     /// Starts one more instance on the same store and prefix; returns its index.
     pub async fn add_instance(&mut self) -> usize {
+        let store: Arc<dyn LeaseStore> = match (&self.memory, &self.etcd) {
+            (Some(memory), _) => Arc::new(memory.clone()),
+            (None, Some(etcd)) => Arc::new(etcd.store().await),
+            (None, None) => panic!("a cluster made with_store() adds instances with add_instance_on()"),
+        };
+        self.add_instance_on(store).await
+    }
+
+    /// A cluster with no instance yet, on a store the test made (a 3-member etcd cluster,
+    /// a store behind a proxy); add instances with [`add_instance_on`](Self::add_instance_on).
+    pub fn with_store(backend: Backend, store: Arc<dyn LeaseStore>, prefix: &str) -> Self {
+        let config = test_config(backend, prefix);
+        TestCluster { backend, config, instances: Vec::new(), store, memory: None, etcd: None }
+    }
+
+    /// Starts one more instance on `store` (the same state, reached another way: through a
+    /// proxy, a fault wrapper...); returns its index.
+    pub async fn add_instance_on(&mut self, store: Arc<dyn LeaseStore>) -> usize {
         let index = self.instances.len();
         let id = format!("{}-instance-{index}", self.backend.name());
         let mut config = self.config.clone();
         config.instance_id = id.clone();
-        let store: Arc<dyn LeaseStore> = match (&self.memory, &self.etcd) {
-            (Some(memory), _) => Arc::new(memory.clone()),
-            (None, Some(etcd)) => Arc::new(etcd.store().await),
-            (None, None) => unreachable!("a cluster has a store"),
-        };
         let metrics = Arc::new(Metrics::new());
         let coordinator = HandoffCoordinator::start(store, config, metrics.clone())
             .await
@@ -467,6 +480,8 @@ pub struct TestConsumer {
     pub history: Vec<(std::time::Instant, AssignmentCommand)>,
     /// How the stream ended, once it has.
     pub ended: Option<Result<(), Status>>,
+    /// When the stream ended, once it has.
+    pub ended_at: Option<std::time::Instant>,
 }
 
 impl fmt::Debug for TestConsumer {
@@ -519,6 +534,7 @@ impl TestConsumer {
             releases: BTreeMap::new(),
             history: Vec::new(),
             ended: None,
+            ended_at: None,
         })
     }
 
@@ -539,7 +555,10 @@ impl TestConsumer {
 
     fn apply(&mut self, received: Received) {
         match received {
-            Received::End(_, end) => self.ended = Some(end),
+            Received::End(at, end) => {
+                self.ended = Some(end);
+                self.ended_at = Some(at);
+            }
             Received::Command(at, command) => {
                 match &command.command {
                     Some(Command::Assignment(update)) => {
@@ -595,6 +614,7 @@ impl TestConsumer {
             }
             Ok(None) => {
                 self.ended.get_or_insert(Ok(()));
+                self.ended_at.get_or_insert_with(std::time::Instant::now);
                 true
             }
             Err(_) => false,
@@ -723,6 +743,7 @@ impl TestConsumer {
         }
         self.events.close();
         self.ended.get_or_insert(Ok(()));
+        self.ended_at.get_or_insert_with(std::time::Instant::now);
     }
 
     /// Applies commands until the stream ends; returns how it ended.

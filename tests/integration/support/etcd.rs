@@ -10,6 +10,10 @@
 //!   also dies with the test binary, even on `SIGKILL`: it runs under a small `sh` watchdog
 //!   that kills it when our end of its stdin pipe closes.
 //! * Neither available: panic with how to install etcd. Tests never skip silently.
+//! * Faults: [`EtcdServer::stop`] (a crash: SIGKILL, data kept), [`EtcdServer::restart`] (on
+//!   the same ports and data dir), [`EtcdServer::freeze`] / [`EtcdServer::thaw`] (SIGSTOP /
+//!   SIGCONT: the process hangs with its connections open, as a stalled disk or VM does).
+//!   A 3-member cluster lives in `cluster.rs`, on the same launcher.
 
 use std::{
     fs::{self, File},
@@ -27,7 +31,7 @@ use kafka_assigner::store::{EtcdStore, EtcdStoreConfig};
 use tempfile::TempDir;
 
 /// How long one start attempt may take before it counts as failed.
-const START_DEADLINE: Duration = Duration::from_secs(15);
+pub(super) const START_DEADLINE: Duration = Duration::from_secs(15);
 /// Start attempts (new ports each time) before giving up.
 const START_ATTEMPTS: u32 = 5;
 /// How long stopping waits for the process to exit after closing its watchdog pipe.
@@ -36,9 +40,11 @@ const STOP_DEADLINE: Duration = Duration::from_secs(5);
 /// Runs etcd (`$0`, arguments `$@`) in the background; a watcher kills it when our end of
 /// the stdin pipe closes (our `stop`/`Drop`, or the test binary dying in any way). The
 /// shell exits with etcd's status, so an etcd that dies by itself is noticed.
+/// etcd's own pid is written to `$KAT_ETCD_PIDFILE` (to signal etcd, not the shell).
 const WATCHDOG: &str = r#"exec 3<&0
 "$0" "$@" </dev/null 3<&- &
 pid=$!
+echo "$pid" > "$KAT_ETCD_PIDFILE"
 ( cat <&3 >/dev/null 2>&1; kill -9 "$pid" 2>/dev/null ) </dev/null &
 watcher=$!
 exec 3<&-
@@ -47,7 +53,7 @@ status=$?
 kill "$watcher" 2>/dev/null
 exit "$status""#;
 
-static NEXT_PREFIX: AtomicU64 = AtomicU64::new(0);
+pub(super) static NEXT_PREFIX: AtomicU64 = AtomicU64::new(0);
 
 /// One etcd for one test (see the module docs).
 pub struct EtcdServer {
@@ -71,10 +77,12 @@ struct Local {
     process: Option<Process>,
 }
 
-struct Process {
+pub(super) struct Process {
     child: Child,
     /// Closing this kills etcd (see [`WATCHDOG`]).
     stdin: Option<ChildStdin>,
+    /// Where the watchdog wrote etcd's pid.
+    pid_file: PathBuf,
 }
 
 impl EtcdServer {
@@ -172,6 +180,32 @@ impl EtcdServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP): it keeps its ports and connections but answers nothing,
+    /// until [`thaw`](Self::thaw). Idempotent.
+    ///
+    /// # Panics
+    /// On a shared cluster, or a stopped server.
+    pub fn freeze(&mut self) {
+        self.running("freeze").signal("STOP");
+    }
+
+    /// Lets a frozen server run again (SIGCONT). Idempotent.
+    ///
+    /// # Panics
+    /// On a shared cluster, or a stopped server.
+    pub fn thaw(&mut self) {
+        self.running("thaw").signal("CONT");
+    }
+
+    fn running(&mut self, what: &str) -> &mut Process {
+        match &mut self.mode {
+            Mode::External { .. } => panic!("cannot {what} a shared ETCD_ENDPOINTS cluster"),
+            Mode::Local(local) => {
+                local.process.as_mut().unwrap_or_else(|| panic!("cannot {what} a stopped etcd"))
+            }
+        }
+    }
+
     /// Starts a stopped server again on the same ports and data, and waits until it serves.
     /// Does nothing if it is running.
     ///
@@ -208,8 +242,31 @@ impl Local {
 }
 
 impl Process {
+    /// etcd's pid (the watchdog writes it before etcd can serve).
+    pub(super) fn pid(&self) -> u32 {
+        let text = fs::read_to_string(&self.pid_file)
+            .unwrap_or_else(|e| panic!("etcd pid file {}: {e}", self.pid_file.display()));
+        text.trim().parse().unwrap_or_else(|e| panic!("etcd pid file holds {text:?}: {e}"))
+    }
+
+    /// Sends `SIGSTOP` / `SIGCONT` / `SIGKILL` (by name) to etcd itself.
+    pub(super) fn signal(&mut self, signal: &str) {
+        let pid = self.pid().to_string();
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), pid.clone()])
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run kill -{signal} {pid}: {e}"));
+        assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+    }
+
+    /// Kills etcd at once (SIGKILL, like a crash), then reaps the watchdog.
+    pub(super) fn kill(mut self) {
+        self.signal("KILL");
+        self.stop();
+    }
+
     /// Closes the watchdog pipe (which kills etcd) and waits for the shell to exit.
-    fn stop(mut self) {
+    pub(super) fn stop(mut self) {
         drop(self.stdin.take());
         let give_up = Instant::now() + STOP_DEADLINE;
         while Instant::now() < give_up {
@@ -239,7 +296,7 @@ fn external_endpoints() -> Option<Vec<String>> {
     (!endpoints.is_empty()).then_some(endpoints)
 }
 
-fn find_etcd() -> PathBuf {
+pub(super) fn find_etcd() -> PathBuf {
     if let Some(bin) = std::env::var_os("ETCD_BIN") {
         let bin = PathBuf::from(bin);
         assert!(bin.is_file(), "ETCD_BIN={} does not exist", bin.display());
@@ -260,7 +317,7 @@ fn find_etcd() -> PathBuf {
 }
 
 /// Two distinct free loopback ports (released again: etcd binds them right after).
-fn free_ports() -> (u16, u16) {
+pub(super) fn free_ports() -> (u16, u16) {
     let bind =
         || TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"));
     let (a, b) = (bind(), bind());
@@ -269,7 +326,64 @@ fn free_ports() -> (u16, u16) {
     (port(&a), port(&b))
 }
 
-/// Starts etcd under the watchdog and waits until it serves; kills it on failure.
+/// One etcd member's command line.
+pub(super) struct MemberSpec<'a> {
+    pub binary: &'a Path,
+    pub name: &'a str,
+    pub data_dir: &'a Path,
+    pub log: &'a Path,
+    pub client_port: u16,
+    pub peer_port: u16,
+    /// `name=http://127.0.0.1:peer,...` of every member.
+    pub initial_cluster: &'a str,
+}
+
+/// Spawns one etcd member under the watchdog (without waiting for it to serve). Returns
+/// the process and the log length before it started (for [`log_tail`]).
+pub(super) fn spawn(spec: &MemberSpec<'_>) -> Result<(Process, u64), String> {
+    let log_file =
+        File::options().create(true).append(true).open(spec.log).map_err(|e| format!("log file: {e}"))?;
+    let log_start = log_file.metadata().map(|m| m.len()).unwrap_or(0);
+    let log_err = log_file.try_clone().map_err(|e| format!("log file: {e}"))?;
+    let client_url = format!("http://127.0.0.1:{}", spec.client_port);
+    let peer_url = format!("http://127.0.0.1:{}", spec.peer_port);
+    let pid_file = spec.log.with_extension("pid");
+    let _ = fs::remove_file(&pid_file);
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(WATCHDOG)
+        .arg(spec.binary)
+        .arg(format!("--name={}", spec.name))
+        .arg(format!("--data-dir={}", spec.data_dir.display()))
+        .arg(format!("--listen-client-urls={client_url}"))
+        .arg(format!("--advertise-client-urls={client_url}"))
+        .arg(format!("--listen-peer-urls={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg(format!("--initial-cluster={}", spec.initial_cluster))
+        .arg("--initial-cluster-state=new")
+        .arg("--initial-cluster-token=kafka-assigner-test")
+        .args(["--logger=zap", "--log-level=error", "--log-outputs=stderr"])
+        .args(["--heartbeat-interval=10", "--election-timeout=100"])
+        .env("KAT_ETCD_PIDFILE", &pid_file)
+        .stdin(Stdio::piped())
+        .stdout(log_file)
+        .stderr(log_err)
+        .spawn()
+        .map_err(|e| format!("cannot run sh to start {}: {e}", spec.binary.display()))?;
+    let stdin = child.stdin.take();
+    Ok((Process { child, stdin, pid_file }, log_start))
+}
+
+/// Whether the process has exited (and how), for [`wait_healthy`].
+pub(super) fn exited(process: &mut Process) -> Option<String> {
+    match process.child.try_wait() {
+        Ok(Some(status)) => Some(format!("etcd exited ({status})")),
+        _ => None,
+    }
+}
+
+/// Starts a single-member etcd under the watchdog and waits until it serves; kills it on
+/// failure.
 async fn launch(
     binary: &Path,
     data_dir: &Path,
@@ -277,40 +391,19 @@ async fn launch(
     client_port: u16,
     peer_port: u16,
 ) -> Result<Process, String> {
-    let log_file =
-        File::options().create(true).append(true).open(log).map_err(|e| format!("log file: {e}"))?;
-    let log_start = log_file.metadata().map(|m| m.len()).unwrap_or(0);
-    let log_err = log_file.try_clone().map_err(|e| format!("log file: {e}"))?;
-    let client_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(WATCHDOG)
-        .arg(binary)
-        .arg("--name=test")
-        .arg(format!("--data-dir={}", data_dir.display()))
-        .arg(format!("--listen-client-urls={client_url}"))
-        .arg(format!("--advertise-client-urls={client_url}"))
-        .arg(format!("--listen-peer-urls={peer_url}"))
-        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-        .arg(format!("--initial-cluster=test={peer_url}"))
-        .arg("--initial-cluster-state=new")
-        .arg("--initial-cluster-token=kafka-assigner-test")
-        .args(["--logger=zap", "--log-level=error", "--log-outputs=stderr"])
-        .args(["--heartbeat-interval=10", "--election-timeout=100"])
-        .stdin(Stdio::piped())
-        .stdout(log_file)
-        .stderr(log_err)
-        .spawn()
-        .map_err(|e| format!("cannot run sh to start {}: {e}", binary.display()))?;
-    let stdin = child.stdin.take();
-    let mut process = Process { child, stdin };
-    let endpoints = vec![client_url];
-    let ready = wait_healthy(&endpoints, START_DEADLINE, || match process.child.try_wait() {
-        Ok(Some(status)) => Some(format!("etcd exited ({status})")),
-        _ => None,
-    })
-    .await;
+    let initial_cluster = format!("test=http://127.0.0.1:{peer_port}");
+    let spec = MemberSpec {
+        binary,
+        name: "test",
+        data_dir,
+        log,
+        client_port,
+        peer_port,
+        initial_cluster: &initial_cluster,
+    };
+    let (mut process, log_start) = spawn(&spec)?;
+    let endpoints = vec![format!("http://127.0.0.1:{client_port}")];
+    let ready = wait_healthy(&endpoints, START_DEADLINE, || exited(&mut process)).await;
     match ready {
         Ok(()) => Ok(process),
         Err(error) => {
@@ -321,7 +414,7 @@ async fn launch(
 }
 
 /// Waits until a linearizable read succeeds (or `exited` reports the process died).
-async fn wait_healthy(
+pub(super) async fn wait_healthy(
     endpoints: &[String],
     deadline: Duration,
     mut exited: impl FnMut() -> Option<String>,
@@ -348,7 +441,7 @@ async fn wait_healthy(
 }
 
 /// The end of the log written since `from` (for failure messages).
-fn log_tail(log: &Path, from: u64) -> String {
+pub(super) fn log_tail(log: &Path, from: u64) -> String {
     let mut text = String::new();
     if let Ok(mut file) = fs::File::open(log) {
         let _ = file.seek(SeekFrom::Start(from));

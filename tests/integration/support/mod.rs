@@ -1,11 +1,14 @@
 //! Shared helpers for the integration tests: a real etcd server per test ([`EtcdServer`]),
-//! and waiting on conditions with deadlines instead of fixed sleeps.
+//! a 3-member etcd cluster (`cluster`), a controllable TCP proxy (`proxy`), and waiting on
+//! conditions with deadlines instead of fixed sleeps.
 
 // Each test module uses a different subset of these helpers.
 #![allow(dead_code)]
 
 pub mod assigner;
+pub mod cluster;
 pub mod etcd;
+pub mod proxy;
 
 use std::{future::Future, time::Duration};
 

@@ -1,0 +1,188 @@
+//! How one [`EtcdStore`](super::EtcdStore) call is tried, retried and bounded.
+//!
+//! * Every call ends within its budget (`request_timeout`): each attempt runs under
+//!   `timeout_at(deadline)`, so no call can hang on a frozen member or a dead connection.
+//! * etcd-client's own multi-endpoint client balances over every endpoint and never drops a
+//!   dead one: a request can land on a killed member, a frozen one (no answer at all) or one
+//!   that lost its leader (`Unavailable`: we require a leader), at random. So the store
+//!   keeps one client per endpoint and, like etcd's Go client, **pins** one endpoint: every
+//!   call goes there while it answers. An attempt that fails with a retryable error, or
+//!   gets no answer within `attempt_timeout`, marks its endpoint suspect and moves the pin to
+//!   the next endpoint not suspected in the last [`SUSPECT_FOR`]; the retry goes there. So a
+//!   frozen or dead member costs one attempt of one call, not every call's whole budget.
+//! * With one endpoint there is nowhere else to go: one attempt may use the whole budget
+//!   (a short attempt timeout would only resend, and double-apply, slow writes).
+//! * A call that needed retries is logged once as it starts waiting (`warn`, naming the
+//!   endpoint and the error), and once when it got through (`info`, with the time lost).
+
+use std::{
+    future::Future,
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use etcd_client::Client;
+use tokio::time::Instant;
+
+/// Why a call did not succeed.
+pub(super) enum CallError {
+    /// etcd (or the client) refused it; not worth retrying.
+    Failed(etcd_client::Error),
+    /// No answer in time; the message says what was tried.
+    Unavailable(String),
+}
+
+/// First retry delay after a fast failure; doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Whether an error means "try again" (no leader, member down, connection refused...).
+pub(super) fn is_retryable(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => status.code() == tonic::Code::Unavailable,
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        // The keep-alive stream ended before its first answer.
+        etcd_client::Error::WatchError(_) => true,
+        _ => false,
+    }
+}
+
+/// How long an endpoint that failed an attempt is passed over when the pin moves.
+pub(super) const SUSPECT_FOR: Duration = Duration::from_secs(10);
+
+/// One client per endpoint, and which one calls use (see the module docs).
+pub(super) struct Clients {
+    /// `(url, client)` per endpoint, in configuration order; never empty.
+    clients: Vec<(String, Client)>,
+    /// The endpoint calls go to.
+    pinned: AtomicUsize,
+    /// When each endpoint last failed an attempt.
+    failed_at: Mutex<Vec<Option<Instant>>>,
+    /// All endpoints, for messages.
+    endpoints: String,
+    /// Bound on one attempt when there are several endpoints.
+    attempt_timeout: Duration,
+}
+
+impl Clients {
+    /// Clients for `clients` (`(url, client)`, at least one), pinned first to `first`.
+    pub(super) fn new(clients: Vec<(String, Client)>, first: usize, attempt_timeout: Duration) -> Self {
+        let endpoints = clients.iter().map(|(url, _)| url.as_str()).collect::<Vec<_>>().join(",");
+        let failed_at = Mutex::new(vec![None; clients.len()]);
+        let pinned = AtomicUsize::new(first % clients.len().max(1));
+        Clients { clients, pinned, failed_at, endpoints, attempt_timeout }
+    }
+
+    /// All endpoints, comma-separated.
+    pub(super) fn endpoints(&self) -> &str {
+        &self.endpoints
+    }
+
+    /// The pinned endpoint's URL.
+    pub(super) fn pinned_endpoint(&self) -> &str {
+        &self.clients[self.pinned()].0
+    }
+
+    /// The pinned endpoint's index.
+    pub(super) fn pinned(&self) -> usize {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    /// Marks endpoint `failed` suspect and, if calls still go there, moves the pin to the
+    /// next endpoint not suspected lately (or simply the next one if all are).
+    fn fail_over(&self, failed: usize) {
+        let n = self.clients.len();
+        let now = Instant::now();
+        let next = {
+            let mut failed_at = self.failed_at.lock().unwrap_or_else(PoisonError::into_inner);
+            failed_at[failed] = Some(now);
+            (1..n)
+                .map(|step| (failed + step) % n)
+                .find(|&i| failed_at[i].is_none_or(|at| now.duration_since(at) >= SUSPECT_FOR))
+                .unwrap_or((failed + 1) % n)
+        };
+        if n > 1 && self.pinned.compare_exchange(failed, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            tracing::warn!(
+                from = %self.clients[failed].0,
+                to = %self.clients[next].0,
+                "etcd endpoint failed an attempt; calls move to the next endpoint"
+            );
+        }
+    }
+
+    /// Runs `f` until it succeeds, fails for good, or `budget` is spent (see the module docs).
+    pub(super) async fn call<T, F, Fut>(
+        &self,
+        budget: Duration,
+        what: &'static str,
+        mut f: F,
+    ) -> Result<T, CallError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let started = Instant::now();
+        let deadline = started + budget;
+        let multi = self.clients.len() > 1;
+        let mut backoff = FIRST_BACKOFF;
+        let mut attempts = 0u32;
+        let mut last_error: Option<String> = None;
+        loop {
+            attempts += 1;
+            let index = self.pinned();
+            let (url, client) = &self.clients[index];
+            let attempt_start = Instant::now();
+            let attempt_deadline =
+                if multi { deadline.min(attempt_start + self.attempt_timeout) } else { deadline };
+            let failure = match tokio::time::timeout_at(attempt_deadline, f(client.clone())).await {
+                Ok(Ok(value)) => {
+                    if attempts > 1 {
+                        tracing::info!(
+                            what,
+                            attempts,
+                            endpoint = %url,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "etcd call got through after retries"
+                        );
+                    }
+                    return Ok(value);
+                }
+                Ok(Err(error)) if is_retryable(&error) => format!("{url}: {error}"),
+                Ok(Err(error)) => return Err(CallError::Failed(error)),
+                Err(_elapsed) => format!("{url}: no answer within {:?}", attempt_deadline - attempt_start),
+            };
+            if last_error.is_none() {
+                tracing::warn!(
+                    what,
+                    error = %failure,
+                    "etcd call is waiting (a member down or frozen, an election, or no leader); retrying{}",
+                    if multi { " on the next endpoint" } else { "" }
+                );
+            }
+            last_error = Some(failure);
+            let timed_out = Instant::now() >= attempt_deadline;
+            if multi {
+                self.fail_over(index);
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            if !timed_out {
+                // A fast failure: do not spin on it (all endpoints may be refusing).
+                if Instant::now() + backoff >= deadline {
+                    break;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+        Err(CallError::Unavailable(format!(
+            "{what}: no answer from etcd at {} within {budget:?} ({attempts} attempt(s); last error: {})",
+            self.endpoints,
+            last_error.as_deref().unwrap_or("timed out")
+        )))
+    }
+}

@@ -1,0 +1,173 @@
+//! The [`WatchStream`] of an [`EtcdStore`](super::EtcdStore): etcd watch responses turned
+//! into whole revisions.
+//!
+//! etcd never splits one revision's events across responses (unless a watch asks for
+//! fragments, which ours do not), but one response may hold several revisions (a replay, or
+//! a burst of commits): each response is split by revision, in order.
+//!
+//! **Liveness.** A watch on a frozen member, or behind a network that drops everything,
+//! never errors: it just goes quiet (HTTP/2 keep-alive notices only after 15 s). So after
+//! [`PROGRESS_AFTER_IDLE`] of silence the watch asks etcd for a progress notification,
+//! which a live member answers at once; no answer within the call timeout ends the watch
+//! with [`StoreError::Unavailable`], and the caller re-watches (through the store's
+//! failover to a healthy endpoint).
+
+use std::{collections::VecDeque, time::Duration};
+
+use etcd_client::{EventType, WatchResponse};
+use futures::StreamExt;
+
+use super::{key_string, key_value};
+use crate::store::{Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind, WatchStream};
+
+/// Silence after which a watch checks that its member still answers.
+pub(super) const PROGRESS_AFTER_IDLE: Duration = Duration::from_secs(2);
+
+/// The state behind a [`WatchStream`] from etcd.
+pub(super) struct Watch {
+    stream: etcd_client::WatchStream,
+    pending: VecDeque<Result<WatchBatch, StoreError>>,
+    /// An error item was queued: nothing after it.
+    failed: bool,
+    from_revision: Revision,
+    endpoints: String,
+    /// How long a progress request may wait for its answer.
+    answer_within: Duration,
+}
+
+impl Watch {
+    /// A watch on an etcd stream that asked for history from `from_revision`; a progress
+    /// request unanswered within `answer_within` ends it.
+    pub(super) fn new(
+        stream: etcd_client::WatchStream,
+        from_revision: Revision,
+        endpoints: String,
+        answer_within: Duration,
+    ) -> Self {
+        Watch { stream, pending: VecDeque::new(), failed: false, from_revision, endpoints, answer_within }
+    }
+
+    /// Takes the error the first response reported, if it is a compaction (reported by
+    /// `watch_prefix` itself rather than as an item).
+    pub(super) fn take_compacted(&mut self) -> Option<StoreError> {
+        if let Some(Err(StoreError::Compacted { .. })) = self.pending.front() {
+            return self.pending.pop_front().and_then(Result::err);
+        }
+        None
+    }
+
+    /// The stream of batches.
+    pub(super) fn into_stream(self) -> WatchStream {
+        futures::stream::unfold(self, |mut watch| async move { watch.next().await.map(|item| (item, watch)) })
+            .boxed()
+    }
+
+    /// Queues the batches (or the error) of one etcd response, in order.
+    pub(super) fn absorb(&mut self, response: WatchResponse) {
+        if self.failed {
+            return;
+        }
+        if response.compact_revision() > 0 {
+            self.fail(StoreError::Compacted {
+                requested: self.from_revision,
+                compacted: response.compact_revision(),
+            });
+            return;
+        }
+        if response.canceled() {
+            let reason = response.cancel_reason();
+            self.fail(StoreError::Unavailable(format!(
+                "etcd at {} cancelled the watch: {reason}",
+                self.endpoints
+            )));
+            return;
+        }
+        let mut batch: Option<WatchBatch> = None;
+        for event in response.events() {
+            let Some(kv) = event.kv() else {
+                self.fail(StoreError::Invalid("etcd watch event without a key".into()));
+                return;
+            };
+            // A delete's record is a tombstone whose mod revision is the delete's.
+            let revision = kv.mod_revision();
+            let item = match event.event_type() {
+                EventType::Put => key_value(kv).map(|record| WatchEvent {
+                    key: record.key.clone(),
+                    revision,
+                    kind: WatchEventKind::Put(record),
+                }),
+                EventType::Delete => {
+                    key_string(kv).map(|key| WatchEvent { key, revision, kind: WatchEventKind::Delete })
+                }
+            };
+            let event = match item {
+                Ok(event) => event,
+                Err(error) => {
+                    self.fail(error);
+                    return;
+                }
+            };
+            match &mut batch {
+                Some(current) if current.revision == revision => current.events.push(event),
+                _ => {
+                    if let Some(done) = batch.replace(WatchBatch { revision, events: vec![event] }) {
+                        self.pending.push_back(Ok(done));
+                    }
+                }
+            }
+        }
+        if let Some(done) = batch {
+            self.pending.push_back(Ok(done));
+        }
+    }
+
+    fn fail(&mut self, error: StoreError) {
+        self.failed = true;
+        self.pending.push_back(Err(error));
+    }
+
+    /// The next item: queued ones first, then the next response; `None` after an error item.
+    async fn next(&mut self) -> Option<Result<WatchBatch, StoreError>> {
+        loop {
+            if let Some(item) = self.pending.pop_front() {
+                return Some(item);
+            }
+            if self.failed {
+                return None;
+            }
+            // `message()` keeps its state in the stream, so timing it out loses nothing.
+            let message = match tokio::time::timeout(PROGRESS_AFTER_IDLE, self.stream.message()).await {
+                Ok(message) => message,
+                Err(_quiet) => {
+                    if let Err(error) = self.stream.request_progress().await {
+                        self.fail(StoreError::Unavailable(format!(
+                            "etcd at {}: watch progress request failed: {error}",
+                            self.endpoints
+                        )));
+                        continue;
+                    }
+                    match tokio::time::timeout(self.answer_within, self.stream.message()).await {
+                        Ok(message) => message,
+                        Err(_) => {
+                            self.fail(StoreError::Unavailable(format!(
+                                "etcd at {}: the watch went quiet and a progress request got no answer within {:?}",
+                                self.endpoints, self.answer_within
+                            )));
+                            continue;
+                        }
+                    }
+                }
+            };
+            match message {
+                // A progress notification holds no event: nothing is queued.
+                Ok(Some(response)) => self.absorb(response),
+                Ok(None) => self
+                    .fail(StoreError::Unavailable(format!("etcd at {}: watch stream ended", self.endpoints))),
+                Err(error) => self.fail(StoreError::Unavailable(format!(
+                    "etcd at {}: watch stream broke: {error}",
+                    self.endpoints
+                ))),
+            }
+        }
+    }
+}

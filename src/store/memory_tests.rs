@@ -1,0 +1,144 @@
+//! Memory-only behaviour; the shared contract is tested by the conformance suite.
+
+use super::*;
+use crate::store::Op;
+
+#[tokio::test(start_paused = true)]
+async fn expiry_runs_on_paused_time() {
+    let store = MemoryStore::new();
+    let session = store.grant_session(Duration::from_secs(10)).await.unwrap();
+    store.put("a", b"1".to_vec(), Some(session)).await.unwrap();
+    let mut watch = store.watch_prefix("", 0).await.unwrap();
+    let start = Instant::now();
+    // Nothing but the expiry task is pending: auto-advance jumps to the deadline.
+    let event = watch.next().await.unwrap().unwrap().events.remove(0);
+    assert_eq!(event.kind, WatchEventKind::Delete);
+    assert_eq!(event.key, "a");
+    assert_eq!(Instant::now() - start, Duration::from_secs(10));
+    assert!(matches!(store.keep_alive(session).await, Err(StoreError::SessionExpired(_))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn keep_alive_pushes_the_deadline() {
+    let store = MemoryStore::new();
+    let session = store.grant_session(Duration::from_secs(3)).await.unwrap();
+    store.put("a", b"1".to_vec(), Some(session)).await.unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        store.keep_alive(session).await.unwrap();
+    }
+    assert!(store.get("a").await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(store.get("a").await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn earlier_session_granted_later_wakes_the_task() {
+    let store = MemoryStore::new();
+    let long = store.grant_session(Duration::from_secs(100)).await.unwrap();
+    store.put("long", b"".to_vec(), Some(long)).await.unwrap();
+    let short = store.grant_session(Duration::from_secs(1)).await.unwrap();
+    store.put("short", b"".to_vec(), Some(short)).await.unwrap();
+    let mut watch = store.watch_prefix("", 0).await.unwrap();
+    let start = Instant::now();
+    let event = watch.next().await.unwrap().unwrap().events.remove(0);
+    assert_eq!((event.key.as_str(), Instant::now() - start), ("short", Duration::from_secs(1)));
+}
+
+#[tokio::test]
+async fn dropping_the_store_stops_the_task_and_ends_watches() {
+    let store = MemoryStore::new();
+    store.grant_session(Duration::from_secs(3600)).await.unwrap();
+    let task = store.inner.lock().expiry_task.as_ref().map(|t| t.id());
+    assert!(task.is_some());
+    let weak = Arc::downgrade(&store.inner);
+    let mut watch = store.watch_prefix("", 0).await.unwrap();
+    drop(store);
+    assert!(weak.upgrade().is_none());
+    assert!(matches!(watch.next().await, Some(Err(StoreError::Closed))));
+    assert!(watch.next().await.is_none());
+}
+
+#[tokio::test]
+async fn history_limit_compacts_whole_revisions() {
+    let store = MemoryStore::with_history_limit(3);
+    store.put("a", b"1".to_vec(), None).await.unwrap(); // rev 2
+    let rev3 = store.txn(Txn::new().then(Op::put("b", "1")).then(Op::put("c", "1"))).await.unwrap().revision;
+    assert_eq!(rev3, 3);
+    store.put("d", b"1".to_vec(), None).await.unwrap(); // rev 4: history [b@3, c@3, d@4]
+    assert_eq!(store.compacted_revision(), 3);
+    store.put("e", b"1".to_vec(), None).await.unwrap(); // rev 5: b@3 dropped, so c@3 too
+    assert_eq!(store.compacted_revision(), 4);
+    assert!(matches!(
+        store.watch_prefix("", 3).await,
+        Err(StoreError::Compacted { requested: 3, compacted: 4 })
+    ));
+    let mut watch = store.watch_prefix("", 4).await.unwrap();
+    assert_eq!(watch.next().await.unwrap().unwrap().events[0].key, "d");
+    assert_eq!(watch.next().await.unwrap().unwrap().events[0].key, "e");
+}
+
+#[tokio::test]
+async fn dropped_watches_are_forgotten() {
+    let store = MemoryStore::new();
+    let watch = store.watch_prefix("quiet/", 0).await.unwrap();
+    let _kept = store.watch_prefix("", 0).await.unwrap();
+    assert_eq!(store.inner.lock().watchers.len(), 2);
+    drop(watch);
+    store.put("elsewhere", b"1".to_vec(), None).await.unwrap();
+    assert_eq!(store.inner.lock().watchers.len(), 1);
+}
+
+#[tokio::test]
+async fn invalid_transactions_are_refused() {
+    let store = MemoryStore::new();
+    let dup = Txn::new().then(Op::put("a", "1")).then(Op::delete("a"));
+    assert!(matches!(store.txn(dup).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(store.put("", b"".to_vec(), None).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(store.grant_session(Duration::ZERO).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(store.compact(5).await, Err(StoreError::Invalid(_))));
+    assert_eq!(store.revision(), 1);
+}
+
+#[tokio::test]
+async fn moving_a_key_between_sessions() {
+    let store = MemoryStore::new();
+    let a = store.grant_session(Duration::from_secs(60)).await.unwrap();
+    let b = store.grant_session(Duration::from_secs(60)).await.unwrap();
+    store.put("k", b"1".to_vec(), Some(a)).await.unwrap();
+    store.put("k", b"2".to_vec(), Some(b)).await.unwrap();
+    store.revoke_session(a).await.unwrap();
+    assert_eq!(store.get("k").await.unwrap().unwrap().session, Some(b));
+    store.put("k", b"3".to_vec(), None).await.unwrap();
+    store.revoke_session(b).await.unwrap();
+    assert_eq!(store.get("k").await.unwrap().unwrap().value, b"3");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_expiry_is_one_batch() {
+    let store = MemoryStore::new();
+    let session = store.grant_session(Duration::from_secs(2)).await.unwrap();
+    for key in ["s/a", "s/b", "s/c"] {
+        store.put(key, b"1".to_vec(), Some(session)).await.unwrap();
+    }
+    let mut watch = store.watch_prefix("s/", 0).await.unwrap();
+    let batch = watch.next().await.unwrap().unwrap();
+    let keys: Vec<&str> = batch.events.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["s/a", "s/b", "s/c"]);
+    assert!(batch.events.iter().all(|e| e.revision == batch.revision && e.kind == WatchEventKind::Delete));
+}
+
+#[tokio::test]
+async fn a_watch_gets_only_its_part_of_a_revision() {
+    let store = MemoryStore::new();
+    let mut watch = store.watch_prefix("in/", 0).await.unwrap();
+    let txn = Txn::new().then(Op::put("in/a", "1")).then(Op::put("out/b", "1")).then(Op::put("in/c", "1"));
+    let revision = store.txn(txn).await.unwrap().revision;
+    store.put("out/d", b"1".to_vec(), None).await.unwrap();
+    let marker = store.put("in/e", b"1".to_vec(), None).await.unwrap();
+    let batch = watch.next().await.unwrap().unwrap();
+    assert_eq!(batch.revision, revision);
+    assert_eq!(batch.events.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["in/a", "in/c"]);
+    // The revision with nothing under the prefix yields no (empty) batch.
+    assert_eq!(watch.next().await.unwrap().unwrap().revision, marker);
+}

@@ -1,0 +1,128 @@
+//! Store tests that are not one scenario on both stores: the memory store under paused
+//! time, and etcd-only behaviour (connection failures, dead endpoints, outages).
+
+use std::{
+    net::TcpListener,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use kafka_assigner::store::{Compare, EtcdStore, EtcdStoreConfig, MemoryStore, Op, StoreError, Txn};
+
+use super::{PROMPT, Store, get, next_event, put, revision, summary, watch};
+use crate::support::{EtcdServer, next_within, wait_until};
+
+// ---- MemoryStore under paused time: the same contract, driven by tokio's clock. ----
+
+#[tokio::test(start_paused = true)]
+async fn memory_session_expiry_under_paused_time() {
+    let store: Store = Arc::new(MemoryStore::new());
+    let session = store.grant_session(Duration::from_secs(10)).await.unwrap();
+    store.put("/p/k", b"1".to_vec(), Some(session)).await.unwrap();
+    let mut events = watch(&store, "/p/", 0).await;
+    let start = tokio::time::Instant::now();
+    // Under paused time the deadline must exceed the TTL: auto-advance would fire it first.
+    let batch = next_within(&mut events.stream, Duration::from_secs(60), "the expiry").await.unwrap();
+    assert_eq!(batch.events.iter().map(summary).collect::<Vec<_>>(), [("/p/k".to_string(), 3, None)]);
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+}
+
+// ---- EtcdStore only. ----
+
+#[tokio::test]
+async fn etcd_connect_to_closed_port_fails_within_the_timeout() {
+    let port = {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let connect_timeout = Duration::from_secs(1);
+    let config =
+        EtcdStoreConfig::new([format!("http://127.0.0.1:{port}")]).with_connect_timeout(connect_timeout);
+    let started = Instant::now();
+    let result = EtcdStore::connect(config).await;
+    let elapsed = started.elapsed();
+    match result {
+        Err(StoreError::Unavailable(message)) => assert!(message.contains(&port.to_string()), "{message}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(elapsed < connect_timeout + Duration::from_millis(500), "took {elapsed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_works_when_the_first_endpoint_is_dead() {
+    let server = EtcdServer::start().await;
+    let dead = {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port())
+    };
+    let mut endpoints = vec![dead];
+    endpoints.extend(server.endpoints());
+    let config = EtcdStoreConfig { endpoints, ..server.store_config() };
+    let store: Store = Arc::new(EtcdStore::connect(config).await.expect("connect with one dead endpoint"));
+    let prefix = server.unique_prefix("dead-endpoint");
+    let start = revision(&store, &prefix).await;
+    let mut events = watch(&store, &prefix, start + 1).await;
+    let session = store.grant_session(Duration::from_secs(10)).await.unwrap();
+    for i in 0..40 {
+        let key = format!("{prefix}{i}");
+        let rev = store.put(&key, b"v".to_vec(), Some(session)).await.unwrap();
+        assert_eq!(get(&store, &key).await.unwrap().mod_revision, rev);
+        let txn = Txn::new().when(Compare::ModRevision(key.clone(), rev)).then(Op::delete(key.clone()));
+        assert!(store.txn(txn).await.unwrap().succeeded);
+        store.keep_alive(session).await.unwrap();
+    }
+    for _ in 0..80 {
+        next_event(&mut events, "events through the live endpoint").await;
+    }
+    store.revoke_session(session).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_outage_is_unavailable_then_recovers() {
+    let mut server = EtcdServer::start().await;
+    if server.is_shared() {
+        return; // cannot stop a shared cluster; the other tests cover it
+    }
+    let request_timeout = Duration::from_secs(1);
+    let config = server.store_config().with_request_timeout(request_timeout);
+    let store: Store = Arc::new(EtcdStore::connect(config).await.unwrap());
+    let prefix = server.unique_prefix("outage");
+    let rev = put(&store, &format!("{prefix}before"), "1").await;
+    let mut events = watch(&store, &prefix, rev + 1).await;
+
+    server.stop();
+    let started = Instant::now();
+    let result = store.put(&format!("{prefix}during"), b"1".to_vec(), None).await;
+    let elapsed = started.elapsed();
+    assert!(matches!(result, Err(StoreError::Unavailable(_))), "put during an outage: {result:?}");
+    assert!(elapsed < request_timeout + Duration::from_millis(500), "took {elapsed:?}");
+    match next_within(&mut events.stream, PROMPT, "the watch to break").await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected the watch to end with Unavailable, got {other:?}"),
+    }
+    assert!(events.stream.next().await.is_none(), "nothing after the error item");
+
+    server.restart().await;
+    wait_until(PROMPT, "the store works again", || async {
+        store.put(&format!("{prefix}after"), b"1".to_vec(), None).await.is_ok()
+    })
+    .await;
+    assert!(get(&store, &format!("{prefix}before")).await.is_some(), "data survives a restart");
+}
+
+/// A watch with nothing to report stays open: its liveness checks (a progress request after
+/// 2 s of silence) are answered by a live etcd, and the next change still arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_quiet_watch_stays_open() {
+    let server = EtcdServer::start().await;
+    let config = server.store_config().with_request_timeout(Duration::from_secs(1));
+    let store: Store = Arc::new(EtcdStore::connect(config).await.unwrap());
+    let prefix = server.unique_prefix("quiet");
+    let mut events = watch(&store, &prefix, 0).await;
+    // Two and a half idle periods: at least two progress requests, both answered.
+    crate::support::assert_quiet(&mut events.stream, Duration::from_millis(5_000), "a quiet watch").await;
+    let rev = put(&store, &format!("{prefix}k"), "1").await;
+    let event = next_event(&mut events, "the change after the quiet").await;
+    assert_eq!(event.revision, rev);
+}
