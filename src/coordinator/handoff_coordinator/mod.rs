@@ -151,7 +151,7 @@ impl HandoffCoordinator {
 
     /// Stops every task of this instance abruptly, as if the process died: no stream is
     /// ended cleanly, no session revoked, leadership not resigned (sessions then expire
-    /// after their TTL). For failover tests.
+    /// after their TTL). A later `shutdown()` does nothing. For failover tests.
     pub fn crash(&self) {
         self.inner.shutdown.cancel();
         self.inner.leading.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -197,6 +197,11 @@ impl ConsumerGroupCoordinator for HandoffCoordinator {
     }
 
     async fn shutdown(&self) {
+        // After crash() (or a first shutdown) there is nothing to stop gracefully: a crashed
+        // instance must not resign, even if a campaign in flight at the crash won after it.
+        if self.inner.shutdown.is_cancelled() {
+            return;
+        }
         self.inner.shutdown.cancel();
         relay::end_all_streams(&self.inner);
         leader::resign(&self.inner).await;
