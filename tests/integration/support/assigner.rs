@@ -17,18 +17,11 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
     net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::Duration,
 };
 
-use async_trait::async_trait;
-use kafka_assigner::coordinator::{
-    CommandStream, ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator, StatusView,
-    TopicStatus,
-};
+use kafka_assigner::coordinator::{ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, StatusView, TopicStatus};
 use kafka_assigner::handoff::PlanConfig;
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{
@@ -127,50 +120,42 @@ pub fn test_config(backend: Backend, prefix: &str) -> HandoffConfig {
     config
 }
 
-/// Serves a [`HandoffCoordinator`], except that after a crash the server's graceful stop
-/// must not shut the coordinator down (which would resign leadership and end streams
-/// cleanly: not a crash).
-struct Served {
-    coordinator: HandoffCoordinator,
-    crashed: AtomicBool,
+/// The store a test's instances share (see the module docs): built once here for every
+/// test cluster, whatever coordinator it runs.
+pub struct TestStore {
+    /// The key prefix to work under: `/{name}-test/` on memory, unique to the test on etcd.
+    pub prefix: String,
+    /// A handle of the test's own, to read (or write) the shared state directly.
+    pub store: Arc<dyn LeaseStore>,
+    /// The shared in-process store (memory).
+    pub memory: Option<MemoryStore>,
+    /// The etcd server started for the test (etcd).
+    pub etcd: Option<EtcdServer>,
 }
 
-#[async_trait]
-impl ConsumerGroupCoordinator for Served {
-    async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
-        self.coordinator.register(consumer, topic).await
+impl TestStore {
+    /// Starts `backend`'s store; `name` names the prefix.
+    pub async fn start(backend: Backend, name: &str) -> TestStore {
+        let (memory, etcd, prefix) = match backend {
+            Backend::Memory => (Some(MemoryStore::new()), None, format!("/{name}-test/")),
+            Backend::Etcd => {
+                let etcd = EtcdServer::start().await;
+                let prefix = etcd.unique_prefix(name);
+                (None, Some(etcd), prefix)
+            }
+        };
+        let store = connect(memory.as_ref(), etcd.as_ref()).await;
+        TestStore { prefix, store, memory, etcd }
     }
+}
 
-    async fn partition_ready(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        self.coordinator.partition_ready(consumer, topic, partition).await
-    }
-
-    async fn partition_released(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        self.coordinator.partition_released(consumer, topic, partition).await
-    }
-
-    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-        self.coordinator.deregister(consumer).await
-    }
-
-    async fn status(&self) -> StatusView {
-        self.coordinator.status().await
-    }
-
-    async fn shutdown(&self) {
-        if !self.crashed.load(Ordering::SeqCst) {
-            self.coordinator.shutdown().await;
-        }
+/// A new handle on a [`TestStore`]'s store, for one instance: the same [`MemoryStore`], or
+/// an etcd client of its own (as a separate process would have).
+pub async fn connect(memory: Option<&MemoryStore>, etcd: Option<&EtcdServer>) -> Arc<dyn LeaseStore> {
+    match (memory, etcd) {
+        (Some(memory), _) => Arc::new(memory.clone()),
+        (None, Some(etcd)) => Arc::new(etcd.store().await),
+        (None, None) => unreachable!("a test store is a MemoryStore or an etcd server"),
     }
 }
 
@@ -180,7 +165,6 @@ pub struct Instance {
     pub id: String,
     /// The concrete coordinator (for `crash()`, `is_leader()`, `status()`).
     pub coordinator: HandoffCoordinator,
-    served: Arc<Served>,
     server: Option<AssignerServer>,
     /// `http://127.0.0.1:port` of its gRPC server.
     pub grpc_url: String,
@@ -213,18 +197,7 @@ pub struct TestCluster {
 impl TestCluster {
     /// Starts a cluster of `instances` instances with [`test_config`] changed by `tweak`.
     pub async fn start(backend: Backend, instances: usize, tweak: impl FnOnce(&mut HandoffConfig)) -> Self {
-        let (etcd, memory, prefix, store): (_, _, _, Arc<dyn LeaseStore>) = match backend {
-            Backend::Memory => {
-                let memory = MemoryStore::new();
-                (None, Some(memory.clone()), "/kafka-assigner-test/".to_string(), Arc::new(memory))
-            }
-            Backend::Etcd => {
-                let etcd = EtcdServer::start().await;
-                let prefix = etcd.unique_prefix("assigner");
-                let store = Arc::new(etcd.store().await);
-                (Some(etcd), None, prefix, store)
-            }
-        };
+        let TestStore { prefix, store, memory, etcd } = TestStore::start(backend, "assigner").await;
         let mut config = test_config(backend, &prefix);
         tweak(&mut config);
         let mut cluster = TestCluster { backend, config, instances: Vec::new(), store, memory, etcd };
@@ -240,23 +213,18 @@ impl TestCluster {
         let id = format!("{}-instance-{index}", self.backend.name());
         let mut config = self.config.clone();
         config.instance_id = id.clone();
-        let store: Arc<dyn LeaseStore> = match (&self.memory, &self.etcd) {
-            (Some(memory), _) => Arc::new(memory.clone()),
-            (None, Some(etcd)) => Arc::new(etcd.store().await),
-            (None, None) => unreachable!("a cluster has a store"),
-        };
+        let store = connect(self.memory.as_ref(), self.etcd.as_ref()).await;
         let metrics = Arc::new(Metrics::new());
         let coordinator = HandoffCoordinator::start(store, config, metrics.clone())
             .await
             .unwrap_or_else(|e| panic!("instance {id} did not start: {e}"));
-        let served = Arc::new(Served { coordinator: coordinator.clone(), crashed: AtomicBool::new(false) });
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let server = AssignerServer::start(served.clone(), metrics, any, any)
+        let server = AssignerServer::start(Arc::new(coordinator.clone()), metrics, any, any)
             .await
             .unwrap_or_else(|e| panic!("instance {id} cannot serve: {e}"));
         let grpc_url = server.grpc_url();
         let admin_addr = server.admin_addr;
-        self.instances.push(Instance { id, coordinator, served, server: Some(server), grpc_url, admin_addr });
+        self.instances.push(Instance { id, coordinator, server: Some(server), grpc_url, admin_addr });
         index
     }
 
@@ -271,10 +239,10 @@ impl TestCluster {
     }
 
     /// Kills instance `i` as if its process died: its coordinator's tasks stop (no session
-    /// revoked, leadership not resigned), then its gRPC and admin servers stop.
+    /// revoked, leadership not resigned), then its gRPC and admin servers stop (the
+    /// server's `shutdown()` of a crashed coordinator does nothing).
     pub async fn crash(&mut self, i: usize) {
         let instance = &mut self.instances[i];
-        instance.served.crashed.store(true, Ordering::SeqCst);
         instance.coordinator.crash();
         if let Some(server) = instance.server.take() {
             tokio::time::timeout(PROMPT, server.stop())
