@@ -101,31 +101,15 @@ async fn one_consumer_gets_all_partitions(backend: Backend) {
 /// release; after A's released no handoff remains and the split is even.
 async fn two_consumers_split_through_warm_handoffs(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let a_seen = a.seen();
-
-    let mut b = cluster.consumer("b").await;
-    assert!(b.expect_snapshot().await.is_empty(), "b owns nothing yet");
     let half = PARTITIONS as usize / 2;
-    b.wait_warms(half, PROMPT).await;
-    assert!(b.owned.is_empty(), "warming is not owning: {b:?}");
-    assert!(b.warms.values().all(|owner| owner == "a"), "current_owner is a: {b:?}");
+    // b warms half (not owning them), from a; the handoffs are Warming; a was told nothing.
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), half).await;
     let warmed: Vec<u32> = b.warms.keys().copied().collect();
 
-    // Nothing has moved: a owns everything, the handoffs are Warming, a was told nothing.
-    let status = cluster
-        .wait_status(PROMPT, "two warming handoffs a -> b", |s| topic(s, TOPIC).handoffs.len() == half)
-        .await;
+    // Nothing has moved: a owns everything.
+    let status = cluster.status().await;
     let t = topic(&status, TOPIC);
     assert!(t.owners.iter().all(|o| o.as_deref() == Some("a")), "{t:?}");
-    for h in &t.handoffs {
-        assert_eq!((h.from.as_str(), h.to.as_str(), h.phase.as_str()), ("a", "b", "Warming"), "{t:?}");
-        assert!(warmed.contains(&h.partition), "{t:?}");
-    }
-    a.poll_now();
-    assert_eq!(a.seen(), a_seen, "a is told nothing while b warms: {a:?}");
 
     for &p in &warmed {
         b.ready(p).await.unwrap_or_else(|s| panic!("PartitionReady({p}): {s:?}"));
@@ -173,13 +157,8 @@ async fn two_consumers_split_through_warm_handoffs(backend: Backend) {
 /// until the target is ready, even past the session TTL.
 async fn slow_warm_keeps_the_old_owner_until_ready(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let a_seen = a.seen();
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
     let b_seen = b.seen();
     let p = *b.warms.keys().next().expect("a warm");
 
@@ -207,13 +186,7 @@ async fn slow_warm_keeps_the_old_owner_until_ready(backend: Backend) {
 /// owner keeps everything; the owner is never told to release.
 async fn target_crash_while_warming_cancels_the_handoff(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
-    cluster.wait_status(PROMPT, "handoffs warming", |s| !topic(s, TOPIC).handoffs.is_empty()).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
 
     let crashed = Instant::now();
     b.crash().await;
@@ -441,12 +414,7 @@ async fn shutdown_now_after_the_stream_dropped_still_holds_partitions(backend: B
 /// §5.5: the owner dies while the target warms → the target gets the partition directly.
 async fn owner_crash_while_warming_gives_the_partition_to_the_target(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let warming = b.warms.clone();
     let b_seen = b.seen();
 
@@ -473,12 +441,7 @@ async fn owner_crash_while_warming_gives_the_partition_to_the_target(backend: Ba
 /// §5.5: the old owner dies while releasing → the handoff completes without its ack.
 async fn owner_crash_while_releasing_completes_the_handoff(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let p = *b.warms.keys().next().expect("a warm");
     b.ready(p).await.unwrap_or_else(|s| panic!("PartitionReady({p}): {s:?}"));
     assert_eq!(release(&a.next(PROMPT, "a's release").await), (p, "b".to_string()));
@@ -498,13 +461,8 @@ async fn owner_crash_while_releasing_completes_the_handoff(backend: Backend) {
 /// drop it: `unassigned`) and retried later; the owner keeps the partition throughout.
 async fn warm_timeout_cancels_and_retries_later(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |c| c.plan.warm_timeout_ms = 1_000).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let a_seen = a.seen();
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
     let first: Vec<u32> = b.warms.keys().copied().collect();
     let warned = Instant::now();
 
@@ -533,12 +491,7 @@ async fn warm_timeout_cancels_and_retries_later(backend: Backend) {
 /// §5.6: a release never acknowledged is completed anyway after the release timeout.
 async fn release_timeout_completes_the_handoff_anyway(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |c| c.plan.release_timeout_ms = 1_000).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let p = *b.warms.keys().next().expect("a warm");
     let flipped = Instant::now();
     b.ready(p).await.unwrap_or_else(|s| panic!("PartitionReady({p}): {s:?}"));

@@ -47,13 +47,7 @@ async fn expect_assigned(consumer: &mut TestConsumer, p: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handoffs_complete_across_instances() {
     let cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
-    let mut a = cluster.consumer_on(0, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer_on(1, "b", TOPIC).await;
-    assert!(b.expect_snapshot().await.is_empty());
-    b.wait_warms(2, PROMPT).await;
-    assert!(b.warms.values().all(|o| o == "a"), "{b:?}");
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 1), 2).await;
     let warmed: Vec<u32> = b.warms.keys().copied().collect();
     let (p1, p2) = (warmed[0], warmed[1]);
 
@@ -103,16 +97,8 @@ async fn leader_crash_mid_handoff_fails_over_and_completes() {
     let mut cluster = TestCluster::start(Backend::Etcd, 2, |c| c.plan.max_warming_per_consumer = 1).await;
     let leader = cluster.wait_leader(PROMPT).await;
     let survivor = 1 - leader;
-    let mut a = cluster.consumer_on(survivor, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer_on(survivor, "b", TOPIC).await;
-    b.expect_snapshot().await;
-    b.wait_warms(1, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (survivor, survivor), 1).await;
     let p = *b.warms.keys().next().expect("a warm");
-    cluster
-        .wait_status_of(survivor, PROMPT, "one handoff warming", |s| topic(s, TOPIC).handoffs.len() == 1)
-        .await;
 
     let crashed = Instant::now();
     cluster.crash(leader).await;
@@ -300,12 +286,7 @@ async fn handoff_fast_path_latency() {
     for (topic_name, a_on, b_on, what) in
         [(BENCH, 0, 0, "same instance"), (BENCH_X, 0, 1, "across instances (ready to B's instance)")]
     {
-        let mut a = cluster.consumer_on(a_on, "a", topic_name).await;
-        a.expect_snapshot().await;
-        a.wait_owned(100, PROMPT).await;
-        let mut b = cluster.consumer_on(b_on, "b", topic_name).await;
-        b.expect_snapshot().await;
-        b.wait_warms(50, PROMPT).await;
+        let (mut a, mut b) = cluster.warming_pair(topic_name, (a_on, b_on), 50).await;
         let mut to_release = Vec::new();
         let mut round_trips = Vec::new();
         for p in b.warms.keys().copied().collect::<Vec<_>>() {

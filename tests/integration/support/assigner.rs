@@ -21,7 +21,9 @@ use std::{
     time::Duration,
 };
 
-use kafka_assigner::coordinator::{ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, StatusView, TopicStatus};
+use kafka_assigner::coordinator::{
+    ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, StatusView, TopicStatus,
+};
 use kafka_assigner::handoff::PlanConfig;
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{
@@ -304,6 +306,43 @@ impl TestCluster {
     /// Registers `name` for `topic` on instance `i`.
     pub async fn try_consumer_on(&self, i: usize, name: &str, topic: &str) -> Result<TestConsumer, Status> {
         TestConsumer::register(self.client(i).await, name, topic).await
+    }
+
+    /// The warming prelude of many scenarios: `a` registers for `topic` on instance `on.0`
+    /// and is given every partition; then `b` registers on instance `on.1`, gets an empty
+    /// snapshot and is asked to warm `warms` partitions from `a`, which is told nothing
+    /// meanwhile; instance `on.1`'s status shows those handoffs a → b, Warming. Nothing is
+    /// answered. Returns `(a, b)`.
+    pub async fn warming_pair(
+        &self,
+        topic_name: &str,
+        on: (usize, usize),
+        warms: usize,
+    ) -> (TestConsumer, TestConsumer) {
+        let partitions = self.config.topic_partitions.get(topic_name).copied().unwrap_or_else(|| {
+            panic!("topic {topic_name} has no configured partition count");
+        });
+        let mut a = self.consumer_on(on.0, "a", topic_name).await;
+        a.expect_snapshot().await;
+        a.wait_owned(partitions as usize, PROMPT).await;
+        let a_seen = a.seen();
+        let mut b = self.consumer_on(on.1, "b", topic_name).await;
+        assert!(b.expect_snapshot().await.is_empty(), "b owns nothing yet: {b:?}");
+        b.wait_warms(warms, PROMPT).await;
+        assert!(b.owned.is_empty(), "warming is not owning: {b:?}");
+        assert!(b.warms.values().all(|owner| owner == "a"), "current_owner is a: {b:?}");
+        self.wait_status_of(on.1, PROMPT, &format!("{warms} warming handoffs a -> b"), |s| {
+            let handoffs = &topic(s, topic_name).handoffs;
+            handoffs.len() == warms
+                && handoffs.iter().all(|h| {
+                    (h.from.as_str(), h.to.as_str(), h.phase.as_str()) == ("a", "b", "Warming")
+                        && b.warms.contains_key(&h.partition)
+                })
+        })
+        .await;
+        a.poll_now();
+        assert_eq!(a.seen(), a_seen, "a is told nothing while b warms: {a:?}");
+        (a, b)
     }
 
     /// The status view of the first instance that is up.
