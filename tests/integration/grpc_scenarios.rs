@@ -61,12 +61,7 @@ fn is_release(command: &&AssignmentCommand) -> bool {
 
 /// A and B registered on one instance and settled at P/2 each.
 async fn split_pair(cluster: &TestCluster) -> (TestConsumer, TestConsumer) {
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    let status = settle(cluster, TOPIC, &mut [&mut a, &mut b], PROMPT).await;
+    let (a, b, status) = cluster.settled_pair(TOPIC, (0, 0)).await;
     let t = topic(&status, TOPIC);
     assert_eq!(a.owned.len(), PARTITIONS as usize / 2, "{a:?}");
     assert_eq!(b.owned.len(), PARTITIONS as usize / 2, "{b:?}");
@@ -78,9 +73,7 @@ async fn split_pair(cluster: &TestCluster) -> (TestConsumer, TestConsumer) {
 /// §5.1: the first consumer gets every partition directly, after its (first) snapshot.
 async fn one_consumer_gets_all_partitions(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let a = cluster.sole_owner(0, "a", TOPIC).await;
     assert_eq!(a.owned, all_partitions(PARTITIONS));
     for (_, command) in &a.history {
         let (_, unassigned) = update(command);
@@ -269,9 +262,7 @@ async fn reconnect_within_ttl_moves_nothing(backend: Backend) {
 /// with ABORTED, the new one gets the same partitions.
 async fn second_register_replaces_the_first(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let mut a = cluster.sole_owner(0, "a", TOPIC).await;
     let a_seen = a.seen();
 
     let mut a2 = cluster.consumer("a").await;

@@ -138,12 +138,7 @@ async fn graceful_stop_of_the_leader_hands_over_at_once() {
     let mut cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
     let leader = cluster.wait_leader(PROMPT).await;
     let survivor = 1 - leader;
-    let mut a = cluster.consumer_on(leader, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer_on(survivor, "b", TOPIC).await;
-    b.expect_snapshot().await;
-    let status = settle(&cluster, TOPIC, &mut [&mut a, &mut b], PROMPT).await;
+    let (mut a, mut b, status) = cluster.settled_pair(TOPIC, (leader, survivor)).await;
     let owners_before = topic(&status, TOPIC).owners.clone();
 
     let stopped = Instant::now();
@@ -173,12 +168,7 @@ async fn graceful_stop_of_the_leader_hands_over_at_once() {
 async fn restart_every_instance_preserves_assignments() {
     let ttl = TTL;
     let mut cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
-    let mut a = cluster.consumer_on(0, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer_on(1, "b", TOPIC).await;
-    b.expect_snapshot().await;
-    let status = settle(&cluster, TOPIC, &mut [&mut a, &mut b], PROMPT).await;
+    let (mut a, mut b, status) = cluster.settled_pair(TOPIC, (0, 1)).await;
     let owners_before = topic(&status, TOPIC).owners.clone();
     let leader = cluster.wait_leader(PROMPT).await;
 
@@ -222,9 +212,7 @@ async fn deposed_leader_writes_are_fenced() {
     let mut cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
     let leader = cluster.wait_leader(PROMPT).await;
     let survivor = 1 - leader;
-    let mut a = cluster.consumer_on(survivor, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let mut a = cluster.sole_owner(survivor, "a", TOPIC).await;
 
     let prefix = cluster.config.prefix.clone();
     let leader_key = format!("{prefix}leader");

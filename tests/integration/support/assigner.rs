@@ -230,6 +230,13 @@ impl TestCluster {
         index
     }
 
+    /// The configured partition count of `topic_name`.
+    pub fn partitions(&self, topic_name: &str) -> u32 {
+        self.config.topic_partitions.get(topic_name).copied().unwrap_or_else(|| {
+            panic!("topic {topic_name} has no configured partition count");
+        })
+    }
+
     /// Instance `i`.
     pub fn instance(&self, i: usize) -> &Instance {
         &self.instances[i]
@@ -308,6 +315,31 @@ impl TestCluster {
         TestConsumer::register(self.client(i).await, name, topic).await
     }
 
+    /// Registers `name` for `topic_name` on instance `i` as the topic's first consumer and
+    /// waits until it owns every partition.
+    pub async fn sole_owner(&self, i: usize, name: &str, topic_name: &str) -> TestConsumer {
+        let partitions = self.partitions(topic_name);
+        let mut consumer = self.consumer_on(i, name, topic_name).await;
+        consumer.expect_snapshot().await;
+        consumer.wait_owned(partitions as usize, PROMPT).await;
+        consumer
+    }
+
+    /// `a` on instance `on.0` owns every partition of `topic_name`, then `b` joins on
+    /// instance `on.1` and both answer every warm and release until the topic is stable
+    /// ([`settle`]). Returns `(a, b)` and the settled status.
+    pub async fn settled_pair(
+        &self,
+        topic_name: &str,
+        on: (usize, usize),
+    ) -> (TestConsumer, TestConsumer, StatusView) {
+        let mut a = self.sole_owner(on.0, "a", topic_name).await;
+        let mut b = self.consumer_on(on.1, "b", topic_name).await;
+        b.expect_snapshot().await;
+        let status = settle(self, topic_name, &mut [&mut a, &mut b], PROMPT).await;
+        (a, b, status)
+    }
+
     /// The warming prelude of many scenarios: `a` registers for `topic` on instance `on.0`
     /// and is given every partition; then `b` registers on instance `on.1`, gets an empty
     /// snapshot and is asked to warm `warms` partitions from `a`, which is told nothing
@@ -319,12 +351,7 @@ impl TestCluster {
         on: (usize, usize),
         warms: usize,
     ) -> (TestConsumer, TestConsumer) {
-        let partitions = self.config.topic_partitions.get(topic_name).copied().unwrap_or_else(|| {
-            panic!("topic {topic_name} has no configured partition count");
-        });
-        let mut a = self.consumer_on(on.0, "a", topic_name).await;
-        a.expect_snapshot().await;
-        a.wait_owned(partitions as usize, PROMPT).await;
+        let mut a = self.sole_owner(on.0, "a", topic_name).await;
         let a_seen = a.seen();
         let mut b = self.consumer_on(on.1, "b", topic_name).await;
         assert!(b.expect_snapshot().await.is_empty(), "b owns nothing yet: {b:?}");
@@ -818,7 +845,8 @@ impl Drop for TestConsumer {
 }
 
 /// Drives `consumers` (answering every warm and release) until `topic` is stable on the
-/// first instance's status and every consumer's view matches it; returns that status.
+/// first instance's status, which lists every consumer, and every consumer's view matches
+/// it; returns that status.
 pub async fn settle(
     cluster: &TestCluster,
     topic_name: &str,
@@ -831,6 +859,8 @@ pub async fn settle(
             consumer.answer_all().await;
         }
         let status = cluster.status().await;
+        // Every consumer must be in the view: one registered on another instance may not
+        // be in this instance's mirror yet, and the topic looks stable without it.
         if let Some(t) = try_topic(&status, topic_name)
             && is_stable(t)
             && consumers.iter().all(|c| {
@@ -838,6 +868,7 @@ pub async fn settle(
                     && c.releases.is_empty()
                     && owned_by(t, &c.name) == c.owned
                     && c.ended.is_none()
+                    && t.consumers.iter().any(|view| view.name == c.name)
             })
         {
             return status;
