@@ -1,6 +1,7 @@
 //! Several assigner instances on one etcd under one prefix (DESIGN.md §3, §9): handoffs
-//! across instances, leader failover mid-handoff, a restart of every instance, fenced
-//! writes of a deposed leader, and a measurement of the handoff fast path.
+//! across instances, leader failover mid-handoff, a restart of every instance, a crashed
+//! leader that does not resign, fenced writes of a deposed leader, and a measurement of
+//! the handoff fast path.
 
 use std::{
     collections::BTreeSet,
@@ -202,6 +203,31 @@ async fn restart_every_instance_preserves_assignments() {
         assert!(t.handoffs.is_empty(), "instance {i}: {t:?}");
         assert_eq!(consumer_names(t), ["a", "b"]);
     }
+}
+
+/// A graceful stop resigns leadership at once; a crash does not (the crashed instance's
+/// server still stops, and its `shutdown()` must then do nothing): its leader key stays
+/// until its session expires, here after a long TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_does_not_resign() {
+    let mut cluster = TestCluster::start(Backend::Etcd, 3, |c| c.lease_ttl = Duration::from_secs(30)).await;
+    let leader_key = format!("{}leader", cluster.config.prefix);
+    let stopped = cluster.wait_leader(PROMPT).await;
+    cluster.stop(stopped).await;
+    // Only a resign lets another instance lead before the 30 s TTL.
+    let crashed = cluster.wait_leader(PROMPT).await;
+    let before = cluster.store.get(&leader_key).await.expect("read the leader key").expect("a leader key");
+    assert_eq!(before.value, cluster.instance(crashed).id.as_bytes(), "the leader key names the leader");
+
+    cluster.crash(crashed).await;
+    let after = cluster.store.get(&leader_key).await.expect("read the leader key");
+    let after = after.unwrap_or_else(|| panic!("the crashed leader resigned: its leader key is gone"));
+    assert_eq!(
+        (after.create_revision, after.value),
+        (before.create_revision, before.value),
+        "the crashed leader's key stays"
+    );
+    assert_eq!(cluster.leader(), None, "nobody else leads while the crashed leader's key stands");
 }
 
 /// A deposed leader's write fails and changes nothing: a transaction fenced with the
