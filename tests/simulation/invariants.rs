@@ -82,7 +82,7 @@ impl Sim {
     ) -> Result<bool, String> {
         let client = &self.clients[name];
         ensure!(
-            client.live == self.state.is_live(&name),
+            client.live == self.state.is_live(name),
             "{name}: test thinks live={}, state disagrees",
             client.live
         );
