@@ -59,15 +59,16 @@ fn is_release(command: &&AssignmentCommand) -> bool {
     matches!(command.command, Some(Command::Release(_)))
 }
 
-/// A and B registered on one instance and settled at P/2 each.
-async fn split_pair(cluster: &TestCluster) -> (TestConsumer, TestConsumer) {
+/// A and B registered on one instance and settled at P/2 each; returns them and the
+/// owners of the partitions.
+async fn split_pair(cluster: &TestCluster) -> (TestConsumer, TestConsumer, Vec<Option<String>>) {
     let (a, b, status) = cluster.settled_pair(TOPIC, (0, 0)).await;
     let t = topic(&status, TOPIC);
     assert_eq!(a.owned.len(), PARTITIONS as usize / 2, "{a:?}");
     assert_eq!(b.owned.len(), PARTITIONS as usize / 2, "{b:?}");
     assert!(a.owned.is_disjoint(&b.owned));
     assert_eq!(owned_by(t, "a"), a.owned);
-    (a, b)
+    (a, b, t.owners.clone())
 }
 
 /// §5.1: the first consumer gets every partition directly, after its (first) snapshot.
@@ -202,7 +203,7 @@ async fn target_crash_while_warming_cancels_the_handoff(backend: Backend) {
 /// within the TTL plus 1 s.
 async fn owner_crash_moves_partitions_directly(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
+    let (mut a, mut b, _) = split_pair(&cluster).await;
     let b_seen = b.seen();
     let a_parts = a.owned.clone();
 
@@ -235,8 +236,7 @@ async fn owner_crash_moves_partitions_directly(backend: Backend) {
 /// moves, not even when the old session expires.
 async fn reconnect_within_ttl_moves_nothing(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
-    let owners_before = topic(&cluster.status().await, TOPIC).owners.clone();
+    let (mut a, mut b, owners_before) = split_pair(&cluster).await;
     let b_seen = b.seen();
 
     let dropped = Instant::now();
@@ -289,7 +289,7 @@ async fn second_register_replaces_the_first(backend: Backend) {
 /// release → released) and its stream ends cleanly after the last release.
 async fn deregister_with_drain_hands_everything_off(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |c| c.drain_policy = DrainPolicy::Drain).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
+    let (mut a, mut b, _) = split_pair(&cluster).await;
     let a_parts = a.owned.clone();
 
     assert_eq!(a.deregister().await.expect("Deregister"), DeregisterAction::WaitForDrain);
@@ -329,8 +329,7 @@ async fn deregister_with_drain_hands_everything_off(backend: Backend) {
 /// held for it past the TTL, and when it comes back within the grace it gets them again.
 async fn deregister_shutdown_now_holds_partitions_for_the_restart(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
-    let owners_before = topic(&cluster.status().await, TOPIC).owners.clone();
+    let (mut a, mut b, owners_before) = split_pair(&cluster).await;
     let b_seen = b.seen();
 
     assert_eq!(a.deregister().await.expect("Deregister"), DeregisterAction::ShutdownNow);
@@ -361,7 +360,7 @@ async fn deregister_shutdown_now_holds_partitions_for_the_restart(backend: Backe
 async fn shutdown_now_partitions_move_after_the_grace(backend: Backend) {
     let grace = Duration::from_secs(2);
     let cluster = TestCluster::start(backend, 1, |c| c.restart_grace = grace).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
+    let (mut a, mut b, _) = split_pair(&cluster).await;
     let b_seen = b.seen();
     let left = Instant::now();
     assert_eq!(a.deregister().await.expect("Deregister"), DeregisterAction::ShutdownNow);
@@ -378,8 +377,7 @@ async fn shutdown_now_partitions_move_after_the_grace(backend: Backend) {
 /// partitions are held for the restart grace, so they must be, past the TTL.
 async fn shutdown_now_after_the_stream_dropped_still_holds_partitions(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
-    let owners_before = topic(&cluster.status().await, TOPIC).owners.clone();
+    let (mut a, mut b, owners_before) = split_pair(&cluster).await;
     let b_seen = b.seen();
     let dropped = Instant::now();
     a.crash().await;
