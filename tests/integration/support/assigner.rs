@@ -2,11 +2,15 @@
 //! on both backends.
 //!
 //! * [`TestCluster`] starts N assigner instances (each a [`HandoffCoordinator`] served by an
-//!   [`AssignerServer`] on free loopback ports) sharing one store: one [`MemoryStore`]
-//!   (memory) or one [`EtcdServer`] with an `EtcdStore` per instance under a unique prefix
-//!   (etcd). The config is tuned for tests ([`test_config`]: 1 s TTL, 100 ms reconcile).
-//!   Instances can be crashed ([`TestCluster::crash`]: tasks stop, sessions are not
-//!   revoked, leadership is not resigned) or stopped gracefully.
+//!   [`AssignerServer`] on free loopback ports) sharing one store ([`TestStore`], also used
+//!   by the fleet tests): one [`MemoryStore`] (memory) or one [`EtcdServer`] with an
+//!   `EtcdStore` per instance under a unique prefix (etcd). The config is tuned for tests
+//!   ([`test_config`]: 1 s TTL, 100 ms reconcile). Instances can be crashed
+//!   ([`TestCluster::crash`]: tasks stop, sessions are not revoked, leadership is not
+//!   resigned) or stopped gracefully.
+//! * The preludes scenarios share: a consumer that owns every partition
+//!   ([`TestCluster::sole_owner`]), a settled pair ([`TestCluster::settled_pair`]), and a
+//!   warming handoff a → b ([`TestCluster::warming_pair`]).
 //! * [`TestConsumer`] is a consumer on a real gRPC connection: a task reads its `Register`
 //!   stream (timestamping every command), and the consumer tracks what it was told (owned
 //!   partitions, pending warms, pending releases) and answers warms and releases.
