@@ -96,14 +96,20 @@ async fn one_consumer_gets_all_partitions(backend: Backend) {
 async fn two_consumers_split_through_warm_handoffs(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
     let half = PARTITIONS as usize / 2;
-    // b warms half (not owning them), from a; the handoffs are Warming; a was told nothing.
+    // b warms half (not owning them), from a; a was told nothing.
     let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), half).await;
     let warmed: Vec<u32> = b.warms.keys().copied().collect();
 
-    // Nothing has moved: a owns everything.
-    let status = cluster.status().await;
+    // Nothing has moved: a owns everything, the handoffs are Warming.
+    let status = cluster
+        .wait_status(PROMPT, "two warming handoffs a -> b", |s| topic(s, TOPIC).handoffs.len() == half)
+        .await;
     let t = topic(&status, TOPIC);
     assert!(t.owners.iter().all(|o| o.as_deref() == Some("a")), "{t:?}");
+    for h in &t.handoffs {
+        assert_eq!((h.from.as_str(), h.to.as_str(), h.phase.as_str()), ("a", "b", "Warming"), "{t:?}");
+        assert!(warmed.contains(&h.partition), "{t:?}");
+    }
 
     for &p in &warmed {
         b.ready(p).await.unwrap_or_else(|s| panic!("PartitionReady({p}): {s:?}"));
@@ -181,6 +187,7 @@ async fn slow_warm_keeps_the_old_owner_until_ready(backend: Backend) {
 async fn target_crash_while_warming_cancels_the_handoff(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
     let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
+    cluster.wait_status(PROMPT, "handoffs warming", |s| !topic(s, TOPIC).handoffs.is_empty()).await;
 
     let crashed = Instant::now();
     b.crash().await;

@@ -100,6 +100,9 @@ async fn leader_crash_mid_handoff_fails_over_and_completes() {
     let survivor = 1 - leader;
     let (mut a, mut b) = cluster.warming_pair(TOPIC, (survivor, survivor), 1).await;
     let p = *b.warms.keys().next().expect("a warm");
+    cluster
+        .wait_status_of(survivor, PROMPT, "one handoff warming", |s| topic(s, TOPIC).handoffs.len() == 1)
+        .await;
 
     let crashed = Instant::now();
     cluster.crash(leader).await;

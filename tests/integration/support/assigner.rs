@@ -347,8 +347,8 @@ impl TestCluster {
     /// The warming prelude of many scenarios: `a` registers for `topic` on instance `on.0`
     /// and is given every partition; then `b` registers on instance `on.1`, gets an empty
     /// snapshot and is asked to warm `warms` partitions from `a`, which is told nothing
-    /// meanwhile; instance `on.1`'s status shows those handoffs a → b, Warming. Nothing is
-    /// answered. Returns `(a, b)`.
+    /// meanwhile. Returns `(a, b)` as soon as the warms arrived (a warm timeout may be
+    /// short), with nothing answered.
     pub async fn warming_pair(
         &self,
         topic_name: &str,
@@ -362,15 +362,6 @@ impl TestCluster {
         b.wait_warms(warms, PROMPT).await;
         assert!(b.owned.is_empty(), "warming is not owning: {b:?}");
         assert!(b.warms.values().all(|owner| owner == "a"), "current_owner is a: {b:?}");
-        self.wait_status_of(on.1, PROMPT, &format!("{warms} warming handoffs a -> b"), |s| {
-            let handoffs = &topic(s, topic_name).handoffs;
-            handoffs.len() == warms
-                && handoffs.iter().all(|h| {
-                    (h.from.as_str(), h.to.as_str(), h.phase.as_str()) == ("a", "b", "Warming")
-                        && b.warms.contains_key(&h.partition)
-                })
-        })
-        .await;
         a.poll_now();
         assert_eq!(a.seen(), a_seen, "a is told nothing while b warms: {a:?}");
         (a, b)
