@@ -38,30 +38,25 @@ enum Kind {
     Static,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory() {
-    common_scenarios(Kind::Memory).await;
+/// One test per backend, named `$name`, running [`common_scenarios`] on `Kind::$kind`.
+macro_rules! every_kind {
+    ($($name:ident: $kind:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                common_scenarios(Kind::$kind).await;
+            }
+        )*
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd() {
-    common_scenarios(Kind::Etcd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fleet_memory() {
-    common_scenarios(Kind::FleetMemory).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fleet_etcd() {
-    common_scenarios(Kind::FleetEtcd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn static_backend() {
-    common_scenarios(Kind::Static).await;
-}
+every_kind!(
+    memory: Memory,
+    etcd: Etcd,
+    fleet_memory: FleetMemory,
+    fleet_etcd: FleetEtcd,
+    static_backend: Static,
+);
 
 /// Starts the backend from command-line flags, as `kafka-assigner serve` does.
 async fn start(kind: Kind, etcd: Option<&EtcdServer>) -> AssignerServer {

@@ -35,7 +35,8 @@ use tonic::{Code, Status, transport::Channel};
 use crate::support::{
     EtcdServer,
     assigner::{
-        Backend, EXPIRY, PARTITIONS, PROMPT, TOPIC, TTL, TestConsumer, WIDE, describe, on_both_backends,
+        Backend, EXPIRY, PARTITIONS, PROMPT, TOPIC, TTL, TestConsumer, TestStore, WIDE, connect, describe,
+        on_both_backends,
     },
 };
 
@@ -77,18 +78,7 @@ struct Fleet {
 
 impl Fleet {
     async fn start(backend: Backend, nodes: usize) -> Fleet {
-        let (etcd, memory, prefix, store): (_, _, _, Arc<dyn LeaseStore>) = match backend {
-            Backend::Memory => {
-                let memory = MemoryStore::new();
-                (None, Some(memory.clone()), "/fleet-test/".to_string(), Arc::new(memory))
-            }
-            Backend::Etcd => {
-                let etcd = EtcdServer::start().await;
-                let prefix = etcd.unique_prefix("fleet");
-                let store = Arc::new(etcd.store().await);
-                (Some(etcd), None, prefix, store)
-            }
-        };
+        let TestStore { prefix, store, memory, etcd } = TestStore::start(backend, "fleet").await;
         let mut config = FleetConfig {
             backend: format!("fleet-{}", backend.name()),
             prefix,
@@ -111,11 +101,7 @@ impl Fleet {
         let index = self.nodes.len();
         let mut config = self.config.clone();
         config.instance_id = format!("fleet-instance-{index}");
-        let store: Arc<dyn LeaseStore> = match (&self.memory, &self.etcd) {
-            (Some(memory), _) => Arc::new(memory.clone()),
-            (None, Some(etcd)) => Arc::new(etcd.store().await),
-            (None, None) => unreachable!("a fleet has a store"),
-        };
+        let store = connect(self.memory.as_ref(), self.etcd.as_ref()).await;
         let metrics = Arc::new(Metrics::new());
         let coordinator = FleetCoordinator::start(store, config, metrics.clone())
             .await

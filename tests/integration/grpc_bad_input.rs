@@ -1,8 +1,10 @@
 //! Refused calls (DESIGN.md §5.7): each gets its exact gRPC status code and a message
 //! naming what was wrong, and changes nothing — neither the store (records and revision)
 //! nor any instance's status view — nor tells any consumer anything. On both backends.
-
-use std::fmt::Debug;
+//!
+//! The calls are one table ([`cases`]): the request, the code, and the words the message
+//! must mention. They run against a topic with a warming handoff a → b and a third
+//! consumer c that takes part in nothing.
 
 use kafka_assigner::proto::v1::{
     DeregisterRequest, PartitionReadyRequest, PartitionReleasedRequest, RegisterRequest, TopicPartition,
@@ -11,106 +13,123 @@ use kafka_assigner::proto::v1::{
 use tonic::{Code, Status, transport::Channel};
 
 use crate::support::assigner::{
-    Backend, PARTITIONS, PROMPT, SMALL, TOPIC, TestCluster, consumer_names, on_both_backends, topic,
+    Backend, PROMPT, SMALL, TestCluster, consumer_names, on_both_backends, topic,
 };
 
-on_both_backends!(register_refusals, ready_released_and_deregister_refusals);
+on_both_backends!(refused_calls_change_nothing);
 
-/// Asserts `result` is refused with `code` and a message containing every one of
-/// `mentions`, and that nothing changed.
-async fn refused<T: Debug>(
-    cluster: &TestCluster,
-    before: &(kafka_assigner::store::PrefixSnapshot, Vec<String>),
-    what: &str,
-    result: Result<T, Status>,
+/// One call the server must refuse.
+enum Request {
+    Register(RegisterRequest),
+    Ready(PartitionReadyRequest),
+    Released(PartitionReleasedRequest),
+    Deregister(DeregisterRequest),
+}
+
+/// A row of the table: what the call is, the call, its code, and what its message names.
+struct Case {
+    what: &'static str,
+    request: Request,
     code: Code,
-    mentions: &[&str],
-) {
-    let status = match result {
-        Ok(value) => panic!("{what}: expected {code:?}, but it was accepted: {value:?}"),
-        Err(status) => status,
-    };
-    assert_eq!(status.code(), code, "{what}: {status:?}");
-    for needle in mentions {
-        assert!(
-            status.message().contains(needle),
-            "{what}: the message should mention {needle:?}: {status:?}"
-        );
-    }
-    assert_eq!(&cluster.fingerprint().await, before, "{what}: a refused call must change nothing");
+    mentions: Vec<String>,
+}
+
+fn case(what: &'static str, request: Request, code: Code, mentions: &[&str]) -> Case {
+    Case { what, request, code, mentions: mentions.iter().map(|m| m.to_string()).collect() }
+}
+
+fn register(consumer: &str, topic: &str) -> Request {
+    Request::Register(RegisterRequest { consumer_name: consumer.into(), topic: topic.into() })
+}
+
+fn ready(consumer: &str, partition: Option<TopicPartition>) -> Request {
+    Request::Ready(PartitionReadyRequest { consumer_name: consumer.into(), partition })
+}
+
+fn released(consumer: &str, partition: Option<TopicPartition>) -> Request {
+    Request::Released(PartitionReleasedRequest { consumer_name: consumer.into(), partition })
+}
+
+fn deregister(consumer: &str) -> Request {
+    Request::Deregister(DeregisterRequest { consumer_name: consumer.into() })
 }
 
 fn tp(topic: &str, partition: u32) -> Option<TopicPartition> {
     Some(TopicPartition { topic: topic.into(), partition })
 }
 
-async fn ready(
-    client: &mut KafkaAssignerClient<Channel>,
-    consumer: &str,
-    partition: Option<TopicPartition>,
-) -> Result<(), Status> {
-    client
-        .partition_ready(PartitionReadyRequest { consumer_name: consumer.into(), partition })
-        .await
-        .map(|_| ())
+/// Every refusal, for a handoff of partition `w` a → b (Warming) on [`SMALL`], whose other
+/// partition `other` a owns with no handoff.
+fn cases(w: u32, other: u32) -> Vec<Case> {
+    use Code::{FailedPrecondition, InvalidArgument, NotFound};
+    let (ws, os) = (w.to_string(), other.to_string());
+    let at = |partition| tp(SMALL, partition);
+    vec![
+        case("Register: empty consumer_name", register("", SMALL), InvalidArgument, &["consumer_name"]),
+        case("Register: consumer_name with '/'", register("x/y", SMALL), InvalidArgument, &["x/y"]),
+        case("Register: empty topic", register("d", ""), InvalidArgument, &["topic"]),
+        case("Register: invalid topic a/b", register("d", "a/b"), InvalidArgument, &["a/b"]),
+        case("Register: topic with a space", register("d", "two words"), InvalidArgument, &["two words"]),
+        case("Register: no partition count", register("d", "unknown-topic"), NotFound, &["unknown-topic"]),
+        case("Ready without partition", ready("b", None), InvalidArgument, &["partition"]),
+        case("Ready with empty consumer_name", ready("", at(w)), InvalidArgument, &["consumer_name"]),
+        case("Ready with empty topic", ready("b", tp("", w)), InvalidArgument, &["topic"]),
+        case("Ready from the current owner", ready("a", at(w)), FailedPrecondition, &["'a'", &ws]),
+        case("Ready from a third consumer", ready("c", at(w)), FailedPrecondition, &["'c'", &ws]),
+        case("Ready with no handoff", ready("b", at(other)), FailedPrecondition, &["'b'", &os]),
+        case("Ready from an unknown consumer", ready("zed", at(w)), NotFound, &["zed"]),
+        case("Ready for a partition out of range", ready("b", at(7)), InvalidArgument, &["7"]),
+        case("Ready for an unknown topic", ready("b", tp("nope", 0)), NotFound, &["nope"]),
+        case("Released without partition", released("a", None), InvalidArgument, &["partition"]),
+        case("Released from the warming owner", released("a", at(w)), FailedPrecondition, &["'a'", &ws]),
+        case("Released from the warming target", released("b", at(w)), FailedPrecondition, &["'b'", &ws]),
+        case("Released from a third consumer", released("c", at(other)), FailedPrecondition, &["'c'", &os]),
+        case("Released from an unknown consumer", released("zed", at(w)), NotFound, &["zed"]),
+        case("Released for a partition out of range", released("a", at(9)), InvalidArgument, &["9"]),
+        case("Deregister of an unknown name", deregister("zed"), NotFound, &["zed"]),
+        case("Deregister with an empty name", deregister(""), InvalidArgument, &["consumer_name"]),
+    ]
 }
 
-async fn released(
-    client: &mut KafkaAssignerClient<Channel>,
-    consumer: &str,
-    partition: Option<TopicPartition>,
-) -> Result<(), Status> {
-    client
-        .partition_released(PartitionReleasedRequest { consumer_name: consumer.into(), partition })
-        .await
-        .map(|_| ())
-}
-
-async fn register(cluster: &TestCluster, consumer: &str, topic: &str) -> Result<(), Status> {
-    let mut client = cluster.client(0).await;
-    let request = RegisterRequest { consumer_name: consumer.into(), topic: topic.into() };
-    // A refusal must come as the call's status, not as a stream that starts and then fails.
-    client.register(request).await.map(|_| ())
-}
-
-/// Register with an empty name, an empty or invalid topic, or a topic with no known
-/// partition count.
-async fn register_refusals(backend: Backend) {
-    let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    cluster.wait_status(PROMPT, "a registered", |s| consumer_names(topic(s, TOPIC)) == ["a"]).await;
-    let before = cluster.fingerprint().await;
-    let a_seen = a.seen();
-
-    let cases: [(&str, &str, &str, Code, &[&str]); 6] = [
-        ("empty consumer_name", "", TOPIC, Code::InvalidArgument, &["consumer_name"]),
-        ("consumer_name with '/'", "x/y", TOPIC, Code::InvalidArgument, &["x/y"]),
-        ("empty topic", "c", "", Code::InvalidArgument, &["topic"]),
-        ("invalid topic a/b", "c", "a/b", Code::InvalidArgument, &["a/b"]),
-        ("invalid topic with a space", "c", "two words", Code::InvalidArgument, &["two words"]),
-        ("topic with no known partition count", "c", "unknown-topic", Code::NotFound, &["unknown-topic"]),
-    ];
-    for (what, consumer, topic_name, code, mentions) in cases {
-        let result = register(&cluster, consumer, topic_name).await;
-        refused(&cluster, &before, &format!("Register: {what}"), result, code, mentions).await;
+/// Sends `request`; only the status matters.
+async fn send(client: &mut KafkaAssignerClient<Channel>, request: Request) -> Result<(), Status> {
+    match request {
+        // A refusal must come as the call's status, not as a stream that starts and then fails.
+        Request::Register(r) => client.register(r).await.map(|_| ()),
+        Request::Ready(r) => client.partition_ready(r).await.map(|_| ()),
+        Request::Released(r) => client.partition_released(r).await.map(|_| ()),
+        Request::Deregister(r) => client.deregister(r).await.map(|_| ()),
     }
-    a.poll_now();
-    assert_eq!(a.seen(), a_seen, "a was told nothing: {a:?}");
-    assert!(a.ended.is_none());
 }
 
-/// PartitionReady / PartitionReleased / Deregister refusals, against a topic with a
-/// warming handoff a → b and a third consumer c that takes part in nothing.
-async fn ready_released_and_deregister_refusals(backend: Backend) {
+/// Sends the case's call and asserts it is refused with its code and a message naming
+/// every one of its words, and that the cluster's fingerprint is still `before`.
+async fn refused(
+    cluster: &TestCluster,
+    client: &mut KafkaAssignerClient<Channel>,
+    before: &(kafka_assigner::store::PrefixSnapshot, Vec<String>),
+    case: Case,
+) {
+    let Case { what, request, code, mentions } = case;
+    let status = match send(client, request).await {
+        Ok(()) => panic!("{what}: expected {code:?}, but it was accepted"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), code, "{what}: {status:?}");
+    for needle in &mentions {
+        assert!(
+            status.message().contains(needle.as_str()),
+            "{what}: the message should mention {needle:?}: {status:?}"
+        );
+    }
+    assert_eq!(&cluster.fingerprint().await, before, "{what}: a refused call must change nothing");
+}
+
+/// Every case of the table against a warming handoff a → b with a bystander c; then,
+/// after the handoff completes, the new owner's `PartitionReleased` is refused too.
+async fn refused_calls_change_nothing(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer_on(0, "a", SMALL).await;
-    a.expect_snapshot().await;
-    a.wait_owned(2, PROMPT).await;
-    let mut b = cluster.consumer_on(0, "b", SMALL).await;
-    b.expect_snapshot().await;
-    b.wait_warms(1, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(SMALL, (0, 0), 1).await;
     let w = *b.warms.keys().next().expect("a warm");
     let other = 1 - w;
     let mut c = cluster.consumer_on(0, "c", SMALL).await;
@@ -126,188 +145,28 @@ async fn ready_released_and_deregister_refusals(backend: Backend) {
     let before = cluster.fingerprint().await;
     let seen = [a.seen(), b.seen(), c.seen()];
     let mut client = cluster.client(0).await;
-    let ws = w.to_string();
 
-    refused(
-        &cluster,
-        &before,
-        "Ready without partition",
-        ready(&mut client, "b", None).await,
-        Code::InvalidArgument,
-        &["partition"],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Ready with empty consumer_name",
-        ready(&mut client, "", tp(SMALL, w)).await,
-        Code::InvalidArgument,
-        &["consumer_name"],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Ready with empty topic",
-        ready(&mut client, "b", tp("", w)).await,
-        Code::InvalidArgument,
-        &["topic"],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Ready from the current owner",
-        ready(&mut client, "a", tp(SMALL, w)).await,
-        Code::FailedPrecondition,
-        &["'a'", &ws],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Ready from a third consumer",
-        ready(&mut client, "c", tp(SMALL, w)).await,
-        Code::FailedPrecondition,
-        &["'c'", &ws],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Ready for a partition with no handoff",
-        ready(&mut client, "b", tp(SMALL, other)).await,
-        Code::FailedPrecondition,
-        &["'b'", &other.to_string()],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Ready from an unknown consumer",
-        ready(&mut client, "zed", tp(SMALL, w)).await,
-        Code::NotFound,
-        &["zed"],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Ready for a partition out of range",
-        ready(&mut client, "b", tp(SMALL, 7)).await,
-        Code::InvalidArgument,
-        &["7"],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Ready for an unknown topic",
-        ready(&mut client, "b", tp("nope", 0)).await,
-        Code::NotFound,
-        &["nope"],
-    )
-    .await;
-
-    refused(
-        &cluster,
-        &before,
-        "Released without partition",
-        released(&mut client, "a", None).await,
-        Code::InvalidArgument,
-        &["partition"],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Released from the owner of a warming handoff",
-        released(&mut client, "a", tp(SMALL, w)).await,
-        Code::FailedPrecondition,
-        &["'a'", &ws],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Released from the warming target",
-        released(&mut client, "b", tp(SMALL, w)).await,
-        Code::FailedPrecondition,
-        &["'b'", &ws],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Released from a third consumer",
-        released(&mut client, "c", tp(SMALL, other)).await,
-        Code::FailedPrecondition,
-        &["'c'", &other.to_string()],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Released from an unknown consumer",
-        released(&mut client, "zed", tp(SMALL, w)).await,
-        Code::NotFound,
-        &["zed"],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Released for a partition out of range",
-        released(&mut client, "a", tp(SMALL, 9)).await,
-        Code::InvalidArgument,
-        &["9"],
-    )
-    .await;
-
-    let deregister = |name: &str| {
-        let mut client = client.clone();
-        let request = DeregisterRequest { consumer_name: name.into() };
-        async move { client.deregister(request).await.map(|r| r.into_inner()) }
-    };
-    refused(
-        &cluster,
-        &before,
-        "Deregister of an unknown name",
-        deregister("zed").await,
-        Code::NotFound,
-        &["zed"],
-    )
-    .await;
-    refused(
-        &cluster,
-        &before,
-        "Deregister with an empty name",
-        deregister("").await,
-        Code::InvalidArgument,
-        &["consumer_name"],
-    )
-    .await;
-
+    for case in cases(w, other) {
+        refused(&cluster, &mut client, &before, case).await;
+    }
     for (consumer, seen) in [&mut a, &mut b, &mut c].into_iter().zip(seen) {
         consumer.poll_now();
         assert_eq!(consumer.seen(), seen, "{} was told nothing: {consumer:?}", consumer.name);
+        assert!(consumer.ended.is_none(), "{consumer:?}");
     }
 
-    // The refusals broke nothing: the handoff completes, and only then is a released
+    // The refusals broke nothing: the handoff completes, and only then is a
     // PartitionReleased from the new owner refused.
     b.ready(w).await.unwrap_or_else(|s| panic!("PartitionReady({w}) from the target: {s:?}"));
     a.wait_for(PROMPT, "a is told to release", |c| c.releases.contains_key(&w)).await;
     let before = cluster.fingerprint().await;
-    refused(
-        &cluster,
-        &before,
+    let new_owner = case(
         "Released from the new owner",
-        released(&mut client, "b", tp(SMALL, w)).await,
+        released("b", tp(SMALL, w)),
         Code::FailedPrecondition,
-        &["'b'", &ws],
-    )
-    .await;
+        &["'b'", &w.to_string()],
+    );
+    refused(&cluster, &mut client, &before, new_owner).await;
     a.released(w).await.unwrap_or_else(|s| panic!("PartitionReleased({w}) from the old owner: {s:?}"));
     let after = cluster.fingerprint().await;
     assert_ne!(after.0.revision, before.0.revision, "an accepted call writes");

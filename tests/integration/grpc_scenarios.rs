@@ -60,28 +60,22 @@ fn is_release(command: &&AssignmentCommand) -> bool {
     matches!(command.command, Some(Command::Release(_)))
 }
 
-/// A and B registered on one instance and settled at P/2 each.
-async fn split_pair(cluster: &TestCluster) -> (TestConsumer, TestConsumer) {
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    let status = settle(cluster, TOPIC, &mut [&mut a, &mut b], PROMPT).await;
+/// A and B registered on one instance and settled at P/2 each; returns them and the
+/// owners of the partitions.
+async fn split_pair(cluster: &TestCluster) -> (TestConsumer, TestConsumer, Vec<Option<String>>) {
+    let (a, b, status) = cluster.settled_pair(TOPIC, (0, 0)).await;
     let t = topic(&status, TOPIC);
     assert_eq!(a.owned.len(), PARTITIONS as usize / 2, "{a:?}");
     assert_eq!(b.owned.len(), PARTITIONS as usize / 2, "{b:?}");
     assert!(a.owned.is_disjoint(&b.owned));
     assert_eq!(owned_by(t, "a"), a.owned);
-    (a, b)
+    (a, b, t.owners.clone())
 }
 
 /// §5.1: the first consumer gets every partition directly, after its (first) snapshot.
 async fn one_consumer_gets_all_partitions(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let a = cluster.sole_owner(0, "a", TOPIC).await;
     assert_eq!(a.owned, all_partitions(PARTITIONS));
     for (_, command) in &a.history {
         let (_, unassigned) = update(command);
@@ -102,20 +96,12 @@ async fn one_consumer_gets_all_partitions(backend: Backend) {
 /// release; after A's released no handoff remains and the split is even.
 async fn two_consumers_split_through_warm_handoffs(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let a_seen = a.seen();
-
-    let mut b = cluster.consumer("b").await;
-    assert!(b.expect_snapshot().await.is_empty(), "b owns nothing yet");
     let half = PARTITIONS as usize / 2;
-    b.wait_warms(half, PROMPT).await;
-    assert!(b.owned.is_empty(), "warming is not owning: {b:?}");
-    assert!(b.warms.values().all(|owner| owner == "a"), "current_owner is a: {b:?}");
+    // b warms half (not owning them), from a; a was told nothing.
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), half).await;
     let warmed: Vec<u32> = b.warms.keys().copied().collect();
 
-    // Nothing has moved: a owns everything, the handoffs are Warming, a was told nothing.
+    // Nothing has moved: a owns everything, the handoffs are Warming.
     let status = cluster
         .wait_status(PROMPT, "two warming handoffs a -> b", |s| topic(s, TOPIC).handoffs.len() == half)
         .await;
@@ -125,8 +111,6 @@ async fn two_consumers_split_through_warm_handoffs(backend: Backend) {
         assert_eq!((h.from.as_str(), h.to.as_str(), h.phase), ("a", "b", Phase::Warming), "{t:?}");
         assert!(warmed.contains(&h.partition), "{t:?}");
     }
-    a.poll_now();
-    assert_eq!(a.seen(), a_seen, "a is told nothing while b warms: {a:?}");
 
     for &p in &warmed {
         b.ready(p).await.unwrap_or_else(|s| panic!("PartitionReady({p}): {s:?}"));
@@ -174,13 +158,8 @@ async fn two_consumers_split_through_warm_handoffs(backend: Backend) {
 /// until the target is ready, even past the session TTL.
 async fn slow_warm_keeps_the_old_owner_until_ready(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let a_seen = a.seen();
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
     let b_seen = b.seen();
     let p = *b.warms.keys().next().expect("a warm");
 
@@ -208,12 +187,7 @@ async fn slow_warm_keeps_the_old_owner_until_ready(backend: Backend) {
 /// owner keeps everything; the owner is never told to release.
 async fn target_crash_while_warming_cancels_the_handoff(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     cluster.wait_status(PROMPT, "handoffs warming", |s| !topic(s, TOPIC).handoffs.is_empty()).await;
 
     let crashed = Instant::now();
@@ -237,7 +211,7 @@ async fn target_crash_while_warming_cancels_the_handoff(backend: Backend) {
 /// within the TTL plus 1 s.
 async fn owner_crash_moves_partitions_directly(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
+    let (mut a, mut b, _) = split_pair(&cluster).await;
     let b_seen = b.seen();
     let a_parts = a.owned.clone();
 
@@ -270,8 +244,7 @@ async fn owner_crash_moves_partitions_directly(backend: Backend) {
 /// moves, not even when the old session expires.
 async fn reconnect_within_ttl_moves_nothing(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
-    let owners_before = topic(&cluster.status().await, TOPIC).owners.clone();
+    let (mut a, mut b, owners_before) = split_pair(&cluster).await;
     let b_seen = b.seen();
 
     let dropped = Instant::now();
@@ -297,9 +270,7 @@ async fn reconnect_within_ttl_moves_nothing(backend: Backend) {
 /// with ABORTED, the new one gets the same partitions.
 async fn second_register_replaces_the_first(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let mut a = cluster.sole_owner(0, "a", TOPIC).await;
     let a_seen = a.seen();
 
     let mut a2 = cluster.consumer("a").await;
@@ -326,7 +297,7 @@ async fn second_register_replaces_the_first(backend: Backend) {
 /// release → released) and its stream ends cleanly after the last release.
 async fn deregister_with_drain_hands_everything_off(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |c| c.drain_policy = DrainPolicy::Drain).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
+    let (mut a, mut b, _) = split_pair(&cluster).await;
     let a_parts = a.owned.clone();
 
     assert_eq!(a.deregister().await.expect("Deregister"), DeregisterAction::WaitForDrain);
@@ -366,8 +337,7 @@ async fn deregister_with_drain_hands_everything_off(backend: Backend) {
 /// held for it past the TTL, and when it comes back within the grace it gets them again.
 async fn deregister_shutdown_now_holds_partitions_for_the_restart(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
-    let owners_before = topic(&cluster.status().await, TOPIC).owners.clone();
+    let (mut a, mut b, owners_before) = split_pair(&cluster).await;
     let b_seen = b.seen();
 
     assert_eq!(a.deregister().await.expect("Deregister"), DeregisterAction::ShutdownNow);
@@ -398,7 +368,7 @@ async fn deregister_shutdown_now_holds_partitions_for_the_restart(backend: Backe
 async fn shutdown_now_partitions_move_after_the_grace(backend: Backend) {
     let grace = Duration::from_secs(2);
     let cluster = TestCluster::start(backend, 1, |c| c.restart_grace = grace).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
+    let (mut a, mut b, _) = split_pair(&cluster).await;
     let b_seen = b.seen();
     let left = Instant::now();
     assert_eq!(a.deregister().await.expect("Deregister"), DeregisterAction::ShutdownNow);
@@ -415,8 +385,7 @@ async fn shutdown_now_partitions_move_after_the_grace(backend: Backend) {
 /// partitions are held for the restart grace, so they must be, past the TTL.
 async fn shutdown_now_after_the_stream_dropped_still_holds_partitions(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let (mut a, mut b) = split_pair(&cluster).await;
-    let owners_before = topic(&cluster.status().await, TOPIC).owners.clone();
+    let (mut a, mut b, owners_before) = split_pair(&cluster).await;
     let b_seen = b.seen();
     let dropped = Instant::now();
     a.crash().await;
@@ -442,12 +411,7 @@ async fn shutdown_now_after_the_stream_dropped_still_holds_partitions(backend: B
 /// §5.5: the owner dies while the target warms → the target gets the partition directly.
 async fn owner_crash_while_warming_gives_the_partition_to_the_target(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let warming = b.warms.clone();
     let b_seen = b.seen();
 
@@ -474,12 +438,7 @@ async fn owner_crash_while_warming_gives_the_partition_to_the_target(backend: Ba
 /// §5.5: the old owner dies while releasing → the handoff completes without its ack.
 async fn owner_crash_while_releasing_completes_the_handoff(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |_| {}).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let p = *b.warms.keys().next().expect("a warm");
     b.ready(p).await.unwrap_or_else(|s| panic!("PartitionReady({p}): {s:?}"));
     assert_eq!(release(&a.next(PROMPT, "a's release").await), (p, "b".to_string()));
@@ -499,13 +458,8 @@ async fn owner_crash_while_releasing_completes_the_handoff(backend: Backend) {
 /// drop it: `unassigned`) and retried later; the owner keeps the partition throughout.
 async fn warm_timeout_cancels_and_retries_later(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |c| c.plan.warm_timeout_ms = 1_000).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let a_seen = a.seen();
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
     let first: Vec<u32> = b.warms.keys().copied().collect();
     let warned = Instant::now();
 
@@ -534,12 +488,7 @@ async fn warm_timeout_cancels_and_retries_later(backend: Backend) {
 /// §5.6: a release never acknowledged is completed anyway after the release timeout.
 async fn release_timeout_completes_the_handoff_anyway(backend: Backend) {
     let cluster = TestCluster::start(backend, 1, |c| c.plan.release_timeout_ms = 1_000).await;
-    let mut a = cluster.consumer("a").await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer("b").await;
-    b.expect_snapshot().await;
-    b.wait_warms(PARTITIONS as usize / 2, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 0), PARTITIONS as usize / 2).await;
     let p = *b.warms.keys().next().expect("a warm");
     let flipped = Instant::now();
     b.ready(p).await.unwrap_or_else(|s| panic!("PartitionReady({p}): {s:?}"));

@@ -1,6 +1,7 @@
 //! Several assigner instances on one etcd under one prefix (DESIGN.md §3, §9): handoffs
-//! across instances, leader failover mid-handoff, a restart of every instance, fenced
-//! writes of a deposed leader, and a measurement of the handoff fast path.
+//! across instances, leader failover mid-handoff, a restart of every instance, a crashed
+//! leader that does not resign, fenced writes of a deposed leader, and a measurement of
+//! the handoff fast path.
 
 use std::{
     collections::BTreeSet,
@@ -48,13 +49,7 @@ async fn expect_assigned(consumer: &mut TestConsumer, p: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handoffs_complete_across_instances() {
     let cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
-    let mut a = cluster.consumer_on(0, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer_on(1, "b", TOPIC).await;
-    assert!(b.expect_snapshot().await.is_empty());
-    b.wait_warms(2, PROMPT).await;
-    assert!(b.warms.values().all(|o| o == "a"), "{b:?}");
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (0, 1), 2).await;
     let warmed: Vec<u32> = b.warms.keys().copied().collect();
     let (p1, p2) = (warmed[0], warmed[1]);
 
@@ -104,12 +99,7 @@ async fn leader_crash_mid_handoff_fails_over_and_completes() {
     let mut cluster = TestCluster::start(Backend::Etcd, 2, |c| c.plan.max_warming_per_consumer = 1).await;
     let leader = cluster.wait_leader(PROMPT).await;
     let survivor = 1 - leader;
-    let mut a = cluster.consumer_on(survivor, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer_on(survivor, "b", TOPIC).await;
-    b.expect_snapshot().await;
-    b.wait_warms(1, PROMPT).await;
+    let (mut a, mut b) = cluster.warming_pair(TOPIC, (survivor, survivor), 1).await;
     let p = *b.warms.keys().next().expect("a warm");
     cluster
         .wait_status_of(survivor, PROMPT, "one handoff warming", |s| topic(s, TOPIC).handoffs.len() == 1)
@@ -153,12 +143,7 @@ async fn graceful_stop_of_the_leader_hands_over_at_once() {
     let mut cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
     let leader = cluster.wait_leader(PROMPT).await;
     let survivor = 1 - leader;
-    let mut a = cluster.consumer_on(leader, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer_on(survivor, "b", TOPIC).await;
-    b.expect_snapshot().await;
-    let status = settle(&cluster, TOPIC, &mut [&mut a, &mut b], PROMPT).await;
+    let (mut a, mut b, status) = cluster.settled_pair(TOPIC, (leader, survivor)).await;
     let owners_before = topic(&status, TOPIC).owners.clone();
 
     let stopped = Instant::now();
@@ -188,12 +173,7 @@ async fn graceful_stop_of_the_leader_hands_over_at_once() {
 async fn restart_every_instance_preserves_assignments() {
     let ttl = TTL;
     let mut cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
-    let mut a = cluster.consumer_on(0, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
-    let mut b = cluster.consumer_on(1, "b", TOPIC).await;
-    b.expect_snapshot().await;
-    let status = settle(&cluster, TOPIC, &mut [&mut a, &mut b], PROMPT).await;
+    let (mut a, mut b, status) = cluster.settled_pair(TOPIC, (0, 1)).await;
     let owners_before = topic(&status, TOPIC).owners.clone();
     let leader = cluster.wait_leader(PROMPT).await;
 
@@ -229,6 +209,31 @@ async fn restart_every_instance_preserves_assignments() {
     }
 }
 
+/// A graceful stop resigns leadership at once; a crash does not (the crashed instance's
+/// server still stops, and its `shutdown()` must then do nothing): its leader key stays
+/// until its session expires, here after a long TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_does_not_resign() {
+    let mut cluster = TestCluster::start(Backend::Etcd, 3, |c| c.lease_ttl = Duration::from_secs(30)).await;
+    let leader_key = format!("{}leader", cluster.config.prefix);
+    let stopped = cluster.wait_leader(PROMPT).await;
+    cluster.stop(stopped).await;
+    // Only a resign lets another instance lead before the 30 s TTL.
+    let crashed = cluster.wait_leader(PROMPT).await;
+    let before = cluster.store.get(&leader_key).await.expect("read the leader key").expect("a leader key");
+    assert_eq!(before.value, cluster.instance(crashed).id.as_bytes(), "the leader key names the leader");
+
+    cluster.crash(crashed).await;
+    let after = cluster.store.get(&leader_key).await.expect("read the leader key");
+    let after = after.unwrap_or_else(|| panic!("the crashed leader resigned: its leader key is gone"));
+    assert_eq!(
+        (after.create_revision, after.value),
+        (before.create_revision, before.value),
+        "the crashed leader's key stays"
+    );
+    assert_eq!(cluster.leader(), None, "nobody else leads while the crashed leader's key stands");
+}
+
 /// A deposed leader's write fails and changes nothing: a transaction fenced with the
 /// crashed leader's election (create revision of its leader key) is refused once another
 /// instance leads, while the same shape fenced with the current election applies.
@@ -237,9 +242,7 @@ async fn deposed_leader_writes_are_fenced() {
     let mut cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
     let leader = cluster.wait_leader(PROMPT).await;
     let survivor = 1 - leader;
-    let mut a = cluster.consumer_on(survivor, "a", TOPIC).await;
-    a.expect_snapshot().await;
-    a.wait_owned(PARTITIONS as usize, PROMPT).await;
+    let mut a = cluster.sole_owner(survivor, "a", TOPIC).await;
 
     let prefix = cluster.config.prefix.clone();
     let leader_key = format!("{prefix}leader");
@@ -301,12 +304,7 @@ async fn handoff_fast_path_latency() {
     for (topic_name, a_on, b_on, what) in
         [(BENCH, 0, 0, "same instance"), (BENCH_X, 0, 1, "across instances (ready to B's instance)")]
     {
-        let mut a = cluster.consumer_on(a_on, "a", topic_name).await;
-        a.expect_snapshot().await;
-        a.wait_owned(100, PROMPT).await;
-        let mut b = cluster.consumer_on(b_on, "b", topic_name).await;
-        b.expect_snapshot().await;
-        b.wait_warms(50, PROMPT).await;
+        let (mut a, mut b) = cluster.warming_pair(topic_name, (a_on, b_on), 50).await;
         let mut to_release = Vec::new();
         let mut round_trips = Vec::new();
         for p in b.warms.keys().copied().collect::<Vec<_>>() {

@@ -2,11 +2,15 @@
 //! on both backends.
 //!
 //! * [`TestCluster`] starts N assigner instances (each a [`HandoffCoordinator`] served by an
-//!   [`AssignerServer`] on free loopback ports) sharing one store: one [`MemoryStore`]
-//!   (memory) or one [`EtcdServer`] with an `EtcdStore` per instance under a unique prefix
-//!   (etcd). The config is tuned for tests ([`test_config`]: 1 s TTL, 100 ms reconcile).
-//!   Instances can be crashed ([`TestCluster::crash`]: tasks stop, sessions are not
-//!   revoked, leadership is not resigned) or stopped gracefully.
+//!   [`AssignerServer`] on free loopback ports) sharing one store ([`TestStore`], also used
+//!   by the fleet tests): one [`MemoryStore`] (memory) or one [`EtcdServer`] with an
+//!   `EtcdStore` per instance under a unique prefix (etcd). The config is tuned for tests
+//!   ([`test_config`]: 1 s TTL, 100 ms reconcile). Instances can be crashed
+//!   ([`TestCluster::crash`]: tasks stop, sessions are not revoked, leadership is not
+//!   resigned) or stopped gracefully.
+//! * The preludes scenarios share: a consumer that owns every partition
+//!   ([`TestCluster::sole_owner`]), a settled pair ([`TestCluster::settled_pair`]), and a
+//!   warming handoff a → b ([`TestCluster::warming_pair`]).
 //! * [`TestConsumer`] is a consumer on a real gRPC connection: a task reads its `Register`
 //!   stream (timestamping every command), and the consumer tracks what it was told (owned
 //!   partitions, pending warms, pending releases) and answers warms and releases.
@@ -122,6 +126,45 @@ pub fn test_config(backend: Backend, prefix: &str) -> HandoffConfig {
     config
 }
 
+/// The store a test's instances share (see the module docs): built once here for every
+/// test cluster, whatever coordinator it runs.
+pub struct TestStore {
+    /// The key prefix to work under: `/{name}-test/` on memory, unique to the test on etcd.
+    pub prefix: String,
+    /// A handle of the test's own, to read (or write) the shared state directly.
+    pub store: Arc<dyn LeaseStore>,
+    /// The shared in-process store (memory).
+    pub memory: Option<MemoryStore>,
+    /// The etcd server started for the test (etcd).
+    pub etcd: Option<EtcdServer>,
+}
+
+impl TestStore {
+    /// Starts `backend`'s store; `name` names the prefix.
+    pub async fn start(backend: Backend, name: &str) -> TestStore {
+        let (memory, etcd, prefix) = match backend {
+            Backend::Memory => (Some(MemoryStore::new()), None, format!("/{name}-test/")),
+            Backend::Etcd => {
+                let etcd = EtcdServer::start().await;
+                let prefix = etcd.unique_prefix(name);
+                (None, Some(etcd), prefix)
+            }
+        };
+        let store = connect(memory.as_ref(), etcd.as_ref()).await;
+        TestStore { prefix, store, memory, etcd }
+    }
+}
+
+/// A new handle on a [`TestStore`]'s store, for one instance: the same [`MemoryStore`], or
+/// an etcd client of its own (as a separate process would have).
+pub async fn connect(memory: Option<&MemoryStore>, etcd: Option<&EtcdServer>) -> Arc<dyn LeaseStore> {
+    match (memory, etcd) {
+        (Some(memory), _) => Arc::new(memory.clone()),
+        (None, Some(etcd)) => Arc::new(etcd.store().await),
+        (None, None) => unreachable!("a test store is a MemoryStore or an etcd server"),
+    }
+}
+
 /// One assigner instance of a [`TestCluster`].
 pub struct Instance {
     /// Its instance id.
@@ -160,18 +203,7 @@ pub struct TestCluster {
 impl TestCluster {
     /// Starts a cluster of `instances` instances with [`test_config`] changed by `tweak`.
     pub async fn start(backend: Backend, instances: usize, tweak: impl FnOnce(&mut HandoffConfig)) -> Self {
-        let (etcd, memory, prefix, store): (_, _, _, Arc<dyn LeaseStore>) = match backend {
-            Backend::Memory => {
-                let memory = MemoryStore::new();
-                (None, Some(memory.clone()), "/kafka-assigner-test/".to_string(), Arc::new(memory))
-            }
-            Backend::Etcd => {
-                let etcd = EtcdServer::start().await;
-                let prefix = etcd.unique_prefix("assigner");
-                let store = Arc::new(etcd.store().await);
-                (Some(etcd), None, prefix, store)
-            }
-        };
+        let TestStore { prefix, store, memory, etcd } = TestStore::start(backend, "assigner").await;
         let mut config = test_config(backend, &prefix);
         tweak(&mut config);
         let mut cluster = TestCluster { backend, config, instances: Vec::new(), store, memory, etcd };
@@ -183,11 +215,11 @@ impl TestCluster {
 
     /// Starts one more instance on the same store and prefix; returns its index.
     pub async fn add_instance(&mut self) -> usize {
-        let store: Arc<dyn LeaseStore> = match (&self.memory, &self.etcd) {
-            (Some(memory), _) => Arc::new(memory.clone()),
-            (None, Some(etcd)) => Arc::new(etcd.store().await),
-            (None, None) => panic!("a cluster made with_store() adds instances with add_instance_on()"),
-        };
+        assert!(
+            self.memory.is_some() || self.etcd.is_some(),
+            "a cluster made with_store() adds instances with add_instance_on()"
+        );
+        let store = connect(self.memory.as_ref(), self.etcd.as_ref()).await;
         self.add_instance_on(store).await
     }
 
@@ -220,6 +252,13 @@ impl TestCluster {
         index
     }
 
+    /// The configured partition count of `topic_name`.
+    pub fn partitions(&self, topic_name: &str) -> u32 {
+        self.config.topic_partitions.get(topic_name).copied().unwrap_or_else(|| {
+            panic!("topic {topic_name} has no configured partition count");
+        })
+    }
+
     /// Instance `i`.
     pub fn instance(&self, i: usize) -> &Instance {
         &self.instances[i]
@@ -231,7 +270,8 @@ impl TestCluster {
     }
 
     /// Kills instance `i` as if its process died: its coordinator's tasks stop (no session
-    /// revoked, leadership not resigned), then its gRPC and admin servers stop.
+    /// revoked, leadership not resigned), then its gRPC and admin servers stop (the
+    /// server's `shutdown()` of a crashed coordinator does nothing).
     pub async fn crash(&mut self, i: usize) {
         let instance = &mut self.instances[i];
         instance.coordinator.crash();
@@ -295,6 +335,54 @@ impl TestCluster {
     /// Registers `name` for `topic` on instance `i`.
     pub async fn try_consumer_on(&self, i: usize, name: &str, topic: &str) -> Result<TestConsumer, Status> {
         TestConsumer::register(self.client(i).await, name, topic).await
+    }
+
+    /// Registers `name` for `topic_name` on instance `i` as the topic's first consumer and
+    /// waits until it owns every partition.
+    pub async fn sole_owner(&self, i: usize, name: &str, topic_name: &str) -> TestConsumer {
+        let partitions = self.partitions(topic_name);
+        let mut consumer = self.consumer_on(i, name, topic_name).await;
+        consumer.expect_snapshot().await;
+        consumer.wait_owned(partitions as usize, PROMPT).await;
+        consumer
+    }
+
+    /// `a` on instance `on.0` owns every partition of `topic_name`, then `b` joins on
+    /// instance `on.1` and both answer every warm and release until the topic is stable
+    /// ([`settle`]). Returns `(a, b)` and the settled status.
+    pub async fn settled_pair(
+        &self,
+        topic_name: &str,
+        on: (usize, usize),
+    ) -> (TestConsumer, TestConsumer, StatusView) {
+        let mut a = self.sole_owner(on.0, "a", topic_name).await;
+        let mut b = self.consumer_on(on.1, "b", topic_name).await;
+        b.expect_snapshot().await;
+        let status = settle(self, topic_name, &mut [&mut a, &mut b], PROMPT).await;
+        (a, b, status)
+    }
+
+    /// The warming prelude of many scenarios: `a` registers for `topic` on instance `on.0`
+    /// and is given every partition; then `b` registers on instance `on.1`, gets an empty
+    /// snapshot and is asked to warm `warms` partitions from `a`, which is told nothing
+    /// meanwhile. Returns `(a, b)` as soon as the warms arrived (a warm timeout may be
+    /// short), with nothing answered.
+    pub async fn warming_pair(
+        &self,
+        topic_name: &str,
+        on: (usize, usize),
+        warms: usize,
+    ) -> (TestConsumer, TestConsumer) {
+        let mut a = self.sole_owner(on.0, "a", topic_name).await;
+        let a_seen = a.seen();
+        let mut b = self.consumer_on(on.1, "b", topic_name).await;
+        assert!(b.expect_snapshot().await.is_empty(), "b owns nothing yet: {b:?}");
+        b.wait_warms(warms, PROMPT).await;
+        assert!(b.owned.is_empty(), "warming is not owning: {b:?}");
+        assert!(b.warms.values().all(|owner| owner == "a"), "current_owner is a: {b:?}");
+        a.poll_now();
+        assert_eq!(a.seen(), a_seen, "a is told nothing while b warms: {a:?}");
+        (a, b)
     }
 
     /// The status view of the first instance that is up.
@@ -782,7 +870,8 @@ impl Drop for TestConsumer {
 }
 
 /// Drives `consumers` (answering every warm and release) until `topic` is stable on the
-/// first instance's status and every consumer's view matches it; returns that status.
+/// first instance's status, which lists every consumer, and every consumer's view matches
+/// it; returns that status.
 pub async fn settle(
     cluster: &TestCluster,
     topic_name: &str,
@@ -795,6 +884,8 @@ pub async fn settle(
             consumer.answer_all().await;
         }
         let status = cluster.status().await;
+        // Every consumer must be in the view: one registered on another instance may not
+        // be in this instance's mirror yet, and the topic looks stable without it.
         if let Some(t) = try_topic(&status, topic_name)
             && is_stable(t)
             && consumers.iter().all(|c| {
@@ -802,6 +893,7 @@ pub async fn settle(
                     && c.releases.is_empty()
                     && owned_by(t, &c.name) == c.owned
                     && c.ended.is_none()
+                    && t.consumers.iter().any(|view| view.name == c.name)
             })
         {
             return status;
