@@ -14,9 +14,11 @@
 
 mod etcd;
 mod memory;
+mod metered;
 
 pub use etcd::{EtcdStore, EtcdStoreConfig};
 pub use memory::MemoryStore;
+pub use metered::MeteredStore;
 
 use std::{fmt, time::Duration};
 

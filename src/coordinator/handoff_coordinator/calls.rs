@@ -7,7 +7,6 @@
 //! loses a race does it re-read those records from the store and decide again, so a call
 //! is refused only on the store's current state, and a refused call changes nothing.
 
-use crate::config::DrainPolicy;
 use crate::coordinator::{
     ConsumerStatusView, CoordinatorError, HandoffStatusView, StatusView, TopicStatus,
     cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound},
@@ -153,8 +152,11 @@ pub(super) async fn partition_ready(
     topic: &str,
     partition: u32,
 ) -> Result<(), CoordinatorError> {
+    let warm_since = from_cache(inner, topic, consumer, partition)
+        .and_then(|s| s.state.handoffs.get(&partition).map(|h| h.since)); // metrics hook
     if apply_call(inner, consumer, topic, partition, apply_ready).await?.is_some() {
         inner.metrics.handoffs_ready.inc();
+        inner.metrics.observe_warm_done(topic, partition, warm_since); // metrics hook
         tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
     }
     Ok(())
@@ -172,6 +174,7 @@ pub(super) async fn partition_released(
     }
     apply_call(inner, consumer, topic, partition, released).await?;
     inner.metrics.handoffs_released.inc();
+    inner.metrics.observe_handoff_done(topic, partition); // metrics hook
     tracing::info!(topic, partition, consumer, "handoff completed");
     Ok(())
 }
@@ -199,8 +202,15 @@ pub(super) async fn deregister(inner: &Inner, consumer: &str) -> Result<Deregist
         return Err(CoordinatorError::NotFound(format!("consumer '{consumer}' is not registered")));
     }
     let mut action = DeregisterAction::ShutdownNow;
+    let wants_drain = crate::drain::wants_drain(
+        inner.config.drain_decider.as_deref(),
+        inner.config.drain_policy,
+        consumer,
+        &inner.metrics,
+    )
+    .await; // drain hook
     for (topic, others) in registrations {
-        let drain = inner.config.drain_policy == DrainPolicy::Drain && others;
+        let drain = wants_drain && others; // drain hook
         let hold_until = now_ms() + inner.config.restart_grace.as_millis() as u64;
         let changed = update_consumer(inner, &topic, consumer, |r| {
             if drain {

@@ -408,6 +408,7 @@ fn record(inner: &Inner, topic: &str, report: &PlanReport, writes: usize, txns: 
     m.handoffs_cancelled.inc_by(report.cancelled.len() as u64);
     m.warm_timeouts.inc_by(report.warm_timeouts.len() as u64);
     m.release_timeouts.inc_by(report.release_timeouts.len() as u64);
+    m.observe_rebalance(report.started.len() + report.assigned_directly.len()); // metrics hook
     for (p, from, to) in &report.started {
         tracing::info!(topic, partition = p, from = %from, to = %to, "handoff started: warming");
     }

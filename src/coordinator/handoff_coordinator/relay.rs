@@ -140,7 +140,12 @@ pub(super) fn relay(inner: &Inner, cache: &Cache, topics: Option<&BTreeSet<Strin
         let topic_views = views
             .entry(topic.to_string())
             .or_insert_with(|| entry.map(TopicEntry::views).unwrap_or_default());
-        relay_one(topic, consumer, stream, entry, topic_views, cache.revision)
+        let before = stream.told.releasing.clone(); // metrics hook
+        let ended = relay_one(topic, consumer, stream, entry, topic_views, cache.revision);
+        inner.metrics.observe_releases_sent(&before, &stream.told.releasing, |p| {
+            entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since)
+        }); // metrics hook
+        ended
     });
     inner.metrics.streams.set(streams.by_key.len() as i64);
 }
