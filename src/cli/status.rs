@@ -118,12 +118,16 @@ pub struct Handoff {
 
 /// `http://host:port/status` from an `--admin-addr`.
 pub fn status_url(admin_addr: &str) -> Result<hyper::Uri, StatusError> {
-    let base = admin_addr.trim().trim_end_matches('/');
-    let base = if base.contains("://") { base.to_string() } else { format!("http://{base}") };
-    let uri: hyper::Uri =
-        format!("{base}/status").parse().map_err(|_| StatusError::BadAddress(admin_addr.to_string()))?;
-    if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
-        return Err(StatusError::BadAddress(admin_addr.to_string()));
+    let bad = || StatusError::BadAddress(admin_addr.to_string());
+    let trimmed = admin_addr.trim();
+    let (scheme, rest) = trimmed.split_once("://").unwrap_or(("http", trimmed));
+    let authority = rest.trim_end_matches('/');
+    if scheme != "http" || authority.is_empty() || authority.contains('/') {
+        return Err(bad());
+    }
+    let uri: hyper::Uri = format!("http://{authority}/status").parse().map_err(|_| bad())?;
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad());
     }
     Ok(uri)
 }

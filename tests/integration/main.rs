@@ -5,6 +5,7 @@ mod fleet_backend;
 mod grpc_bad_input;
 mod grpc_scenarios;
 mod kafka_metadata;
+mod metrics;
 mod multi_instance;
 mod static_backend;
 mod store_conformance;
