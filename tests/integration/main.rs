@@ -8,5 +8,6 @@ mod kafka_metadata;
 mod metrics;
 mod multi_instance;
 mod static_backend;
+mod status_cli;
 mod store_conformance;
 mod support;
