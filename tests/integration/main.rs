@@ -4,6 +4,7 @@ mod every_backend;
 mod fleet_backend;
 mod grpc_bad_input;
 mod grpc_scenarios;
+mod k8s_api;
 mod kafka_metadata;
 mod metrics;
 mod multi_instance;
