@@ -5,6 +5,7 @@ mod fleet_backend;
 mod grpc_bad_input;
 mod grpc_scenarios;
 mod k8s_api;
+mod k8s_drain;
 mod kafka_metadata;
 mod metrics;
 mod multi_instance;
