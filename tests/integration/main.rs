@@ -9,6 +9,7 @@ mod k8s_drain;
 mod kafka_metadata;
 mod metrics;
 mod multi_instance;
+mod reflection;
 mod static_backend;
 mod status_cli;
 mod store_conformance;
