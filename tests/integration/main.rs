@@ -7,6 +7,7 @@ mod grpc_scenarios;
 mod k8s_api;
 mod k8s_drain;
 mod kafka_metadata;
+mod log_format;
 mod metrics;
 mod multi_instance;
 mod reflection;
