@@ -39,7 +39,10 @@ impl Drop for FakeApi {
 
 type Routes = Arc<BTreeMap<String, Reply>>;
 
-async fn answer(State((routes, seen)): State<(Routes, Arc<Mutex<Vec<String>>>)>, uri: Uri) -> impl IntoResponse {
+async fn answer(
+    State((routes, seen)): State<(Routes, Arc<Mutex<Vec<String>>>)>,
+    uri: Uri,
+) -> impl IntoResponse {
     let path = uri.path().to_string();
     seen.lock().unwrap_or_else(|p| p.into_inner()).push(path.clone());
     let (code, file) = match routes.get(&path) {

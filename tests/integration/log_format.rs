@@ -36,17 +36,20 @@ async fn serving_line(format: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_and_json_logs_carry_the_same_fields() {
     let json = serving_line("json").await;
-    let doc: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("not JSON ({e}): {json}"));
+    let doc: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("not JSON ({e}): {json}"));
     assert_eq!(doc["level"], "INFO", "{json}");
     assert_eq!(doc["message"], "serving", "{json}");
     assert_eq!(doc["target"], "kafka_assigner::server", "{json}");
     assert!(doc["timestamp"].as_str().is_some_and(|t| t.contains('T')), "{json}");
     let grpc = doc["grpc_addr"].as_str().unwrap_or_else(|| panic!("grpc_addr is a top-level field: {json}"));
-    let admin = doc["admin_addr"].as_str().unwrap_or_else(|| panic!("admin_addr is a top-level field: {json}"));
+    let admin =
+        doc["admin_addr"].as_str().unwrap_or_else(|| panic!("admin_addr is a top-level field: {json}"));
     assert!(grpc.starts_with("127.0.0.1:") && admin.starts_with("127.0.0.1:"), "{json}");
 
     let plain = serving_line("plain").await;
-    for part in ["INFO", "kafka_assigner::server", "serving", "grpc_addr=127.0.0.1:", "admin_addr=127.0.0.1:"] {
+    for part in ["INFO", "kafka_assigner::server", "serving", "grpc_addr=127.0.0.1:", "admin_addr=127.0.0.1:"]
+    {
         assert!(plain.contains(part), "'{part}' missing from the plain line: {plain}");
     }
     assert!(serde_json::from_str::<serde_json::Value>(&plain).is_err(), "plain is not JSON: {plain}");

@@ -8,6 +8,7 @@ mod k8s_api;
 mod k8s_drain;
 mod kafka_metadata;
 mod log_format;
+mod manifests;
 mod metrics;
 mod multi_instance;
 mod reflection;

@@ -17,8 +17,16 @@ use crate::support::{
 
 async fn start() -> AssignerServer {
     let flags = [
-        "kafka-assigner", "serve", "--backend", "memory", "--topic-partitions", "events=4,orders=2",
-        "--lease-ttl", "1s", "--instance-id", "s1",
+        "kafka-assigner",
+        "serve",
+        "--backend",
+        "memory",
+        "--topic-partitions",
+        "events=4,orders=2",
+        "--lease-ttl",
+        "1s",
+        "--instance-id",
+        "s1",
     ];
     let Command::Serve(args) = Cli::try_parse_from(flags).expect("flags").command else {
         unreachable!("serve was asked for")
@@ -96,20 +104,38 @@ async fn status_table_and_json_against_a_running_server() {
         want.push(format!("events {p} a b warming"));
     }
     for line in &want {
-        assert!(got.iter().any(|g| g == line || (line.ends_with("warming") && g.starts_with(&format!("{line} ")))), "missing '{line}' in\n{table}");
+        assert!(
+            got.iter()
+                .any(|g| g == line || (line.ends_with("warming") && g.starts_with(&format!("{line} ")))),
+            "missing '{line}' in\n{table}"
+        );
     }
 
     let (code, json, stderr) = status_cli(&["--admin-addr", &format!("http://{addr}/"), "--json"]).await;
     assert_eq!(code, 0, "stderr: {stderr}");
-    let doc: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("not JSON ({e}): {json}"));
+    let doc: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("not JSON ({e}): {json}"));
     assert_eq!(doc["instance"], "s1");
     assert_eq!(doc["leader"], "s1");
-    let events = doc["topics"].as_array().and_then(|t| t.iter().find(|t| t["topic"] == "events")).expect("events");
-    let handoffs: Vec<u64> = events["handoffs"].as_array().expect("handoffs").iter().filter_map(|h| h["partition"].as_u64()).collect();
+    let events =
+        doc["topics"].as_array().and_then(|t| t.iter().find(|t| t["topic"] == "events")).expect("events");
+    let handoffs: Vec<u64> = events["handoffs"]
+        .as_array()
+        .expect("handoffs")
+        .iter()
+        .filter_map(|h| h["partition"].as_u64())
+        .collect();
     assert_eq!(handoffs, warming.iter().map(|p| u64::from(*p)).collect::<Vec<_>>());
-    assert!(events["handoffs"].as_array().expect("handoffs").iter().all(|h| h["phase"] == "Warming" && h["from"] == "a" && h["to"] == "b"));
+    assert!(
+        events["handoffs"]
+            .as_array()
+            .expect("handoffs")
+            .iter()
+            .all(|h| h["phase"] == "Warming" && h["from"] == "a" && h["to"] == "b")
+    );
     assert_eq!(events["owners"].as_array().expect("owners").iter().filter(|o| *o == "a").count(), 4);
-    let orders = doc["topics"].as_array().and_then(|t| t.iter().find(|t| t["topic"] == "orders")).expect("orders");
+    let orders =
+        doc["topics"].as_array().and_then(|t| t.iter().find(|t| t["topic"] == "orders")).expect("orders");
     assert_eq!(orders["owners"], serde_json::json!(["c", "c"]));
     assert_eq!(orders["consumers"], serde_json::json!([]));
     server.stop().await;
@@ -118,12 +144,14 @@ async fn status_table_and_json_against_a_running_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_exits_non_zero_when_the_admin_port_is_unreachable() {
     // A port that was free a moment ago and has no listener now.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
     let addr = format!("127.0.0.1:{port}");
     let (code, stdout, stderr) = status_cli(&["--admin-addr", &addr]).await;
     assert_eq!(code, 1, "stdout: {stdout}\nstderr: {stderr}");
     assert!(stdout.is_empty(), "{stdout}");
-    let want = format!("kafka-assigner status: cannot reach the assigner's admin server at http://{addr}/status");
+    let want =
+        format!("kafka-assigner status: cannot reach the assigner's admin server at http://{addr}/status");
     assert!(stderr.starts_with(&want), "{stderr}");
     let (code, _, stderr) = status_cli(&["--admin-addr", "https://x:1"]).await;
     assert_eq!(code, 1);
