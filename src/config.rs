@@ -37,6 +37,8 @@ pub enum LogFormat {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the gRPC API and the admin HTTP endpoints.
     Serve(ServeArgs),
