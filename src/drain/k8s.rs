@@ -132,3 +132,18 @@ impl DrainDecider for K8sDrainDecider {
         decision
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_https_client_builds_with_the_bundled_tls_stack() {
+        // In a cluster the API is https: building the client must not need anything the
+        // build left out (a TLS crypto provider).
+        let config = Config::new("https://10.96.0.1:443".parse().expect("url"));
+        let settings = K8sSettings { namespace: None, timeout: Duration::from_secs(1) };
+        let decider = K8sDrainDecider::from_config(config, &settings).expect("client builds");
+        assert_eq!(decider.namespace(), "default", "Config::new's namespace when none is given");
+    }
+}

@@ -168,3 +168,24 @@ async fn an_unreachable_api_is_shutdown_now() {
     let decider = decider_at(&format!("http://127.0.0.1:{port}"), TIMEOUT);
     assert_eq!(decider.decide("consumer-1").await, DrainDecision::ShutdownNow(Reason::ApiError));
 }
+
+#[tokio::test]
+async fn serve_with_the_k8s_policy_and_no_kubernetes_config_fails_at_start() {
+    let empty = tempfile::tempdir().expect("temp dir");
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_kafka-assigner"))
+            .args(["serve", "--drain-policy", "k8s", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .env("KUBECONFIG", empty.path().join("missing-kubeconfig"))
+            .env("HOME", empty.path())
+            .output(),
+    )
+    .await
+    .expect("the server gave up at start")
+    .expect("ran");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--drain-policy k8s: no Kubernetes configuration"), "{stderr}");
+}
