@@ -132,8 +132,8 @@ pub fn status_url(admin_addr: &str) -> Result<hyper::Uri, StatusError> {
     Ok(uri)
 }
 
-/// Fetches the status document.
-pub async fn fetch(args: &StatusArgs) -> Result<Status, StatusError> {
+/// Fetches the status document: as the server sent it, and as this client reads it.
+pub async fn fetch(args: &StatusArgs) -> Result<(serde_json::Value, Status), StatusError> {
     let uri = status_url(&args.admin_addr)?;
     let url = uri.to_string();
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
@@ -150,7 +150,10 @@ pub async fn fetch(args: &StatusArgs) -> Result<Status, StatusError> {
     let body = tokio::time::timeout(args.timeout, request)
         .await
         .map_err(|_| unreachable(format!("no answer within {:?}", args.timeout)))??;
-    serde_json::from_slice(&body).map_err(|e| StatusError::BadAnswer { url, reason: e.to_string() })
+    let bad = |e: serde_json::Error| StatusError::BadAnswer { url: url.clone(), reason: e.to_string() };
+    let raw: serde_json::Value = serde_json::from_slice(&body).map_err(bad)?;
+    let status = Status::deserialize(&raw).map_err(bad)?;
+    Ok((raw, status))
 }
 
 /// The error and its causes, joined (hyper's top-level message alone says little).
@@ -166,10 +169,11 @@ fn source_chain(error: &dyn std::error::Error) -> String {
 
 /// Runs the subcommand: the text to print.
 pub async fn run(args: &StatusArgs) -> Result<String, StatusError> {
-    let status = fetch(args).await?;
+    let (raw, status) = fetch(args).await?;
     if args.json {
-        // Serialising plain data into a String cannot fail.
-        return Ok(serde_json::to_string_pretty(&status).unwrap_or_default() + "\n");
+        // The server's document, every field kept (checked above to be a status).
+        // Serialising a JSON value into a String cannot fail.
+        return Ok(serde_json::to_string_pretty(&raw).unwrap_or_default() + "\n");
     }
     Ok(render_table(&status, now_ms()))
 }

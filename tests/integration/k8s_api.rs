@@ -175,7 +175,15 @@ async fn serve_with_the_k8s_policy_and_no_kubernetes_config_fails_at_start() {
     let output = tokio::time::timeout(
         Duration::from_secs(30),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_kafka-assigner"))
-            .args(["serve", "--drain-policy", "k8s", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--drain-policy",
+                "k8s",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--admin-addr",
+                "127.0.0.1:0",
+            ])
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("KUBERNETES_SERVICE_PORT")
             .env("KUBECONFIG", empty.path().join("missing-kubeconfig"))

@@ -134,6 +134,9 @@ async fn status_table_and_json_against_a_running_server() {
             .all(|h| h["phase"] == "Warming" && h["from"] == "a" && h["to"] == "b")
     );
     assert_eq!(events["owners"].as_array().expect("owners").iter().filter(|o| *o == "a").count(), 4);
+    // The server's document as it is, fields the table does not use included.
+    let a_json = events["consumers"].as_array().and_then(|c| c.iter().find(|c| c["name"] == "a")).expect("a");
+    assert_eq!(a_json["partitions"], 4);
     let orders =
         doc["topics"].as_array().and_then(|t| t.iter().find(|t| t["topic"] == "orders")).expect("orders");
     assert_eq!(orders["owners"], serde_json::json!(["c", "c"]));
