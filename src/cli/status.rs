@@ -20,7 +20,7 @@ pub struct StatusArgs {
     pub admin_addr: String,
 
     /// Print the raw status as JSON instead of a table.
-    #[arg(long)]
+    #[arg(long, env = "KAFKA_ASSIGNER_STATUS_JSON")]
     pub json: bool,
 
     /// Give up when the admin server does not answer within this.
