@@ -3,15 +3,16 @@
 
 use std::sync::Arc;
 
-use crate::config::{Backend, ServeArgs, StoreKind};
+use crate::config::{Backend, DrainPolicy, ServeArgs, StoreKind};
 use crate::coordinator::{
     ConsumerGroupCoordinator, CoordinatorError, FleetConfig, FleetCoordinator, HandoffConfig,
     HandoffCoordinator, PartitionCounts, StaticConfig, StaticCoordinator,
 };
+use crate::drain::{DrainDecider, FixedDecider, K8sDrainDecider, K8sSettings};
 use crate::handoff::PlanConfig;
 use crate::kafka::KafkaMetadata;
 use crate::metrics::Metrics;
-use crate::store::{EtcdStore, EtcdStoreConfig, LeaseStore, MemoryStore};
+use crate::store::{EtcdStore, EtcdStoreConfig, LeaseStore, MemoryStore, MeteredStore};
 
 /// Errors building a backend from flags.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +26,21 @@ pub enum BackendError {
     /// The Kafka client could not be created (`--kafka-brokers`, `--kafka-config`).
     #[error("--kafka-brokers / --kafka-config: {0}")]
     Kafka(#[from] crate::kafka::KafkaError),
+    /// `--drain-policy k8s` could not build its Kubernetes client.
+    #[error("{0}")]
+    Drain(#[from] crate::drain::DrainError),
+}
+
+/// The `Deregister` decider `--drain-policy` asks for: the Kubernetes API for `k8s`
+/// (in-cluster config or kubeconfig), else the fixed answer.
+pub async fn drain_decider_from_args(args: &ServeArgs) -> Result<Arc<dyn DrainDecider>, BackendError> {
+    if args.drain_policy != DrainPolicy::K8s {
+        return Ok(Arc::new(FixedDecider(args.drain_policy)));
+    }
+    let settings = K8sSettings { namespace: args.k8s_namespace.clone(), timeout: args.k8s_timeout };
+    let decider = K8sDrainDecider::from_environment(&settings).await?;
+    tracing::info!(namespace = decider.namespace(), "Deregister asks the Kubernetes API about consumer pods");
+    Ok(Arc::new(decider))
 }
 
 /// Builds the coordinator `args` ask for.
@@ -40,7 +56,11 @@ pub async fn coordinator_from_args(
     };
     // Kafka settings first: a bad one stops the start before anything connects.
     let kafka = kafka_from_args(args)?;
-    let store = open_store(store_kind, args).await?;
+    let drain_decider = match args.backend {
+        Backend::Fleet => None, // the fleet drains nothing: Deregister is always SHUTDOWN_NOW
+        _ => Some(drain_decider_from_args(args).await?),
+    };
+    let store = open_store(store_kind, args, &metrics).await?;
     let instance_id = args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id);
     if args.backend == Backend::Fleet {
         let config = FleetConfig {
@@ -67,6 +87,7 @@ pub async fn coordinator_from_args(
         },
         restart_grace: args.restart_grace,
         drain_policy: args.drain_policy,
+        drain_decider,
         topic_partitions: args.topic_partitions.0.clone(),
         kafka,
         topic_refresh_interval: args.topic_refresh_interval,
@@ -91,16 +112,21 @@ fn kafka_from_args(args: &ServeArgs) -> Result<Option<Arc<dyn PartitionCounts>>,
     Ok(Some(Arc::new(kafka)))
 }
 
-/// Opens the lease store `kind` (etcd at `--etcd-endpoints`).
-async fn open_store(kind: StoreKind, args: &ServeArgs) -> Result<Arc<dyn LeaseStore>, BackendError> {
-    Ok(match kind {
+/// Opens the lease store `kind` (etcd at `--etcd-endpoints`), metered into `metrics`.
+async fn open_store(
+    kind: StoreKind,
+    args: &ServeArgs,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<dyn LeaseStore>, BackendError> {
+    let store: Arc<dyn LeaseStore> = match kind {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
             let config =
                 EtcdStoreConfig { endpoints: args.etcd_endpoints.clone(), ..EtcdStoreConfig::default() };
             Arc::new(EtcdStore::connect(config).await.map_err(CoordinatorError::from)?)
         }
-    })
+    };
+    Ok(Arc::new(MeteredStore::new(store, metrics.clone())))
 }
 
 /// The `static` backend: parses `--static-assignment` / `--static-members` (or their

@@ -19,13 +19,31 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+
+    /// Log format: `plain` (human) or `json` (one object per line, for log pipelines);
+    /// both carry the same fields.
+    #[arg(long, global = true, env = "KAFKA_ASSIGNER_LOG_FORMAT", value_enum, default_value = "plain")]
+    pub log_format: LogFormat,
+}
+
+/// How logs are written (to stderr).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the gRPC API and the admin HTTP endpoints.
     Serve(ServeArgs),
+    /// Show consumers, partitions, handoffs and the leader of a running assigner.
+    Status(crate::cli::status::StatusArgs),
 }
 
 /// Which coordinator and store to run (DESIGN.md §2).
@@ -59,6 +77,9 @@ pub enum DrainPolicy {
     /// `SHUTDOWN_NOW`: the consumer comes back under the same name; hold its partitions
     /// for the restart grace (the proto's default, with no Kubernetes awareness).
     ShutdownNow,
+    /// Ask the Kubernetes API about the consumer's pod (`--k8s-namespace`): a StatefulSet
+    /// pod that comes back is held, anything else drains; unknown is `SHUTDOWN_NOW`.
+    K8s,
 }
 
 /// `kafka-assigner serve` flags.
@@ -126,6 +147,14 @@ pub struct ServeArgs {
     /// What Deregister answers.
     #[arg(long, env = "KAFKA_ASSIGNER_DRAIN_POLICY", value_enum, default_value = "shutdown-now")]
     pub drain_policy: DrainPolicy,
+
+    /// `--drain-policy k8s`: namespace of the consumers' pods (default: the assigner's own).
+    #[arg(long, env = "KAFKA_ASSIGNER_K8S_NAMESPACE")]
+    pub k8s_namespace: Option<String>,
+
+    /// `--drain-policy k8s`: a Kubernetes lookup not answered within this is unknown.
+    #[arg(long, env = "KAFKA_ASSIGNER_K8S_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
+    pub k8s_timeout: Duration,
 
     /// Partitions one consumer may warm at once (like Kafka Streams' max.warmup.replicas).
     #[arg(long, env = "KAFKA_ASSIGNER_MAX_WARMING", default_value = "4", value_parser = clap::value_parser!(u32).range(1..))]
@@ -295,7 +324,7 @@ mod tests {
         let serve = |args: &[&str]| {
             let mut all = vec!["kafka-assigner", "serve"];
             all.extend_from_slice(args);
-            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command;
+            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command else { unreachable!() };
             args
         };
         let defaults = serve(&[]);
@@ -343,7 +372,7 @@ mod tests {
         let serve = |args: &[&str]| {
             let mut all = vec!["kafka-assigner", "serve"];
             all.extend_from_slice(args);
-            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command;
+            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command else { unreachable!() };
             args
         };
         let args = serve(&["--backend", "fleet", "--store", "etcd"]);

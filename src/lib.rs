@@ -23,13 +23,17 @@
 //! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
 //! * [`metrics`] — Prometheus metrics.
+//! * [`drain`] — what `Deregister` answers (fixed, or from the Kubernetes API).
+//! * [`cli`] — client subcommands (`kafka-assigner status`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod assignment;
 pub mod backend;
+pub mod cli;
 pub mod config;
 pub mod coordinator;
+pub mod drain;
 pub mod handoff;
 pub mod kafka;
 pub mod metrics;

@@ -1,4 +1,5 @@
 //! `kafka-assigner serve`: parse flags, start the backend, serve until SIGTERM / Ctrl-C.
+//! `kafka-assigner status`: print a running assigner's state.
 
 #![forbid(unsafe_code)]
 
@@ -7,7 +8,8 @@ use std::sync::Arc;
 use clap::Parser;
 use kafka_assigner::{
     backend::coordinator_from_args,
-    config::{Cli, Command},
+    cli::status::StatusArgs,
+    config::{Cli, Command, LogFormat},
     metrics::Metrics,
     server::AssignerServer,
 };
@@ -15,12 +17,12 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
     let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
+    init_logs(cli.log_format);
+    let args = match cli.command {
+        Command::Serve(args) => args,
+        Command::Status(args) => return status(&args).await,
+    };
     let metrics = Arc::new(Metrics::new());
     let server = async {
         let coordinator = coordinator_from_args(&args, metrics.clone()).await?;
@@ -40,6 +42,36 @@ async fn main() -> std::process::ExitCode {
     tracing::info!("shutting down: ending streams, resigning leadership");
     server.stop().await;
     std::process::ExitCode::SUCCESS
+}
+
+/// Logs to stdout, plain or JSON; both carry the same fields (time, level, target, the
+/// event's fields and message, and the current span's fields).
+fn init_logs(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Plain => {
+            builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())).init();
+        }
+        LogFormat::Json => {
+            builder.json().flatten_event(true).with_current_span(true).with_span_list(false).init()
+        }
+    }
+}
+
+/// `kafka-assigner status`: prints the table (or JSON); exits 1 with a message when the
+/// admin server cannot be read.
+async fn status(args: &StatusArgs) -> std::process::ExitCode {
+    match kafka_assigner::cli::status::run(args).await {
+        Ok(text) => {
+            print!("{text}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("kafka-assigner status: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

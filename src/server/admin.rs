@@ -33,7 +33,10 @@ async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn metrics_text(State(state): State<AdminState>) -> impl IntoResponse {
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
+    (
+        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        state.metrics.render(&state.coordinator.status().await),
+    )
 }
 
 async fn status(State(state): State<AdminState>) -> impl IntoResponse {

@@ -9,6 +9,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, ErrorCode};
+use crate::metrics::{Metrics, grpc::MeteredStream};
 use crate::proto::v1::{
     AssignmentCommand, DeregisterRequest, DeregisterResponse, PartitionReadyRequest, PartitionReadyResponse,
     PartitionReleasedRequest, PartitionReleasedResponse, RegisterRequest, TopicPartition,
@@ -19,12 +20,24 @@ use crate::proto::v1::{
 #[derive(Clone)]
 pub struct AssignerService {
     coordinator: Arc<dyn ConsumerGroupCoordinator>,
+    metrics: Arc<Metrics>,
 }
 
 impl AssignerService {
-    /// A service answering from `coordinator`.
-    pub fn new(coordinator: Arc<dyn ConsumerGroupCoordinator>) -> Self {
-        Self { coordinator }
+    /// A service answering from `coordinator`, counting calls into `metrics`.
+    pub fn new(coordinator: Arc<dyn ConsumerGroupCoordinator>, metrics: Arc<Metrics>) -> Self {
+        Self { coordinator, metrics }
+    }
+
+    /// Runs one call and counts it by method and status code.
+    async fn counted<T>(
+        &self,
+        method: &'static str,
+        call: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let result = call.await;
+        self.metrics.observe_grpc(method, &result);
+        result
     }
 }
 
@@ -58,8 +71,10 @@ impl KafkaAssigner for AssignerService {
 
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<CommandStream>, Status> {
         let RegisterRequest { consumer_name, topic } = request.into_inner();
-        let stream = self.coordinator.register(&consumer_name, &topic).await.map_err(to_status)?;
-        Ok(Response::new(Box::pin(stream.map(|item| item.map_err(to_status)))))
+        let register = async { self.coordinator.register(&consumer_name, &topic).await.map_err(to_status) };
+        let stream = self.counted("Register", register).await?;
+        let stream = MeteredStream::new(stream.map(|item| item.map_err(to_status)), self.metrics.clone());
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn partition_ready(
@@ -67,8 +82,11 @@ impl KafkaAssigner for AssignerService {
         request: Request<PartitionReadyRequest>,
     ) -> Result<Response<PartitionReadyResponse>, Status> {
         let PartitionReadyRequest { consumer_name, partition } = request.into_inner();
-        let tp = required(partition)?;
-        self.coordinator.partition_ready(&consumer_name, &tp.topic, tp.partition).await.map_err(to_status)?;
+        let call = async {
+            let tp = required(partition)?;
+            self.coordinator.partition_ready(&consumer_name, &tp.topic, tp.partition).await.map_err(to_status)
+        };
+        self.counted("PartitionReady", call).await?;
         Ok(Response::new(PartitionReadyResponse {}))
     }
 
@@ -77,11 +95,14 @@ impl KafkaAssigner for AssignerService {
         request: Request<PartitionReleasedRequest>,
     ) -> Result<Response<PartitionReleasedResponse>, Status> {
         let PartitionReleasedRequest { consumer_name, partition } = request.into_inner();
-        let tp = required(partition)?;
-        self.coordinator
-            .partition_released(&consumer_name, &tp.topic, tp.partition)
-            .await
-            .map_err(to_status)?;
+        let call = async {
+            let tp = required(partition)?;
+            self.coordinator
+                .partition_released(&consumer_name, &tp.topic, tp.partition)
+                .await
+                .map_err(to_status)
+        };
+        self.counted("PartitionReleased", call).await?;
         Ok(Response::new(PartitionReleasedResponse {}))
     }
 
@@ -90,7 +111,8 @@ impl KafkaAssigner for AssignerService {
         request: Request<DeregisterRequest>,
     ) -> Result<Response<DeregisterResponse>, Status> {
         let DeregisterRequest { consumer_name } = request.into_inner();
-        let action = self.coordinator.deregister(&consumer_name).await.map_err(to_status)?;
+        let call = async { self.coordinator.deregister(&consumer_name).await.map_err(to_status) };
+        let action = self.counted("Deregister", call).await?;
         Ok(Response::new(DeregisterResponse { action: action.into() }))
     }
 }

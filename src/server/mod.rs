@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator};
 use crate::metrics::Metrics;
 use crate::proto::v1::kafka_assigner_server::KafkaAssignerServer;
-use crate::store::{LeaseStore, MemoryStore};
+use crate::store::{LeaseStore, MemoryStore, MeteredStore};
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +96,13 @@ impl AssignerServer {
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(ServerError::Reflection)?;
-        let service = KafkaAssignerServer::new(grpc::AssignerService::new(coordinator.clone()));
+        // Older grpcurl and grpcui builds ask for v1alpha only.
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .map_err(ServerError::Reflection)?;
+        let service =
+            KafkaAssignerServer::new(grpc::AssignerService::new(coordinator.clone(), metrics.clone()));
         let grpc_stop = stop.clone();
         // Without TCP_NODELAY a small command waits for a delayed ACK (~40 ms).
         let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
@@ -104,6 +110,7 @@ impl AssignerServer {
             let result = tonic::transport::Server::builder()
                 .add_service(health_service)
                 .add_service(reflection)
+                .add_service(reflection_v1alpha)
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, grpc_stop.cancelled_owned())
                 .await;
@@ -129,7 +136,8 @@ impl AssignerServer {
     /// free loopback ports: what a user's integration test starts instead of a container.
     pub async fn start_memory(config: HandoffConfig) -> Result<Self, ServerError> {
         let metrics = Arc::new(Metrics::new());
-        let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+        let store: Arc<dyn LeaseStore> =
+            Arc::new(MeteredStore::new(Arc::new(MemoryStore::new()), metrics.clone()));
         let coordinator = Arc::new(HandoffCoordinator::start(store, config, metrics.clone()).await?);
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         Self::start(coordinator, metrics, any, any).await

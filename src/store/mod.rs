@@ -17,10 +17,12 @@
 mod etcd;
 mod faulty;
 mod memory;
+mod metered;
 
 pub use etcd::{EtcdStore, EtcdStoreConfig};
 pub use faulty::{FaultStats, FaultyStore};
 pub use memory::MemoryStore;
+pub use metered::MeteredStore;
 
 use std::{fmt, time::Duration};
 

@@ -86,7 +86,10 @@ async fn start(kind: Kind, etcd: Option<&EtcdServer>) -> AssignerServer {
         flags.extend(["--etcd-prefix".into(), etcd.unique_prefix("every-backend")]);
     }
     let Command::Serve(args) =
-        Cli::try_parse_from(&flags).unwrap_or_else(|e| panic!("{flags:?}: {e}")).command;
+        Cli::try_parse_from(&flags).unwrap_or_else(|e| panic!("{flags:?}: {e}")).command
+    else {
+        unreachable!("serve was asked for")
+    };
     let metrics = Arc::new(Metrics::new());
     let coordinator = coordinator_from_args(&args, metrics.clone())
         .await

@@ -339,7 +339,9 @@ async fn kafka_flags_configure_the_coordinator() {
     let serve = |extra: &[&str]| {
         let mut argv = vec!["kafka-assigner", "serve"];
         argv.extend_from_slice(extra);
-        let CliCommand::Serve(args) = Cli::try_parse_from(argv).expect("flags").command;
+        let CliCommand::Serve(args) = Cli::try_parse_from(argv).expect("flags").command else {
+            unreachable!("serve was asked for")
+        };
         args
     };
     let args = serve(&["--kafka-brokers", "127.0.0.1:9", "--kafka-config", "no.such.property=1"]);

@@ -11,7 +11,6 @@ use super::records::{
     AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode,
 };
 use super::{Handoff, now_ms};
-use crate::config::DrainPolicy;
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::handoff::{ConsumerStatus, Cooldowns, Event, TopicState, Write, step};
@@ -156,9 +155,12 @@ pub(super) async fn partition_ready(
     topic: &str,
     partition: u32,
 ) -> Result<(), CoordinatorError> {
+    let warm_since =
+        from_cache(inner, topic, consumer, partition).and_then(|s| s.state.handoffs.get(&partition).map(|h| h.since));
     let event = Event::Ready(consumer.to_string(), partition);
     if apply_call(inner, consumer, topic, partition, event).await?.is_some() {
         inner.core.metrics.handoffs_ready.inc();
+        inner.core.metrics.observe_warm_done(topic, partition, warm_since);
         tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
     }
     Ok(())
@@ -174,6 +176,7 @@ pub(super) async fn partition_released(
     let event = Event::Released(consumer.to_string(), partition);
     apply_call(inner, consumer, topic, partition, event).await?;
     inner.core.metrics.handoffs_released.inc();
+    inner.core.metrics.observe_handoff_done(topic, partition);
     tracing::info!(topic, partition, consumer, "handoff completed");
     Ok(())
 }
@@ -205,8 +208,11 @@ pub(super) async fn deregister(
         return Err(CoordinatorError::NotFound(format!("consumer '{consumer}' is not registered")));
     }
     let mut action = DeregisterAction::ShutdownNow;
+    let decider = inner.config.drain_decider.as_deref();
+    let wants_drain =
+        crate::drain::wants_drain(decider, inner.config.drain_policy, consumer, &inner.core.metrics).await;
     for (topic, registration, others) in registrations {
-        let drain = inner.config.drain_policy == DrainPolicy::Drain && others;
+        let drain = wants_drain && others;
         let hold_until = now_ms() + inner.config.restart_grace.as_millis() as u64;
         // Only the registration found: a newer one (a restart that raced this call) is
         // left alone.

@@ -54,6 +54,8 @@ pub struct HandoffConfig {
     pub restart_grace: Duration,
     /// What `Deregister` answers.
     pub drain_policy: DrainPolicy,
+    /// Decides `Deregister` instead of `drain_policy` when set (`--drain-policy k8s`).
+    pub drain_decider: Option<Arc<dyn crate::drain::DrainDecider>>,
     /// Partition counts known without Kafka (topic → count); they override Kafka.
     pub topic_partitions: BTreeMap<String, u32>,
     /// Where the partition counts of other topics come from (`--kafka-brokers`); `None`:
@@ -82,6 +84,7 @@ impl Default for HandoffConfig {
             plan: PlanConfig::default(),
             restart_grace: Duration::from_secs(30),
             drain_policy: DrainPolicy::ShutdownNow,
+            drain_decider: None,
             topic_partitions: BTreeMap::new(),
             kafka: None,
             topic_refresh_interval: Duration::from_secs(60),

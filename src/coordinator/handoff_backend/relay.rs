@@ -72,7 +72,11 @@ fn relay(inner: &Handoff, cache: &Cache, topics: Option<&BTreeSet<String>>) {
             .entry(topic.to_string())
             .or_insert_with(|| entry.map(TopicEntry::views).unwrap_or_default());
         let view = topic_views.get(consumer).cloned().unwrap_or_default();
-        relay_one(topic, consumer, stream, entry, view, cache.revision)
+        let before = stream.told.releasing.clone();
+        let ended = relay_one(topic, consumer, stream, entry, view, cache.revision);
+        let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
+        inner.core.metrics.observe_releases_sent(&before, &stream.told.releasing, phase_start);
+        ended
     });
 }
 

@@ -163,6 +163,7 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
 
 fn record(inner: &Handoff, topic: &str, report: &PlanReport, writes: usize, txns: usize) {
     let m = &inner.core.metrics;
+    m.observe_rebalance(report.started.len() + report.assigned_directly.len());
     m.handoffs_started.inc_by(report.started.len() as u64);
     m.direct_assignments.inc_by(report.assigned_directly.len() as u64);
     m.handoffs_cancelled.inc_by(report.cancelled.len() as u64);

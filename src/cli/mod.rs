@@ -1,0 +1,3 @@
+//! Client subcommands of the `kafka-assigner` binary (they talk to a running assigner).
+
+pub mod status;

@@ -1,0 +1,374 @@
+//! `kafka-assigner status`: reads `/status` from a running assigner's admin port and
+//! prints it as a table (like `kafka-consumer-groups --describe`) or as JSON.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use serde::{Deserialize, Serialize};
+
+/// `kafka-assigner status` flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The assigner's admin address (`host:port` or `http://host:port`).
+    #[arg(long, env = "KAFKA_ASSIGNER_ADMIN_ADDR", default_value = "127.0.0.1:9090")]
+    pub admin_addr: String,
+
+    /// Print the raw status as JSON instead of a table.
+    #[arg(long, env = "KAFKA_ASSIGNER_STATUS_JSON")]
+    pub json: bool,
+
+    /// Give up when the admin server does not answer within this.
+    #[arg(long, env = "KAFKA_ASSIGNER_STATUS_TIMEOUT", value_parser = crate::config::parse_duration, default_value = "5s")]
+    pub timeout: Duration,
+}
+
+/// Errors of `kafka-assigner status`.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The address is not a usable URL.
+    #[error("--admin-addr '{0}' is not host:port or http://host:port")]
+    BadAddress(String),
+    /// Nothing answered at the address.
+    #[error("cannot reach the assigner's admin server at {url}: {reason}")]
+    Unreachable {
+        /// What was asked.
+        url: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// The server answered, but not with 200.
+    #[error("{url} answered HTTP {status}")]
+    Http {
+        /// What was asked.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The answer is not the status JSON.
+    #[error("{url} did not answer with the assigner's status JSON: {reason}")]
+    BadAnswer {
+        /// What was asked.
+        url: String,
+        /// Why it could not be read.
+        reason: String,
+    },
+}
+
+/// The `/status` document, as the client reads it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Status {
+    /// The instance that answered.
+    pub instance: String,
+    /// Its backend.
+    pub backend: String,
+    /// The leading instance, if known.
+    pub leader: Option<String>,
+    /// Whether the answering instance is ready.
+    pub ready: bool,
+    /// Per-topic state.
+    pub topics: Vec<Topic>,
+}
+
+/// One topic of [`Status`].
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Topic {
+    /// Topic name.
+    pub topic: String,
+    /// Partition count.
+    pub partition_count: u32,
+    /// Registered consumers.
+    pub consumers: Vec<Consumer>,
+    /// Owner by partition (`null`: unowned).
+    pub owners: Vec<Option<String>>,
+    /// Handoffs in flight.
+    pub handoffs: Vec<Handoff>,
+}
+
+/// A consumer of a [`Topic`].
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Consumer {
+    /// Name.
+    pub name: String,
+    /// `Active` or `Draining`.
+    pub status: String,
+    /// Instance holding its stream.
+    pub instance: String,
+}
+
+/// A handoff of a [`Topic`].
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Handoff {
+    /// Partition.
+    pub partition: u32,
+    /// Old owner.
+    pub from: String,
+    /// New owner.
+    pub to: String,
+    /// `Warming` or `Releasing`.
+    pub phase: String,
+    /// Unix ms when the phase began.
+    pub since: u64,
+}
+
+/// `http://host:port/status` from an `--admin-addr`.
+pub fn status_url(admin_addr: &str) -> Result<hyper::Uri, StatusError> {
+    let bad = || StatusError::BadAddress(admin_addr.to_string());
+    let trimmed = admin_addr.trim();
+    let (scheme, rest) = trimmed.split_once("://").unwrap_or(("http", trimmed));
+    let authority = rest.trim_end_matches('/');
+    if scheme != "http" || authority.is_empty() || authority.contains('/') {
+        return Err(bad());
+    }
+    let uri: hyper::Uri = format!("http://{authority}/status").parse().map_err(|_| bad())?;
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad());
+    }
+    Ok(uri)
+}
+
+/// Fetches the status document: as the server sent it, and as this client reads it.
+pub async fn fetch(args: &StatusArgs) -> Result<(serde_json::Value, Status), StatusError> {
+    let uri = status_url(&args.admin_addr)?;
+    let url = uri.to_string();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let unreachable = |reason: String| StatusError::Unreachable { url: url.clone(), reason };
+    let request = async {
+        let response = client.get(uri.clone()).await.map_err(|e| unreachable(source_chain(&e)))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err(StatusError::Http { url: url.clone(), status });
+        }
+        let body = response.into_body().collect().await.map_err(|e| unreachable(e.to_string()))?;
+        Ok(body.to_bytes())
+    };
+    let body = tokio::time::timeout(args.timeout, request)
+        .await
+        .map_err(|_| unreachable(format!("no answer within {:?}", args.timeout)))??;
+    let bad = |e: serde_json::Error| StatusError::BadAnswer { url: url.clone(), reason: e.to_string() };
+    let raw: serde_json::Value = serde_json::from_slice(&body).map_err(bad)?;
+    let status = Status::deserialize(&raw).map_err(bad)?;
+    Ok((raw, status))
+}
+
+/// The error and its causes, joined (hyper's top-level message alone says little).
+fn source_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let _ = write!(text, ": {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+/// Runs the subcommand: the text to print.
+pub async fn run(args: &StatusArgs) -> Result<String, StatusError> {
+    let (raw, status) = fetch(args).await?;
+    if args.json {
+        // The server's document, every field kept (checked above to be a status).
+        // Serialising a JSON value into a String cannot fail.
+        return Ok(serde_json::to_string_pretty(&raw).unwrap_or_default() + "\n");
+    }
+    Ok(render_table(&status, now_ms()))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `0-3,8,10-11`.
+pub fn ranges(partitions: &[u32]) -> String {
+    let mut sorted = partitions.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        let mut end = start;
+        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
+            i += 1;
+            end = sorted[i];
+        }
+        out.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+        i += 1;
+    }
+    if out.is_empty() { "-".to_string() } else { out.join(",") }
+}
+
+/// `850ms`, `2.1s`, `3m05s`, `2h04m`.
+pub fn age(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The human table.
+pub fn render_table(status: &Status, now_ms: u64) -> String {
+    let mut out = String::new();
+    let leader = status.leader.as_deref().unwrap_or("(none)");
+    let ready = if status.ready { "ready" } else { "NOT READY" };
+    let _ = writeln!(
+        out,
+        "instance {} ({} backend, {ready}); leader: {leader}\n",
+        status.instance, status.backend
+    );
+    let (mut consumers, mut handoffs, mut unowned) = (Vec::new(), Vec::new(), Vec::new());
+    for t in &status.topics {
+        let mut owned: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        let mut free = Vec::new();
+        for (p, owner) in t.owners.iter().enumerate() {
+            match owner {
+                Some(o) => owned.entry(o.as_str()).or_default().push(p as u32),
+                None => free.push(p as u32),
+            }
+        }
+        for c in &t.consumers {
+            let parts = owned.remove(c.name.as_str()).unwrap_or_default();
+            let row = [&t.topic, &c.name, &c.instance, &c.status.to_lowercase()];
+            let mut row: Vec<String> = row.iter().map(|s| s.to_string()).collect();
+            row.extend([parts.len().to_string(), ranges(&parts)]);
+            consumers.push(row);
+        }
+        // Owners with no registration: held for a restarting consumer, or about to move.
+        for (name, parts) in owned {
+            let row = [t.topic.as_str(), name, "-", "not registered"];
+            let mut row: Vec<String> = row.iter().map(|s| s.to_string()).collect();
+            row.extend([parts.len().to_string(), ranges(&parts)]);
+            consumers.push(row);
+        }
+        for h in &t.handoffs {
+            let age = age(now_ms.saturating_sub(h.since));
+            let row = [&t.topic, &h.partition.to_string(), &h.from, &h.to, &h.phase.to_lowercase(), &age];
+            handoffs.push(row.iter().map(|s| s.to_string()).collect());
+        }
+        if !free.is_empty() {
+            unowned.push(vec![t.topic.clone(), free.len().to_string(), ranges(&free)]);
+        }
+    }
+    let header = ["TOPIC", "CONSUMER", "INSTANCE", "STATUS", "OWNED", "PARTITIONS"];
+    if consumers.is_empty() {
+        out.push_str("CONSUMERS: none\n");
+    } else {
+        out.push_str(&table(&header, &consumers));
+    }
+    out.push('\n');
+    if handoffs.is_empty() {
+        out.push_str("HANDOFFS IN FLIGHT: none\n");
+    } else {
+        out.push_str("HANDOFFS IN FLIGHT\n");
+        out.push_str(&table(&["TOPIC", "PARTITION", "FROM", "TO", "PHASE", "AGE"], &handoffs));
+    }
+    out.push('\n');
+    if unowned.is_empty() {
+        out.push_str("UNOWNED PARTITIONS: none\n");
+    } else {
+        out.push_str("UNOWNED PARTITIONS\n");
+        out.push_str(&table(&["TOPIC", "COUNT", "PARTITIONS"], &unowned));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_ranges() {
+        assert_eq!(ranges(&[]), "-");
+        assert_eq!(ranges(&[3]), "3");
+        assert_eq!(ranges(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(ranges(&[5, 4, 4, 1]), "1,4-5");
+    }
+
+    #[test]
+    fn ages() {
+        assert_eq!(age(850), "850ms");
+        assert_eq!(age(2_140), "2.1s");
+        assert_eq!(age(185_000), "3m05s");
+        assert_eq!(age(7_440_000), "2h04m");
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(status_url("127.0.0.1:9090").unwrap().to_string(), "http://127.0.0.1:9090/status");
+        assert_eq!(status_url("http://a:1/").unwrap().to_string(), "http://a:1/status");
+        for bad in ["", "https://a:1", "http://", "a b"] {
+            assert!(matches!(status_url(bad), Err(StatusError::BadAddress(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn table_shows_consumers_handoffs_unowned_and_leader() {
+        let status = Status {
+            instance: "a-1".into(),
+            backend: "etcd".into(),
+            leader: Some("a-2".into()),
+            ready: true,
+            topics: vec![Topic {
+                topic: "events".into(),
+                partition_count: 6,
+                consumers: vec![
+                    Consumer { name: "c-0".into(), status: "Active".into(), instance: "a-1".into() },
+                    Consumer { name: "c-1".into(), status: "Draining".into(), instance: "a-2".into() },
+                ],
+                owners: vec![
+                    Some("c-0".into()),
+                    Some("c-0".into()),
+                    Some("c-1".into()),
+                    None,
+                    Some("gone".into()),
+                    Some("c-0".into()),
+                ],
+                handoffs: vec![Handoff {
+                    partition: 2,
+                    from: "c-1".into(),
+                    to: "c-0".into(),
+                    phase: "Warming".into(),
+                    since: 1_000,
+                }],
+            }],
+        };
+        let text = render_table(&status, 3_500);
+        assert!(text.starts_with("instance a-1 (etcd backend, ready); leader: a-2\n"), "{text}");
+        let has =
+            |line: &str| text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") == line);
+        for line in [
+            "TOPIC CONSUMER INSTANCE STATUS OWNED PARTITIONS",
+            "events c-0 a-1 active 3 0-1,5",
+            "events c-1 a-2 draining 1 2",
+            "events gone - not registered 1 4",
+            "events 2 c-1 c-0 warming 2.5s",
+            "events 1 3",
+        ] {
+            assert!(has(line), "missing '{line}' in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Prometheus metrics, served by the admin server at `/metrics` (all names prefixed
+//! `kafka_assigner_`).
+//!
+//! * Counters and histograms are updated where things happen: the coordinators (handoff
+//!   steps, rebalances), the store wrapper ([`crate::store::MeteredStore`]: latency and
+//!   errors by operation, watch re-reads), the gRPC layer (calls by method and code, streams
+//!   ended by reason) and the drain decider.
+//! * The fleet gauges (partitions owned per consumer and per topic, unowned partitions,
+//!   consumers by status, handoffs in flight by phase) are rebuilt from the coordinator's
+//!   status view at every scrape ([`Metrics::render`]), so a consumer's series disappear
+//!   with the consumer. Every instance reports the fleet as its cache sees it: aggregate
+//!   them with `max`, not `sum`.
+
+pub mod grpc;
+mod handoffs;
+pub mod labels;
+mod scrape;
+
+use std::sync::Mutex;
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use labels::{DrainLabels, GrpcLabels, OpLabels, ReasonLabels, StoreErrorLabels};
+
+/// A family of histograms with the same buckets.
+pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The metrics one instance exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Warming handoffs started by the leader.
+    pub handoffs_started: Counter,
+    /// Handoffs flipped to their new owner by `PartitionReady`.
+    pub handoffs_ready: Counter,
+    /// Handoffs completed by `PartitionReleased`.
+    pub handoffs_released: Counter,
+    /// Warming handoffs cancelled (target died, drained or stopped being the target).
+    pub handoffs_cancelled: Counter,
+    /// Warming handoffs cancelled because they were not ready in time.
+    pub warm_timeouts: Counter,
+    /// Releasing handoffs completed without an acknowledgement because it timed out.
+    pub release_timeouts: Counter,
+    /// Partitions given to a consumer directly (no live owner to hand off from).
+    pub direct_assignments: Counter,
+    /// Leader reconcile transactions that failed their compare (stale state or deposed).
+    pub reconcile_conflicts: Counter,
+    /// 1 while this instance leads.
+    pub is_leader: Gauge,
+    /// Consumer streams held by this instance.
+    pub streams: Gauge,
+    /// Whole handoffs, warm start to `PartitionReleased`, in seconds.
+    pub handoff_duration: Histogram,
+    /// Warms, `WarmPartition` stored to `PartitionReady`, in seconds.
+    pub warm_duration: Histogram,
+    /// `PartitionReady` applied to `ReleasePartition` sent to the old owner, in seconds.
+    pub release_delivery: Histogram,
+    /// Leader reconcile rounds that changed the assignment.
+    pub rebalances: Counter,
+    /// Partitions whose movement a rebalance started (handoffs and direct assignments).
+    pub partitions_moved: Counter,
+    /// Store request latency by operation, in seconds.
+    pub store_latency: HistogramFamily<OpLabels>,
+    /// Failed store requests by operation and kind.
+    pub store_errors: Family<StoreErrorLabels, Counter>,
+    /// Re-reads of the whole prefix after a broken watch or at the resync interval.
+    pub watch_resyncs: Counter,
+    /// Finished gRPC calls by method and status code.
+    pub grpc_calls: Family<GrpcLabels, Counter>,
+    /// `Register` streams ended, by reason.
+    pub streams_ended: Family<ReasonLabels, Counter>,
+    /// `Deregister` answers by decision and reason.
+    pub drain_decisions: Family<DrainLabels, Counter>,
+    fleet: scrape::FleetGauges,
+    warm_starts: handoffs::WarmStarts,
+    /// Serialises refresh + encode, so two scrapes never interleave their rebuilds.
+    scrape_lock: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let c = Counter::default();
+    registry.register(name, help, c.clone());
+    c
+}
+
+fn histogram(registry: &mut Registry, name: &str, help: &str, new: fn() -> Histogram) -> Histogram {
+    let h = new();
+    registry.register(name, help, h.clone());
+    h
+}
+
+/// What a label set must be to key a registered family.
+pub trait Labels:
+    Clone
+    + std::hash::Hash
+    + Eq
+    + std::fmt::Debug
+    + prometheus_client::encoding::EncodeLabelSet
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> Labels for T where
+    T: Clone
+        + std::hash::Hash
+        + Eq
+        + std::fmt::Debug
+        + prometheus_client::encoding::EncodeLabelSet
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+fn counters<L: Labels>(registry: &mut Registry, name: &str, help: &str) -> Family<L, Counter> {
+    let f = Family::<L, Counter>::default();
+    registry.register(name, help, f.clone());
+    f
+}
+
+impl Metrics {
+    /// Registers every metric under the `kafka_assigner` prefix.
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("kafka_assigner");
+        let r = &mut r;
+        let handoffs_started = counter(r, "handoffs_started", "Warming handoffs started");
+        let handoffs_ready = counter(r, "handoffs_ready", "Handoffs flipped by PartitionReady");
+        let handoffs_released = counter(r, "handoffs_released", "Handoffs completed by PartitionReleased");
+        let handoffs_cancelled = counter(r, "handoffs_cancelled", "Warming handoffs cancelled");
+        let warm_timeouts = counter(r, "warm_timeouts", "Warming handoffs that timed out");
+        let release_timeouts =
+            counter(r, "release_timeouts", "Releases completed without acknowledgement after the timeout");
+        let direct_assignments = counter(r, "direct_assignments", "Partitions assigned with no live owner");
+        let reconcile_conflicts =
+            counter(r, "reconcile_conflicts", "Leader transactions refused by their compare");
+        let is_leader = Gauge::default();
+        r.register("is_leader", "1 while this instance leads", is_leader.clone());
+        let streams = Gauge::default();
+        r.register("streams", "Consumer streams held by this instance", streams.clone());
+        let handoff_duration = histogram(
+            r,
+            "handoff_duration_seconds",
+            "Handoffs from warm start to PartitionReleased",
+            labels::duration_histogram,
+        );
+        let warm_duration = histogram(
+            r,
+            "handoff_warm_duration_seconds",
+            "Warms from WarmPartition to PartitionReady",
+            labels::duration_histogram,
+        );
+        let release_delivery = histogram(
+            r,
+            "handoff_release_delivery_seconds",
+            "PartitionReady applied to ReleasePartition sent to the old owner",
+            labels::latency_histogram,
+        );
+        let rebalances = counter(r, "rebalances", "Leader reconcile rounds that changed the assignment");
+        let partitions_moved =
+            counter(r, "partitions_moved", "Partitions moved by rebalances (handoffs and direct)");
+        let store_latency: HistogramFamily<OpLabels> =
+            Family::new_with_constructor(labels::latency_histogram);
+        r.register(
+            "store_request_duration_seconds",
+            "Store request latency by operation",
+            store_latency.clone(),
+        );
+        let store_errors = counters(r, "store_errors", "Failed store requests by operation and kind");
+        let watch_resyncs =
+            counter(r, "watch_resyncs", "Re-reads of the whole prefix (broken watch or resync)");
+        let grpc_calls = counters(r, "grpc_calls", "Finished gRPC calls by method and status code");
+        let streams_ended = counters(r, "streams_ended", "Register streams ended, by reason");
+        let drain_decisions = counters(r, "drain_decisions", "Deregister answers by decision and reason");
+        let fleet = scrape::FleetGauges::register(r);
+        Self {
+            registry: std::mem::take(r),
+            handoffs_started,
+            handoffs_ready,
+            handoffs_released,
+            handoffs_cancelled,
+            warm_timeouts,
+            release_timeouts,
+            direct_assignments,
+            reconcile_conflicts,
+            is_leader,
+            streams,
+            handoff_duration,
+            warm_duration,
+            release_delivery,
+            rebalances,
+            partitions_moved,
+            store_latency,
+            store_errors,
+            watch_resyncs,
+            grpc_calls,
+            streams_ended,
+            drain_decisions,
+            fleet,
+            warm_starts: handoffs::WarmStarts::default(),
+            scrape_lock: Mutex::new(()),
+        }
+    }
+
+    /// The OpenMetrics text exposition (counters and histograms as they stand; the fleet
+    /// gauges as of the last [`Metrics::render`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Rebuilds the fleet gauges from `status`, then encodes everything: what `/metrics`
+    /// serves.
+    pub fn render(&self, status: &crate::coordinator::StatusView) -> String {
+        let _guard = self.scrape_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.fleet.refresh(status);
+        self.warm_starts.retain_in_flight(status);
+        self.encode()
+    }
+
+    /// A leader reconcile round wrote its changes, which move `moved` partitions (a round
+    /// that only cancels or times out handoffs is not a rebalance).
+    pub fn observe_rebalance(&self, moved: usize) {
+        if moved > 0 {
+            self.rebalances.inc();
+            self.partitions_moved.inc_by(moved as u64);
+        }
+    }
+
+    /// A `Deregister` was answered (`drain`: `WAIT_FOR_DRAIN`) for `reason`.
+    pub fn observe_drain_decision(&self, drain: bool, reason: &'static str) {
+        let decision = if drain { "wait_for_drain" } else { "shutdown_now" };
+        self.drain_decisions.get_or_create(&DrainLabels { decision, reason }).inc();
+    }
+}
