@@ -10,8 +10,8 @@ use prometheus_client::{
 };
 
 use super::labels::{ConsumerLabels, PhaseLabels, StatusLabels, TopicLabels};
-use crate::handoff::Phase;
 use crate::coordinator::StatusView;
+use crate::handoff::Phase;
 
 /// Gauges describing the fleet as this instance's cache sees it.
 #[derive(Debug)]
@@ -56,7 +56,8 @@ impl FleetGauges {
             for c in &t.consumers {
                 let labels = ConsumerLabels { topic: t.topic.clone(), consumer: c.name.clone() };
                 self.owned_by_consumer.get_or_create(&labels).set(c.partitions as i64);
-                let status = StatusLabels { topic: t.topic.clone(), status: format!("{:?}", c.status).to_lowercase() };
+                let status =
+                    StatusLabels { topic: t.topic.clone(), status: format!("{:?}", c.status).to_lowercase() };
                 self.consumers.get_or_create(&status).inc();
             }
             // Both phases are always present, so "0 releasing" is a series, not an absence.

@@ -8,9 +8,6 @@
 //! every consumer that comes back within the settle period owns what it owned before. A
 //! scenario collects every finding and fails with all of them, so one run shows the whole
 //! picture. Recovery times are printed (`[faults] ...`, run with `--nocapture`).
-//!
-//! Scenarios marked `#[ignore = "needs issue 9 coordinator fix: ..."]` fail against today's
-//! coordinator; run them with `cargo test --test integration faults:: -- --ignored`.
 
 mod views;
 
@@ -141,13 +138,11 @@ async fn wait_ready(cluster: &TestCluster, instances: &[usize], deadline: Durati
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs issue 9 coordinator fix: readiness following the store, settle period, re-register on session loss"]
 async fn etcd_stopped_past_the_ttl_then_restarted_moves_nothing() {
     etcd_outage(Outage::Stop).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs issue 9 coordinator fix: readiness following the store, settle period, re-register on session loss"]
 async fn etcd_frozen_past_the_ttl_moves_nothing() {
     etcd_outage(Outage::Freeze).await;
 }
@@ -200,7 +195,6 @@ async fn etcd_leader_killed_mid_handoff() {
 /// consumer must be told `unassigned` before the TTL runs out, the other consumer takes
 /// over, and nothing is owned twice; only one instance reports itself leader throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs issue 9 coordinator fix: self-fencing of an instance cut off from the store, one leader in reports"]
 async fn instance_cut_off_from_etcd_fences_its_consumers() {
     // Instance 0 reaches etcd through the proxy and starts first, so it leads; instance 1
     // reaches etcd directly.
@@ -297,7 +291,6 @@ async fn leader_instance_killed_mid_handoff() {
 /// 1,000 `Register`s of one name at once, over two instances: exactly one stream stays
 /// live (the last accepted), the others end `ABORTED`, nobody sees `INTERNAL`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs issue 9 coordinator fix: exactly one survivor of concurrent same-name Registers, no INTERNAL"]
 async fn thousand_concurrent_registers_of_one_name_leave_one_stream() {
     const CALLS: usize = 1_000;
     let cluster = Arc::new(TestCluster::start(Backend::Etcd, 2, |_| {}).await);
@@ -313,10 +306,15 @@ async fn thousand_concurrent_registers_of_one_name_leave_one_stream() {
         .collect();
     let mut consumers = Vec::new();
     let mut refused = std::collections::BTreeMap::<String, usize>::new();
+    let mut samples = std::collections::BTreeMap::<String, String>::new();
     for call in calls {
         match call.await.expect("register task") {
             Ok(consumer) => consumers.push(consumer),
-            Err(status) => *refused.entry(format!("{:?}", status.code())).or_default() += 1,
+            Err(status) => {
+                let code = format!("{:?}", status.code());
+                samples.entry(code.clone()).or_insert_with(|| status.message().to_string());
+                *refused.entry(code).or_default() += 1;
+            }
         }
     }
     let mut findings = Findings::default();
@@ -345,11 +343,13 @@ async fn thousand_concurrent_registers_of_one_name_leave_one_stream() {
     }
     findings.check(
         live == 1,
-        format!("{live} live streams of {CALLS} (stream ends {ends:?}, refused {refused:?})"),
+        format!(
+            "{live} live streams of {CALLS} (stream ends {ends:?}, refused {refused:?}; messages {samples:?})"
+        ),
     );
     findings.check(
         !ends.contains_key("Internal") && !refused.contains_key("Internal"),
-        format!("INTERNAL seen: ends {ends:?}, refused {refused:?}"),
+        format!("INTERNAL seen: ends {ends:?}, refused {refused:?}; messages {samples:?}"),
     );
     eprintln!(
         "[faults] {CALLS} concurrent Registers: {live} live, stream ends {ends:?}, refused {refused:?}"

@@ -155,8 +155,8 @@ pub(super) async fn partition_ready(
     topic: &str,
     partition: u32,
 ) -> Result<(), CoordinatorError> {
-    let warm_since =
-        from_cache(inner, topic, consumer, partition).and_then(|s| s.state.handoffs.get(&partition).map(|h| h.since));
+    let warm_since = from_cache(inner, topic, consumer, partition)
+        .and_then(|s| s.state.handoffs.get(&partition).map(|h| h.since));
     let event = Event::Ready(consumer.to_string(), partition);
     if apply_call(inner, consumer, topic, partition, event).await?.is_some() {
         inner.core.metrics.handoffs_ready.inc();

@@ -48,6 +48,9 @@ pub fn keep_alive_period(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }
 
+/// How many registrations of one instance write to the store at once.
+pub const REGISTRATIONS_IN_FLIGHT: usize = 32;
+
 /// Whether this instance is ready to serve: an explicit value that shutdown clears, read
 /// by `/ready`, gRPC health and the status view.
 #[derive(Clone, Debug)]
@@ -110,6 +113,9 @@ pub struct Core<C: MirrorCache, T> {
     pub topics: Topics,
     /// This instance's lease: every registration it holds is bound to it.
     pub lease: watch::Sender<LeaseState>,
+    /// Bounds the registrations writing to the store at once, so a storm of `Register`s
+    /// queues here instead of in front of the lease keep-alive.
+    pub register_permits: tokio::sync::Semaphore,
 }
 
 impl<C: MirrorCache, T: streams::Told> Core<C, T> {
@@ -136,6 +142,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             readiness: Readiness::new(false),
             topics,
             lease: watch::Sender::new(LeaseState::Pending),
+            register_permits: tokio::sync::Semaphore::new(REGISTRATIONS_IN_FLIGHT),
         })
     }
 

@@ -110,12 +110,14 @@ pub async fn register<R: Registrar>(
     validate_topic_name(topic)?;
     let core = backend.core();
     if core.shutdown.is_cancelled() {
-        return Err(CoordinatorError::Unavailable("this assigner instance is shutting down".into()));
+        return Err(shutting_down());
     }
+    let permit = core.register_permits.acquire().await.map_err(|_| shutting_down())?;
     core.ensure_topic(topic).await?;
     let lease = core.live_lease()?;
     let registration = new_registration_id();
     let registered_at = backend.write_registration(consumer, topic, registration, lease).await?;
+    drop(permit);
     tracing::info!(topic, consumer, %registration, "consumer registered");
 
     let (tx, rx) = command_channel();
@@ -135,6 +137,10 @@ pub async fn register<R: Registrar>(
     backend.spawn_companion(key.clone(), registered_at, done.clone());
     tokio::spawn(stream_task(backend.clone(), key, tx, end_rx, done));
     Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+fn shutting_down() -> CoordinatorError {
+    CoordinatorError::Unavailable("this assigner instance is shutting down".into())
 }
 
 /// Waits for the stream to end, then settles its registration (see the module docs).
