@@ -129,7 +129,9 @@ async fn claim_step(
             // relay will tell the consumer again): stop hiding it from the view.
             inner.core.streams.with(key, |stream| stream.told.releasing.retain(|p| !kept.contains(p)));
             let cache = inner.core.mirror.read();
-            super::relay::relay(inner, &cache, Some(&[topic.clone()].into()));
+            let mut changes = super::super::shared::mirror::Changes::default();
+            changes.consumers(topic, [consumer.as_str()]);
+            super::relay::relay(inner, &cache, &changes);
         }
     }
 

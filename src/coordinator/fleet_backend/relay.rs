@@ -15,6 +15,7 @@ use super::{
     state::{FleetCache, FleetTopic},
 };
 use crate::coordinator::shared::{
+    mirror::{Changes, Touched},
     streams::{EndReason, Ending, LocalStream, Told},
     wire::update,
 };
@@ -74,27 +75,30 @@ pub(super) fn relay_one(
     None
 }
 
-/// Relays the cache to every local stream of the given topics (all topics if `None`).
-pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, topics: Option<&BTreeSet<String>>) {
+/// Relays the cache to the local streams `changes` concerns.
+pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
     let core = &inner.core;
-    core.streams.relay(topics, |topic, consumer, stream| {
+    core.streams.relay(changes, |topic, consumer, stream| {
         relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision)
     });
     // A consumer that deregistered after its stream had dropped: no stream ends, so no
     // stream task deletes its registration. The instance it was registered through does,
     // so its leases are free now rather than after the TTL.
     let mut orphans = Vec::new();
-    for (topic, entry) in &cache.topics {
-        if topics.is_some_and(|t| !t.contains(topic)) {
-            continue;
-        }
-        for (consumer, record) in &entry.members {
-            let session = SessionId(record.value.session);
+    for (topic, touched) in changes.iter() {
+        let Some(entry) = cache.topics.get(topic) else { continue };
+        let names: Vec<&String> = match touched {
+            Touched::All => entry.members.keys().collect(),
+            Touched::Consumers(names) => names.iter().collect(),
+        };
+        for consumer in names {
+            let Some(record) = entry.members.get(consumer) else { continue };
+            let key = (topic.clone(), consumer.clone(), SessionId(record.value.session));
             if record.value.leaving
                 && record.value.instance == core.instance_id
-                && !core.streams.contains(&(topic.clone(), consumer.clone(), session))
+                && !core.streams.contains(&key)
             {
-                orphans.push((topic.clone(), consumer.clone(), session));
+                orphans.push(key);
             }
         }
     }
@@ -107,5 +111,5 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, topics: Option<&BTre
 /// Keeps the cache equal to the store and relays every change. Runs until shutdown.
 pub(super) async fn watch_loop(inner: Arc<Fleet>) {
     let resync = inner.config.resync_interval;
-    inner.core.run_mirror(resync, |cache, topics| relay(&inner, cache, Some(topics))).await;
+    inner.core.run_mirror(resync, |cache, changes| relay(&inner, cache, changes)).await;
 }

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::records::{FleetKey, FleetKeys, LeaseRecord, MemberRecord};
-use crate::coordinator::shared::mirror::{MirrorCache, Versioned};
+use crate::coordinator::shared::mirror::{Changes, MirrorCache, Versioned};
 use crate::coordinator::shared::records::{TopicRecord, decode};
 use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
 
@@ -51,27 +51,27 @@ pub struct FleetCache {
 }
 
 impl FleetCache {
-    fn put(&mut self, keys: &FleetKeys, kv: KeyValue) -> Option<String> {
-        let key = keys.parse(&kv.key)?;
+    fn put(&mut self, keys: &FleetKeys, kv: KeyValue, changes: &mut Changes) {
+        let Some(key) = keys.parse(&kv.key) else { return };
         let rev = kv.mod_revision;
         let decoded = match &key {
             FleetKey::Topic(t) => decode::<TopicRecord>(&kv.key, &kv.value).map(|r| {
                 self.topic(t).count = Some(Versioned { value: r.partition_count, mod_revision: rev });
+                changes.topic(t);
             }),
             FleetKey::Member(t, c) => decode::<MemberRecord>(&kv.key, &kv.value).map(|value| {
                 self.topic(t).members.insert(c.clone(), Versioned { value, mod_revision: rev });
+                changes.consumers(t, [c.as_str()]);
             }),
             FleetKey::Lease(t, p) => decode::<LeaseRecord>(&kv.key, &kv.value).map(|r| {
-                self.topic(t).leases.insert(*p, Versioned { value: r.owner, mod_revision: rev });
+                let owner = r.owner.clone();
+                let before = self.topic(t).leases.insert(*p, Versioned { value: r.owner, mod_revision: rev });
+                changes.consumers(t, before.iter().map(|o| o.value.as_str()).chain([owner.as_str()]));
             }),
         };
         if let Err(error) = decoded {
             // An unreadable record is skipped, not fatal: the rest of the fleet keeps working.
             tracing::warn!(%error, "ignoring unreadable fleet record");
-            return None;
-        }
-        match key {
-            FleetKey::Topic(t) | FleetKey::Member(t, _) | FleetKey::Lease(t, _) => Some(t),
         }
     }
 
@@ -87,45 +87,44 @@ impl MirrorCache for FleetCache {
         keys.root()
     }
 
-    /// A cache holding exactly `snapshot`.
     fn from_snapshot(keys: &FleetKeys, snapshot: PrefixSnapshot) -> Self {
         let mut cache = FleetCache { revision: snapshot.revision, ..Default::default() };
+        let mut ignored = Changes::default();
         for kv in snapshot.kvs {
-            cache.put(keys, kv);
+            cache.put(keys, kv, &mut ignored);
         }
         cache
     }
 
-    /// Applies one watched change; returns the topic it touched, if any.
-    fn apply(&mut self, keys: &FleetKeys, event: WatchEvent) -> Option<String> {
+    fn apply(&mut self, keys: &FleetKeys, event: WatchEvent, changes: &mut Changes) {
         self.revision = self.revision.max(event.revision);
         match event.kind {
-            WatchEventKind::Put(kv) => self.put(keys, kv),
-            WatchEventKind::Delete => {
-                let key = keys.parse(&event.key)?;
-                let topic = match key {
-                    FleetKey::Topic(t) => {
-                        self.topic(&t).count = None;
-                        t
-                    }
-                    FleetKey::Member(t, c) => {
-                        self.topic(&t).members.remove(&c);
-                        t
-                    }
-                    FleetKey::Lease(t, p) => {
-                        self.topic(&t).leases.remove(&p);
-                        t
-                    }
-                };
-                Some(topic)
-            }
+            WatchEventKind::Put(kv) => self.put(keys, kv, changes),
+            WatchEventKind::Delete => match keys.parse(&event.key) {
+                Some(FleetKey::Topic(t)) => {
+                    self.topic(&t).count = None;
+                    changes.topic(&t);
+                }
+                Some(FleetKey::Member(t, c)) => {
+                    self.topic(&t).members.remove(&c);
+                    changes.consumers(&t, [c.as_str()]);
+                }
+                Some(FleetKey::Lease(t, p)) => {
+                    let before = self.topic(&t).leases.remove(&p);
+                    changes.consumers(&t, before.iter().map(|o| o.value.as_str()));
+                }
+                None => {}
+            },
         }
     }
 
-    /// Names of topics whose state differs between `self` and `other` (after a re-read).
-    fn topics_differing(&self, other: &FleetCache) -> BTreeSet<String> {
+    fn differing(&self, other: &FleetCache) -> Changes {
         let names: BTreeSet<&String> = self.topics.keys().chain(other.topics.keys()).collect();
-        names.into_iter().filter(|t| self.topics.get(*t) != other.topics.get(*t)).cloned().collect()
+        let mut changes = Changes::default();
+        for topic in names.into_iter().filter(|t| self.topics.get(*t) != other.topics.get(*t)) {
+            changes.topic(topic);
+        }
+        changes
     }
 
     fn revision(&self) -> Revision {

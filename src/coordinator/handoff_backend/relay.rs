@@ -6,13 +6,11 @@
 //! applied, so a consumer never sees a half-applied transaction, and every instance derives
 //! the same commands from the same revision.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-};
+use std::sync::Arc;
 
 use super::{Handoff, state::Cache, state::TopicEntry};
 use crate::coordinator::shared::{
+    mirror::Changes,
     streams::{EndReason, Ending, LocalStream, Told},
     wire::to_wire,
 };
@@ -55,7 +53,9 @@ pub(super) fn relay_one(
         stream.send(wire(topic, vec![Command::Assignment { assigned: owned, unassigned: vec![] }]));
         stream.told = ConsumerView { owned: view.owned.clone(), ..Default::default() };
     }
-    stream.send(wire(topic, diff_views(&stream.told, &view)));
+    let (gains, losses) = split(diff_views(&stream.told, &view));
+    stream.send(wire(topic, gains));
+    stream.defer(wire(topic, losses));
     stream.told = view;
     if draining && idle {
         return Some((EndReason::Left, None));
@@ -63,15 +63,33 @@ pub(super) fn relay_one(
     None
 }
 
-/// Relays the cache to every local stream of the given topics (all topics if `None`).
-fn relay(inner: &Handoff, cache: &Cache, topics: Option<&BTreeSet<String>>) {
-    let mut views: BTreeMap<String, BTreeMap<String, ConsumerView>> = BTreeMap::new();
-    inner.core.streams.relay(topics, |topic, consumer, stream| {
+/// Splits commands into what the consumer gains (`assigned`, warms), sent at once, and
+/// what it loses (`unassigned`, releases), sent once every stream of the relay pass heard
+/// its gains: the new owner hears first.
+fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
+    let (mut gains, mut losses) = (Vec::new(), Vec::new());
+    for command in commands {
+        match command {
+            Command::Assignment { assigned, unassigned } => {
+                if !assigned.is_empty() {
+                    gains.push(Command::Assignment { assigned, unassigned: vec![] });
+                }
+                if !unassigned.is_empty() {
+                    losses.push(Command::Assignment { assigned: vec![], unassigned });
+                }
+            }
+            warm @ Command::Warm { .. } => gains.push(warm),
+            release @ Command::Release { .. } => losses.push(release),
+        }
+    }
+    (gains, losses)
+}
+
+/// Relays the cache to the local streams `changes` concerns.
+fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
+    inner.core.streams.relay(changes, |topic, consumer, stream| {
         let entry = cache.topics.get(topic);
-        let topic_views = views
-            .entry(topic.to_string())
-            .or_insert_with(|| entry.map(TopicEntry::views).unwrap_or_default());
-        let view = topic_views.get(consumer).cloned().unwrap_or_default();
+        let view = entry.map(|e| e.view_of(consumer)).unwrap_or_default();
         let before = stream.told.releasing.clone();
         let ended = relay_one(topic, consumer, stream, entry, view, cache.revision);
         let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
@@ -83,5 +101,5 @@ fn relay(inner: &Handoff, cache: &Cache, topics: Option<&BTreeSet<String>>) {
 /// Keeps the cache equal to the store and relays every change. Runs until shutdown.
 pub(super) async fn watch_loop(inner: Arc<Handoff>) {
     let resync = inner.config.resync_interval;
-    inner.core.run_mirror(resync, |cache, topics| relay(&inner, cache, Some(topics))).await;
+    inner.core.run_mirror(resync, |cache, changes| relay(&inner, cache, changes)).await;
 }

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, TopicRecord, decode};
-use crate::coordinator::shared::mirror::{MirrorCache, Versioned};
-use crate::handoff::{ConsumerView, Handoff, TopicState};
+use crate::coordinator::shared::mirror::{Changes, MirrorCache, Versioned};
+use crate::handoff::{ConsumerView, Handoff, Phase, TopicState};
 use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
 
 /// Everything stored about one topic.
@@ -22,6 +22,11 @@ pub struct TopicEntry {
     pub owners: BTreeMap<u32, Versioned<String>>,
     /// Handoffs by partition.
     pub handoffs: BTreeMap<u32, Versioned<Handoff>>,
+    /// Index: the partitions each consumer owns (kept with `owners`).
+    owned_by: BTreeMap<String, BTreeSet<u32>>,
+    /// Index: the partitions each consumer takes part in a handoff of, as source or target
+    /// (kept with `handoffs`).
+    handoffs_of: BTreeMap<String, BTreeSet<u32>>,
 }
 
 impl TopicEntry {
@@ -56,28 +61,73 @@ impl TopicEntry {
         state
     }
 
-    /// [`ConsumerView::all`] of [`state`](Self::state), without cloning the state.
-    pub fn views(&self) -> BTreeMap<String, ConsumerView> {
-        ConsumerView::all_of(
-            self.consumers.keys(),
-            self.owners.iter().map(|(p, o)| (p, &o.value)),
-            self.handoffs.iter().map(|(p, h)| (p, &h.value)),
-        )
+    /// The view of one consumer ([`ConsumerView::of`] of [`state`](Self::state)), from the
+    /// per-consumer indexes: O(its partitions), whatever the size of the topic. A consumer
+    /// that is not registered sees nothing.
+    pub fn view_of(&self, consumer: &str) -> ConsumerView {
+        let mut view = ConsumerView::default();
+        if !self.consumers.contains_key(consumer) {
+            return view;
+        }
+        view.owned = self.owned_by.get(consumer).cloned().unwrap_or_default();
+        for p in self.handoffs_of.get(consumer).into_iter().flatten() {
+            let Some(h) = self.handoffs.get(p) else { continue };
+            match h.value.phase {
+                Phase::Warming if h.value.to == consumer => {
+                    view.warming.insert(*p, h.value.from.clone());
+                }
+                Phase::Releasing if h.value.from == consumer => {
+                    view.releasing.insert(*p, h.value.to.clone());
+                }
+                _ => {}
+            }
+        }
+        view
     }
 
-    /// The view of one consumer ([`ConsumerView::of`] of [`state`](Self::state), without
-    /// cloning the state).
-    pub fn view_of(&self, consumer: &str) -> ConsumerView {
-        ConsumerView::all_of(
-            self.consumers.keys().filter(|name| *name == consumer),
-            self.owners.iter().filter(|(_, o)| o.value == consumer).map(|(p, o)| (p, &o.value)),
-            self.handoffs
-                .iter()
-                .filter(|(_, h)| h.value.from == consumer || h.value.to == consumer)
-                .map(|(p, h)| (p, &h.value)),
-        )
-        .remove(consumer)
-        .unwrap_or_default()
+    /// Sets a partition's owner (keeping the index); returns the previous one.
+    fn set_owner(&mut self, partition: u32, owner: Option<Versioned<String>>) -> Option<String> {
+        let before = match owner {
+            Some(owner) => {
+                self.owned_by.entry(owner.value.clone()).or_default().insert(partition);
+                self.owners.insert(partition, owner)
+            }
+            None => self.owners.remove(&partition),
+        };
+        let before = before.map(|o| o.value);
+        if let Some(old) = &before
+            && self.owners.get(&partition).is_none_or(|o| o.value != *old)
+            && let Some(set) = self.owned_by.get_mut(old)
+        {
+            set.remove(&partition);
+            if set.is_empty() {
+                self.owned_by.remove(old);
+            }
+        }
+        before
+    }
+
+    /// Sets a partition's handoff (keeping the index); returns the previous one.
+    fn set_handoff(&mut self, partition: u32, handoff: Option<Versioned<Handoff>>) -> Option<Handoff> {
+        let before = match handoff {
+            Some(h) => self.handoffs.insert(partition, h),
+            None => self.handoffs.remove(&partition),
+        }
+        .map(|h| h.value);
+        for name in before.iter().flat_map(|h| [&h.from, &h.to]) {
+            if let Some(set) = self.handoffs_of.get_mut(name) {
+                set.remove(&partition);
+                if set.is_empty() {
+                    self.handoffs_of.remove(name);
+                }
+            }
+        }
+        if let Some(h) = self.handoffs.get(&partition) {
+            for name in [&h.value.from, &h.value.to] {
+                self.handoffs_of.entry(name.clone()).or_default().insert(partition);
+            }
+        }
+        before
     }
 
     /// Mod revision of a partition's assignment record (0 when absent).
@@ -103,51 +153,63 @@ pub struct Cache {
 }
 
 impl Cache {
-    fn put(&mut self, keys: &Keys, kv: KeyValue) -> Option<String> {
-        let key = keys.parse(&kv.key)?;
+    fn put(&mut self, keys: &Keys, kv: KeyValue, changes: &mut Changes) {
+        let Some(key) = keys.parse(&kv.key) else { return };
         let rev = kv.mod_revision;
         let decoded = match &key {
             Key::Leader => {
                 self.leader = Some(kv);
-                return None;
+                Ok(())
             }
             Key::Topic(t) => decode::<TopicRecord>(&kv.key, &kv.value).map(|value| {
                 self.topic(t).config = Some(Versioned { value, mod_revision: rev });
+                changes.topic(t);
             }),
             Key::Consumer(t, c) => decode::<ConsumerRecord>(&kv.key, &kv.value).map(|value| {
                 self.topic(t).consumers.insert(c.clone(), Versioned { value, mod_revision: rev });
+                changes.consumers(t, [c.as_str()]);
             }),
             Key::Assignment(t, p) => decode::<AssignmentRecord>(&kv.key, &kv.value).map(|r| {
-                self.topic(t).owners.insert(*p, Versioned { value: r.owner, mod_revision: rev });
+                let owner = r.owner.clone();
+                let before =
+                    self.topic(t).set_owner(*p, Some(Versioned { value: r.owner, mod_revision: rev }));
+                changes.consumers(t, before.iter().map(String::as_str).chain([owner.as_str()]));
             }),
             Key::Handoff(t, p) => decode::<HandoffRecord>(&kv.key, &kv.value).map(|r| {
-                self.topic(t).handoffs.insert(*p, Versioned { value: r.handoff, mod_revision: rev });
+                let names = [r.handoff.from.clone(), r.handoff.to.clone()];
+                let before =
+                    self.topic(t).set_handoff(*p, Some(Versioned { value: r.handoff, mod_revision: rev }));
+                let old = before.iter().flat_map(|h| [h.from.as_str(), h.to.as_str()]);
+                changes.consumers(t, old.chain(names.iter().map(String::as_str)));
             }),
         };
         if let Err(error) = decoded {
             // A record we cannot read is skipped, not fatal: the rest of the fleet keeps working.
             tracing::warn!(%error, "ignoring unreadable record");
-            return None;
         }
-        topic_of(key)
     }
 
-    fn delete(&mut self, keys: &Keys, key: &str) -> Option<String> {
-        let key = keys.parse(key)?;
+    fn delete(&mut self, keys: &Keys, key: &str, changes: &mut Changes) {
+        let Some(key) = keys.parse(key) else { return };
         match &key {
             Key::Leader => self.leader = None,
-            Key::Topic(t) => self.topic(t).config = None,
+            Key::Topic(t) => {
+                self.topic(t).config = None;
+                changes.topic(t);
+            }
             Key::Consumer(t, c) => {
                 self.topic(t).consumers.remove(c);
+                changes.consumers(t, [c.as_str()]);
             }
             Key::Assignment(t, p) => {
-                self.topic(t).owners.remove(p);
+                let before = self.topic(t).set_owner(*p, None);
+                changes.consumers(t, before.iter().map(String::as_str));
             }
             Key::Handoff(t, p) => {
-                self.topic(t).handoffs.remove(p);
+                let before = self.topic(t).set_handoff(*p, None);
+                changes.consumers(t, before.iter().flat_map(|h| [h.from.as_str(), h.to.as_str()]));
             }
         }
-        topic_of(key)
     }
 
     fn topic(&mut self, topic: &str) -> &mut TopicEntry {
@@ -162,35 +224,33 @@ impl MirrorCache for Cache {
         keys.prefix()
     }
 
-    /// A cache holding exactly `snapshot`.
     fn from_snapshot(keys: &Keys, snapshot: PrefixSnapshot) -> Self {
         let mut cache = Cache { revision: snapshot.revision, ..Default::default() };
+        let mut ignored = Changes::default();
         for kv in snapshot.kvs {
-            cache.put(keys, kv);
+            cache.put(keys, kv, &mut ignored);
         }
         cache
     }
 
-    /// Applies one watched change; returns the topic it touched, if any.
-    fn apply(&mut self, keys: &Keys, event: WatchEvent) -> Option<String> {
+    fn apply(&mut self, keys: &Keys, event: WatchEvent, changes: &mut Changes) {
         self.revision = self.revision.max(event.revision);
         match event.kind {
-            WatchEventKind::Put(kv) => self.put(keys, kv),
-            WatchEventKind::Delete => self.delete(keys, &event.key),
+            WatchEventKind::Put(kv) => self.put(keys, kv, changes),
+            WatchEventKind::Delete => self.delete(keys, &event.key, changes),
         }
     }
 
-    /// Names of topics touched between `self` and `other` (used after a re-read).
-    fn topics_differing(&self, other: &Cache) -> BTreeSet<String> {
+    fn differing(&self, other: &Cache) -> Changes {
         let names: BTreeSet<&String> = self.topics.keys().chain(other.topics.keys()).collect();
-        names
-            .into_iter()
-            .filter(|t| {
-                let (a, b) = (self.topics.get(*t), other.topics.get(*t));
-                a.map(TopicEntry::state) != b.map(TopicEntry::state) || a.map(sessions) != b.map(sessions)
-            })
-            .cloned()
-            .collect()
+        let mut changes = Changes::default();
+        for topic in names {
+            let (a, b) = (self.topics.get(topic), other.topics.get(topic));
+            if a.map(TopicEntry::state) != b.map(TopicEntry::state) || a.map(sessions) != b.map(sessions) {
+                changes.topic(topic);
+            }
+        }
+        changes
     }
 
     fn revision(&self) -> Revision {
@@ -216,11 +276,4 @@ impl MirrorCache for Cache {
 
 fn sessions(entry: &TopicEntry) -> Vec<(String, i64, Revision)> {
     entry.consumers.iter().map(|(n, r)| (n.clone(), r.value.session, r.mod_revision)).collect()
-}
-
-fn topic_of(key: Key) -> Option<String> {
-    match key {
-        Key::Topic(t) | Key::Consumer(t, _) | Key::Assignment(t, _) | Key::Handoff(t, _) => Some(t),
-        Key::Leader => None,
-    }
 }

@@ -11,7 +11,7 @@
 //! business ([`MirrorCache`] and the relay callback).
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::{RwLock, RwLockReadGuard},
     time::Duration,
 };
@@ -31,6 +31,47 @@ pub struct Versioned<T> {
     pub mod_revision: Revision,
 }
 
+/// Who one applied batch concerns, per topic: only the consumers whose view it may have
+/// changed (a record names them: owner, handoff source and target, the registration), or
+/// the whole topic. It is what keeps the relay's work proportional to the change.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes(BTreeMap<String, Touched>);
+
+/// What a batch touched in one topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Touched {
+    /// Every consumer of the topic (a re-read, a topic record).
+    All,
+    /// These consumers.
+    Consumers(BTreeSet<String>),
+}
+
+impl Changes {
+    /// Marks the whole topic.
+    pub fn topic(&mut self, topic: &str) {
+        self.0.insert(topic.to_string(), Touched::All);
+    }
+
+    /// Marks these consumers of `topic`.
+    pub fn consumers<'a>(&mut self, topic: &str, names: impl IntoIterator<Item = &'a str>) {
+        let touched = self.0.entry(topic.to_string()).or_insert_with(|| Touched::Consumers(BTreeSet::new()));
+        if let Touched::Consumers(set) = touched {
+            set.extend(names.into_iter().map(str::to_string));
+        }
+    }
+
+    /// The touched topics.
+    #[cfg(test)]
+    pub fn topics(&self) -> BTreeSet<String> {
+        self.0.keys().cloned().collect()
+    }
+
+    /// Per topic, what was touched.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Touched)> {
+        self.0.iter()
+    }
+}
+
 /// The in-memory copy of a store prefix that a [`Mirror`] keeps up to date.
 pub trait MirrorCache: Sized {
     /// What parses the keys under the prefix.
@@ -42,12 +83,12 @@ pub trait MirrorCache: Sized {
     /// A cache holding exactly `snapshot`.
     fn from_snapshot(keys: &Self::Keys, snapshot: PrefixSnapshot) -> Self;
 
-    /// Applies one watched change; returns the topic it touched, if any.
-    fn apply(&mut self, keys: &Self::Keys, event: WatchEvent) -> Option<String>;
+    /// Applies one watched change, noting in `changes` whose view it may have changed.
+    fn apply(&mut self, keys: &Self::Keys, event: WatchEvent, changes: &mut Changes);
 
-    /// Names of the topics whose state differs between `self` and `other` (after a
-    /// re-read): the ones whose consumers must hear about it.
-    fn topics_differing(&self, other: &Self) -> BTreeSet<String>;
+    /// The topics whose state differs between `self` and `other` (after a re-read), as
+    /// whole topics: their consumers must hear about it.
+    fn differing(&self, other: &Self) -> Changes;
 
     /// The store revision this cache reflects.
     fn revision(&self) -> Revision;
@@ -136,7 +177,7 @@ impl<C: MirrorCache> Mirror<C> {
 
     /// Keeps the cache equal to the store and calls `relay` with the topics each change
     /// touched, under the read lock of the updated cache. Runs until shutdown.
-    pub async fn run(&self, source: Source<'_, C::Keys>, relay: impl Fn(&C, &BTreeSet<String>)) {
+    pub async fn run(&self, source: Source<'_, C::Keys>, relay: impl Fn(&C, &Changes)) {
         let Source { store, keys, shutdown, .. } = source;
         let name = self.name;
         let mut from = self.read().revision() + 1;
@@ -166,14 +207,14 @@ impl<C: MirrorCache> Mirror<C> {
                     Ok(snapshot) => {
                         let fresh = C::from_snapshot(keys, snapshot);
                         from = fresh.revision() + 1;
-                        let topics = {
+                        let changes = {
                             let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
-                            let topics = cache.topics_differing(&fresh);
+                            let changes = cache.differing(&fresh);
                             *cache = fresh;
-                            topics
+                            changes
                         };
                         self.set_following(true, interrupted);
-                        self.publish(&topics, &relay);
+                        self.publish(&changes, &relay);
                         break;
                     }
                     Err(error) => {
@@ -197,7 +238,7 @@ impl<C: MirrorCache> Mirror<C> {
         &self,
         source: &Source<'_, C::Keys>,
         mut stream: WatchStream,
-        relay: &impl Fn(&C, &BTreeSet<String>),
+        relay: &impl Fn(&C, &Changes),
     ) -> bool {
         let resync = tokio::time::sleep(source.resync_interval);
         tokio::pin!(resync);
@@ -207,14 +248,17 @@ impl<C: MirrorCache> Mirror<C> {
                 _ = &mut resync => return false,
                 item = stream.next() => item,
             };
-            let mut topics = BTreeSet::new();
+            let mut changes = Changes::default();
             let mut failed = false;
             {
                 let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
                 loop {
                     match item {
-                        Some(Ok(batch)) => topics
-                            .extend(batch.events.into_iter().filter_map(|e| cache.apply(source.keys, e))),
+                        Some(Ok(batch)) => {
+                            for event in batch.events {
+                                cache.apply(source.keys, event, &mut changes);
+                            }
+                        }
                         Some(Err(error)) => {
                             tracing::warn!(%error, mirror = self.name, "watch ended");
                             failed = true;
@@ -231,7 +275,7 @@ impl<C: MirrorCache> Mirror<C> {
                     }
                 }
             }
-            self.publish(&topics, relay);
+            self.publish(&changes, relay);
             if failed {
                 return true;
             }
@@ -240,9 +284,9 @@ impl<C: MirrorCache> Mirror<C> {
 
     /// Relays the changed topics, then announces the new revision, under one read of the
     /// cache: both are about the same revision.
-    fn publish(&self, topics: &BTreeSet<String>, relay: &impl Fn(&C, &BTreeSet<String>)) {
+    fn publish(&self, changes: &Changes, relay: &impl Fn(&C, &Changes)) {
         let cache = self.read();
-        relay(&cache, topics);
+        relay(&cache, changes);
         self.changed.send_replace(cache.revision());
     }
 }
@@ -272,7 +316,7 @@ mod tests {
         let (seen, token) = (relayed.clone(), stop.clone());
         tokio::spawn(async move {
             let source = Source { store: &store, keys: &(), resync_interval: resync, shutdown: &token };
-            mirror.run(source, |_, topics| seen.lock().expect("lock").push(topics.clone())).await;
+            mirror.run(source, |_, changes| seen.lock().expect("lock").push(changes.topics())).await;
         });
         (relayed, stop)
     }

@@ -211,11 +211,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
 
     /// Keeps the cache equal to the store, calling `relay` with the topics each change
     /// touched. Runs until shutdown.
-    pub async fn run_mirror(
-        &self,
-        resync_interval: Duration,
-        relay: impl Fn(&C, &std::collections::BTreeSet<String>),
-    ) {
+    pub async fn run_mirror(&self, resync_interval: Duration, relay: impl Fn(&C, &mirror::Changes)) {
         let source =
             Source { store: &*self.store, keys: &self.keys, resync_interval, shutdown: &self.shutdown };
         self.mirror.run(source, relay).await;

@@ -128,6 +128,7 @@ pub async fn register<R: Registrar>(
         // revision only after, and its relay then finds the stream.
         let cache = core.mirror.read();
         let ended = backend.relay_one(&cache, topic, consumer, &mut stream);
+        stream.flush();
         core.streams.insert(topic, consumer, stream);
         if let Some((reason, last)) = ended {
             core.streams.end(&key, reason, last);

@@ -10,6 +10,8 @@
 
 use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
 
+use super::mirror::{Changes, Touched};
+
 use dashmap::DashMap;
 use tokio::sync::{mpsc, oneshot};
 
@@ -85,6 +87,8 @@ pub struct LocalStream<T> {
     pub tx: CommandSender,
     /// Set when the consumer stopped reading and the buffer filled: the stream must end.
     overflowed: bool,
+    /// Commands held back until every stream of the relay pass has heard its gains.
+    later: Vec<AssignmentCommand>,
     /// Tells the session task why the stream ended (once).
     end: Option<oneshot::Sender<EndReason>>,
 }
@@ -104,6 +108,7 @@ impl<T: Told> LocalStream<T> {
             told: T::default(),
             tx,
             overflowed: false,
+            later: Vec::new(),
             end: Some(end),
         };
         (stream, end_rx)
@@ -120,6 +125,18 @@ impl<T: Told> LocalStream<T> {
             }
             let _ = self.tx.try_send(Ok(command));
         }
+    }
+
+    /// Holds `commands` back until the end of the relay pass ([`Streams::relay`]), or the
+    /// next [`flush`](Self::flush).
+    pub fn defer(&mut self, commands: impl IntoIterator<Item = AssignmentCommand>) {
+        self.later.extend(commands);
+    }
+
+    /// Sends what [`defer`](Self::defer) held back.
+    pub fn flush(&mut self) {
+        let later = std::mem::take(&mut self.later);
+        self.send(later);
     }
 
     /// The ending of a stream whose consumer stopped reading, if it did.
@@ -256,24 +273,52 @@ impl<T: Told> Streams<LocalStream<T>> {
         names
     }
 
-    /// Brings every stream of the given topics (all if `None`) up to date with
-    /// `relay_one(topic, consumer, stream)`, then ends those it says must end.
+    /// Brings every stream `changes` concerns up to date with `relay_one(topic, consumer,
+    /// stream)`, then ends those it says must end. Only the named consumers are visited
+    /// (a whole topic only when `changes` says so), so the work follows the change, not
+    /// the number of streams.
+    ///
+    /// In two rounds: what a consumer gains (`assigned`, `WarmPartition`) is sent to every
+    /// stream first, what it loses ([`LocalStream::defer`]: `unassigned`, `ReleasePartition`)
+    /// only after, so a partition moving between two consumers of this instance never
+    /// looks ownerless.
     pub fn relay(
         &self,
-        topics: Option<&BTreeSet<String>>,
+        changes: &Changes,
         mut relay_one: impl FnMut(&str, &str, &mut LocalStream<T>) -> Option<Ending>,
     ) {
         let mut ended = Vec::new();
-        for mut entry in self.map.iter_mut() {
-            let (topic, consumer) = entry.key().clone();
-            if topics.is_some_and(|t| !t.contains(&topic)) {
-                continue;
+        let mut deferred = Vec::new();
+        let mut visit = |topic: &str, consumer: &str, stream: &mut LocalStream<T>| {
+            let end = relay_one(topic, consumer, stream).or_else(|| stream.overflow(topic, consumer));
+            let key = (topic.to_string(), consumer.to_string(), stream.session);
+            if !stream.later.is_empty() {
+                deferred.push(key.clone());
             }
-            let stream = entry.value_mut();
-            let end = relay_one(&topic, &consumer, stream).or_else(|| stream.overflow(&topic, &consumer));
             if let Some(end) = end {
-                ended.push(((topic, consumer, stream.session), end));
+                ended.push((key, end));
             }
+        };
+        let whole: BTreeSet<&String> =
+            changes.iter().filter(|(_, t)| matches!(t, Touched::All)).map(|(topic, _)| topic).collect();
+        if !whole.is_empty() {
+            for mut entry in self.map.iter_mut() {
+                let (topic, consumer) = entry.key().clone();
+                if whole.contains(&topic) {
+                    visit(&topic, &consumer, entry.value_mut());
+                }
+            }
+        }
+        for (topic, touched) in changes.iter() {
+            let Touched::Consumers(names) = touched else { continue };
+            for consumer in names {
+                if let Some(mut stream) = self.map.get_mut(&(topic.clone(), consumer.clone())) {
+                    visit(topic, consumer, &mut stream);
+                }
+            }
+        }
+        for key in deferred {
+            self.with(&key, LocalStream::flush);
         }
         // Removal takes the shard's lock: only after the iteration has released it.
         for (key, (reason, last)) in ended {
@@ -332,7 +377,7 @@ mod tests {
 
     use tokio::sync::{mpsc, oneshot};
 
-    use super::{EndReason, LocalStream, STREAM_BUFFER, Streams};
+    use super::{Changes, EndReason, LocalStream, STREAM_BUFFER, Streams};
     use crate::coordinator::{CoordinatorError, ErrorCode};
     use crate::metrics::Metrics;
     use crate::proto::v1::AssignmentCommand;
@@ -398,7 +443,9 @@ mod tests {
         streams.insert("t", "b", b);
         streams.insert("u", "c", c);
         let mut visited = Vec::new();
-        streams.relay(Some(&["t".to_string()].into()), |topic, consumer, _| {
+        let mut changes = Changes::default();
+        changes.topic("t");
+        streams.relay(&changes, |topic, consumer, _| {
             visited.push(format!("{topic}/{consumer}"));
             (consumer == "a").then_some((EndReason::Left, None))
         });
@@ -432,7 +479,9 @@ mod tests {
         streams.insert("t", "a", a);
         let command = crate::coordinator::shared::wire::update("t", [0], []);
         for _ in 0..STREAM_BUFFER + 10 {
-            streams.relay(None, |_, _, s| {
+            let mut changes = Changes::default();
+            changes.topic("t");
+            streams.relay(&changes, |_, _, s| {
                 s.send([command.clone()]);
                 None
             });

@@ -13,7 +13,7 @@ use std::{
 
 use async_trait::async_trait;
 
-use super::mirror::MirrorCache;
+use super::mirror::{Changes, MirrorCache};
 use super::register::{Held, Registrar};
 use super::streams::{Ending, LocalStream};
 use super::topics::Topics;
@@ -52,21 +52,26 @@ impl MirrorCache for Records {
         Records { revision: snapshot.revision, kvs }
     }
 
-    fn apply(&mut self, _: &(), event: WatchEvent) -> Option<String> {
+    fn apply(&mut self, _: &(), event: WatchEvent, changes: &mut Changes) {
         self.revision = self.revision.max(event.revision);
         match event.kind {
             WatchEventKind::Put(kv) => self.kvs.insert(event.key.clone(), kv),
             WatchEventKind::Delete => self.kvs.remove(&event.key),
         };
-        topic_of(&event.key)
+        if let Some(topic) = topic_of(&event.key) {
+            changes.topic(&topic);
+        }
     }
 
-    fn topics_differing(&self, other: &Self) -> BTreeSet<String> {
+    fn differing(&self, other: &Self) -> Changes {
         let keys: BTreeSet<&String> = self.kvs.keys().chain(other.kvs.keys()).collect();
-        keys.into_iter()
-            .filter(|k| self.kvs.get(*k) != other.kvs.get(*k))
-            .filter_map(|k| topic_of(k))
-            .collect()
+        let mut changes = Changes::default();
+        for key in keys.into_iter().filter(|k| self.kvs.get(*k) != other.kvs.get(*k)) {
+            if let Some(topic) = topic_of(key) {
+                changes.topic(&topic);
+            }
+        }
+        changes
     }
 
     fn revision(&self) -> Revision {
@@ -114,8 +119,8 @@ impl TestBackend {
         let backend = Arc::new(TestBackend { core });
         let watcher = backend.clone();
         tokio::spawn(async move {
-            let relay = |cache: &Records, topics: &BTreeSet<String>| {
-                watcher.core.streams.relay(Some(topics), |topic, consumer, stream| {
+            let relay = |cache: &Records, changes: &Changes| {
+                watcher.core.streams.relay(changes, |topic, consumer, stream| {
                     watcher.relay_one(cache, topic, consumer, stream)
                 })
             };
