@@ -17,7 +17,7 @@ use std::{collections::VecDeque, time::Duration};
 use etcd_client::{EventType, WatchResponse};
 use futures::StreamExt;
 
-use super::{key_string, key_value};
+use super::codec::{key_string, key_value};
 use crate::store::{Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind, WatchStream};
 
 /// Silence after which a watch checks that its member still answers.
