@@ -337,8 +337,9 @@ impl LeaseStore for EtcdStore {
 
     async fn watch_prefix(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError> {
         let options = WatchOptions::new().with_prefix().with_start_revision(from_revision.max(0));
-        let (stream, first) = self
-            .call("watch", |client| {
+        let ((stream, first), endpoint) = self
+            .clients
+            .call_on(self.config.request_timeout, "watch", |client| {
                 let options = options.clone();
                 async move {
                     let mut watcher =
@@ -356,8 +357,9 @@ impl LeaseStore for EtcdStore {
         } else {
             self.config.request_timeout
         };
+        let on_break = (self.clients.clone(), endpoint);
         let mut watch =
-            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), answer_within);
+            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), answer_within, on_break);
         match first {
             Some(response) => watch.absorb(response),
             None => {

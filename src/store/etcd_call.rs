@@ -10,6 +10,8 @@
 //!   gets no answer within `attempt_timeout`, marks its endpoint suspect and moves the pin to
 //!   the next endpoint not suspected in the last [`SUSPECT_FOR`]; the retry goes there. So a
 //!   frozen or dead member costs one attempt of one call, not every call's whole budget.
+//!   A watch stream that breaks or goes quiet moves the pin off its endpoint the same way
+//!   (its re-watch then goes straight to a healthy member).
 //! * With one endpoint there is nowhere else to go: one attempt may use the whole budget
 //!   (a short attempt timeout would only resend, and double-apply, slow writes).
 //! * A call that needed retries is logged once as it starts waiting (`warn`, naming the
@@ -91,6 +93,14 @@ impl Clients {
         self.pinned.load(Ordering::Relaxed)
     }
 
+    /// A stream on endpoint `index` broke or went quiet: calls move off it (with one
+    /// endpoint, nothing changes).
+    pub(super) fn failed(&self, index: usize) {
+        if self.clients.len() > 1 {
+            self.fail_over(index);
+        }
+    }
+
     /// Marks endpoint `failed` suspect and, if calls still go there, moves the pin to the
     /// next endpoint not suspected lately (or simply the next one if all are).
     fn fail_over(&self, failed: usize) {
@@ -118,8 +128,23 @@ impl Clients {
         &self,
         budget: Duration,
         what: &'static str,
-        mut f: F,
+        f: F,
     ) -> Result<T, CallError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_on(budget, what, f).await.map(|(value, _)| value)
+    }
+
+    /// [`call`](Self::call), also returning the index of the endpoint that answered (a
+    /// long-lived stream stays there; [`failed`](Self::failed) reports it broken).
+    pub(super) async fn call_on<T, F, Fut>(
+        &self,
+        budget: Duration,
+        what: &'static str,
+        mut f: F,
+    ) -> Result<(T, usize), CallError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -148,7 +173,7 @@ impl Clients {
                             "etcd call got through after retries"
                         );
                     }
-                    return Ok(value);
+                    return Ok((value, index));
                 }
                 Ok(Err(error)) if is_retryable(&error) => format!("{url}: {error}"),
                 Ok(Err(error)) => return Err(CallError::Failed(error)),
