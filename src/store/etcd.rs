@@ -179,20 +179,21 @@ impl EtcdStore {
             // pings more often than every 5 s (`--grpc-keepalive-min-time`).
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_require_leader(true);
+        // One deadline for everything: the clients, then the probe.
+        let deadline = tokio::time::Instant::now() + config.connect_timeout;
+        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
         let mut clients = Vec::new();
         for endpoint in &config.endpoints {
-            let single =
-                client(std::slice::from_ref(endpoint), options.clone(), config.connect_timeout).await?;
+            let single = client(std::slice::from_ref(endpoint), options.clone(), left()).await?;
             clients.push((endpoint.clone(), single));
         }
         // Spread instances over the members: each starts pinned to a different endpoint.
         let first = std::process::id() as usize + NEXT_STORE.fetch_add(1, Ordering::Relaxed);
         let clients = Clients::new(clients, first, config.attempt_timeout);
-        let connect_timeout = config.connect_timeout;
         let store = EtcdStore { clients: Arc::new(clients), config: Arc::new(config) };
         store
             .clients
-            .call(connect_timeout, "connect", |mut client| async move {
+            .call(left(), "connect", |mut client| async move {
                 client.get("kafka-assigner/connect-probe", Some(GetOptions::new().with_count_only())).await
             })
             .await
