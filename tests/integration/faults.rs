@@ -1,7 +1,8 @@
 //! Fault scenarios on real processes (issue 9, "How it is shown" 2): etcd stopped and
 //! restarted, etcd frozen, the etcd raft leader killed mid-handoff (3 members), one instance
 //! cut off from etcd by a proxy, the leader instance killed mid-handoff, 1,000 concurrent
-//! `Register`s of one name.
+//! `Register`s of one name. `memory.rs` adds the memory backend behind a `FaultyStore`: a
+//! lost answer to the election transaction, and the cut-off scenario without etcd.
 //!
 //! Each asserts from the consumers' views (`views.rs`): no double ownership outside a
 //! handoff's release window; readiness following the store; after a stopped or frozen etcd,
@@ -12,6 +13,7 @@
 //! Scenarios marked `#[ignore = "needs issue 9 coordinator fix: ..."]` fail against today's
 //! coordinator; run them with `cargo test --test integration faults:: -- --ignored`.
 
+mod memory;
 mod views;
 
 use std::{
@@ -226,6 +228,13 @@ async fn instance_cut_off_from_etcd_fences_its_consumers() {
     cluster.add_instance_on(behind).await;
     assert_eq!(cluster.wait_leader(PROMPT).await, 0, "the first instance leads");
     cluster.add_instance().await;
+    cut_off_leader_instance(cluster, || proxy.partition(), "etcd (proxy partition)").await;
+    proxy.restore();
+}
+
+/// Instance 0 (the leader, holding consumer `b`) loses its store through `cut`; instance 1
+/// (holding `a`) keeps it. Shared by the etcd (proxy) and memory (fault wrapper) variants.
+pub(crate) async fn cut_off_leader_instance(cluster: TestCluster, cut: impl FnOnce(), what: &str) {
     let mut a = cluster.consumer_on(1, "a", WIDE).await;
     a.expect_snapshot().await;
     let mut b = cluster.consumer_on(0, "b", WIDE).await;
@@ -235,7 +244,7 @@ async fn instance_cut_off_from_etcd_fences_its_consumers() {
     let b_owned = fleet.owned()["b"].clone();
     let mut findings = Findings::default();
 
-    proxy.partition();
+    cut();
     let cut = Instant::now();
     let (mut two_leaders, mut fenced_at, mut a_has_all_at) = (0, None, None);
     while cut.elapsed() < TTL * 4 && (fenced_at.is_none() || a_has_all_at.is_none()) {
@@ -265,9 +274,10 @@ async fn instance_cut_off_from_etcd_fences_its_consumers() {
     );
     findings.check(!http_ready(&cluster, 0).await, "the cut-off instance still reports ready");
     findings.extend("double ownership", fleet.double_ownership());
-    eprintln!("[faults] instance cut off: b fenced after {fenced_at:?}, a owns all after {a_has_all_at:?}");
-    proxy.restore();
-    findings.finish("instance cut off from etcd");
+    eprintln!(
+        "[faults] instance cut off from {what}: b fenced after {fenced_at:?}, a owns all after {a_has_all_at:?}"
+    );
+    findings.finish(&format!("instance cut off from {what}"));
 }
 
 /// The leader instance is killed while a handoff is warming (one warm at a time, so the
