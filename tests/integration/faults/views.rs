@@ -1,5 +1,11 @@
 //! What the fault scenarios check, from the consumers' side: who was told it owns what,
 //! and when; a fleet of consumers that reconnect like real clients; readiness probes.
+//!
+//! A consumer believes it owns a partition from the command that assigned it (snapshot or
+//! `AssignmentUpdate`) until it is told `ReleasePartition` (the release window may overlap
+//! the new owner), `unassigned`, or its stream ends. Ending belief at the stream's end is
+//! lenient (a real client may keep processing until its session timeout), so a reported
+//! overlap is certainly one.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

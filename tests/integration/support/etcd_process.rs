@@ -86,10 +86,15 @@ impl Process {
 pub struct MemberSpec<'a> {
     /// The etcd binary.
     pub binary: &'a Path,
+    /// The member name (`--name`).
     pub name: &'a str,
+    /// Its data dir (kept across restarts).
     pub data_dir: &'a Path,
+    /// Its log file; the pid file sits next to it.
     pub log: &'a Path,
+    /// Loopback client port.
     pub client_port: u16,
+    /// Loopback peer port.
     pub peer_port: u16,
     /// `name=http://127.0.0.1:peer,...` of every member.
     pub initial_cluster: &'a str,
