@@ -211,3 +211,59 @@ impl Clients {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Clients on loopback ports nobody listens on (clients connect lazily).
+    async fn dead_clients(n: usize) -> Clients {
+        let mut clients = Vec::new();
+        for _ in 0..n {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap_or_else(|e| panic!("bind: {e}"));
+            let url = format!("http://127.0.0.1:{port}");
+            let options = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_millis(100));
+            let client =
+                Client::connect([url.as_str()], Some(options)).await.unwrap_or_else(|e| panic!("{e}"));
+            clients.push((url, client));
+        }
+        Clients::new(clients, 0, Duration::from_millis(200))
+    }
+
+    #[tokio::test]
+    async fn the_pin_skips_suspects_and_moves_once() {
+        let clients = dead_clients(3).await;
+        assert_eq!(clients.pinned(), 0);
+        clients.failed(0);
+        assert_eq!(clients.pinned(), 1);
+        // A late report about endpoint 0 does not move the pin off the healthy-looking 1.
+        clients.failed(0);
+        assert_eq!(clients.pinned(), 1);
+        clients.failed(1);
+        assert_eq!(clients.pinned(), 2, "0 and 1 are suspect");
+        clients.failed(2);
+        assert_eq!(clients.pinned(), 0, "all suspect: simply the next");
+    }
+
+    #[tokio::test]
+    async fn a_call_to_dead_endpoints_ends_within_its_budget() {
+        let clients = dead_clients(3).await;
+        let budget = Duration::from_millis(700);
+        let started = Instant::now();
+        let result =
+            clients.call(budget, "get", |mut client| async move { client.get("k", None).await }).await;
+        let elapsed = started.elapsed();
+        match result {
+            Err(CallError::Unavailable(message)) => {
+                assert!(message.contains(clients.endpoints()), "{message}");
+            }
+            Err(CallError::Failed(error)) => panic!("expected Unavailable, got {error}"),
+            Ok(_) => panic!("a dead endpoint answered"),
+        }
+        // It may give up early, when the next retry would not fit: never late.
+        assert!(elapsed < budget + Duration::from_millis(300), "took {elapsed:?}");
+    }
+}
