@@ -31,6 +31,8 @@
 
 #[path = "etcd_call.rs"]
 mod call;
+#[path = "etcd_codec.rs"]
+mod codec;
 #[path = "etcd_watch.rs"]
 mod watch;
 
@@ -43,13 +45,13 @@ use std::{
 };
 
 use async_trait::async_trait;
-use etcd_client::{Client, CompareOp, ConnectOptions, GetOptions, PutOptions, TxnOp, WatchOptions};
+use etcd_client::{Client, ConnectOptions, GetOptions, WatchOptions};
 
 use self::call::{CallError, Clients, is_retryable};
+use self::codec::{etcd_txn, key_value, ttl_seconds};
 use self::watch::Watch;
 use super::{
-    Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome,
-    WatchStream,
+    KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome, WatchStream,
 };
 
 /// How to reach etcd.
@@ -177,20 +179,21 @@ impl EtcdStore {
             // pings more often than every 5 s (`--grpc-keepalive-min-time`).
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_require_leader(true);
+        // One deadline for everything: the clients, then the probe.
+        let deadline = tokio::time::Instant::now() + config.connect_timeout;
+        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
         let mut clients = Vec::new();
         for endpoint in &config.endpoints {
-            let single =
-                client(std::slice::from_ref(endpoint), options.clone(), config.connect_timeout).await?;
+            let single = client(std::slice::from_ref(endpoint), options.clone(), left()).await?;
             clients.push((endpoint.clone(), single));
         }
         // Spread instances over the members: each starts pinned to a different endpoint.
         let first = std::process::id() as usize + NEXT_STORE.fetch_add(1, Ordering::Relaxed);
         let clients = Clients::new(clients, first, config.attempt_timeout);
-        let connect_timeout = config.connect_timeout;
         let store = EtcdStore { clients: Arc::new(clients), config: Arc::new(config) };
         store
             .clients
-            .call(connect_timeout, "connect", |mut client| async move {
+            .call(left(), "connect", |mut client| async move {
                 client.get("kafka-assigner/connect-probe", Some(GetOptions::new().with_count_only())).await
             })
             .await
@@ -239,57 +242,6 @@ impl EtcdStore {
             },
         }
     }
-}
-
-/// etcd TTLs are whole seconds: round up, at least 1.
-fn ttl_seconds(ttl: Duration) -> i64 {
-    let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    i64::try_from(seconds.max(1)).unwrap_or(i64::MAX)
-}
-
-fn key_value(kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreError> {
-    Ok(KeyValue {
-        key: key_string(kv)?,
-        value: kv.value().to_vec(),
-        create_revision: kv.create_revision(),
-        mod_revision: kv.mod_revision(),
-        session: (kv.lease() != 0).then_some(SessionId(kv.lease())),
-    })
-}
-
-fn key_string(kv: &etcd_client::KeyValue) -> Result<String, StoreError> {
-    String::from_utf8(kv.key().to_vec()).map_err(|_| {
-        StoreError::Invalid(format!("etcd key is not UTF-8: {:?}", String::from_utf8_lossy(kv.key())))
-    })
-}
-
-fn etcd_txn(txn: &Txn) -> etcd_client::Txn {
-    let compares: Vec<etcd_client::Compare> = txn
-        .compares
-        .iter()
-        .map(|compare| match compare {
-            Compare::ModRevision(key, rev) => {
-                etcd_client::Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)
-            }
-            Compare::CreateRevision(key, rev) => {
-                etcd_client::Compare::create_revision(key.as_str(), CompareOp::Equal, *rev)
-            }
-            Compare::Value(key, value) => {
-                etcd_client::Compare::value(key.as_str(), CompareOp::Equal, value.clone())
-            }
-        })
-        .collect();
-    let ops: Vec<TxnOp> = txn
-        .ops
-        .iter()
-        .map(|op| match op {
-            Op::Put { key, value, session } => {
-                TxnOp::put(key.as_str(), value.clone(), session.map(|s| PutOptions::new().with_lease(s.0)))
-            }
-            Op::Delete { key } => TxnOp::delete(key.as_str(), None),
-        })
-        .collect();
-    etcd_client::Txn::new().when(compares).and_then(ops)
 }
 
 #[async_trait]
@@ -386,8 +338,9 @@ impl LeaseStore for EtcdStore {
 
     async fn watch_prefix(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError> {
         let options = WatchOptions::new().with_prefix().with_start_revision(from_revision.max(0));
-        let (stream, first) = self
-            .call("watch", |client| {
+        let ((stream, first), endpoint) = self
+            .clients
+            .call_on(self.config.request_timeout, "watch", |client| {
                 let options = options.clone();
                 async move {
                     let mut watcher =
@@ -405,8 +358,9 @@ impl LeaseStore for EtcdStore {
         } else {
             self.config.request_timeout
         };
+        let on_break = (self.clients.clone(), endpoint);
         let mut watch =
-            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), answer_within);
+            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), answer_within, on_break);
         match first {
             Some(response) => watch.absorb(response),
             None => {
@@ -442,15 +396,6 @@ impl LeaseStore for EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ttls_round_up_to_whole_seconds() {
-        assert_eq!(ttl_seconds(Duration::ZERO), 1);
-        assert_eq!(ttl_seconds(Duration::from_millis(1)), 1);
-        assert_eq!(ttl_seconds(Duration::from_secs(1)), 1);
-        assert_eq!(ttl_seconds(Duration::from_millis(1001)), 2);
-        assert_eq!(ttl_seconds(Duration::from_secs(10)), 10);
-    }
 
     #[tokio::test]
     async fn empty_endpoints_are_invalid() {

@@ -10,6 +10,8 @@
 //!   gets no answer within `attempt_timeout`, marks its endpoint suspect and moves the pin to
 //!   the next endpoint not suspected in the last [`SUSPECT_FOR`]; the retry goes there. So a
 //!   frozen or dead member costs one attempt of one call, not every call's whole budget.
+//!   A watch stream that breaks or goes quiet moves the pin off its endpoint the same way
+//!   (its re-watch then goes straight to a healthy member).
 //! * With one endpoint there is nowhere else to go: one attempt may use the whole budget
 //!   (a short attempt timeout would only resend, and double-apply, slow writes).
 //! * A call that needed retries is logged once as it starts waiting (`warn`, naming the
@@ -91,6 +93,14 @@ impl Clients {
         self.pinned.load(Ordering::Relaxed)
     }
 
+    /// A stream on endpoint `index` broke or went quiet: calls move off it (with one
+    /// endpoint, nothing changes).
+    pub(super) fn failed(&self, index: usize) {
+        if self.clients.len() > 1 {
+            self.fail_over(index);
+        }
+    }
+
     /// Marks endpoint `failed` suspect and, if calls still go there, moves the pin to the
     /// next endpoint not suspected lately (or simply the next one if all are).
     fn fail_over(&self, failed: usize) {
@@ -118,8 +128,23 @@ impl Clients {
         &self,
         budget: Duration,
         what: &'static str,
-        mut f: F,
+        f: F,
     ) -> Result<T, CallError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_on(budget, what, f).await.map(|(value, _)| value)
+    }
+
+    /// [`call`](Self::call), also returning the index of the endpoint that answered (a
+    /// long-lived stream stays there; [`failed`](Self::failed) reports it broken).
+    pub(super) async fn call_on<T, F, Fut>(
+        &self,
+        budget: Duration,
+        what: &'static str,
+        mut f: F,
+    ) -> Result<(T, usize), CallError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -148,7 +173,7 @@ impl Clients {
                             "etcd call got through after retries"
                         );
                     }
-                    return Ok(value);
+                    return Ok((value, index));
                 }
                 Ok(Err(error)) if is_retryable(&error) => format!("{url}: {error}"),
                 Ok(Err(error)) => return Err(CallError::Failed(error)),
@@ -184,5 +209,61 @@ impl Clients {
             self.endpoints,
             last_error.as_deref().unwrap_or("timed out")
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Clients on loopback ports nobody listens on (clients connect lazily).
+    async fn dead_clients(n: usize) -> Clients {
+        let mut clients = Vec::new();
+        for _ in 0..n {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap_or_else(|e| panic!("bind: {e}"));
+            let url = format!("http://127.0.0.1:{port}");
+            let options = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_millis(100));
+            let client =
+                Client::connect([url.as_str()], Some(options)).await.unwrap_or_else(|e| panic!("{e}"));
+            clients.push((url, client));
+        }
+        Clients::new(clients, 0, Duration::from_millis(200))
+    }
+
+    #[tokio::test]
+    async fn the_pin_skips_suspects_and_moves_once() {
+        let clients = dead_clients(3).await;
+        assert_eq!(clients.pinned(), 0);
+        clients.failed(0);
+        assert_eq!(clients.pinned(), 1);
+        // A late report about endpoint 0 does not move the pin off the healthy-looking 1.
+        clients.failed(0);
+        assert_eq!(clients.pinned(), 1);
+        clients.failed(1);
+        assert_eq!(clients.pinned(), 2, "0 and 1 are suspect");
+        clients.failed(2);
+        assert_eq!(clients.pinned(), 0, "all suspect: simply the next");
+    }
+
+    #[tokio::test]
+    async fn a_call_to_dead_endpoints_ends_within_its_budget() {
+        let clients = dead_clients(3).await;
+        let budget = Duration::from_millis(700);
+        let started = Instant::now();
+        let result =
+            clients.call(budget, "get", |mut client| async move { client.get("k", None).await }).await;
+        let elapsed = started.elapsed();
+        match result {
+            Err(CallError::Unavailable(message)) => {
+                assert!(message.contains(clients.endpoints()), "{message}");
+            }
+            Err(CallError::Failed(error)) => panic!("expected Unavailable, got {error}"),
+            Ok(_) => panic!("a dead endpoint answered"),
+        }
+        // It may give up early, when the next retry would not fit: never late.
+        assert!(elapsed < budget + Duration::from_millis(300), "took {elapsed:?}");
     }
 }

@@ -12,12 +12,15 @@
 //! with [`StoreError::Unavailable`], and the caller re-watches (through the store's
 //! failover to a healthy endpoint).
 
-use std::{collections::VecDeque, time::Duration};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use etcd_client::{EventType, WatchResponse};
 use futures::StreamExt;
 
-use super::{key_string, key_value};
+use super::{
+    call::Clients,
+    codec::{key_string, key_value},
+};
 use crate::store::{Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind, WatchStream};
 
 /// Silence after which a watch checks that its member still answers.
@@ -33,6 +36,9 @@ pub(super) struct Watch {
     endpoints: String,
     /// How long a progress request may wait for its answer.
     answer_within: Duration,
+    /// The store's clients and the endpoint this watch is on: told when the stream breaks,
+    /// so the re-watch (and other calls) go to another endpoint at once.
+    on_break: (Arc<Clients>, usize),
 }
 
 impl Watch {
@@ -43,8 +49,24 @@ impl Watch {
         from_revision: Revision,
         endpoints: String,
         answer_within: Duration,
+        on_break: (Arc<Clients>, usize),
     ) -> Self {
-        Watch { stream, pending: VecDeque::new(), failed: false, from_revision, endpoints, answer_within }
+        Watch {
+            stream,
+            pending: VecDeque::new(),
+            failed: false,
+            from_revision,
+            endpoints,
+            answer_within,
+            on_break,
+        }
+    }
+
+    /// The stream broke (not a refusal by etcd): fail, and move calls off its endpoint.
+    fn broke(&mut self, error: String) {
+        let (clients, endpoint) = &self.on_break;
+        clients.failed(*endpoint);
+        self.fail(StoreError::Unavailable(error));
     }
 
     /// Takes the error the first response reported, if it is a compaction (reported by
@@ -76,10 +98,7 @@ impl Watch {
         }
         if response.canceled() {
             let reason = response.cancel_reason();
-            self.fail(StoreError::Unavailable(format!(
-                "etcd at {} cancelled the watch: {reason}",
-                self.endpoints
-            )));
+            self.broke(format!("etcd at {} cancelled the watch: {reason}", self.endpoints));
             return;
         }
         let mut batch: Option<WatchBatch> = None;
@@ -140,19 +159,19 @@ impl Watch {
                 Ok(message) => message,
                 Err(_quiet) => {
                     if let Err(error) = self.stream.request_progress().await {
-                        self.fail(StoreError::Unavailable(format!(
+                        self.broke(format!(
                             "etcd at {}: watch progress request failed: {error}",
                             self.endpoints
-                        )));
+                        ));
                         continue;
                     }
                     match tokio::time::timeout(self.answer_within, self.stream.message()).await {
                         Ok(message) => message,
                         Err(_) => {
-                            self.fail(StoreError::Unavailable(format!(
+                            self.broke(format!(
                                 "etcd at {}: the watch went quiet and a progress request got no answer within {:?}",
                                 self.endpoints, self.answer_within
-                            )));
+                            ));
                             continue;
                         }
                     }
@@ -161,12 +180,8 @@ impl Watch {
             match message {
                 // A progress notification holds no event: nothing is queued.
                 Ok(Some(response)) => self.absorb(response),
-                Ok(None) => self
-                    .fail(StoreError::Unavailable(format!("etcd at {}: watch stream ended", self.endpoints))),
-                Err(error) => self.fail(StoreError::Unavailable(format!(
-                    "etcd at {}: watch stream broke: {error}",
-                    self.endpoints
-                ))),
+                Ok(None) => self.broke(format!("etcd at {}: watch stream ended", self.endpoints)),
+                Err(error) => self.broke(format!("etcd at {}: watch stream broke: {error}", self.endpoints)),
             }
         }
     }

@@ -5,6 +5,7 @@
 //! coordinator instances, each behind its own wrapper) and, as the test tells it at runtime:
 //!
 //! * **loses answers** ([`lose_next_answers`](FaultyStore::lose_next_answers),
+//!   [`lose_next_txn_answers`](FaultyStore::lose_next_txn_answers),
 //!   [`lose_answers`](FaultyStore::lose_answers)): a write (`txn`, `put`, `delete`, session
 //!   grant / keep-alive / revoke) is applied by the wrapped store, then reported as
 //!   [`StoreError::Unavailable`], as when etcd commits and the connection drops before the
@@ -78,6 +79,8 @@ struct State {
     lose_probability: f64,
     /// Writes whose answer is lost regardless of the chance.
     lose_next: u32,
+    /// Transactions whose answer is lost regardless of the chance.
+    lose_next_txns: u32,
     /// Range of the injected delay per call and per watch batch.
     delay: (Duration, Duration),
     /// Cut off: `Some(None)` until restored, `Some(Some(t))` until `t`.
@@ -105,9 +108,13 @@ impl State {
         low + (high - low).mul_f64(self.rng.unit())
     }
 
-    fn draw_loss(&mut self) -> bool {
+    fn draw_loss(&mut self, kind: Kind) -> bool {
         if self.lose_next > 0 {
             self.lose_next -= 1;
+            return true;
+        }
+        if kind == Kind::Txn && self.lose_next_txns > 0 {
+            self.lose_next_txns -= 1;
             return true;
         }
         self.lose_probability > 0.0 && self.rng.unit() < self.lose_probability
@@ -137,7 +144,10 @@ impl SplitMix64 {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Read,
+    /// A write other than a transaction (sessions, compaction).
     Write,
+    /// A transaction (`txn`, `put`, `delete`).
+    Txn,
 }
 
 impl FaultyStore {
@@ -147,6 +157,7 @@ impl FaultyStore {
             rng: SplitMix64(seed),
             lose_probability: 0.0,
             lose_next: 0,
+            lose_next_txns: 0,
             delay: (Duration::ZERO, Duration::ZERO),
             cut: None,
             sessions: BTreeSet::new(),
@@ -169,6 +180,12 @@ impl FaultyStore {
     /// Loses the answers of the next `n` writes (they are applied all the same).
     pub fn lose_next_answers(&self, n: u32) {
         self.state().lose_next = n;
+    }
+
+    /// Loses the answers of the next `n` transactions (`txn`, `put`, `delete`; session calls
+    /// are not counted), to hit one precise write: an election, a CAS.
+    pub fn lose_next_txn_answers(&self, n: u32) {
+        self.state().lose_next_txns = n;
     }
 
     /// Loses each write's answer with this probability (`0.0` stops it).
@@ -262,7 +279,7 @@ impl FaultyStore {
             tokio::time::sleep(delay - before).await;
         }
         let mut state = self.state();
-        let lost = if state.is_cut_off() { true } else { kind == Kind::Write && state.draw_loss() };
+        let lost = if state.is_cut_off() { true } else { kind != Kind::Read && state.draw_loss(kind) };
         if lost {
             state.stats.lost_answers += 1;
             return Err(StoreError::Unavailable(format!("{what}: the answer was lost (injected fault)")));
@@ -322,7 +339,7 @@ impl LeaseStore for FaultyStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
-        self.call("txn", Kind::Write, self.inner.txn(txn)).await
+        self.call("txn", Kind::Txn, self.inner.txn(txn)).await
     }
 
     async fn watch_prefix(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError> {

@@ -164,3 +164,14 @@ async fn the_same_seed_gives_the_same_faults() {
     let lost = first.iter().filter(|(lost, _)| *lost).count();
     assert!((5..=35).contains(&lost), "about half the answers lost, got {lost} of 40");
 }
+
+#[tokio::test(start_paused = true)]
+async fn txn_losses_skip_session_calls() {
+    let (store, memory) = wrapped(6);
+    store.lose_next_txn_answers(1);
+    let session = store.grant_session(Duration::from_secs(5)).await.unwrap();
+    store.keep_alive(session).await.unwrap();
+    unavailable(store.put("k", b"1".to_vec(), Some(session)).await);
+    assert!(memory.get("k").await.unwrap().is_some());
+    store.put("k", b"2".to_vec(), None).await.unwrap();
+}

@@ -27,7 +27,7 @@
 //! `MemoryStore` is a cheap handle (`Arc` inside): clone it to share one store.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     fmt,
     ops::Bound,
     sync::{Arc, Mutex, MutexGuard, PoisonError, Weak},
@@ -86,19 +86,6 @@ struct Watcher {
     /// Events before this revision are not for this watcher (a start in the future).
     from: Revision,
     tx: mpsc::UnboundedSender<Result<WatchBatch, StoreError>>,
-}
-
-impl Watcher {
-    /// The part of `batch` this watcher wants (`None` if nothing): whole or not at all
-    /// per revision, filtered by prefix.
-    fn wants(prefix: &str, from: Revision, batch: &WatchBatch) -> Option<WatchBatch> {
-        if batch.revision < from {
-            return None;
-        }
-        let events: Vec<WatchEvent> =
-            batch.events.iter().filter(|e| e.key.starts_with(prefix)).cloned().collect();
-        (!events.is_empty()).then_some(WatchBatch { revision: batch.revision, events })
-    }
 }
 
 struct State {
@@ -337,54 +324,6 @@ impl State {
         self.publish(WatchBatch { revision, events });
         revision
     }
-
-    /// Sends one revision to the matching watchers (whole, under the lock, so every watcher
-    /// sees one order) and records it.
-    fn publish(&mut self, batch: WatchBatch) {
-        // Watchers whose stream was dropped go away here.
-        self.watchers.retain(|watcher| match Watcher::wants(&watcher.prefix, watcher.from, &batch) {
-            Some(part) => watcher.tx.send(Ok(part)).is_ok(),
-            None => !watcher.tx.is_closed(),
-        });
-        self.history_events += batch.events.len();
-        self.history.push_back(batch);
-        self.trim_history();
-    }
-
-    /// Drops the oldest revisions (whole) beyond the limit or before the compaction point.
-    fn trim_history(&mut self) {
-        while self.history_events > self.history_limit
-            || self.history.front().is_some_and(|b| b.revision < self.compacted)
-        {
-            let Some(dropped) = self.history.pop_front() else { break };
-            self.history_events -= dropped.events.len();
-            self.compacted = self.compacted.max(dropped.revision + 1);
-        }
-    }
-}
-
-/// Checks what etcd checks before looking at a transaction: non-empty keys, each key once.
-fn validate(txn: &Txn) -> Result<(), StoreError> {
-    let mut seen = HashSet::new();
-    for op in &txn.ops {
-        let key = match op {
-            Op::Put { key, .. } | Op::Delete { key } => key,
-        };
-        if key.is_empty() {
-            return Err(StoreError::Invalid("empty key in transaction".into()));
-        }
-        if !seen.insert(key.as_str()) {
-            return Err(StoreError::Invalid(format!("key {key:?} written twice in one transaction")));
-        }
-    }
-    for compare in &txn.compares {
-        let (Compare::ModRevision(key, _) | Compare::CreateRevision(key, _) | Compare::Value(key, _)) =
-            compare;
-        if key.is_empty() {
-            return Err(StoreError::Invalid("empty key in transaction compare".into()));
-        }
-    }
-    Ok(())
 }
 
 #[async_trait]
@@ -441,7 +380,7 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
-        validate(&txn)?;
+        watch::validate(&txn)?;
         let mut state = self.inner.lock_now();
         if !txn.compares.iter().all(|c| state.compare_holds(c)) {
             return Ok(TxnOutcome { succeeded: false, revision: state.revision });
@@ -487,6 +426,9 @@ impl LeaseStore for MemoryStore {
         Ok(())
     }
 }
+
+#[path = "memory_watch.rs"]
+mod watch;
 
 #[cfg(test)]
 #[path = "memory_tests.rs"]

@@ -1,5 +1,11 @@
 //! What the fault scenarios check, from the consumers' side: who was told it owns what,
 //! and when; a fleet of consumers that reconnect like real clients; readiness probes.
+//!
+//! A consumer believes it owns a partition from the command that assigned it (snapshot or
+//! `AssignmentUpdate`) until it is told `ReleasePartition` (the release window may overlap
+//! the new owner), `unassigned`, or its stream ends. Ending belief at the stream's end is
+//! lenient (a real client may keep processing until its session timeout), so a reported
+//! overlap is certainly one.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -37,6 +43,9 @@ pub struct Fleet {
     /// The k-th consumer (in name order) waits k times this after its stream ends before
     /// registering again, as clients with backoff and jitter come back one by one.
     pub stagger: Duration,
+    /// No reconnect before this (the test holds clients back while the store is away, as
+    /// their backoff would, so that they come back one by one once it returns).
+    pub not_before: Option<Instant>,
     next_instance: usize,
 }
 
@@ -49,6 +58,7 @@ impl Fleet {
             retired: Vec::new(),
             reconnects: 0,
             stagger: Duration::ZERO,
+            not_before: None,
             next_instance: 0,
         };
         for name in names {
@@ -69,6 +79,7 @@ impl Fleet {
             retired: Vec::new(),
             reconnects: 0,
             stagger: Duration::ZERO,
+            not_before: None,
             next_instance: 0,
         }
     }
@@ -98,7 +109,9 @@ impl Fleet {
                 continue;
             }
             let delay = self.stagger * u32::try_from(k).unwrap_or(u32::MAX);
-            if consumer.ended_at.is_some_and(|at| at.elapsed() < delay) {
+            let ended = consumer.ended_at.unwrap_or_else(Instant::now);
+            let from = self.not_before.map_or(ended, |not_before| not_before.max(ended));
+            if Instant::now() < from + delay {
                 continue;
             }
             let i = self.pick(cluster);
