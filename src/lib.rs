@@ -25,6 +25,7 @@
 
 pub mod assignment;
 pub mod backend;
+pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod handoff;
