@@ -20,6 +20,9 @@
 //! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
 //! * [`metrics`] — Prometheus metrics.
+//! * [`client`] — the consumer side: a client that drives a handler (warm / assigned /
+//!   release / unassigned), and the rdkafka example consumer.
+//! * [`testing`] — the assigner in-process for users' integration tests.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -34,3 +37,4 @@ pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod store;
+pub mod testing;

@@ -1,5 +1,6 @@
 //! Integration tests: real etcd (started by the harness), real gRPC over loopback.
 
+mod client;
 mod every_backend;
 mod fleet_backend;
 mod grpc_bad_input;

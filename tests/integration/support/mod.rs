@@ -6,6 +6,7 @@
 
 pub mod assigner;
 pub mod etcd;
+pub mod proxy;
 
 use std::{future::Future, time::Duration};
 
