@@ -36,7 +36,7 @@ mod backoff;
 mod calls;
 mod driver;
 mod handler;
-// pub mod kafka_example;
+pub mod kafka_example;
 mod metrics;
 pub mod state;
 mod workers;
