@@ -2,6 +2,7 @@
 
 mod client;
 mod every_backend;
+mod example_consumer;
 mod fleet_backend;
 mod grpc_bad_input;
 mod grpc_scenarios;
