@@ -1,6 +1,7 @@
 //! Integration tests: real etcd (started by the harness), real gRPC over loopback.
 
 mod client;
+mod client_in_process;
 mod every_backend;
 mod example_consumer;
 mod fleet_backend;
