@@ -2,6 +2,7 @@
 
 mod client;
 mod client_in_process;
+mod compose;
 mod every_backend;
 mod example_consumer;
 mod fleet_backend;
