@@ -151,8 +151,9 @@ async fn three_consumers_drain_kill_no_skip() {
     let mock = MockCluster::<'static, DefaultProducerContext>::new(1).expect("mock cluster");
     mock.create_topic(TOPIC, PARTITIONS as i32, 1).expect("topic");
     let brokers = mock.bootstrap_servers();
-    let kafka =
-        Arc::new(KafkaMetadata::new(&[brokers.clone()], &[], Duration::from_secs(5)).expect("metadata"));
+    let kafka = Arc::new(
+        KafkaMetadata::new(std::slice::from_ref(&brokers), &[], Duration::from_secs(5)).expect("metadata"),
+    );
     let cluster = TestCluster::start(Backend::Memory, 1, |c| {
         c.kafka = Some(kafka);
         c.drain_policy = DrainPolicy::Drain;
