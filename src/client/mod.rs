@@ -262,3 +262,49 @@ impl Drop for AssignerClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ClientConfig {
+        ClientConfig::new(["http://127.0.0.1:50051"], "pod-0", "events")
+    }
+
+    #[test]
+    fn defaults_follow_the_server_ttl() {
+        let c = config();
+        assert_eq!(c.session_timeout, Duration::from_millis(7_500));
+        assert!(c.keepalive * 2 < c.session_timeout);
+        let short = config().with_server_lease_ttl(Duration::from_secs(1));
+        assert_eq!(short.session_timeout, Duration::from_millis(750));
+        assert!(short.validate().is_ok());
+        assert_eq!(config().endpoints().map(|e| e.len()).ok(), Some(1));
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_with_a_reason() {
+        let refused = |c: ClientConfig| match c.validate().and_then(|()| c.endpoints().map(|_| ())) {
+            Err(error) => error.to_string(),
+            Ok(()) => panic!("accepted: {c:?}"),
+        };
+        let mut c = config();
+        c.consumer_name = " ".into();
+        assert!(refused(c).contains("consumer name"));
+        let mut c = config();
+        c.topic = String::new();
+        assert!(refused(c).contains("topic"));
+        let mut c = config();
+        c.endpoints.clear();
+        assert!(refused(c).contains("endpoint"));
+        let mut c = config();
+        c.endpoints = vec!["not a url".into()];
+        assert!(refused(c).contains("'not a url'"));
+        let mut c = config();
+        c.keepalive = c.session_timeout;
+        assert!(refused(c).contains("keepalive"));
+        let mut c = config();
+        c.session_timeout = Duration::ZERO;
+        assert!(refused(c).contains("greater than zero"));
+    }
+}
