@@ -192,3 +192,75 @@ async fn current_rpc(rpc: &mut watch::Receiver<Option<Rpc>>, give_up: tokio::tim
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::HandoffConfig;
+    use crate::server::AssignerServer;
+
+    fn settings(limit: Duration) -> CallSettings {
+        CallSettings {
+            consumer: "c".into(),
+            topic: "events".into(),
+            backoff: Backoff { initial: Duration::from_millis(10), max: Duration::from_millis(50) },
+            call_timeout: Duration::from_secs(2),
+            limit,
+        }
+    }
+
+    async fn server() -> AssignerServer {
+        let mut config = HandoffConfig::default();
+        config.topic_partitions.insert("events".into(), 2);
+        AssignerServer::start_memory(config).await.expect("in-process server")
+    }
+
+    async fn rpc(url: String) -> Rpc {
+        KafkaAssignerClient::new(Endpoint::from_shared(url).expect("url").connect_lazy())
+    }
+
+    /// A repeated `PartitionReleased` (nothing is releasing) is done, as is a repeated
+    /// `PartitionReady` of an owned partition; a `PartitionReady` from an unknown consumer
+    /// is refused (`NOT_FOUND`), not retried. All after a real round trip.
+    #[tokio::test]
+    async fn refusals_that_mean_done_and_refused() {
+        let server = server().await;
+        let endpoint = Endpoint::from_shared(server.grpc_url()).expect("url");
+        let (_rpc, mut stream) =
+            register(&endpoint, "c", "events", Duration::from_secs(2)).await.expect("Register");
+        assert!(stream.message().await.expect("snapshot").is_some());
+        let (_tx, rx) = watch::channel(Some(rpc(server.grpc_url()).await));
+        let released = acknowledge(rx.clone(), settings(Duration::from_secs(2)), Ack::Released, 0).await;
+        assert!(matches!(released, AckOutcome::AlreadyDone(_)), "{released:?}");
+        let ready = acknowledge(rx.clone(), settings(Duration::from_secs(2)), Ack::Ready, 0).await;
+        assert_eq!(ready, AckOutcome::Done, "c owns partition 0: a repeated ready succeeds");
+        let stranger = CallSettings { consumer: "stranger".into(), ..settings(Duration::from_secs(2)) };
+        let ready = acknowledge(rx, stranger, Ack::Ready, 0).await;
+        assert!(matches!(ready, AckOutcome::Refused(Code::NotFound, _)), "{ready:?}");
+        server.stop().await;
+    }
+
+    /// `UNAVAILABLE` (nothing listens) is retried; once the connection is replaced by a
+    /// working one the retry goes through. Without any connection the call gives up at
+    /// its limit.
+    #[tokio::test]
+    async fn transient_errors_are_retried_on_the_current_connection() {
+        let server = server().await;
+        let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let dead_url = format!("http://{}", dead.local_addr().expect("addr"));
+        drop(dead);
+        let (tx, rx) = watch::channel(Some(rpc(dead_url).await));
+        let call = tokio::spawn(acknowledge(rx, settings(Duration::from_secs(10)), Ack::Released, 1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!call.is_finished(), "still retrying UNAVAILABLE");
+        tx.send_replace(Some(rpc(server.grpc_url()).await));
+        let outcome = tokio::time::timeout(Duration::from_secs(5), call).await.expect("ends").expect("task");
+        // The consumer is unknown to the server: a released with nothing to release is done.
+        assert!(matches!(outcome, AckOutcome::AlreadyDone(_)), "{outcome:?}");
+
+        let (_tx, none) = watch::channel(None);
+        let outcome = acknowledge(none, settings(Duration::from_millis(100)), Ack::Ready, 0).await;
+        assert!(matches!(outcome, AckOutcome::GaveUp(_)), "{outcome:?}");
+        server.stop().await;
+    }
+}
