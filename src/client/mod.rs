@@ -140,11 +140,13 @@ impl ClientConfig {
         .with_server_lease_ttl(Duration::from_secs(10))
     }
 
-    /// Sets the session timeout a safety margin (a quarter) below the server's
-    /// `--lease-ttl`, and the keepalive to an eighth of that.
+    /// Sets the session timeout a safety margin below the server's `--lease-ttl`: 60% of
+    /// it, with keepalives every 5%. The server refreshes a session every third of the
+    /// TTL, so once the stream drops it may expire as soon as two thirds of the TTL later;
+    /// the client stops at most 60% - 2 x 5% = half the TTL after the last sign of life.
     pub fn with_server_lease_ttl(mut self, ttl: Duration) -> Self {
-        self.session_timeout = ttl.mul_f64(0.75);
-        self.keepalive = (self.session_timeout / 8).max(Duration::from_millis(20));
+        self.session_timeout = ttl.mul_f64(0.6);
+        self.keepalive = (ttl / 20).max(Duration::from_millis(20));
         self
     }
 
@@ -274,10 +276,11 @@ mod tests {
     #[test]
     fn defaults_follow_the_server_ttl() {
         let c = config();
-        assert_eq!(c.session_timeout, Duration::from_millis(7_500));
+        assert_eq!(c.session_timeout, Duration::from_secs(6));
+        assert_eq!(c.keepalive, Duration::from_millis(500));
         assert!(c.keepalive * 2 < c.session_timeout);
         let short = config().with_server_lease_ttl(Duration::from_secs(1));
-        assert_eq!(short.session_timeout, Duration::from_millis(750));
+        assert_eq!(short.session_timeout, Duration::from_millis(600));
         assert!(short.validate().is_ok());
         assert_eq!(config().endpoints().map(|e| e.len()).ok(), Some(1));
     }

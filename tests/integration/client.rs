@@ -155,7 +155,8 @@ on_both_backends!(
     handler_order,
     reconnect_to_second_instance_keeps_partitions,
     drain_on_shutdown,
-    client_side_lease
+    client_side_lease,
+    client_side_lease_on_a_silent_connection
 );
 
 /// `warm` returns before `assigned` starts on the new owner, and the old owner's `release`
@@ -328,12 +329,52 @@ async fn client_side_lease(backend: Backend) {
             .unwrap_or_else(|| panic!("b was assigned {p}: {:?}", b.kinds()));
         assert!(unassigned < taken, "a must stop {p} before b starts it");
         assert!(unassigned < cut + TTL, "a stops {p} within the server's TTL ({:?})", unassigned - cut);
+        println!(
+            "{}: cut -> a unassigned({p}) {:?}, -> b assigned({p}) {:?}",
+            backend.name(),
+            unassigned - cut,
+            taken - cut
+        );
     }
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
     assert!(text.contains("kafka_assigner_client_lease_expirations_total 1"), "{text}");
 
     // Back on: a registers again and gets its share back (through warm handoffs from b).
+    proxy.restore();
+    settle(&cluster, 0, &[("a", &client_a), ("b", &client_b)]).await;
+}
+
+/// The path to the assigner goes silent (nothing closed): keepalives notice, and the client
+/// unassigns everything within the server's TTL. Once the path is back, it registers again
+/// (replacing its stale stream) and its share comes back.
+async fn client_side_lease_on_a_silent_connection(backend: Backend) {
+    let cluster = TestCluster::start(backend, 1, |_| {}).await;
+    let url = cluster.instance(0).grpc_url.clone();
+    let target = url.trim_start_matches("http://").parse().expect("instance address");
+    let proxy = TcpProxy::start(target).await;
+    let (a, b) = (Recorder::new(), Recorder::new());
+    let client_a = AssignerClient::start(config(&[proxy.url()], "a"), a.clone(), None).expect("client a");
+    let client_b = AssignerClient::start(config(&[url], "b"), b.clone(), None).expect("client b");
+    settle(&cluster, 0, &[("a", &client_a), ("b", &client_b)]).await;
+    let owned_a = client_a.owned().borrow().clone();
+
+    let frozen = Instant::now();
+    proxy.freeze();
+    wait_owned(&mut client_a.owned(), "a holds nothing", BTreeSet::is_empty).await;
+    wait_until(PROMPT, "a's unassigned calls ran", || {
+        let calls = a.kinds();
+        let done = owned_a.iter().all(|p| calls.contains(&Call::Unassigned(*p)));
+        async move { done }
+    })
+    .await;
+    for p in &owned_a {
+        let unassigned = a.when(Call::Unassigned(*p)).expect("unassigned");
+        assert!(unassigned < frozen + TTL, "a stops {p} within the server's TTL ({:?})", unassigned - frozen);
+        println!("{}: silent path -> a unassigned({p}) {:?}", backend.name(), unassigned - frozen);
+    }
+
+    proxy.cut();
     proxy.restore();
     settle(&cluster, 0, &[("a", &client_a), ("b", &client_b)]).await;
 }
