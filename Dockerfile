@@ -8,7 +8,8 @@
 # runtime image), so keep --admin-addr on port 9090 or override HEALTHCHECK.
 
 # ---- build ----------------------------------------------------------------------------
-FROM rust:1.88-bookworm AS build
+# The toolchain the project is tested with (rust-version in Cargo.toml is the minimum).
+FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # librdkafka is built from source by rdkafka-sys (make, a C/C++ compiler: in this image);
 # protoc is vendored (tools/protoc).
