@@ -14,41 +14,17 @@ use std::{sync::Arc, time::Duration};
 use clap::Parser;
 use kafka_assigner::client::{
     AssignerClient, ClientConfig,
-    kafka_example::{KafkaHandler, KafkaSettings},
+    kafka_example::{ConsumerArgs, KafkaHandler, KafkaSettings},
 };
-use kafka_assigner::config::{default_instance_id, parse_duration};
+use kafka_assigner::config::default_instance_id;
 use tracing_subscriber::EnvFilter;
-
-/// Flags (each also `KAFKA_ASSIGNER_<FLAG>` in the environment).
-#[derive(Debug, Parser)]
-#[command(name = "consumer", about = "Example Kafka consumer driven by kafka-assigner")]
-struct Args {
-    /// Assigner gRPC endpoints, comma-separated.
-    #[arg(long, env = "KAFKA_ASSIGNER_ENDPOINTS", value_delimiter = ',', required = true)]
-    endpoints: Vec<String>,
-    /// This consumer's name (stable across restarts); default: host name and pid.
-    #[arg(long, env = "KAFKA_ASSIGNER_CONSUMER_NAME")]
-    consumer_name: Option<String>,
-    /// The topic to consume.
-    #[arg(long, env = "KAFKA_ASSIGNER_TOPIC")]
-    topic: String,
-    /// Kafka bootstrap brokers (`host:port,...`).
-    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS")]
-    kafka_brokers: String,
-    /// Kafka group id for offset commits (no group rebalancing is used).
-    #[arg(long, env = "KAFKA_ASSIGNER_GROUP_ID", default_value = "kafka-assigner-example")]
-    group_id: String,
-    /// The assigner's `--lease-ttl`: the client-side lease is set a margin below it.
-    #[arg(long, env = "KAFKA_ASSIGNER_LEASE_TTL", value_parser = parse_duration, default_value = "10s")]
-    lease_ttl: Duration,
-}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .init();
-    let args = Args::parse();
+    let args = ConsumerArgs::parse();
     let name = args.consumer_name.clone().unwrap_or_else(default_instance_id);
     let settings = KafkaSettings {
         brokers: args.kafka_brokers.clone(),

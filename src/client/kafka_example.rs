@@ -65,6 +65,31 @@ pub struct KafkaSettings {
     pub timeout: Duration,
 }
 
+/// Flags of `examples/consumer.rs` (each also `KAFKA_ASSIGNER_<FLAG>` in the environment);
+/// here so tests (and `docker-compose.yml`'s check) parse them with the same parser.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(name = "consumer", about = "Example Kafka consumer driven by kafka-assigner")]
+pub struct ConsumerArgs {
+    /// Assigner gRPC endpoints, comma-separated.
+    #[arg(long, env = "KAFKA_ASSIGNER_ENDPOINTS", value_delimiter = ',', required = true)]
+    pub endpoints: Vec<String>,
+    /// This consumer's name (stable across restarts); default: host name and pid.
+    #[arg(long, env = "KAFKA_ASSIGNER_CONSUMER_NAME")]
+    pub consumer_name: Option<String>,
+    /// The topic to consume.
+    #[arg(long, env = "KAFKA_ASSIGNER_TOPIC")]
+    pub topic: String,
+    /// Kafka bootstrap brokers (`host:port,...`).
+    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS")]
+    pub kafka_brokers: String,
+    /// Kafka group id for offset commits (no group rebalancing is used).
+    #[arg(long, env = "KAFKA_ASSIGNER_GROUP_ID", default_value = "kafka-assigner-example")]
+    pub group_id: String,
+    /// The assigner's `--lease-ttl`: the client-side lease is set a margin below it.
+    #[arg(long, env = "KAFKA_ASSIGNER_LEASE_TTL", value_parser = crate::config::parse_duration, default_value = "10s")]
+    pub lease_ttl: Duration,
+}
+
 /// Called for every message processed: partition, offset, payload.
 pub type OnMessage = Arc<dyn Fn(i32, i64, &[u8]) + Send + Sync>;
 

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use clap::Parser;
+use kafka_assigner::client::kafka_example::ConsumerArgs;
 use kafka_assigner::config::{Backend, Cli, Command, ServeArgs};
 use serde::Deserialize;
 
@@ -156,35 +157,40 @@ fn assigner_commands_parse_and_point_at_services() {
     assert_eq!(unique.len(), host_ports.len(), "host ports are published once: {host_ports:?}");
 }
 
+/// The example consumer's flags, parsed exactly as the binary parses them.
+fn consumer_args(name: &str, s: &Service) -> ConsumerArgs {
+    let argv = std::iter::once(CONSUMER_BINARY.to_string()).chain(s.command.iter().cloned());
+    ConsumerArgs::try_parse_from(argv)
+        .unwrap_or_else(|e| panic!("{name}: its command is refused by the example consumer's flags: {e}"))
+}
+
 #[test]
 fn consumers_point_at_assigners_and_kafka() {
     let compose = compose();
+    let mut names = BTreeSet::new();
     for (name, s) in compose.services.iter().filter(|(_, s)| is_consumer(s)) {
-        let endpoints = flag(&s.command, "--endpoints").unwrap_or_else(|| panic!("{name}: no --endpoints"));
+        let args = consumer_args(name, s);
         let mut seen = BTreeSet::new();
-        for url in endpoints.split(',') {
+        for url in &args.endpoints {
             let (host, port) = host_port(name, url);
             let assigner =
                 compose.services.get(&host).unwrap_or_else(|| panic!("{name}: {url} is not a service"));
             assert!(is_assigner(assigner), "{name}: {url} is not an assigner");
-            let args = serve_args(&host, assigner);
-            assert_eq!(port, args.grpc_addr.port(), "{name}: {url} is not {host}'s gRPC port");
-            let ttl = flag(&s.command, "--lease-ttl").map(kafka_assigner::config::parse_duration);
+            let serve = serve_args(&host, assigner);
+            assert_eq!(port, serve.grpc_addr.port(), "{name}: {url} is not {host}'s gRPC port");
             assert_eq!(
-                ttl,
-                Some(Ok(args.lease_ttl)),
+                args.lease_ttl, serve.lease_ttl,
                 "{name}: its client lease follows {host}'s --lease-ttl"
             );
             seen.insert(host);
         }
         assert_eq!(seen.len(), 2, "{name}: both instances, to fail over");
-        let broker = flag(&s.command, "--kafka-brokers").unwrap_or_else(|| panic!("{name}: no brokers"));
-        let (host, port) = host_port(name, broker);
-        assert_eq!(port, listen_port(&compose, &host), "{name}: {broker}");
-        assert!(
-            flag(&s.command, "--consumer-name").is_some() && flag(&s.command, "--topic").is_some(),
-            "{name}"
-        );
+        let (host, port) = host_port(name, &args.kafka_brokers);
+        assert_eq!(port, listen_port(&compose, &host), "{name}: {}", args.kafka_brokers);
+        let consumer = args.consumer_name.unwrap_or_else(|| panic!("{name}: a stable --consumer-name"));
+        assert!(names.insert(consumer.clone()), "{name}: consumer names differ ({consumer})");
+        let init = &compose.services["kafka-init"].command;
+        assert!(init.contains(&format!("--topic={}", args.topic)), "{name}: topic {} is created", args.topic);
     }
 }
 
