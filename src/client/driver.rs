@@ -127,7 +127,12 @@ impl<H: Handler> Driver<H> {
                 message = next_message(&mut self.stream), if self.stream.is_some() => {
                     match message {
                         Ok(Some(command)) => self.command(command),
-                        Ok(None) if stopping && deregistering.is_none() => {
+                        // The server ends a stream cleanly only after a drain; the stream
+                        // may end before the Deregister answer is read.
+                        Ok(None) if stopping => {
+                            if let Some(deregistering) = deregistering.take() {
+                                deregistering.abort();
+                            }
                             tracing::info!("drained: the assigner ended the stream");
                             return Ok(ShutdownOutcome::Drained);
                         }

@@ -18,7 +18,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use crate::support::{
-    assigner::{Backend, PROMPT, TOPIC, TTL, TestCluster, is_stable, on_both_backends, owned_by, try_topic},
+    assigner::{
+        Backend, PROMPT, SMALL, TOPIC, TTL, TestCluster, is_stable, on_both_backends, owned_by, try_topic,
+    },
     proxy::TcpProxy,
     wait_until,
 };
@@ -156,7 +158,8 @@ on_both_backends!(
     reconnect_to_second_instance_keeps_partitions,
     drain_on_shutdown,
     client_side_lease,
-    client_side_lease_on_a_silent_connection
+    client_side_lease_on_a_silent_connection,
+    drain_of_an_idle_client
 );
 
 /// `warm` returns before `assigned` starts on the new owner, and the old owner's `release`
@@ -377,4 +380,37 @@ async fn client_side_lease_on_a_silent_connection(backend: Backend) {
     proxy.cut();
     proxy.restore();
     settle(&cluster, 0, &[("a", &client_a), ("b", &client_b)]).await;
+}
+
+/// A client that holds nothing drains at once (the server ends its stream right after
+/// `Deregister`) and does not register again.
+async fn drain_of_an_idle_client(backend: Backend) {
+    let cluster = TestCluster::start(backend, 1, |c| c.drain_policy = DrainPolicy::Drain).await;
+    let url = [cluster.instance(0).grpc_url.clone()];
+    let small = |name: &str| {
+        let mut c = config(&url, name);
+        c.topic = SMALL.into();
+        c
+    };
+    let clients: Vec<AssignerClient> = ["a", "b", "c"]
+        .iter()
+        .map(|n| AssignerClient::start(small(n), Recorder::new(), None).expect("client"))
+        .collect();
+    cluster
+        .wait_status(PROMPT, "two own one partition each, one is idle", |s| {
+            try_topic(s, SMALL).is_some_and(|t| t.consumers.len() == 3 && is_stable(t))
+        })
+        .await;
+    let mut clients: Vec<(String, AssignerClient)> =
+        ["a", "b", "c"].iter().map(|n| n.to_string()).zip(clients).collect();
+    let idle = clients.iter().position(|(_, c)| c.owned().borrow().is_empty()).expect("an idle client");
+    let (name, client) = clients.remove(idle);
+    let outcome = tokio::time::timeout(PROMPT, client.shutdown()).await.expect("prompt");
+    assert_eq!(outcome.expect("stops"), ShutdownOutcome::Drained);
+    cluster
+        .wait_status(PROMPT, "the idle client is gone", |s| {
+            try_topic(s, SMALL)
+                .is_some_and(|t| t.consumers.len() == 2 && !t.consumers.iter().any(|c| c.name == name))
+        })
+        .await;
 }
