@@ -25,12 +25,16 @@
 //! * [`metrics`] — Prometheus metrics.
 //! * [`drain`] — what `Deregister` answers (fixed, or from the Kubernetes API).
 //! * [`cli`] — client subcommands (`kafka-assigner status`).
+//! * [`client`] — the consumer side: a client that drives a handler (warm / assigned /
+//!   release / unassigned), and the rdkafka example consumer.
+//! * [`testing`] — the assigner in-process for users' integration tests.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod assignment;
 pub mod backend;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod drain;
@@ -40,3 +44,4 @@ pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod store;
+pub mod testing;

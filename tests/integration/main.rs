@@ -1,6 +1,12 @@
 //! Integration tests: real etcd (started by the harness), real gRPC over loopback.
 
+mod client;
+#[cfg(feature = "testcontainers")]
+mod client_containers;
+mod client_in_process;
+mod compose;
 mod every_backend;
+mod example_consumer;
 mod faults;
 mod fleet_backend;
 mod grpc_bad_input;

@@ -1,0 +1,357 @@
+//! The client task: one `Register` stream at a time, reconnects with backoff and jitter
+//! across the endpoints, the client-side lease, and the shutdown dance.
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use futures::future::OptionFuture;
+use tokio::{
+    sync::{mpsc, oneshot, watch},
+    task::{JoinHandle, JoinSet},
+    time::Instant,
+};
+use tonic::{Code, Status, Streaming, transport::Endpoint};
+
+use super::calls::{self, Ack, AckOutcome, CallSettings, Rpc};
+use super::state::{Action, ClientState, Input};
+use super::workers::Workers;
+use super::{ClientConfig, ClientError, ClientMetrics, Handler, ShutdownOutcome};
+use crate::proto::v1::{AssignmentCommand, DeregisterAction, assignment_command::Command};
+
+type Connecting = JoinHandle<Result<(Rpc, Streaming<AssignmentCommand>), Status>>;
+
+/// Everything the client task holds.
+pub struct Driver<H> {
+    config: ClientConfig,
+    endpoints: Vec<Endpoint>,
+    metrics: ClientMetrics,
+    owned_tx: watch::Sender<BTreeSet<u32>>,
+    connected_tx: watch::Sender<bool>,
+    state: ClientState,
+    /// `None` once finished.
+    workers: Option<Workers<H>>,
+    done: mpsc::UnboundedReceiver<Input>,
+    rpc: watch::Sender<Option<Rpc>>,
+    acks: JoinSet<(Ack, u32, AckOutcome)>,
+    stream: Option<Streaming<AssignmentCommand>>,
+    /// The next message on the stream is the snapshot.
+    expect_snapshot: bool,
+    connecting: Option<Connecting>,
+    next_endpoint: usize,
+    attempt: u32,
+    reconnect_at: Instant,
+    /// Armed while the stream is down and we hold something: the client-side lease.
+    lease_deadline: Option<Instant>,
+}
+
+impl<H: Handler> Driver<H> {
+    /// A driver for `handler`, not yet running.
+    pub fn new(
+        config: ClientConfig,
+        endpoints: Vec<Endpoint>,
+        handler: Arc<H>,
+        metrics: ClientMetrics,
+        owned_tx: watch::Sender<BTreeSet<u32>>,
+        connected_tx: watch::Sender<bool>,
+    ) -> Self {
+        let (done_tx, done) = mpsc::unbounded_channel();
+        let workers = Workers::new(handler, config.topic.clone(), metrics.clone(), done_tx);
+        Self {
+            config,
+            endpoints,
+            metrics,
+            owned_tx,
+            connected_tx,
+            state: ClientState::default(),
+            workers: Some(workers),
+            done,
+            rpc: watch::channel(None).0,
+            acks: JoinSet::new(),
+            stream: None,
+            expect_snapshot: false,
+            connecting: None,
+            next_endpoint: 0,
+            attempt: 0,
+            reconnect_at: Instant::now(),
+            lease_deadline: None,
+        }
+    }
+
+    fn settings(&self, limit: std::time::Duration) -> CallSettings {
+        CallSettings {
+            consumer: self.config.consumer_name.clone(),
+            topic: self.config.topic.clone(),
+            backoff: self.config.backoff,
+            call_timeout: self.config.call_timeout,
+            limit,
+        }
+    }
+
+    /// Runs until a fatal error or, after `stop`, the end of the shutdown.
+    pub async fn run(mut self, stop: oneshot::Receiver<()>) -> Result<ShutdownOutcome, ClientError> {
+        let result = self.serve(stop).await;
+        self.finish().await;
+        result
+    }
+
+    async fn serve(&mut self, stop: oneshot::Receiver<()>) -> Result<ShutdownOutcome, ClientError> {
+        let mut stop = Some(stop);
+        let mut deregistering: Option<JoinHandle<Result<DeregisterAction, Status>>> = None;
+        let mut drain_deadline: Option<Instant> = None;
+        let far = || Instant::now() + std::time::Duration::from_secs(86_400);
+        loop {
+            let stopping = stop.is_none();
+            tokio::select! {
+                biased;
+                _ = async { if let Some(s) = stop.as_mut() { let _ = s.await; } }, if !stopping => {
+                    stop = None;
+                    tracing::info!(consumer = %self.config.consumer_name, "shutting down: Deregister");
+                    let settings = self.settings(self.config.drain_timeout);
+                    deregistering = Some(tokio::spawn(calls::deregister(self.rpc.subscribe(), settings)));
+                    drain_deadline = Some(Instant::now() + self.config.drain_timeout);
+                }
+                Some(input) = self.done.recv() => self.apply(input),
+                Some(answer) = OptionFuture::from(deregistering.as_mut()), if deregistering.is_some() => {
+                    deregistering = None;
+                    match answer {
+                        Ok(Ok(DeregisterAction::WaitForDrain)) => {
+                            tracing::info!("Deregister: WAIT_FOR_DRAIN; serving releases until the stream ends");
+                        }
+                        Ok(Ok(action)) => {
+                            tracing::info!(?action, "Deregister: leaving now");
+                            return Ok(ShutdownOutcome::ShutdownNow);
+                        }
+                        Ok(Err(status)) => return Ok(ShutdownOutcome::NotDeregistered(status.message().into())),
+                        Err(error) => return Ok(ShutdownOutcome::NotDeregistered(error.to_string())),
+                    }
+                }
+                message = next_message(&mut self.stream), if self.stream.is_some() => {
+                    match message {
+                        Ok(Some(command)) => self.command(command),
+                        // The server ends a stream cleanly only after a drain; the stream
+                        // may end before the Deregister answer is read.
+                        Ok(None) if stopping => {
+                            if let Some(deregistering) = deregistering.take() {
+                                deregistering.abort();
+                            }
+                            tracing::info!("drained: the assigner ended the stream");
+                            return Ok(ShutdownOutcome::Drained);
+                        }
+                        Ok(None) => self.went_down("the assigner ended the stream"),
+                        Err(status) if status.code() == Code::Aborted => {
+                            tracing::error!(%status, "replaced by another registration of this name; stopping");
+                            return Err(ClientError::Replaced(status));
+                        }
+                        Err(status) => self.went_down(&format!("{:?}: {}", status.code(), status.message())),
+                    }
+                }
+                Some(connected) = OptionFuture::from(self.connecting.as_mut()), if self.connecting.is_some() => {
+                    self.connecting = None;
+                    match connected {
+                        Ok(Ok((rpc, stream))) => self.connected(rpc, stream),
+                        Ok(Err(status)) if status.code() == Code::InvalidArgument => {
+                            return Err(ClientError::Refused(status));
+                        }
+                        Ok(Err(status)) => self.connect_failed(&format!("{:?}: {}", status.code(), status.message())),
+                        Err(error) => self.connect_failed(&error.to_string()),
+                    }
+                }
+                _ = tokio::time::sleep_until(self.reconnect_at),
+                    if self.stream.is_none() && self.connecting.is_none() => self.connect(),
+                _ = tokio::time::sleep_until(self.lease_deadline.unwrap_or_else(far)),
+                    if self.lease_deadline.is_some() => {
+                    self.lease_deadline = None;
+                    tracing::warn!(
+                        session_timeout = ?self.config.session_timeout,
+                        "client-side lease ran out: no assigner reachable; unassigning everything"
+                    );
+                    self.metrics.lease_expirations.inc();
+                    self.apply(Input::LoseAll);
+                }
+                _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(far)),
+                    if drain_deadline.is_some() && deregistering.is_none() => {
+                    tracing::warn!(drain_timeout = ?self.config.drain_timeout, "drain deadline passed");
+                    return Ok(ShutdownOutcome::DrainTimedOut);
+                }
+                Some(Ok((ack, p, outcome))) = self.acks.join_next(), if !self.acks.is_empty() => {
+                    self.acked(ack, p, &outcome);
+                }
+            }
+        }
+    }
+
+    /// Applies `input` and carries out the actions.
+    fn apply(&mut self, input: Input) {
+        let actions = self.state.apply(input);
+        for action in actions {
+            match action {
+                Action::SendReady(p) => self.send(Ack::Ready, p),
+                Action::SendReleased(p) => self.send(Ack::Released, p),
+                other => {
+                    if let Some(workers) = self.workers.as_mut() {
+                        workers.queue(other);
+                    }
+                }
+            }
+        }
+        let owned = self.state.owned();
+        self.metrics.owned_partitions.set(owned.len() as i64);
+        self.owned_tx.send_if_modified(|current| {
+            let changed = *current != owned;
+            *current = owned;
+            changed
+        });
+    }
+
+    fn send(&mut self, ack: Ack, p: u32) {
+        let settings = self.settings(self.config.retry_limit);
+        let rpc = self.rpc.subscribe();
+        self.acks.spawn(async move { (ack, p, calls::acknowledge(rpc, settings, ack, p).await) });
+    }
+
+    fn acked(&mut self, ack: Ack, p: u32, outcome: &AckOutcome) {
+        let name = match ack {
+            Ack::Ready => "ready",
+            Ack::Released => "released",
+        };
+        ClientMetrics::count(&self.metrics.calls, &format!("{name}_{}", outcome.label()));
+        match outcome {
+            AckOutcome::Done => tracing::debug!(partition = p, "{name} acknowledged"),
+            AckOutcome::AlreadyDone(message) => {
+                tracing::info!(partition = p, %message, "{name}: already done")
+            }
+            AckOutcome::Refused(code, message) => {
+                tracing::info!(partition = p, ?code, %message, "{name} refused (the handoff moved on)")
+            }
+            AckOutcome::GaveUp(message) => {
+                tracing::warn!(partition = p, %message, "{name}: gave up retrying")
+            }
+        }
+    }
+
+    fn command(&mut self, command: AssignmentCommand) {
+        let snapshot = std::mem::take(&mut self.expect_snapshot);
+        let part = |tp: Option<crate::proto::v1::TopicPartition>| tp.map(|tp| tp.partition);
+        let partitions =
+            |tps: Vec<crate::proto::v1::TopicPartition>| tps.into_iter().map(|tp| tp.partition).collect();
+        let (kind, input) = match command.command {
+            Some(Command::Assignment(update)) if snapshot => {
+                ("snapshot", Some(Input::Snapshot(partitions(update.assigned))))
+            }
+            Some(Command::Assignment(update)) => (
+                "assignment",
+                Some(Input::Update {
+                    assigned: partitions(update.assigned),
+                    unassigned: partitions(update.unassigned),
+                }),
+            ),
+            Some(Command::Warm(warm)) => ("warm", part(warm.partition).map(Input::Warm)),
+            Some(Command::Release(release)) => ("release", part(release.partition).map(Input::Release)),
+            None => ("empty", None),
+        };
+        ClientMetrics::count(&self.metrics.commands, kind);
+        if snapshot {
+            // The stream is back: the lease is renewed, whatever the snapshot says.
+            self.lease_deadline = None;
+            if kind != "snapshot" {
+                self.apply(Input::Snapshot(Vec::new()));
+            }
+        }
+        match input {
+            Some(input) => {
+                tracing::debug!(?input, "command");
+                self.apply(input);
+            }
+            None => tracing::warn!(kind, "a command without a partition; ignored"),
+        }
+    }
+
+    fn connect(&mut self) {
+        let endpoint = self.endpoints[self.next_endpoint % self.endpoints.len()].clone();
+        let (consumer, topic) = (self.config.consumer_name.clone(), self.config.topic.clone());
+        let timeout = self.config.call_timeout;
+        tracing::debug!(endpoint = %endpoint.uri(), "connecting");
+        self.connecting =
+            Some(tokio::spawn(async move { calls::register(&endpoint, &consumer, &topic, timeout).await }));
+    }
+
+    fn connected(&mut self, rpc: Rpc, stream: Streaming<AssignmentCommand>) {
+        let endpoint = &self.config.endpoints[self.next_endpoint % self.endpoints.len()];
+        tracing::info!(%endpoint, consumer = %self.config.consumer_name, "registered");
+        self.stream = Some(stream);
+        self.expect_snapshot = true;
+        self.attempt = 0;
+        self.rpc.send_replace(Some(rpc));
+        self.connected_tx.send_replace(true);
+        self.metrics.connects.inc();
+        self.metrics.connected.set(1);
+    }
+
+    fn connect_failed(&mut self, why: &str) {
+        let endpoint = &self.config.endpoints[self.next_endpoint % self.endpoints.len()];
+        tracing::warn!(%endpoint, why, attempt = self.attempt, "cannot register; trying the next endpoint");
+        self.next_endpoint = self.next_endpoint.wrapping_add(1);
+        self.schedule_reconnect();
+    }
+
+    fn schedule_reconnect(&mut self) {
+        self.reconnect_at = Instant::now() + self.config.backoff.delay(self.attempt);
+        self.attempt = self.attempt.saturating_add(1);
+    }
+
+    fn went_down(&mut self, why: &str) {
+        tracing::warn!(why, "stream lost; reconnecting");
+        self.stream = None;
+        self.rpc.send_replace(None);
+        self.connected_tx.send_replace(false);
+        self.metrics.connected.set(0);
+        if self.lease_deadline.is_none() && !self.state.is_empty() {
+            // Counted from the last moment the connection was known alive: a silently
+            // dead one is noticed up to two keepalive periods late.
+            let detection = self.config.keepalive * 2;
+            let left = self.config.session_timeout.saturating_sub(detection);
+            self.lease_deadline = Some(Instant::now() + left);
+        }
+        self.schedule_reconnect();
+    }
+
+    /// Unassigns what is left, runs the queued handler calls, sends the last
+    /// acknowledgements (bounded), and marks the client disconnected.
+    async fn finish(&mut self) {
+        if let Some(connecting) = self.connecting.take() {
+            connecting.abort();
+        }
+        self.apply(Input::LoseAll);
+        self.stream = None;
+        if let Some(workers) = self.workers.take() {
+            workers.finish().await;
+        }
+        // A release that was running when we stopped is acknowledged now.
+        while let Ok(input) = self.done.try_recv() {
+            self.apply(input);
+        }
+        let bound = self.config.call_timeout;
+        let _ = tokio::time::timeout(bound, async {
+            while let Some(result) = self.acks.join_next().await {
+                if let Ok((ack, p, outcome)) = result {
+                    self.acked(ack, p, &outcome);
+                }
+            }
+        })
+        .await;
+        self.acks.abort_all();
+        self.rpc.send_replace(None);
+        self.connected_tx.send_replace(false);
+        self.metrics.connected.set(0);
+        self.metrics.owned_partitions.set(self.state.owned().len() as i64);
+    }
+}
+
+/// The next message of the stream (pending forever without one).
+async fn next_message(
+    stream: &mut Option<Streaming<AssignmentCommand>>,
+) -> Result<Option<AssignmentCommand>, Status> {
+    match stream.as_mut() {
+        Some(stream) => stream.message().await,
+        None => std::future::pending().await,
+    }
+}

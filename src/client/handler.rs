@@ -1,0 +1,47 @@
+//! The user's side: the [`Handler`] the client drives.
+
+use std::fmt;
+
+use async_trait::async_trait;
+
+/// A partition of the client's topic.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Partition {
+    /// The topic.
+    pub topic: String,
+    /// The partition number.
+    pub partition: u32,
+}
+
+impl fmt::Display for Partition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.topic, self.partition)
+    }
+}
+
+/// Why a warm failed (anything the handler wants to report).
+pub type WarmError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the client calls as the assigner moves partitions. Calls for one partition never
+/// overlap and come in the order the commands arrived; calls for different partitions may
+/// run at the same time.
+///
+/// * `warm(p)`: prepare `p` (load state, catch up) without processing it. `Ok` sends
+///   `PartitionReady`; an error is logged and the assigner times the warm out.
+/// * `assigned(p)`: `p` is ours: start processing it.
+/// * `release(p)`: `p` moved to another consumer: stop processing it and make progress
+///   durable (commit offsets) before returning; `PartitionReleased` is sent on return.
+/// * `unassigned(p)`: `p` is no longer ours, or a warm of `p` was cancelled, or the
+///   client-side lease ran out, or the client stops: stop processing it and drop any
+///   warm state.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Prepare `partition` before taking it over.
+    async fn warm(&self, partition: Partition) -> Result<(), WarmError>;
+    /// Start processing `partition`.
+    async fn assigned(&self, partition: Partition);
+    /// Stop processing `partition` (handoff), committing progress first.
+    async fn release(&self, partition: Partition);
+    /// Stop processing (or warming) `partition`: it is not ours any more.
+    async fn unassigned(&self, partition: Partition);
+}

@@ -1,0 +1,313 @@
+//! The consumer's side of the protocol: a client that drives a [`Handler`], so consumer
+//! code never sees the wire.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use kafka_assigner::client::{AssignerClient, ClientConfig, Handler, Partition, WarmError};
+//!
+//! struct Printer;
+//!
+//! #[async_trait::async_trait]
+//! impl Handler for Printer {
+//!     async fn warm(&self, p: Partition) -> Result<(), WarmError> { println!("warm {p}"); Ok(()) }
+//!     async fn assigned(&self, p: Partition) { println!("assigned {p}") }
+//!     async fn release(&self, p: Partition) { println!("release {p}") }
+//!     async fn unassigned(&self, p: Partition) { println!("unassigned {p}") }
+//! }
+//!
+//! # async fn run() -> Result<(), kafka_assigner::client::ClientError> {
+//! let config = ClientConfig::new(["http://assigner-0:50051", "http://assigner-1:50051"], "pod-0", "events");
+//! let client = AssignerClient::start(config, Arc::new(Printer), None)?;
+//! let mut owned = client.owned();
+//! owned.changed().await.ok();
+//! println!("owning {:?}", *owned.borrow());
+//! client.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! * [`state`]: pure — what the client owns and what it must do on each command.
+//! * `driver`: the task that holds the stream, reconnects with backoff and jitter across
+//!   the endpoints, runs the client-side lease and the shutdown (`Deregister`, drain).
+//! * `calls`: the RPCs, retrying `UNAVAILABLE` / `ABORTED`.
+//! * `workers`: one queue per partition, so handler calls for a partition never overlap.
+//! * [`kafka_example`]: the rdkafka consumer of `examples/consumer.rs` (also used by tests).
+
+mod backoff;
+mod calls;
+mod driver;
+mod handler;
+pub mod kafka_example;
+mod metrics;
+pub mod state;
+mod workers;
+
+pub use backoff::Backoff;
+pub use handler::{Handler, Partition, WarmError};
+pub use metrics::ClientMetrics;
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use prometheus_client::registry::Registry;
+use tokio::{
+    sync::{oneshot, watch},
+    task::JoinHandle,
+};
+use tonic::{Status, transport::Endpoint};
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The configuration cannot work (no endpoint, empty name, zero timeout).
+    #[error("invalid client configuration: {0}")]
+    InvalidConfig(String),
+    /// An endpoint is not a URL tonic can connect to.
+    #[error("invalid endpoint '{endpoint}': {message}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// Why.
+        message: String,
+    },
+    /// The assigner refused the registration for good (`INVALID_ARGUMENT`).
+    #[error("the assigner refused Register: {0}")]
+    Refused(Status),
+    /// Another registration under the same name replaced this one (`ABORTED` on the stream).
+    #[error("replaced by another registration of the same consumer name: {0}")]
+    Replaced(Status),
+    /// The client task ended abnormally (a handler panicked, or the runtime is shutting down).
+    #[error("the client task failed: {0}")]
+    Task(String),
+}
+
+/// How [`AssignerClient::shutdown`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShutdownOutcome {
+    /// `WAIT_FOR_DRAIN`: every partition was handed off and the server ended the stream.
+    Drained,
+    /// `SHUTDOWN_NOW` (or unspecified): the assigner holds the partitions for our return.
+    ShutdownNow,
+    /// `WAIT_FOR_DRAIN`, but the drain deadline passed first.
+    DrainTimedOut,
+    /// `Deregister` could not be delivered before the drain deadline.
+    NotDeregistered(String),
+}
+
+/// Settings of an [`AssignerClient`].
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// gRPC endpoints of assigner instances (`http://host:port`), tried in turn.
+    pub endpoints: Vec<String>,
+    /// This consumer's name: stable across restarts (e.g. the pod name).
+    pub consumer_name: String,
+    /// The topic to consume.
+    pub topic: String,
+    /// Waits between reconnects and between retried calls.
+    pub backoff: Backoff,
+    /// Client-side lease: a stream down this long (counted from the last moment the
+    /// connection was known alive) without a reconnect restoring it means `unassigned`
+    /// for everything. Keep it below the server's `--lease-ttl`.
+    pub session_timeout: Duration,
+    /// HTTP/2 keepalive ping interval (and ping timeout): bounds how long a silently dead
+    /// connection goes unnoticed. Detection takes up to twice this, which is taken off
+    /// the session timeout.
+    pub keepalive: Duration,
+    /// Bound of connecting and of one RPC attempt.
+    pub call_timeout: Duration,
+    /// How long one `PartitionReady` / `PartitionReleased` is retried.
+    pub retry_limit: Duration,
+    /// How long [`AssignerClient::shutdown`] serves releases after `WAIT_FOR_DRAIN`.
+    pub drain_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for a server with the default `--lease-ttl` of 10 s.
+    pub fn new(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        consumer_name: impl Into<String>,
+        topic: impl Into<String>,
+    ) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            consumer_name: consumer_name.into(),
+            topic: topic.into(),
+            backoff: Backoff::default(),
+            session_timeout: Duration::ZERO,
+            keepalive: Duration::ZERO,
+            call_timeout: Duration::from_secs(5),
+            retry_limit: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(60),
+        }
+        .with_server_lease_ttl(Duration::from_secs(10))
+    }
+
+    /// Sets the session timeout a safety margin below the server's `--lease-ttl`: 60% of
+    /// it, with keepalives every 5%. The server refreshes a session every third of the
+    /// TTL, so once the stream drops it may expire as soon as two thirds of the TTL later;
+    /// the client stops at most 60% - 2 x 5% = half the TTL after the last sign of life.
+    pub fn with_server_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.session_timeout = ttl.mul_f64(0.6);
+        self.keepalive = (ttl / 20).max(Duration::from_millis(20));
+        self
+    }
+
+    /// The configured endpoints, checked.
+    fn endpoints(&self) -> Result<Vec<Endpoint>, ClientError> {
+        if self.endpoints.is_empty() {
+            return Err(ClientError::InvalidConfig("at least one endpoint is needed".into()));
+        }
+        self.endpoints
+            .iter()
+            .map(|url| {
+                Endpoint::from_shared(url.clone())
+                    .map(|e| {
+                        e.connect_timeout(self.call_timeout)
+                            .tcp_nodelay(true)
+                            .http2_keep_alive_interval(self.keepalive)
+                            .keep_alive_timeout(self.keepalive)
+                            .keep_alive_while_idle(true)
+                    })
+                    .map_err(|e| ClientError::InvalidEndpoint {
+                        endpoint: url.clone(),
+                        message: e.to_string(),
+                    })
+            })
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), ClientError> {
+        let bad = |m: &str| Err(ClientError::InvalidConfig(m.into()));
+        if self.consumer_name.trim().is_empty() {
+            return bad("the consumer name is empty");
+        }
+        if self.topic.trim().is_empty() {
+            return bad("the topic is empty");
+        }
+        if self.session_timeout.is_zero() || self.keepalive.is_zero() || self.call_timeout.is_zero() {
+            return bad("session_timeout, keepalive and call_timeout must be greater than zero");
+        }
+        if self.keepalive * 2 >= self.session_timeout {
+            return bad("keepalive must be well below session_timeout (detection takes twice the keepalive)");
+        }
+        Ok(())
+    }
+}
+
+/// A running client (see the module docs). Dropping it without
+/// [`shutdown`](Self::shutdown) stops it abruptly, like a killed process: no `Deregister`,
+/// no handler calls.
+pub struct AssignerClient {
+    owned: watch::Receiver<BTreeSet<u32>>,
+    connected: watch::Receiver<bool>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<ShutdownOutcome, ClientError>>>,
+}
+
+impl AssignerClient {
+    /// Starts the client in the background (it connects, and reconnects, on its own).
+    /// Metrics go to `registry` when given. Must be called inside a tokio runtime.
+    pub fn start<H: Handler>(
+        config: ClientConfig,
+        handler: Arc<H>,
+        registry: Option<&mut Registry>,
+    ) -> Result<Self, ClientError> {
+        config.validate()?;
+        let endpoints = config.endpoints()?;
+        let metrics = ClientMetrics::default();
+        if let Some(registry) = registry {
+            metrics.register(registry);
+        }
+        let (owned_tx, owned) = watch::channel(BTreeSet::new());
+        let (connected_tx, connected) = watch::channel(false);
+        let (stop, stop_rx) = oneshot::channel();
+        let driver = driver::Driver::new(config, endpoints, handler, metrics, owned_tx, connected_tx);
+        let task = tokio::spawn(driver.run(stop_rx));
+        Ok(Self { owned, connected, stop: Some(stop), task: Some(task) })
+    }
+
+    /// The partitions held (owned, or releasing until `release` returns), as a watch.
+    pub fn owned(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.owned.clone()
+    }
+
+    /// Whether a `Register` stream is open, as a watch.
+    pub fn connected(&self) -> watch::Receiver<bool> {
+        self.connected.clone()
+    }
+
+    /// Leaves gracefully: `Deregister`; on `WAIT_FOR_DRAIN` keeps serving releases until
+    /// the server ends the stream or the drain deadline passes. Every partition still
+    /// held gets `unassigned` before this returns.
+    pub async fn shutdown(mut self) -> Result<ShutdownOutcome, ClientError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.join().await
+    }
+
+    /// Waits for the client to end on its own (it only does on a fatal error).
+    pub async fn join(&mut self) -> Result<ShutdownOutcome, ClientError> {
+        match self.task.as_mut() {
+            Some(task) => {
+                let result = task.await.map_err(|e| ClientError::Task(e.to_string()))?;
+                self.task = None;
+                result
+            }
+            None => Err(ClientError::Task("the client already ended".into())),
+        }
+    }
+}
+
+impl Drop for AssignerClient {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ClientConfig {
+        ClientConfig::new(["http://127.0.0.1:50051"], "pod-0", "events")
+    }
+
+    #[test]
+    fn defaults_follow_the_server_ttl() {
+        let c = config();
+        assert_eq!(c.session_timeout, Duration::from_secs(6));
+        assert_eq!(c.keepalive, Duration::from_millis(500));
+        assert!(c.keepalive * 2 < c.session_timeout);
+        let short = config().with_server_lease_ttl(Duration::from_secs(1));
+        assert_eq!(short.session_timeout, Duration::from_millis(600));
+        assert!(short.validate().is_ok());
+        assert_eq!(config().endpoints().map(|e| e.len()).ok(), Some(1));
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_with_a_reason() {
+        let refused = |c: ClientConfig| match c.validate().and_then(|()| c.endpoints().map(|_| ())) {
+            Err(error) => error.to_string(),
+            Ok(()) => panic!("accepted: {c:?}"),
+        };
+        let mut c = config();
+        c.consumer_name = " ".into();
+        assert!(refused(c).contains("consumer name"));
+        let mut c = config();
+        c.topic = String::new();
+        assert!(refused(c).contains("topic"));
+        let mut c = config();
+        c.endpoints.clear();
+        assert!(refused(c).contains("endpoint"));
+        let mut c = config();
+        c.endpoints = vec!["not a url".into()];
+        assert!(refused(c).contains("'not a url'"));
+        let mut c = config();
+        c.keepalive = c.session_timeout;
+        assert!(refused(c).contains("keepalive"));
+        let mut c = config();
+        c.session_timeout = Duration::ZERO;
+        assert!(refused(c).contains("greater than zero"));
+    }
+}

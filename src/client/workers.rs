@@ -1,0 +1,105 @@
+//! One queue per partition: handler calls for a partition run one after another, in the
+//! order the state machine asked for them; different partitions run concurrently (a long
+//! `warm` must not hold up a `release`).
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use tokio::{sync::mpsc, task::JoinSet};
+
+use super::{ClientMetrics, Handler, Partition, state::Action, state::Input};
+
+/// The per-partition queues of one client.
+pub struct Workers<H> {
+    handler: Arc<H>,
+    topic: String,
+    metrics: ClientMetrics,
+    /// Where finished `warm` / `release` calls are reported.
+    done: mpsc::UnboundedSender<Input>,
+    queues: BTreeMap<u32, mpsc::UnboundedSender<Action>>,
+    tasks: JoinSet<()>,
+}
+
+impl<H: Handler> Workers<H> {
+    /// Queues for `handler`'s calls about `topic`; finished calls go to `done`.
+    pub fn new(
+        handler: Arc<H>,
+        topic: String,
+        metrics: ClientMetrics,
+        done: mpsc::UnboundedSender<Input>,
+    ) -> Self {
+        Self { handler, topic, metrics, done, queues: BTreeMap::new(), tasks: JoinSet::new() }
+    }
+
+    /// Queues a handler call (`Warm`, `Assigned`, `Release`, `Unassigned`).
+    pub fn queue(&mut self, action: Action) {
+        let p = action.partition();
+        if let Some(queue) = self.queues.get(&p)
+            && queue.send(action.clone()).is_ok()
+        {
+            return;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        // A fresh queue is open and its receiver alive: this send cannot fail.
+        let _ = tx.send(action);
+        self.queues.insert(p, tx);
+        let partition = Partition { topic: self.topic.clone(), partition: p };
+        self.tasks.spawn(run(self.handler.clone(), partition, rx, self.done.clone(), self.metrics.clone()));
+    }
+
+    /// Closes every queue and waits until the queued calls have run.
+    pub async fn finish(mut self) {
+        self.queues.clear();
+        drop(self.done);
+        while let Some(result) = self.tasks.join_next().await {
+            if let Err(error) = result {
+                tracing::error!(%error, "a handler call panicked");
+            }
+        }
+    }
+}
+
+async fn run<H: Handler>(
+    handler: Arc<H>,
+    partition: Partition,
+    mut queue: mpsc::UnboundedReceiver<Action>,
+    done: mpsc::UnboundedSender<Input>,
+    metrics: ClientMetrics,
+) {
+    let p = partition.partition;
+    while let Some(action) = queue.recv().await {
+        // The driver may have stopped listening (shutdown): reports are then moot.
+        match action {
+            Action::Warm(_) => {
+                tracing::info!(%partition, "warming");
+                let ok = match handler.warm(partition.clone()).await {
+                    Ok(()) => true,
+                    Err(error) => {
+                        tracing::warn!(%partition, %error, "warm failed; the assigner will time it out");
+                        false
+                    }
+                };
+                ClientMetrics::count(&metrics.handler_calls, if ok { "warm_ok" } else { "warm_error" });
+                let _ = done.send(Input::WarmFinished(p, ok));
+            }
+            Action::Assigned(_) => {
+                tracing::info!(%partition, "assigned");
+                handler.assigned(partition.clone()).await;
+                ClientMetrics::count(&metrics.handler_calls, "assigned");
+            }
+            Action::Release(_) => {
+                tracing::info!(%partition, "releasing");
+                handler.release(partition.clone()).await;
+                ClientMetrics::count(&metrics.handler_calls, "release");
+                let _ = done.send(Input::ReleaseFinished(p));
+            }
+            Action::Unassigned(_) => {
+                tracing::info!(%partition, "unassigned");
+                handler.unassigned(partition.clone()).await;
+                ClientMetrics::count(&metrics.handler_calls, "unassigned");
+            }
+            Action::SendReady(_) | Action::SendReleased(_) => {
+                tracing::error!(%partition, ?action, "an RPC was queued as a handler call; ignored");
+            }
+        }
+    }
+}
