@@ -78,8 +78,12 @@ async fn open_store(kind: StoreKind, args: &ServeArgs) -> Result<Arc<dyn LeaseSt
     Ok(match kind {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
-            let config =
-                EtcdStoreConfig { endpoints: args.etcd_endpoints.clone(), ..EtcdStoreConfig::default() };
+            let security = args.etcd_security().map_err(BackendError::Config)?;
+            let config = EtcdStoreConfig {
+                endpoints: args.etcd_endpoints.clone(),
+                security,
+                ..EtcdStoreConfig::default()
+            };
             Arc::new(EtcdStore::connect(config).await.map_err(CoordinatorError::from)?)
         }
     })

@@ -44,6 +44,8 @@ pub struct EtcdStoreConfig {
     pub connect_timeout: Duration,
     /// Bound on every store call, retries included.
     pub request_timeout: Duration,
+    /// TLS and credentials (none: plaintext, no auth).
+    pub security: super::EtcdSecurity,
 }
 
 impl EtcdStoreConfig {
@@ -76,6 +78,7 @@ impl Default for EtcdStoreConfig {
             endpoints: vec!["http://127.0.0.1:2379".to_string()],
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            security: super::EtcdSecurity::default(),
         }
     }
 }
@@ -147,6 +150,12 @@ impl EtcdStore {
             // pings more often than every 5 s (`--grpc-keepalive-min-time`).
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_require_leader(true);
+        let options = config.security.apply(options).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        // A TLS or credentials problem is reported naming the flag to fix, not as "unavailable".
+        let diagnose = |reason: String| match config.security.diagnose(&reason) {
+            Some(message) => StoreError::Invalid(message),
+            None => StoreError::Unavailable(format!("etcd at {:?}: {reason}", config.endpoints)),
+        };
         let client = match tokio::time::timeout(
             config.connect_timeout,
             Client::connect(&config.endpoints, Some(options)),
@@ -155,10 +164,14 @@ impl EtcdStore {
         {
             Ok(Ok(client)) => client,
             Ok(Err(error)) if is_retryable(&error) => {
-                return Err(StoreError::Unavailable(format!("etcd at {:?}: {error}", config.endpoints)));
+                return Err(diagnose(super::etcd_tls::error_chain(&error)));
             }
             Ok(Err(error)) => {
-                return Err(StoreError::Invalid(format!("etcd endpoints {:?}: {error}", config.endpoints)));
+                let reason = super::etcd_tls::error_chain(&error);
+                return Err(config.security.diagnose(&reason).map_or_else(
+                    || StoreError::Invalid(format!("etcd endpoints {:?}: {reason}", config.endpoints)),
+                    StoreError::Invalid,
+                ));
             }
             Err(_) => {
                 return Err(StoreError::Unavailable(format!(
@@ -168,14 +181,26 @@ impl EtcdStore {
             }
         };
         let connect_timeout = config.connect_timeout;
+        let security = config.security.clone();
         let store = EtcdStore { client, config: Arc::new(config) };
-        store
+        let probe = store
             .call_within(connect_timeout, "connect", |mut client| async move {
                 client.get("kafka-assigner/connect-probe", Some(GetOptions::new().with_count_only())).await
             })
-            .await
-            .map_err(|error| store.store_error(error))?;
-        Ok(store)
+            .await;
+        match probe {
+            Ok(_) => Ok(store),
+            // The retry loop keeps only the last error's text: diagnose that.
+            Err(CallError::Unavailable(reason)) => {
+                Err(security.diagnose(&reason).map_or(StoreError::Unavailable(reason), StoreError::Invalid))
+            }
+            Err(CallError::Failed(error)) => {
+                let reason = super::etcd_tls::error_chain(&error);
+                Err(security
+                    .diagnose(&reason)
+                    .map_or_else(|| store.store_error(CallError::Failed(error)), StoreError::Invalid))
+            }
+        }
     }
 
     /// The configuration this store was connected with.
@@ -214,7 +239,7 @@ impl EtcdStore {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(error)) if is_retryable(&error) => {
                     tracing::debug!(%error, what, attempts, "etcd call failed; retrying");
-                    last_error = Some(error.to_string());
+                    last_error = Some(super::etcd_tls::error_chain(&error));
                     if Instant::now() + backoff >= deadline {
                         break;
                     }

@@ -13,9 +13,11 @@
 //! what makes the memory store trustworthy rather than a mock.
 
 mod etcd;
+pub mod etcd_tls;
 mod memory;
 
 pub use etcd::{EtcdStore, EtcdStoreConfig};
+pub use etcd_tls::EtcdSecurity;
 pub use memory::MemoryStore;
 
 use std::{fmt, time::Duration};
