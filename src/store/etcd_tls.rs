@@ -12,6 +12,7 @@
 use std::{fmt, path::PathBuf};
 
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+use rustls_pki_types::{CertificateDer, UnixTime, pem::PemObject};
 
 /// How to authenticate to etcd. `Debug` never shows the password.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -97,6 +98,12 @@ impl EtcdSecurity {
     /// (the whole error chain, `reason`) points at one; `None` when it does not.
     pub fn diagnose(&self, reason: &str) -> Option<String> {
         let has = |needle: &str| reason.to_ascii_lowercase().contains(&needle.to_ascii_lowercase());
+        if let Some(problem) = self.client_cert_problem() {
+            return Some(format!(
+                "--etcd-cert {}: the client certificate is not usable ({problem}, checked against --etcd-ca); etcd's reason: {reason}",
+                self.cert.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+            ));
+        }
         let flag = if has("UnknownIssuer") || has("invalid peer certificate") || has("NotValidForName") {
             "--etcd-ca: etcd's server certificate is not trusted (wrong CA, or not issued for the endpoint's host)"
         } else if has("CertificateExpired")
@@ -118,10 +125,36 @@ impl EtcdSecurity {
             || (has("http2 error") && self.uses_tls())
         {
             "--etcd-endpoints: the endpoint does not speak TLS (use http:// and no --etcd-ca, or point at etcd's TLS port)"
+        } else if self.cert.is_some() && (has("connection closed") || has("Canceled") || has("reset by peer")) {
+            // TLS 1.3: etcd checks the client certificate after our side of the handshake
+            // is done, and refuses it by closing the connection, with no reason we can see.
+            "--etcd-cert / --etcd-key: etcd closed the connection right after the TLS handshake, which is how it refuses a client certificate (not signed by its --trusted-ca-file?)"
         } else {
             return None;
         };
         Some(format!("{flag}; etcd's reason: {reason}"))
+    }
+}
+
+impl EtcdSecurity {
+    /// Verifies `--etcd-cert` against `--etcd-ca` here (when both are set), for the reason
+    /// etcd does not give: an expired or not-yet-valid certificate. A certificate from
+    /// another CA is not judged (etcd may trust a different CA for clients).
+    pub fn client_cert_problem(&self) -> Option<String> {
+        let (ca, cert) = (self.ca.as_ref()?, self.cert.as_ref()?);
+        let ca_pem = std::fs::read(ca).ok()?;
+        let roots: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&ca_pem).filter_map(Result::ok).collect();
+        let anchors: Vec<_> = roots.iter().filter_map(|c| webpki::anchor_from_trusted_cert(c).ok()).collect();
+        let cert_pem = std::fs::read(cert).ok()?;
+        let chain: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&cert_pem).filter_map(Result::ok).collect();
+        let (leaf, intermediates) = chain.split_first()?;
+        let leaf = webpki::EndEntityCert::try_from(leaf).ok()?;
+        let algorithms = rustls::crypto::ring::default_provider().signature_verification_algorithms.all;
+        let usage = webpki::KeyUsage::client_auth();
+        match leaf.verify_for_usage(algorithms, &anchors, intermediates, UnixTime::now(), usage, None, None) {
+            Ok(_) | Err(webpki::Error::UnknownIssuer) => None,
+            Err(error) => Some(format!("{error:?}")),
+        }
     }
 }
 

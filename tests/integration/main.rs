@@ -9,3 +9,4 @@ mod multi_instance;
 mod static_backend;
 mod store_conformance;
 mod support;
+mod tls_etcd;

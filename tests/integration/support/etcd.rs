@@ -36,7 +36,7 @@ const STOP_DEADLINE: Duration = Duration::from_secs(5);
 /// Runs etcd (`$0`, arguments `$@`) in the background; a watcher kills it when our end of
 /// the stdin pipe closes (our `stop`/`Drop`, or the test binary dying in any way). The
 /// shell exits with etcd's status, so an etcd that dies by itself is noticed.
-const WATCHDOG: &str = r#"exec 3<&0
+pub(super) const WATCHDOG: &str = r#"exec 3<&0
 "$0" "$@" </dev/null 3<&- &
 pid=$!
 ( cat <&3 >/dev/null 2>&1; kill -9 "$pid" 2>/dev/null ) </dev/null &
@@ -57,6 +57,8 @@ pub struct EtcdServer {
 enum Mode {
     External { endpoints: Vec<String> },
     Local(Local),
+    /// `KAT_ETCD_TLS=1`: TLS, client-certificate auth and users (see `etcd_tls`).
+    Tls(Box<super::etcd_tls::TlsEtcd>),
 }
 
 struct Local {
@@ -71,10 +73,10 @@ struct Local {
     process: Option<Process>,
 }
 
-struct Process {
-    child: Child,
+pub(super) struct Process {
+    pub(super) child: Child,
     /// Closing this kills etcd (see [`WATCHDOG`]).
-    stdin: Option<ChildStdin>,
+    pub(super) stdin: Option<ChildStdin>,
 }
 
 impl EtcdServer {
@@ -83,6 +85,9 @@ impl EtcdServer {
     /// # Panics
     /// When no etcd is available, or it does not come up.
     pub async fn start() -> EtcdServer {
+        if super::etcd_tls::requested() {
+            return EtcdServer { mode: Mode::Tls(Box::new(super::etcd_tls::TlsEtcd::start().await)) };
+        }
         if let Some(endpoints) = external_endpoints() {
             if let Err(error) = wait_healthy(&endpoints, START_DEADLINE, || None).await {
                 panic!("ETCD_ENDPOINTS={} is not serving: {error}", endpoints.join(","));
@@ -130,6 +135,7 @@ impl EtcdServer {
         match &self.mode {
             Mode::External { endpoints } => endpoints.clone(),
             Mode::Local(local) => vec![local.client_url()],
+            Mode::Tls(tls) => tls.endpoints(),
         }
     }
 
@@ -145,9 +151,13 @@ impl EtcdServer {
 
     /// A store config for this server with test-friendly timeouts (2 s connect, 5 s request).
     pub fn store_config(&self) -> EtcdStoreConfig {
-        EtcdStoreConfig::new(self.endpoints())
+        let mut config = EtcdStoreConfig::new(self.endpoints())
             .with_connect_timeout(Duration::from_secs(2))
-            .with_request_timeout(Duration::from_secs(5))
+            .with_request_timeout(Duration::from_secs(5));
+        if let Mode::Tls(tls) = &self.mode {
+            config.security = tls.security();
+        }
+        config
     }
 
     /// An [`EtcdStore`] connected to this server with [`store_config`](Self::store_config).
@@ -169,6 +179,7 @@ impl EtcdServer {
                     process.stop();
                 }
             }
+            Mode::Tls(tls) => tls.stop(),
         }
     }
 
@@ -178,8 +189,10 @@ impl EtcdServer {
     /// # Panics
     /// On a shared `ETCD_ENDPOINTS` cluster, or if etcd does not come back.
     pub async fn restart(&mut self) {
-        let Mode::Local(local) = &mut self.mode else {
-            panic!("cannot restart a shared ETCD_ENDPOINTS cluster");
+        let local = match &mut self.mode {
+            Mode::Local(local) => local,
+            Mode::Tls(tls) => return tls.restart().await,
+            Mode::External { .. } => panic!("cannot restart a shared ETCD_ENDPOINTS cluster"),
         };
         if local.process.is_some() {
             return;
@@ -209,7 +222,7 @@ impl Local {
 
 impl Process {
     /// Closes the watchdog pipe (which kills etcd) and waits for the shell to exit.
-    fn stop(mut self) {
+    pub(super) fn stop(mut self) {
         drop(self.stdin.take());
         let give_up = Instant::now() + STOP_DEADLINE;
         while Instant::now() < give_up {
@@ -239,7 +252,7 @@ fn external_endpoints() -> Option<Vec<String>> {
     (!endpoints.is_empty()).then_some(endpoints)
 }
 
-fn find_etcd() -> PathBuf {
+pub(super) fn find_etcd() -> PathBuf {
     if let Some(bin) = std::env::var_os("ETCD_BIN") {
         let bin = PathBuf::from(bin);
         assert!(bin.is_file(), "ETCD_BIN={} does not exist", bin.display());
@@ -260,7 +273,7 @@ fn find_etcd() -> PathBuf {
 }
 
 /// Two distinct free loopback ports (released again: etcd binds them right after).
-fn free_ports() -> (u16, u16) {
+pub(super) fn free_ports() -> (u16, u16) {
     let bind =
         || TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"));
     let (a, b) = (bind(), bind());
@@ -348,7 +361,7 @@ async fn wait_healthy(
 }
 
 /// The end of the log written since `from` (for failure messages).
-fn log_tail(log: &Path, from: u64) -> String {
+pub(super) fn log_tail(log: &Path, from: u64) -> String {
     let mut text = String::new();
     if let Ok(mut file) = fs::File::open(log) {
         let _ = file.seek(SeekFrom::Start(from));

@@ -5,7 +5,9 @@
 #![allow(dead_code)]
 
 pub mod assigner;
+pub mod certs;
 pub mod etcd;
+pub mod etcd_tls;
 
 use std::{future::Future, time::Duration};
 
