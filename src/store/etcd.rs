@@ -114,6 +114,10 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Whether an error means "try again" (no leader, member down, connection refused...).
 fn is_retryable(error: &etcd_client::Error) -> bool {
+    // A certificate etcd or we refuse stays refused: fail now, naming the flag.
+    if super::etcd_tls::error_chain(error).contains("InvalidCertificate") {
+        return false;
+    }
     match error {
         etcd_client::Error::GRpcStatus(status) => status.code() == tonic::Code::Unavailable,
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,

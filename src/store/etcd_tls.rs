@@ -125,7 +125,8 @@ impl EtcdSecurity {
             || (has("http2 error") && self.uses_tls())
         {
             "--etcd-endpoints: the endpoint does not speak TLS (use http:// and no --etcd-ca, or point at etcd's TLS port)"
-        } else if self.cert.is_some() && (has("connection closed") || has("Canceled") || has("reset by peer")) {
+        } else if self.cert.is_some() && (has("connection closed") || has("Canceled") || has("reset by peer"))
+        {
             // TLS 1.3: etcd checks the client certificate after our side of the handshake
             // is done, and refuses it by closing the connection, with no reason we can see.
             "--etcd-cert / --etcd-key: etcd closed the connection right after the TLS handshake, which is how it refuses a client certificate (not signed by its --trusted-ca-file?)"
@@ -143,10 +144,12 @@ impl EtcdSecurity {
     pub fn client_cert_problem(&self) -> Option<String> {
         let (ca, cert) = (self.ca.as_ref()?, self.cert.as_ref()?);
         let ca_pem = std::fs::read(ca).ok()?;
-        let roots: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&ca_pem).filter_map(Result::ok).collect();
+        let roots: Vec<CertificateDer<'_>> =
+            CertificateDer::pem_slice_iter(&ca_pem).filter_map(Result::ok).collect();
         let anchors: Vec<_> = roots.iter().filter_map(|c| webpki::anchor_from_trusted_cert(c).ok()).collect();
         let cert_pem = std::fs::read(cert).ok()?;
-        let chain: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&cert_pem).filter_map(Result::ok).collect();
+        let chain: Vec<CertificateDer<'_>> =
+            CertificateDer::pem_slice_iter(&cert_pem).filter_map(Result::ok).collect();
         let (leaf, intermediates) = chain.split_first()?;
         let leaf = webpki::EndEntityCert::try_from(leaf).ok()?;
         let algorithms = rustls::crypto::ring::default_provider().signature_verification_algorithms.all;

@@ -6,6 +6,7 @@ mod grpc_bad_input;
 mod grpc_scenarios;
 mod kafka_metadata;
 mod multi_instance;
+mod security;
 mod static_backend;
 mod store_conformance;
 mod support;

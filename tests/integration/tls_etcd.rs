@@ -42,7 +42,8 @@ async fn store_reads_writes_and_watches_over_tls_with_auth() {
     store.put("/tls/a", b"1".to_vec(), Some(session)).await.expect("put");
     let snapshot = store.get_prefix("/tls/").await.expect("get_prefix");
     assert_eq!(snapshot.kvs.len(), 1, "{snapshot:?}");
-    let event = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.expect("watch event in time");
+    let event =
+        tokio::time::timeout(Duration::from_secs(5), watch.next()).await.expect("watch event in time");
     assert!(matches!(event, Some(Ok(_))), "{event:?}");
     store.keep_alive(session).await.expect("keep_alive");
     store.revoke_session(session).await.expect("revoke");
@@ -94,7 +95,8 @@ async fn serve_flags_stop_the_start_naming_the_flag() {
     let security = etcd.security();
     let password_file = etcd.ca.dir.path().join("password");
     std::fs::write(&password_file, format!("{ASSIGNER_PASSWORD}\n")).expect("password file");
-    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    let path =
+        |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
     let start = |ca: String, password_file: String| {
         let flags = vec![
             "kafka-assigner".to_string(),
@@ -140,12 +142,12 @@ async fn serve_flags_stop_the_start_naming_the_flag() {
 async fn expired_auth_token_is_refreshed() {
     let etcd = TlsEtcd::start_with_token_ttl(Duration::from_secs(1)).await;
     let store = etcd.store().await;
-    let tls = TlsOptions::new()
-        .ca_certificate(Certificate::from_pem(etcd.ca.cert_pem()))
-        .identity(Identity::from_pem(
+    let tls = TlsOptions::new().ca_certificate(Certificate::from_pem(etcd.ca.cert_pem())).identity(
+        Identity::from_pem(
             std::fs::read(&etcd.client.0).expect("cert"),
             std::fs::read(&etcd.client.1).expect("key"),
-        ));
+        ),
+    );
     let options = ConnectOptions::new().with_tls(tls).with_user("assigner", ASSIGNER_PASSWORD);
     let mut plain = Client::connect(etcd.endpoints(), Some(options)).await.expect("plain client");
     plain.get("/probe", None).await.expect("a fresh token works");
@@ -155,7 +157,11 @@ async fn expired_auth_token_is_refreshed() {
     loop {
         tokio::time::sleep(Duration::from_millis(2500)).await;
         match plain.get("/probe", None).await {
-            Err(etcd_client::Error::GRpcStatus(status)) if status.message().contains("invalid auth token") => break,
+            Err(etcd_client::Error::GRpcStatus(status))
+                if status.message().contains("invalid auth token") =>
+            {
+                break;
+            }
             other => assert!(tokio::time::Instant::now() < give_up, "the token never expired: {other:?}"),
         }
     }

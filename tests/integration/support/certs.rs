@@ -63,10 +63,14 @@ impl TestCa {
         let mut params = CertificateParams::default();
         params.distinguished_name = dn(name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let key = KeyPair::generate().unwrap_or_else(|e| panic!("CA key: {e}"));
         let issuer = CertifiedIssuer::self_signed(params, key).unwrap_or_else(|e| panic!("CA cert: {e}"));
-        let dir = tempfile::Builder::new().prefix("kat-certs-").tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let dir = tempfile::Builder::new()
+            .prefix("kat-certs-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("temp dir: {e}"));
         TestCa { issuer, dir }
     }
 

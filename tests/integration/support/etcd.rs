@@ -55,7 +55,9 @@ pub struct EtcdServer {
 }
 
 enum Mode {
-    External { endpoints: Vec<String> },
+    External {
+        endpoints: Vec<String>,
+    },
     Local(Local),
     /// `KAT_ETCD_TLS=1`: TLS, client-certificate auth and users (see `etcd_tls`).
     Tls(Box<super::etcd_tls::TlsEtcd>),

@@ -152,7 +152,8 @@ impl TlsEtcd {
     }
 
     async fn launch(&mut self) -> Result<(), String> {
-        let log_file = File::options().create(true).append(true).open(&self.log).map_err(|e| e.to_string())?;
+        let log_file =
+            File::options().create(true).append(true).open(&self.log).map_err(|e| e.to_string())?;
         let log_start = log_file.metadata().map(|m| m.len()).unwrap_or(0);
         let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
         let dir = self.ca.dir.path();
@@ -226,7 +227,10 @@ impl TlsEtcd {
         admin.role_add("assigner").await.unwrap_or_else(|e| fail("role assigner", e));
         let everything = Permission::read_write(vec![0u8]).with_from_key();
         admin.role_grant_permission("assigner", everything).await.unwrap_or_else(|e| fail("permission", e));
-        admin.user_add("assigner", ASSIGNER_PASSWORD, None).await.unwrap_or_else(|e| fail("user assigner", e));
+        admin
+            .user_add("assigner", ASSIGNER_PASSWORD, None)
+            .await
+            .unwrap_or_else(|e| fail("user assigner", e));
         admin.user_grant_role("assigner", "assigner").await.unwrap_or_else(|e| fail("grant assigner", e));
         admin.auth_enable().await.unwrap_or_else(|e| fail("auth enable", e));
     }

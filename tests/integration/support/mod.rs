@@ -8,6 +8,7 @@ pub mod assigner;
 pub mod certs;
 pub mod etcd;
 pub mod etcd_tls;
+pub mod secure;
 
 use std::{future::Future, time::Duration};
 
