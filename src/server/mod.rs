@@ -5,6 +5,7 @@
 //! Docker): see [`AssignerServer::start_memory`].
 
 pub mod admin;
+pub mod codec;
 pub mod flags;
 pub mod grpc;
 pub mod identity;

@@ -2,6 +2,7 @@
 
 mod every_backend;
 mod fleet_backend;
+mod fuzz;
 mod grpc_bad_input;
 mod grpc_scenarios;
 mod kafka_metadata;

@@ -31,8 +31,10 @@ async fn client_from(local: [u8; 4], server: SocketAddr) -> KafkaAssignerClient<
         Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
     });
     let endpoint = Endpoint::from_shared(format!("http://{server}")).unwrap_or_else(|e| panic!("{e}"));
-    let channel =
-        endpoint.connect_with_connector(connector).await.unwrap_or_else(|e| panic!("connect from {local:?}: {e}"));
+    let channel = endpoint
+        .connect_with_connector(connector)
+        .await
+        .unwrap_or_else(|e| panic!("connect from {local:?}: {e}"));
     KafkaAssignerClient::new(channel)
 }
 
@@ -51,7 +53,8 @@ async fn streams_per_instance_and_per_client_ip() {
     let limits = Limits { max_streams: 3, max_streams_per_ip: 2, ..Limits::default() };
     let served = Secured::memory(with_limits(limits)).await;
     let addr = served.server.grpc_addr;
-    let mut first = TestConsumer::register(client_from([127, 0, 0, 1], addr).await, "c1", TOPIC).await.expect("c1");
+    let mut first =
+        TestConsumer::register(client_from([127, 0, 0, 1], addr).await, "c1", TOPIC).await.expect("c1");
     let _c2 = TestConsumer::register(client_from([127, 0, 0, 1], addr).await, "c2", TOPIC).await.expect("c2");
     let before = served.fingerprint().await;
     let third = TestConsumer::register(client_from([127, 0, 0, 1], addr).await, "c3", TOPIC).await;
