@@ -78,7 +78,7 @@ async fn open_store(kind: StoreKind, args: &ServeArgs) -> Result<Arc<dyn LeaseSt
     Ok(match kind {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
-            let security = args.etcd_security().map_err(BackendError::Config)?;
+            let security = args.etcd_security.security().map_err(BackendError::Config)?;
             let config = EtcdStoreConfig {
                 endpoints: args.etcd_endpoints.clone(),
                 security,

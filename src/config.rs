@@ -153,34 +153,9 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_TOPIC_REFRESH_INTERVAL", value_parser = parse_duration, default_value = "60s")]
     pub topic_refresh_interval: Duration,
 
-    /// PEM CA that signed etcd's server certificate (TLS to etcd; endpoints then `https://`).
-    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_CA")]
-    pub etcd_ca: Option<std::path::PathBuf>,
-
-    /// PEM client certificate for etcd (`--client-cert-auth`), with --etcd-key.
-    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_CERT", requires = "etcd_key")]
-    pub etcd_cert: Option<std::path::PathBuf>,
-
-    /// PEM private key of --etcd-cert.
-    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_KEY", requires = "etcd_cert")]
-    pub etcd_key: Option<std::path::PathBuf>,
-
-    /// etcd user (auth enabled); the token is refreshed when etcd expires it.
-    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_USERNAME")]
-    pub etcd_username: Option<String>,
-
-    /// Password of --etcd-username (prefer --etcd-password-file: flags show in `ps`).
-    #[arg(
-        long,
-        env = "KAFKA_ASSIGNER_ETCD_PASSWORD",
-        hide_env_values = true,
-        conflicts_with = "etcd_password_file"
-    )]
-    pub etcd_password: Option<String>,
-
-    /// File holding the password of --etcd-username (one trailing newline is ignored).
-    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_PASSWORD_FILE")]
-    pub etcd_password_file: Option<std::path::PathBuf>,
+    /// TLS and credentials to etcd.
+    #[command(flatten)]
+    pub etcd_security: crate::server::flags::EtcdSecurityArgs,
 
     /// gRPC server TLS, consumer identity binding and limits.
     #[command(flatten)]
@@ -188,27 +163,6 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The etcd TLS and credentials these flags ask for (reads --etcd-password-file).
-    pub fn etcd_security(&self) -> Result<crate::store::EtcdSecurity, String> {
-        let password = match (&self.etcd_password, &self.etcd_password_file) {
-            (Some(password), _) => Some(password.clone()),
-            (None, Some(path)) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("--etcd-password-file {}: cannot read: {e}", path.display()))?;
-                let text = text.strip_suffix('\n').unwrap_or(&text);
-                Some(text.strip_suffix('\r').unwrap_or(text).to_string())
-            }
-            (None, None) => None,
-        };
-        Ok(crate::store::EtcdSecurity {
-            ca: self.etcd_ca.clone(),
-            cert: self.etcd_cert.clone(),
-            key: self.etcd_key.clone(),
-            username: self.etcd_username.clone(),
-            password,
-        })
-    }
-
     /// Every `--kafka-config` setting, in order (a later one for the same key wins).
     pub fn kafka_settings(&self) -> Vec<(String, String)> {
         self.kafka_config.iter().flat_map(|c| c.0.iter().cloned()).collect()

@@ -1,5 +1,6 @@
-//! The `serve` flags of the gRPC server's security and limits (flattened into
-//! [`crate::config::ServeArgs`]); see the README's "Security" section.
+//! The `serve` flags of security and limits, flattened into [`crate::config::ServeArgs`]:
+//! the gRPC server's TLS, identity binding and limits, and TLS and credentials to etcd.
+//! See the README's "Security" section.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -88,5 +89,134 @@ impl ServerSecurityArgs {
         };
         limits.validate().map_err(|e| e.to_string())?;
         Ok(ServerOptions { tls, bind_identity, limits })
+    }
+}
+
+/// TLS and credentials to etcd (the `etcd` backend and `--store etcd`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct EtcdSecurityArgs {
+    /// PEM CA that signed etcd's server certificate (TLS to etcd; endpoints then `https://`).
+    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// PEM client certificate for etcd (`--client-cert-auth`), with --etcd-key.
+    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_CERT", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// PEM private key of --etcd-cert.
+    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// etcd user (auth enabled); the token is refreshed when etcd expires it.
+    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_USERNAME")]
+    pub etcd_username: Option<String>,
+
+    /// Password of --etcd-username (prefer --etcd-password-file: flags show in `ps`).
+    #[arg(
+        long,
+        env = "KAFKA_ASSIGNER_ETCD_PASSWORD",
+        hide_env_values = true,
+        conflicts_with = "etcd_password_file"
+    )]
+    pub etcd_password: Option<String>,
+
+    /// File holding the password of --etcd-username (one trailing newline is ignored).
+    #[arg(long, env = "KAFKA_ASSIGNER_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdSecurityArgs {
+    /// The etcd TLS and credentials these flags ask for (reads --etcd-password-file).
+    pub fn security(&self) -> Result<crate::store::EtcdSecurity, String> {
+        let password = match (&self.etcd_password, &self.etcd_password_file) {
+            (Some(password), _) => Some(password.clone()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--etcd-password-file {}: cannot read: {e}", path.display()))?;
+                let text = text.strip_suffix('\n').unwrap_or(&text);
+                Some(text.strip_suffix('\r').unwrap_or(text).to_string())
+            }
+            (None, None) => None,
+        };
+        Ok(crate::store::EtcdSecurity {
+            ca: self.etcd_ca.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+            username: self.etcd_username.clone(),
+            password,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::config::{Cli, Command, ServeArgs};
+
+    fn serve(args: &[&str]) -> Result<ServeArgs, String> {
+        let mut all = vec!["kafka-assigner", "serve"];
+        all.extend_from_slice(args);
+        let Command::Serve(args) = Cli::try_parse_from(all).map_err(|e| e.to_string())?.command;
+        Ok(args)
+    }
+
+    #[test]
+    fn server_security_flags() {
+        let plain = serve(&[]).unwrap().security.options().unwrap();
+        assert!(plain.tls.is_none() && plain.bind_identity.is_none());
+        let args = serve(&[
+            "--tls-cert=c.pem",
+            "--tls-key=k.pem",
+            "--tls-client-ca=ca.pem",
+            "--bind-consumer-identity",
+            "--consumer-identity-pattern=^spiffe://[^/]+/pod/([^/]+)$",
+            "--max-streams=5",
+            "--unary-timeout=2s",
+        ])
+        .unwrap();
+        let options = args.security.options().unwrap();
+        assert_eq!(options.tls.map(|t| t.client_ca), Some(Some("ca.pem".into())));
+        assert!(options.bind_identity.is_some());
+        assert_eq!(options.limits.max_streams, 5);
+        for (bad, flag) in [
+            (&["--tls-cert=c.pem"][..], "--tls-key"),
+            (&["--bind-consumer-identity"][..], "--tls-client-ca"),
+            (&["--max-streams=0"][..], "--max-streams"),
+            (&["--unary-timeout=0s"][..], "--unary-timeout"),
+        ] {
+            let error = match serve(bad).and_then(|a| a.security.options().map(|_| ())) {
+                Ok(()) => panic!("{bad:?} was accepted"),
+                Err(error) => error,
+            };
+            assert!(error.contains(flag), "{bad:?}: {error}");
+        }
+        let args = serve(&[
+            "--tls-cert=c.pem",
+            "--tls-key=k.pem",
+            "--tls-client-ca=ca.pem",
+            "--bind-consumer-identity",
+            "--consumer-identity-pattern=(",
+        ])
+        .unwrap();
+        assert!(args.security.options().unwrap_err().contains("--consumer-identity-pattern"));
+    }
+
+    #[test]
+    fn etcd_security_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let file = file.display().to_string();
+        let args = serve(&["--etcd-ca=ca.pem", "--etcd-username=u", "--etcd-password-file", &file]).unwrap();
+        let security = args.etcd_security.security().unwrap();
+        assert_eq!(security.password.as_deref(), Some("s3cret"));
+        assert!(security.uses_tls());
+        assert!(
+            serve(&["--etcd-password=a", "--etcd-password-file=b"]).unwrap_err().contains("--etcd-password")
+        );
+        assert!(serve(&["--etcd-cert=c.pem"]).unwrap_err().contains("--etcd-key"));
+        let missing = serve(&["--etcd-username=u", "--etcd-password-file=/nonexistent"]).unwrap();
+        assert!(missing.etcd_security.security().unwrap_err().contains("--etcd-password-file /nonexistent"));
     }
 }
