@@ -8,6 +8,7 @@ mod grpc_scenarios;
 mod kafka_metadata;
 mod multi_instance;
 mod security;
+mod security_kafka;
 mod security_limits;
 mod static_backend;
 mod store_conformance;
