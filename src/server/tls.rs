@@ -275,6 +275,9 @@ fn peer_names(cert: &CertificateDer<'_>) -> PeerNames {
 
 /// How long a TLS handshake may take before the connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress at once; beyond, new connections are closed at once (a flood of
+/// clients that connect and stall must not pile up tasks and memory).
+const MAX_HANDSHAKES: usize = 1024;
 
 /// Accepts connections on `listener` (TLS when `tls` is set) until `stop`, and yields
 /// them for `serve_with_incoming`. Also runs the certificate watcher.
@@ -287,6 +290,7 @@ pub fn incoming(
     if let Some(tls) = &tls {
         tokio::spawn(tls.clone().watch(stop.clone()));
     }
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::spawn(async move {
         loop {
             let (tcp, remote_addr) = tokio::select! {
@@ -310,9 +314,14 @@ pub fn incoming(
                 }
                 continue;
             };
+            let Ok(slot) = handshakes.clone().try_acquire_owned() else {
+                tracing::warn!(%remote_addr, "{MAX_HANDSHAKES} TLS handshakes in progress; closing a new connection");
+                continue;
+            };
             let acceptor = tls.acceptor();
             let tx = tx.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(error)) => {
