@@ -159,7 +159,10 @@ async fn rotated_server_certificate_is_picked_up_while_a_stream_stays_open() {
     );
 
     let rotated: Pem = new_ca.issue(Leaf::Server);
+    // Half a rotation (the new key, the old certificate) is refused; the old pair stays.
     write_atomically(&key_file, &rotated.key);
+    tokio::time::sleep(Duration::from_millis(300)).await; // six reload intervals
+    probe(&served, &old_ca.cert_pem(), &pod_a).await.expect("the old pair still serves mid-rotation");
     write_atomically(&cert_file, &rotated.cert);
     wait_until(PROMPT, "a new connection is served with the rotated certificate", || async {
         probe(&served, &new_ca.cert_pem(), &pod_a).await.is_ok()
