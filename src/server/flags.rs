@@ -88,6 +88,10 @@ impl ServerSecurityArgs {
             keepalive_timeout: self.http2_keepalive_timeout,
         };
         limits.validate().map_err(|e| e.to_string())?;
+        if let Some(settings) = &tls {
+            // Unreadable or mismatched files stop the start before anything connects.
+            super::tls::ReloadingTls::load(settings.clone()).map_err(|e| e.to_string())?;
+        }
         Ok(ServerOptions { tls, bind_identity, limits })
     }
 }
@@ -175,10 +179,10 @@ mod tests {
             "--unary-timeout=2s",
         ])
         .unwrap();
-        let options = args.security.options().unwrap();
-        assert_eq!(options.tls.map(|t| t.client_ca), Some(Some("ca.pem".into())));
-        assert!(options.bind_identity.is_some());
-        assert_eq!(options.limits.max_streams, 5);
+        let error = args.security.options().unwrap_err();
+        assert!(error.contains("--tls-cert c.pem"), "{error}");
+        assert!(args.security.bind_consumer_identity);
+        assert_eq!(args.security.max_streams, 5);
         for (bad, flag) in [
             (&["--tls-cert=c.pem"][..], "--tls-key"),
             (&["--bind-consumer-identity"][..], "--tls-client-ca"),

@@ -3,6 +3,10 @@
 //! [`AssignerServer::start`] binds both listeners and serves a coordinator; it is also
 //! what users start in-process from their own integration tests (memory backend, no
 //! Docker): see [`AssignerServer::start_memory`].
+//!
+//! [`AssignerServer::start_with`] adds TLS / mTLS with certificate reload ([`tls`]), the
+//! consumer identity bound to the client certificate ([`identity`]) and the limits
+//! ([`limits`]); the admin server stays plaintext on its own address and only reads.
 
 pub mod admin;
 pub mod codec;
