@@ -5,6 +5,9 @@
 //! status view). A call may change state only when a model says it is valid (an accepted
 //! call the model calls invalid must be a no-op, like a repeated `PartitionReady`).
 //!
+//! Also under mTLS with `--bind-consumer-identity`: every call naming anyone but the
+//! connection's own identity is `PERMISSION_DENIED` and changes nothing.
+//!
 //! Bounded for CI: `FUZZ_CASES` cases per property (default 64), each a fresh server and
 //! up to 6 calls. Raise it locally (`FUZZ_CASES=2000`) for a longer run.
 
@@ -12,10 +15,11 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut};
 use kafka_assigner::coordinator::validate_consumer_name;
+use kafka_assigner::proto::v1::kafka_assigner_client::KafkaAssignerClient;
 use kafka_assigner::proto::v1::{
     DeregisterRequest, PartitionReadyRequest, PartitionReleasedRequest, RegisterRequest, TopicPartition,
 };
-use kafka_assigner::server::ServerOptions;
+use kafka_assigner::server::{ServerOptions, identity::IdentityRule, tls::TlsSettings};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use prost::Message;
@@ -26,7 +30,8 @@ use tonic::{
 };
 
 use crate::support::assigner::{PROMPT, TOPIC, TestConsumer};
-use crate::support::secure::Secured;
+use crate::support::certs::{Leaf, TestCa};
+use crate::support::secure::{Secured, tls_channel};
 
 /// Sends and receives message bodies as raw bytes.
 #[derive(Clone, Copy, Default)]
@@ -84,6 +89,18 @@ impl Call {
             Call::Released(r) => (2, r.encode_to_vec()),
             Call::Deregister(r) => (3, r.encode_to_vec()),
             Call::Bytes(m, b) => (usize::from(*m % 4), b.clone()),
+        }
+    }
+
+    /// The consumer the decoded request names (`None`: undecodable).
+    fn consumer_name(&self) -> Option<String> {
+        let (method, body) = self.encode();
+        let body = body.as_slice();
+        match method {
+            0 => RegisterRequest::decode(body).ok().map(|r| r.consumer_name),
+            1 => PartitionReadyRequest::decode(body).ok().map(|r| r.consumer_name),
+            2 => PartitionReleasedRequest::decode(body).ok().map(|r| r.consumer_name),
+            _ => DeregisterRequest::decode(body).ok().map(|r| r.consumer_name),
         }
     }
 
@@ -160,14 +177,43 @@ async fn send(channel: Channel, call: &Call) -> Result<Option<tonic::Streaming<V
     }
 }
 
+/// How the fuzzed calls reach the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Plaintext, no identity.
+    Plain,
+    /// mTLS with `--bind-consumer-identity`; the fuzzing connection's certificate is `a`'s.
+    BoundToA,
+}
+
 /// One case: a fresh server where `a` owns everything, then `calls` in order.
-async fn run_case(calls: Vec<Call>) -> Result<(), TestCaseError> {
-    let served = Secured::memory(ServerOptions::default()).await;
-    let mut a = TestConsumer::register(served.plain().await, "a", TOPIC).await.expect("a registers");
+async fn run_case(calls: Vec<Call>, mode: Mode) -> Result<(), TestCaseError> {
+    let ca = TestCa::new("fuzz-ca");
+    let a_cert = ca.issue(Leaf::ClientDns("a"));
+    let options = match mode {
+        Mode::Plain => ServerOptions::default(),
+        Mode::BoundToA => {
+            let (cert, key) = ca.issue(Leaf::Server).write(ca.dir.path(), "server");
+            let client_ca = Some(ca.write_ca("ca"));
+            ServerOptions {
+                tls: Some(TlsSettings { cert, key, client_ca, reload_interval: Duration::from_secs(60) }),
+                bind_identity: Some(IdentityRule::default()),
+                ..ServerOptions::default()
+            }
+        }
+    };
+    let served = Secured::memory(options).await;
+    let addr = served.server.grpc_addr;
+    let channel = match mode {
+        Mode::Plain => {
+            Channel::from_shared(format!("http://{addr}")).expect("url").connect().await.expect("connect")
+        }
+        Mode::BoundToA => tls_channel(addr, &ca.cert_pem(), Some(&a_cert)).await.expect("mTLS connect"),
+    };
+    let mut a =
+        TestConsumer::register(KafkaAssignerClient::new(channel.clone()), "a", TOPIC).await.expect("a");
     a.expect_snapshot().await;
     a.wait_owned(4, PROMPT).await;
-    let url = format!("http://{}", served.server.grpc_addr);
-    let channel = Channel::from_shared(url).expect("url").connect().await.expect("connect");
     let mut open = Vec::new();
     // After an accepted call the state moves on by itself (a rebalance): stop comparing.
     let mut quiet = true;
@@ -175,6 +221,21 @@ async fn run_case(calls: Vec<Call>) -> Result<(), TestCaseError> {
         let before = served.fingerprint().await;
         let result = send(channel.clone(), call).await;
         let valid = call.valid();
+        // Bound to `a`: any other name is PERMISSION_DENIED, whatever else is wrong with it.
+        let foreign = mode == Mode::BoundToA && call.consumer_name().is_some_and(|name| name != "a");
+        if foreign {
+            let status = result.as_ref().err().map(|s| (s.code(), s.message().to_string()));
+            prop_assert!(
+                matches!(&status, Some((Code::PermissionDenied, m)) if m.contains("'a'")),
+                "{:?} under the identity of 'a' got {:?}",
+                call,
+                status
+            );
+            if quiet {
+                prop_assert_eq!(&served.fingerprint().await, &before, "refused {:?} changed state", call);
+            }
+            continue;
+        }
         match result {
             // Accepted although the model calls it invalid: only as a no-op (a repeated
             // call already in effect, e.g. `PartitionReady` from the owner).
@@ -218,18 +279,15 @@ async fn run_case(calls: Vec<Call>) -> Result<(), TestCaseError> {
             }
         }
     }
-    // Still serving: a well-formed refusal comes back promptly on a new connection.
-    let mut probe = served.plain().await;
+    // Still serving: a well-formed refusal comes back promptly.
+    let mut probe = KafkaAssignerClient::new(channel);
     let answer = tokio::time::timeout(
         Duration::from_secs(5),
         probe.deregister(DeregisterRequest { consumer_name: "nobody".into() }),
     )
     .await;
-    prop_assert!(
-        matches!(answer, Ok(Err(ref s)) if s.code() == Code::NotFound),
-        "server unhealthy: {:?}",
-        answer
-    );
+    let expected = if mode == Mode::Plain { Code::NotFound } else { Code::PermissionDenied };
+    prop_assert!(matches!(answer, Ok(Err(ref s)) if s.code() == expected), "server unhealthy: {:?}", answer);
     drop(open);
     served.stop().await;
     Ok(())
@@ -239,13 +297,13 @@ fn cases() -> u32 {
     std::env::var("FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
 }
 
-fn fuzz(strategy: impl Strategy<Value = Call>) {
+fn fuzz(strategy: impl Strategy<Value = Call>, mode: Mode) {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut runner =
         TestRunner::new(Config { cases: cases(), failure_persistence: None, ..Config::default() });
     let calls = proptest::collection::vec(strategy, 1..6);
-    let result = runner.run(&calls, |calls| runtime.block_on(run_case(calls)));
+    let result = runner.run(&calls, |calls| runtime.block_on(run_case(calls, mode)));
     if let Err(error) = result {
         panic!("{error}");
     }
@@ -253,20 +311,26 @@ fn fuzz(strategy: impl Strategy<Value = Call>) {
 
 #[test]
 fn arbitrary_structured_requests() {
-    fuzz(structured());
+    fuzz(structured(), Mode::Plain);
+}
+
+#[test]
+fn arbitrary_requests_under_a_bound_identity() {
+    fuzz(prop_oneof![structured(), bytes()], Mode::BoundToA);
 }
 
 #[test]
 fn arbitrary_request_bytes() {
-    fuzz(prop_oneof![
+    let mutated = prop_oneof![
         bytes(),
         structured().prop_map(|c| {
-            // Valid messages with a few bytes flipped or cut.
+            // Valid messages with their last byte flipped.
             let (method, mut body) = c.encode();
             if let Some(last) = body.last_mut() {
                 *last ^= 0x5a;
             }
             Call::Bytes(method as u8, body)
         })
-    ]);
+    ];
+    fuzz(mutated, Mode::Plain);
 }

@@ -96,6 +96,11 @@ pub async fn tls_client(
     ca: &str,
     identity: Option<&Pem>,
 ) -> Result<KafkaAssignerClient<Channel>, String> {
+    tls_channel(addr, ca, identity).await.map(KafkaAssignerClient::new)
+}
+
+/// A TLS connection to `addr` (server name `localhost`) trusting `ca`.
+pub async fn tls_channel(addr: SocketAddr, ca: &str, identity: Option<&Pem>) -> Result<Channel, String> {
     let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost");
     if let Some(pem) = identity {
         tls = tls.identity(Identity::from_pem(&pem.cert, &pem.key));
@@ -107,7 +112,7 @@ pub async fn tls_client(
         .connect()
         .await
         .map_err(|e| kafka_assigner::store::etcd_tls::error_chain(&e))?;
-    Ok(KafkaAssignerClient::new(channel))
+    Ok(channel)
 }
 
 /// A TCP proxy to `target` whose connections stop forwarding (both ways, without closing)
