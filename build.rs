@@ -17,6 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Undecodable requests are INVALID_ARGUMENT, not tonic's INTERNAL (src/server/codec.rs).
+        .codec_path("crate::server::codec::StrictCodec")
         .file_descriptor_set_path(out_dir.join("kafka_assigner_descriptor.bin"))
         .compile_with_config(config, &["proto/kafka_assigner/v1/service.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");

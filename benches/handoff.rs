@@ -12,6 +12,13 @@
 #[allow(dead_code)]
 #[path = "../tests/integration/support/etcd.rs"]
 mod etcd;
+// etcd.rs starts a TLS etcd instead when KAT_ETCD_TLS is set.
+#[allow(dead_code)]
+#[path = "../tests/integration/support/certs.rs"]
+mod certs;
+#[allow(dead_code)]
+#[path = "../tests/integration/support/etcd_tls.rs"]
+mod etcd_tls;
 
 use std::{
     sync::Arc,

@@ -121,8 +121,12 @@ async fn open_store(
     let store: Arc<dyn LeaseStore> = match kind {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
-            let config =
-                EtcdStoreConfig { endpoints: args.etcd_endpoints.clone(), ..EtcdStoreConfig::default() };
+            let security = args.etcd_security.security().map_err(BackendError::Config)?;
+            let config = EtcdStoreConfig {
+                endpoints: args.etcd_endpoints.clone(),
+                security,
+                ..EtcdStoreConfig::default()
+            };
             Arc::new(EtcdStore::connect(config).await.map_err(CoordinatorError::from)?)
         }
     };

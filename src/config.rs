@@ -181,6 +181,14 @@ pub struct ServeArgs {
     /// How often the leader asks Kafka for the partition counts of known topics (growth).
     #[arg(long, env = "KAFKA_ASSIGNER_TOPIC_REFRESH_INTERVAL", value_parser = parse_duration, default_value = "60s")]
     pub topic_refresh_interval: Duration,
+
+    /// TLS and credentials to etcd.
+    #[command(flatten)]
+    pub etcd_security: crate::server::flags::EtcdSecurityArgs,
+
+    /// gRPC server TLS, consumer identity binding and limits.
+    #[command(flatten)]
+    pub security: crate::server::flags::ServerSecurityArgs,
 }
 
 impl ServeArgs {

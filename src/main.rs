@@ -25,8 +25,10 @@ async fn main() -> std::process::ExitCode {
     };
     let metrics = Arc::new(Metrics::new());
     let server = async {
+        // Security flags first: a bad one stops the start before anything connects.
+        let options = args.security.options()?;
         let coordinator = coordinator_from_args(&args, metrics.clone()).await?;
-        AssignerServer::start(coordinator, metrics, args.grpc_addr, args.admin_addr)
+        AssignerServer::start_with(coordinator, metrics, args.grpc_addr, args.admin_addr, options)
             .await
             .map_err(|e| Box::new(e) as Box<dyn std::error::Error>)
     };

@@ -1,9 +1,11 @@
 //! The tonic service: the wire contract over a [`ConsumerGroupCoordinator`].
 //!
-//! This layer validates the shape of requests (required fields), maps
-//! [`CoordinatorError`]s to gRPC status codes, and talks to nothing but the coordinator.
+//! This layer checks what the server enforces (the caller's identity, stream limits, the
+//! unary deadline), validates the shape of requests (required fields), maps
+//! [`CoordinatorError`]s to gRPC status codes, counts calls, and talks to nothing but the
+//! coordinator.
 
-use std::{pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -21,12 +23,53 @@ use crate::proto::v1::{
 pub struct AssignerService {
     coordinator: Arc<dyn ConsumerGroupCoordinator>,
     metrics: Arc<Metrics>,
+    policy: Policy,
+}
+
+/// What the server layer enforces before a call reaches the coordinator (see `limits`
+/// and `identity`).
+#[derive(Clone)]
+pub struct Policy {
+    /// `--bind-consumer-identity`: the rule, when on.
+    pub identity: Option<super::identity::IdentityRule>,
+    /// Stream counts.
+    pub gate: super::limits::StreamGate,
+    /// Bound on unary calls.
+    pub unary_timeout: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        let limits = super::limits::Limits::default();
+        Self {
+            identity: None,
+            gate: super::limits::StreamGate::new(&limits),
+            unary_timeout: limits.unary_timeout,
+        }
+    }
 }
 
 impl AssignerService {
     /// A service answering from `coordinator`, counting calls into `metrics`.
     pub fn new(coordinator: Arc<dyn ConsumerGroupCoordinator>, metrics: Arc<Metrics>) -> Self {
-        Self { coordinator, metrics }
+        Self::with_policy(coordinator, metrics, Policy::default())
+    }
+
+    /// A service answering from `coordinator` under `policy`.
+    pub fn with_policy(
+        coordinator: Arc<dyn ConsumerGroupCoordinator>,
+        metrics: Arc<Metrics>,
+        policy: Policy,
+    ) -> Self {
+        Self { coordinator, metrics, policy }
+    }
+
+    /// Refuses a consumer name the connection's certificate does not carry (when bound).
+    fn authorize<T>(&self, request: &Request<T>, consumer: &str, rpc: &str) -> Result<(), Status> {
+        match &self.policy.identity {
+            None => Ok(()),
+            Some(rule) => rule.check(request.extensions().get::<super::tls::ConnInfo>(), consumer, rpc),
+        }
     }
 
     /// Runs one call and counts it by method and status code.
@@ -38,6 +81,23 @@ impl AssignerService {
         let result = call.await;
         self.metrics.observe_grpc(method, &result);
         result
+    }
+
+    /// Runs a unary call within `--unary-timeout`, counted.
+    async fn bounded<T>(
+        &self,
+        rpc: &'static str,
+        call: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let limit = self.policy.unary_timeout;
+        let bounded = async {
+            tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+                Err(Status::deadline_exceeded(format!(
+                    "{rpc} did not complete within {limit:?} (--unary-timeout)"
+                )))
+            })
+        };
+        self.counted(rpc, bounded).await
     }
 }
 
@@ -70,23 +130,34 @@ impl KafkaAssigner for AssignerService {
     type RegisterStream = CommandStream;
 
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<CommandStream>, Status> {
-        let RegisterRequest { consumer_name, topic } = request.into_inner();
-        let register = async { self.coordinator.register(&consumer_name, &topic).await.map_err(to_status) };
-        let stream = self.counted("Register", register).await?;
-        let stream = MeteredStream::new(stream.map(|item| item.map_err(to_status)), self.metrics.clone());
-        Ok(Response::new(Box::pin(stream)))
+        let register = async {
+            self.authorize(&request, &request.get_ref().consumer_name, "Register")?;
+            let ip = request.extensions().get::<super::tls::ConnInfo>().map(|info| info.remote_addr.ip());
+            // Held by the stream: dropped when the stream ends or the client goes away.
+            let permit = self.policy.gate.acquire(ip)?;
+            let RegisterRequest { consumer_name, topic } = request.into_inner();
+            let stream = self.coordinator.register(&consumer_name, &topic).await.map_err(to_status)?;
+            Ok((stream, permit))
+        };
+        let (stream, permit) = self.counted("Register", register).await?;
+        let stream = stream.map(move |item| {
+            let _held = &permit;
+            item.map_err(to_status)
+        });
+        Ok(Response::new(Box::pin(MeteredStream::new(stream, self.metrics.clone()))))
     }
 
     async fn partition_ready(
         &self,
         request: Request<PartitionReadyRequest>,
     ) -> Result<Response<PartitionReadyResponse>, Status> {
-        let PartitionReadyRequest { consumer_name, partition } = request.into_inner();
         let call = async {
+            self.authorize(&request, &request.get_ref().consumer_name, "PartitionReady")?;
+            let PartitionReadyRequest { consumer_name, partition } = request.into_inner();
             let tp = required(partition)?;
             self.coordinator.partition_ready(&consumer_name, &tp.topic, tp.partition).await.map_err(to_status)
         };
-        self.counted("PartitionReady", call).await?;
+        self.bounded("PartitionReady", call).await?;
         Ok(Response::new(PartitionReadyResponse {}))
     }
 
@@ -94,15 +165,16 @@ impl KafkaAssigner for AssignerService {
         &self,
         request: Request<PartitionReleasedRequest>,
     ) -> Result<Response<PartitionReleasedResponse>, Status> {
-        let PartitionReleasedRequest { consumer_name, partition } = request.into_inner();
         let call = async {
+            self.authorize(&request, &request.get_ref().consumer_name, "PartitionReleased")?;
+            let PartitionReleasedRequest { consumer_name, partition } = request.into_inner();
             let tp = required(partition)?;
             self.coordinator
                 .partition_released(&consumer_name, &tp.topic, tp.partition)
                 .await
                 .map_err(to_status)
         };
-        self.counted("PartitionReleased", call).await?;
+        self.bounded("PartitionReleased", call).await?;
         Ok(Response::new(PartitionReleasedResponse {}))
     }
 
@@ -110,9 +182,12 @@ impl KafkaAssigner for AssignerService {
         &self,
         request: Request<DeregisterRequest>,
     ) -> Result<Response<DeregisterResponse>, Status> {
-        let DeregisterRequest { consumer_name } = request.into_inner();
-        let call = async { self.coordinator.deregister(&consumer_name).await.map_err(to_status) };
-        let action = self.counted("Deregister", call).await?;
+        let call = async {
+            self.authorize(&request, &request.get_ref().consumer_name, "Deregister")?;
+            let DeregisterRequest { consumer_name } = request.into_inner();
+            self.coordinator.deregister(&consumer_name).await.map_err(to_status)
+        };
+        let action = self.bounded("Deregister", call).await?;
         Ok(Response::new(DeregisterResponse { action: action.into() }))
     }
 }

@@ -3,9 +3,18 @@
 //! [`AssignerServer::start`] binds both listeners and serves a coordinator; it is also
 //! what users start in-process from their own integration tests (memory backend, no
 //! Docker): see [`AssignerServer::start_memory`].
+//!
+//! [`AssignerServer::start_with`] adds TLS / mTLS with certificate reload ([`tls`]), the
+//! consumer identity bound to the client certificate ([`identity`]) and the limits
+//! ([`limits`]); the admin server stays plaintext on its own address and only reads.
 
 pub mod admin;
+pub mod codec;
+pub mod flags;
 pub mod grpc;
+pub mod identity;
+pub mod limits;
+pub mod tls;
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -34,6 +43,21 @@ pub enum ServerError {
     /// Reflection could not be built from the descriptor set.
     #[error("reflection: {0}")]
     Reflection(#[source] tonic_reflection::server::Error),
+    /// A security or limit setting cannot be used (the message names the flag).
+    #[error("{0}")]
+    Config(String),
+}
+
+/// TLS, identity binding and limits of the gRPC server (the defaults: plaintext, no
+/// binding, [`limits::Limits::default`]).
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// Serve gRPC over TLS (mTLS when it has a client CA).
+    pub tls: Option<tls::TlsSettings>,
+    /// `--bind-consumer-identity` (requires a client CA).
+    pub bind_identity: Option<identity::IdentityRule>,
+    /// Limits.
+    pub limits: limits::Limits,
 }
 
 /// A running assigner: gRPC and admin servers over one coordinator.
@@ -44,6 +68,7 @@ pub struct AssignerServer {
     pub admin_addr: SocketAddr,
     /// The coordinator being served.
     pub coordinator: Arc<dyn ConsumerGroupCoordinator>,
+    tls: bool,
     stop: CancellationToken,
     grpc: JoinHandle<()>,
     admin: JoinHandle<()>,
@@ -79,6 +104,29 @@ impl AssignerServer {
         grpc_addr: SocketAddr,
         admin_addr: SocketAddr,
     ) -> Result<Self, ServerError> {
+        Self::start_with(coordinator, metrics, grpc_addr, admin_addr, ServerOptions::default()).await
+    }
+
+    /// [`start`](Self::start) with TLS, identity binding and limits.
+    pub async fn start_with(
+        coordinator: Arc<dyn ConsumerGroupCoordinator>,
+        metrics: Arc<Metrics>,
+        grpc_addr: SocketAddr,
+        admin_addr: SocketAddr,
+        options: ServerOptions,
+    ) -> Result<Self, ServerError> {
+        options.limits.validate().map_err(|e| ServerError::Config(e.to_string()))?;
+        if options.bind_identity.is_some() && options.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) {
+            return Err(ServerError::Config(
+                "--bind-consumer-identity needs mTLS: set --tls-cert, --tls-key and --tls-client-ca".into(),
+            ));
+        }
+        let tls = options
+            .tls
+            .clone()
+            .map(tls::ReloadingTls::load)
+            .transpose()
+            .map_err(|e| ServerError::Config(e.to_string()))?;
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })
         };
@@ -101,13 +149,25 @@ impl AssignerServer {
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .build_v1alpha()
             .map_err(ServerError::Reflection)?;
-        let service =
-            KafkaAssignerServer::new(grpc::AssignerService::new(coordinator.clone(), metrics.clone()));
+        let limits = &options.limits;
+        let policy = grpc::Policy {
+            identity: options.bind_identity.clone(),
+            gate: limits::StreamGate::new(limits),
+            unary_timeout: limits.unary_timeout,
+        };
+        let service = KafkaAssignerServer::new(grpc::AssignerService::with_policy(
+            coordinator.clone(),
+            metrics.clone(),
+            policy,
+        ))
+        .max_decoding_message_size(limits.max_request_bytes);
         let grpc_stop = stop.clone();
-        // Without TCP_NODELAY a small command waits for a delayed ACK (~40 ms).
-        let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+        let incoming = tls::incoming(grpc_listener, tls, stop.clone());
+        let (keepalive_interval, keepalive_timeout) = (limits.keepalive_interval, limits.keepalive_timeout);
         let grpc = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(keepalive_interval))
+                .http2_keepalive_timeout(Some(keepalive_timeout))
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(reflection_v1alpha)
@@ -129,7 +189,7 @@ impl AssignerServer {
             }
         });
         tracing::info!(%grpc_addr, %admin_addr, "serving");
-        Ok(Self { grpc_addr, admin_addr, coordinator, stop, grpc, admin })
+        Ok(Self { grpc_addr, admin_addr, coordinator, tls: options.tls.is_some(), stop, grpc, admin })
     }
 
     /// An in-process server on the memory backend with the given partition counts, on
@@ -143,9 +203,9 @@ impl AssignerServer {
         Self::start(coordinator, metrics, any, any).await
     }
 
-    /// `http://{grpc_addr}`, for a tonic client.
+    /// `http://{grpc_addr}` (`https://` with TLS), for a tonic client.
     pub fn grpc_url(&self) -> String {
-        format!("http://{}", self.grpc_addr)
+        format!("{}://{}", if self.tls { "https" } else { "http" }, self.grpc_addr)
     }
 
     /// Graceful stop: the coordinator ends every stream with `UNAVAILABLE` (sessions stay

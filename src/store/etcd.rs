@@ -67,6 +67,8 @@ pub struct EtcdStoreConfig {
     /// With several endpoints, bound on one attempt of a call before it is retried on the
     /// next endpoint (a frozen member never answers). Ignored with one endpoint.
     pub attempt_timeout: Duration,
+    /// TLS and credentials (none: plaintext, no auth).
+    pub security: super::EtcdSecurity,
 }
 
 impl EtcdStoreConfig {
@@ -109,6 +111,7 @@ impl Default for EtcdStoreConfig {
             // Loopback etcd answers a 64-key txn in about 1 ms; 1 s is far beyond a healthy
             // member's answer and leaves a 5 s budget room for four more endpoints.
             attempt_timeout: Duration::from_secs(1),
+            security: super::EtcdSecurity::default(),
         }
     }
 }
@@ -151,13 +154,20 @@ async fn client(
     endpoints: &[String],
     options: ConnectOptions,
     timeout: Duration,
+    security: &super::EtcdSecurity,
 ) -> Result<Client, StoreError> {
+    // A TLS or credentials problem is reported naming the flag to fix, not as "unavailable".
+    let diagnosed = |reason: String, otherwise: fn(String) -> StoreError| {
+        security
+            .diagnose(&reason)
+            .map_or_else(|| otherwise(format!("etcd at {endpoints:?}: {reason}")), StoreError::Invalid)
+    };
     match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(error)) if is_retryable(&error) => {
-            Err(StoreError::Unavailable(format!("etcd at {endpoints:?}: {error}")))
+            Err(diagnosed(super::etcd_tls::error_chain(&error), StoreError::Unavailable))
         }
-        Ok(Err(error)) => Err(StoreError::Invalid(format!("etcd endpoints {endpoints:?}: {error}"))),
+        Ok(Err(error)) => Err(diagnosed(super::etcd_tls::error_chain(&error), StoreError::Invalid)),
         Err(_) => {
             Err(StoreError::Unavailable(format!("etcd at {endpoints:?}: no connection within {timeout:?}")))
         }
@@ -179,26 +189,40 @@ impl EtcdStore {
             // pings more often than every 5 s (`--grpc-keepalive-min-time`).
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_require_leader(true);
+        let options = config.security.apply(options).map_err(|e| StoreError::Invalid(e.to_string()))?;
         // One deadline for everything: the clients, then the probe.
         let deadline = tokio::time::Instant::now() + config.connect_timeout;
         let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
         let mut clients = Vec::new();
         for endpoint in &config.endpoints {
-            let single = client(std::slice::from_ref(endpoint), options.clone(), left()).await?;
+            let single =
+                client(std::slice::from_ref(endpoint), options.clone(), left(), &config.security).await?;
             clients.push((endpoint.clone(), single));
         }
         // Spread instances over the members: each starts pinned to a different endpoint.
         let first = std::process::id() as usize + NEXT_STORE.fetch_add(1, Ordering::Relaxed);
         let clients = Clients::new(clients, first, config.attempt_timeout);
+        let security = config.security.clone();
         let store = EtcdStore { clients: Arc::new(clients), config: Arc::new(config) };
-        store
+        let probe = store
             .clients
             .call(left(), "connect", |mut client| async move {
                 client.get("kafka-assigner/connect-probe", Some(GetOptions::new().with_count_only())).await
             })
-            .await
-            .map_err(|error| store.store_error(error))?;
-        Ok(store)
+            .await;
+        match probe {
+            Ok(_) => Ok(store),
+            // The retry loop keeps only the last error's text: diagnose that.
+            Err(CallError::Unavailable(reason)) => {
+                Err(security.diagnose(&reason).map_or(StoreError::Unavailable(reason), StoreError::Invalid))
+            }
+            Err(CallError::Failed(error)) => {
+                let reason = super::etcd_tls::error_chain(&error);
+                Err(security
+                    .diagnose(&reason)
+                    .map_or_else(|| store.store_error(CallError::Failed(error)), StoreError::Invalid))
+            }
+        }
     }
 
     /// The endpoint calls go to now (it moves when an attempt there fails).

@@ -43,6 +43,10 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Whether an error means "try again" (no leader, member down, connection refused...).
 pub(super) fn is_retryable(error: &etcd_client::Error) -> bool {
+    // A certificate etcd or we refuse stays refused: fail now, naming the flag.
+    if crate::store::etcd_tls::error_chain(error).contains("InvalidCertificate") {
+        return false;
+    }
     match error {
         etcd_client::Error::GRpcStatus(status) => status.code() == tonic::Code::Unavailable,
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
@@ -175,7 +179,9 @@ impl Clients {
                     }
                     return Ok((value, index));
                 }
-                Ok(Err(error)) if is_retryable(&error) => format!("{url}: {error}"),
+                Ok(Err(error)) if is_retryable(&error) => {
+                    format!("{url}: {}", crate::store::etcd_tls::error_chain(&error))
+                }
                 Ok(Err(error)) => return Err(CallError::Failed(error)),
                 Err(_elapsed) => format!("{url}: no answer within {:?}", attempt_deadline - attempt_start),
             };

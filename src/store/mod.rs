@@ -15,11 +15,13 @@
 //! what makes the memory store trustworthy rather than a mock.
 
 mod etcd;
+pub mod etcd_tls;
 mod faulty;
 mod memory;
 mod metered;
 
 pub use etcd::{EtcdStore, EtcdStoreConfig};
+pub use etcd_tls::EtcdSecurity;
 pub use faulty::{FaultStats, FaultyStore};
 pub use memory::MemoryStore;
 pub use metered::MeteredStore;

@@ -25,7 +25,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-pub(super) use self::process::{MemberSpec, Process, exited, log_tail, spawn, wait_healthy};
+pub(super) use self::process::{MemberSpec, Process, WATCHDOG, exited, log_tail, spawn, wait_healthy};
 use kafka_assigner::store::{EtcdStore, EtcdStoreConfig};
 use tempfile::TempDir;
 
@@ -41,8 +41,12 @@ pub struct EtcdServer {
 }
 
 enum Mode {
-    External { endpoints: Vec<String> },
+    External {
+        endpoints: Vec<String>,
+    },
     Local(Local),
+    /// `KAT_ETCD_TLS=1`: TLS, client-certificate auth and users (see `etcd_tls`).
+    Tls(Box<super::etcd_tls::TlsEtcd>),
 }
 
 struct Local {
@@ -63,6 +67,9 @@ impl EtcdServer {
     /// # Panics
     /// When no etcd is available, or it does not come up.
     pub async fn start() -> EtcdServer {
+        if super::etcd_tls::requested() {
+            return EtcdServer { mode: Mode::Tls(Box::new(super::etcd_tls::TlsEtcd::start().await)) };
+        }
         if let Some(endpoints) = external_endpoints() {
             if let Err(error) = wait_healthy(&endpoints, START_DEADLINE, || None).await {
                 panic!("ETCD_ENDPOINTS={} is not serving: {error}", endpoints.join(","));
@@ -110,6 +117,7 @@ impl EtcdServer {
         match &self.mode {
             Mode::External { endpoints } => endpoints.clone(),
             Mode::Local(local) => vec![local.client_url()],
+            Mode::Tls(tls) => tls.endpoints(),
         }
     }
 
@@ -125,9 +133,13 @@ impl EtcdServer {
 
     /// A store config for this server with test-friendly timeouts (2 s connect, 5 s request).
     pub fn store_config(&self) -> EtcdStoreConfig {
-        EtcdStoreConfig::new(self.endpoints())
+        let mut config = EtcdStoreConfig::new(self.endpoints())
             .with_connect_timeout(Duration::from_secs(2))
-            .with_request_timeout(Duration::from_secs(5))
+            .with_request_timeout(Duration::from_secs(5));
+        if let Mode::Tls(tls) = &self.mode {
+            config.security = tls.security();
+        }
+        config
     }
 
     /// An [`EtcdStore`] connected to this server with [`store_config`](Self::store_config).
@@ -149,6 +161,7 @@ impl EtcdServer {
                     process.stop();
                 }
             }
+            Mode::Tls(tls) => tls.stop(),
         }
     }
 
@@ -175,6 +188,7 @@ impl EtcdServer {
             Mode::Local(local) => {
                 local.process.as_mut().unwrap_or_else(|| panic!("cannot {what} a stopped etcd"))
             }
+            Mode::Tls(tls) => tls.process_mut().unwrap_or_else(|| panic!("cannot {what} a stopped etcd")),
         }
     }
 
@@ -184,8 +198,10 @@ impl EtcdServer {
     /// # Panics
     /// On a shared `ETCD_ENDPOINTS` cluster, or if etcd does not come back.
     pub async fn restart(&mut self) {
-        let Mode::Local(local) = &mut self.mode else {
-            panic!("cannot restart a shared ETCD_ENDPOINTS cluster");
+        let local = match &mut self.mode {
+            Mode::Local(local) => local,
+            Mode::Tls(tls) => return tls.restart().await,
+            Mode::External { .. } => panic!("cannot restart a shared ETCD_ENDPOINTS cluster"),
         };
         if local.process.is_some() {
             return;

@@ -20,7 +20,7 @@ const STOP_DEADLINE: Duration = Duration::from_secs(5);
 /// the stdin pipe closes (our `stop`/`Drop`, or the test binary dying in any way). The
 /// shell exits with etcd's status, so an etcd that dies by itself is noticed.
 /// etcd's own pid is written to `$KAT_ETCD_PIDFILE` (to signal etcd, not the shell).
-const WATCHDOG: &str = r#"exec 3<&0
+pub const WATCHDOG: &str = r#"exec 3<&0
 "$0" "$@" </dev/null 3<&- &
 pid=$!
 echo "$pid" > "$KAT_ETCD_PIDFILE"
@@ -34,11 +34,11 @@ exit "$status""#;
 
 /// A running etcd (under its watchdog).
 pub struct Process {
-    child: Child,
+    pub child: Child,
     /// Closing this kills etcd (see [`WATCHDOG`]).
-    stdin: Option<ChildStdin>,
+    pub stdin: Option<ChildStdin>,
     /// Where the watchdog wrote etcd's pid.
-    pid_file: PathBuf,
+    pub pid_file: PathBuf,
 }
 
 impl Process {

@@ -6,9 +6,12 @@
 #![allow(dead_code)]
 
 pub mod assigner;
+pub mod certs;
 pub mod cluster;
 pub mod etcd;
+pub mod etcd_tls;
 pub mod proxy;
+pub mod secure;
 
 use std::{future::Future, time::Duration};
 
