@@ -54,6 +54,19 @@ pub fn assign(
     current: &BTreeMap<u32, String>,
     active: &BTreeSet<String>,
 ) -> BTreeMap<u32, String> {
+    assign_keeping(partition_count, current, active, &BTreeSet::new())
+}
+
+/// [`assign`], except that an over-quota consumer gives up the partitions of `keep_first`
+/// last: the planner passes the partitions that are warming towards their target, so a
+/// started warm is not retargeted by the burst of joins that follows (its target keeps it
+/// unless its warms alone exceed its quota). The number of moves is the same.
+pub fn assign_keeping(
+    partition_count: u32,
+    current: &BTreeMap<u32, String>,
+    active: &BTreeSet<String>,
+    keep_first: &BTreeSet<u32>,
+) -> BTreeMap<u32, String> {
     let n = active.len();
     if n == 0 || partition_count == 0 {
         return BTreeMap::new();
@@ -99,11 +112,16 @@ pub fn assign(
         quota[i] = q + 1;
     }
 
-    // Keep the lowest-numbered min(held, quota) partitions; the rest stay `None` (free).
+    // Keep the lowest-numbered min(held, quota) partitions (`keep_first` ones before the
+    // others); the rest stay `None` (free).
     let mut owner_of: Vec<Option<u32>> = vec![None; p_total];
     let mut deficit = vec![0usize; n];
-    for (i, parts) in held.iter().enumerate() {
+    for (i, parts) in held.iter_mut().enumerate() {
         let keep = parts.len().min(quota[i]);
+        if keep < parts.len() && !keep_first.is_empty() {
+            // Stable: `keep_first` ones first, each group still ascending.
+            parts.sort_by_key(|p| !keep_first.contains(p));
+        }
         for &p in &parts[..keep] {
             // `i < n <= active.len()`; members are indexed by u32 to halve the vector size.
             owner_of[p as usize] = Some(i as u32);
@@ -217,6 +235,20 @@ mod tests {
             let k = c.get(a.as_str()).copied().unwrap_or(0);
             assert!(lo <= k && k <= hi, "{a} owns {k}, want {lo}..={hi}");
         }
+    }
+
+    #[test]
+    fn partitions_to_keep_first_are_given_up_last_with_the_same_moves() {
+        // c00 holds all 8 (two of them, 6 and 7, warming towards it); c01 joins.
+        let current: BTreeMap<u32, String> = (0..8).map(|p| (p, "c00".to_string())).collect();
+        let active = names(0..2);
+        let plain = assign(8, &current, &active);
+        let keeping = assign_keeping(8, &current, &active, &[6, 7].into());
+        assert!(plain[&6] != "c00" && plain[&7] != "c00", "plain gives up its highest: {plain:?}");
+        assert_eq!((keeping[&6].as_str(), keeping[&7].as_str()), ("c00", "c00"), "{keeping:?}");
+        assert_balanced(8, &keeping, &active);
+        assert_eq!(moves(&current, &keeping, &active), moves(&current, &plain, &active));
+        assert_eq!(moves(&current, &keeping, &active), minimum_moves(8, &current, &active));
     }
 
     #[test]

@@ -86,6 +86,8 @@ pub async fn coordinator_from_args(
             max_warming_per_consumer: args.max_warming as usize,
         },
         restart_grace: args.restart_grace,
+        settle_period: args.settle_period,
+        rebalance_delay: args.rebalance_delay,
         drain_policy: args.drain_policy,
         drain_decider,
         topic_partitions: args.topic_partitions.0.clone(),

@@ -144,6 +144,18 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_RESTART_GRACE", value_parser = parse_duration, default_value = "30s")]
     pub restart_grace: Duration,
 
+    /// After its view of the store was interrupted (just elected, watch broken, calls
+    /// failed), how long the leader leaves the partitions of consumers whose registrations
+    /// are gone, so that consumers coming straight back keep them (default: `--lease-ttl`).
+    #[arg(long, env = "KAFKA_ASSIGNER_SETTLE_PERIOD", value_parser = parse_duration)]
+    pub settle_period: Option<Duration>,
+
+    /// While consumers of a topic are still arriving (joins less than this apart, or the
+    /// first consumers of an empty group), the leader plans once they have been quiet this
+    /// long (like Kafka's group.initial.rebalance.delay.ms); a single join is planned at once.
+    #[arg(long, env = "KAFKA_ASSIGNER_REBALANCE_DELAY", value_parser = humantime_or_zero, default_value = "300ms")]
+    pub rebalance_delay: Duration,
+
     /// What Deregister answers.
     #[arg(long, env = "KAFKA_ASSIGNER_DRAIN_POLICY", value_enum, default_value = "shutdown-now")]
     pub drain_policy: DrainPolicy,
@@ -221,6 +233,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(format!("'{text}' must be greater than zero"));
     }
     Ok(d)
+}
+
+/// Parses a duration like [`parse_duration`], where zero is allowed (`0s`: off).
+pub fn humantime_or_zero(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("'{text}' is not a duration ({e}); use e.g. 0s, 300ms, 1s"))
 }
 
 /// Parses `events=12,orders=4` (empty: none).

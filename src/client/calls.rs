@@ -228,7 +228,19 @@ mod tests {
         let endpoint = Endpoint::from_shared(server.grpc_url()).expect("url");
         let (_rpc, mut stream) =
             register(&endpoint, "c", "events", Duration::from_secs(2)).await.expect("Register");
-        assert!(stream.message().await.expect("snapshot").is_some());
+        // The snapshot, then (the leader plans the new group after its rebalance delay)
+        // every partition.
+        let owns_zero = async {
+            loop {
+                let command = stream.message().await.expect("stream").expect("open").command;
+                if let Some(crate::proto::v1::assignment_command::Command::Assignment(update)) = command
+                    && update.assigned.iter().any(|tp| tp.partition == 0)
+                {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), owns_zero).await.expect("c owns partition 0");
         let (_tx, rx) = watch::channel(Some(rpc(server.grpc_url()).await));
         let released = acknowledge(rx.clone(), settings(Duration::from_secs(2)), Ack::Released, 0).await;
         assert!(matches!(released, AckOutcome::AlreadyDone(_)), "{released:?}");

@@ -64,16 +64,20 @@ impl PlanReport {
 }
 
 /// Target owner of each partition: the assignment, computed as if every warming handoff
-/// to an active consumer had already completed, so an in-flight move keeps its target.
+/// to an active consumer had already completed (so it counts towards its target's load),
+/// and keeping those warms with their target first, so an in-flight move keeps its target.
 fn targets(state: &TopicState) -> BTreeMap<u32, String> {
     let active: BTreeSet<String> = state.consumers.keys().filter(|c| state.is_active(c)).cloned().collect();
     let mut planned = state.owners.clone();
+    let mut warming = BTreeSet::new();
     for (partition, handoff) in &state.handoffs {
         if handoff.phase == Phase::Warming && state.is_active(&handoff.to) {
             planned.insert(*partition, handoff.to.clone());
+            warming.insert(*partition);
         }
     }
-    assignment::assign(state.partition_count, &planned, &active)
+    // A started warm is kept: its target gives it up last.
+    assignment::assign_keeping(state.partition_count, &planned, &active, &warming)
 }
 
 /// Reconciles `state` at `now`, mutating it into the state the leader should write.

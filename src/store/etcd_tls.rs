@@ -125,7 +125,8 @@ impl EtcdSecurity {
             || (has("http2 error") && self.uses_tls())
         {
             "--etcd-endpoints: the endpoint does not speak TLS (use http:// and no --etcd-ca, or point at etcd's TLS port)"
-        } else if self.cert.is_some() && (has("connection closed") || has("Canceled") || has("reset by peer"))
+        } else if self.cert.is_some()
+            && (has("connection closed") || has("Canceled") || has("reset by peer") || has("broken pipe"))
         {
             // TLS 1.3: etcd checks the client certificate after our side of the handshake
             // is done, and refuses it by closing the connection, with no reason we can see.

@@ -70,6 +70,11 @@ pub struct HandoffConfig {
     /// whose owners' registrations are gone, so consumers that come straight back keep
     /// them. `None`: one `lease_ttl`.
     pub settle_period: Option<Duration>,
+    /// While consumers of a topic are still arriving (a join within this of the previous
+    /// one, or the first consumers of an empty group), the leader waits until joins have
+    /// been quiet this long, then plans once (Kafka's `group.initial.rebalance.delay.ms`).
+    /// A single join to an established group is planned at once.
+    pub rebalance_delay: Duration,
     /// How often the watcher re-reads the whole prefix as a safety net.
     pub resync_interval: Duration,
 }
@@ -90,6 +95,7 @@ impl Default for HandoffConfig {
             topic_refresh_interval: Duration::from_secs(60),
             reconcile_interval: Duration::from_secs(1),
             settle_period: None,
+            rebalance_delay: Duration::from_millis(300),
             resync_interval: Duration::from_secs(300),
         }
     }

@@ -31,6 +31,14 @@ pub struct Versioned<T> {
     pub mod_revision: Revision,
 }
 
+/// `interval` ± 25 %, at random: the periodic resync (O(all records)) must not run at the
+/// same moment on every instance.
+fn jittered(interval: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    interval.mul_f64(0.75 + (random % 1_000) as f64 / 2_000.0)
+}
+
 /// Who one applied batch concerns, per topic: only the consumers whose view it may have
 /// changed (a record names them: owner, handoff source and target, the registration), or
 /// the whole topic. It is what keeps the relay's work proportional to the change.
@@ -240,7 +248,7 @@ impl<C: MirrorCache> Mirror<C> {
         mut stream: WatchStream,
         relay: &impl Fn(&C, &Changes),
     ) -> bool {
-        let resync = tokio::time::sleep(source.resync_interval);
+        let resync = tokio::time::sleep(jittered(source.resync_interval));
         tokio::pin!(resync);
         loop {
             let mut item = tokio::select! {
@@ -371,9 +379,9 @@ mod tests {
         store.put(&format!("{PREFIX}a/x"), b"1".to_vec(), None).await.expect("written");
         let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
         let (relayed, stop) = run(store.clone(), mirror.clone(), Duration::from_secs(1));
-        tokio::time::sleep(Duration::from_millis(3500)).await;
+        tokio::time::sleep(Duration::from_millis(4000)).await;
         let relayed = relayed.lock().expect("lock").clone();
-        assert!(relayed.len() >= 3, "three resyncs relayed: {relayed:?}");
+        assert!(relayed.len() >= 3, "three resyncs (each 1 s ± 25 %) relayed: {relayed:?}");
         assert!(relayed.iter().all(BTreeSet::is_empty), "nothing differed: {relayed:?}");
         stop.cancel();
     }

@@ -42,6 +42,12 @@ struct Leadership {
     settle_until: Option<tokio::time::Instant>,
     /// The mirror's interruption count last seen.
     interruptions: u64,
+    /// Per topic, who has been arriving (see [`HandoffConfig::rebalance_delay`]).
+    ///
+    /// [`HandoffConfig::rebalance_delay`]: super::HandoffConfig::rebalance_delay
+    arrivals: BTreeMap<String, reconcile::Arrivals>,
+    /// When a topic waiting for arrivals to stop is due to be planned.
+    wake_at: Option<tokio::time::Instant>,
     /// Per-topic cooldowns of the planner; lost with leadership.
     cooldowns: BTreeMap<String, Cooldowns>,
     /// Revision our last write produced; reconcile again only once the cache has it.
@@ -97,12 +103,14 @@ pub(super) async fn leader_loop(inner: Arc<Handoff>) {
         if let Some(fence) = inner.fence() {
             start_topic_refresh(&inner, &mut me, fence);
         }
+        let next = tokio::time::Instant::now() + inner.config.reconcile_interval;
+        let wake = me.wake_at.take().map_or(next, |at| at.min(next));
         tokio::select! {
             _ = inner.core.shutdown.cancelled() => return,
             _ = changed.changed() => {}
             _ = lease.changed() => {}
             _ = health.changed() => {}
-            _ = tokio::time::sleep(inner.config.reconcile_interval) => {}
+            _ = tokio::time::sleep_until(wake) => {}
         }
     }
 }

@@ -2,7 +2,7 @@
 //! [`crate::handoff::plan`], and write each topic's changes in batched transactions fenced
 //! by our leadership, each write also guarded by the revision of the record it replaces.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::election::still_leading;
 use super::{Fence, Leadership};
@@ -56,6 +56,38 @@ pub fn fenced_batches(
         .collect()
 }
 
+/// Who has been joining one topic, to plan a burst of joins once.
+#[derive(Debug, Default)]
+pub(super) struct Arrivals {
+    /// The active consumers at the last look.
+    members: BTreeSet<String>,
+    /// When the last new one appeared.
+    last_join: Option<tokio::time::Instant>,
+    /// Whether members are still arriving: the group was empty, or a join followed the
+    /// previous one within the rebalance delay.
+    arriving: bool,
+}
+
+impl Arrivals {
+    /// Notes the active consumers now; returns until when planning should wait (joins
+    /// still arriving), if it should.
+    fn wait_until(
+        &mut self,
+        active: BTreeSet<String>,
+        now: tokio::time::Instant,
+        delay: std::time::Duration,
+    ) -> Option<tokio::time::Instant> {
+        if active.difference(&self.members).next().is_some() {
+            let recent = self.last_join.is_some_and(|at| now < at + delay);
+            self.arriving = recent || self.members.is_empty();
+            self.last_join = Some(now);
+        }
+        self.members = active;
+        let due = self.last_join? + delay;
+        (self.arriving && now < due).then_some(due)
+    }
+}
+
 /// What one partition's plan was decided from, as the leader saw it.
 #[derive(Clone, Debug, Default)]
 struct Basis {
@@ -82,6 +114,8 @@ struct TopicPlan {
 /// to come back (DESIGN.md §6, "settle after an interruption").
 pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: Fence, settling: bool) {
     let now = now_ms();
+    let instant = tokio::time::Instant::now();
+    let delay = inner.config.rebalance_delay;
     // Plan every topic from one consistent cache read.
     let plans: Vec<TopicPlan> = {
         let cache = inner.core.mirror.read();
@@ -90,6 +124,19 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
             .iter()
             .filter(|(_, e)| e.config.is_some())
             .filter(|(_, e)| !settling || e.owners.values().all(|o| e.consumers.contains_key(&o.value)))
+            .filter(|(topic, entry)| {
+                let active = entry
+                    .consumers
+                    .iter()
+                    .filter(|(_, r)| r.value.status == crate::handoff::ConsumerStatus::Active)
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                let wait = me.arrivals.entry((*topic).clone()).or_default().wait_until(active, instant, delay);
+                if let Some(due) = wait {
+                    me.wake_at = Some(me.wake_at.map_or(due, |at| at.min(due)));
+                }
+                wait.is_none()
+            })
             .filter_map(|(topic, entry)| {
                 let before = entry.state();
                 let mut after = before.clone();
@@ -192,6 +239,25 @@ mod tests {
     use super::*;
     use crate::handoff::{Handoff, Phase};
     use crate::store::{Op, SessionId};
+
+    #[test]
+    fn joins_of_an_empty_group_or_in_a_burst_wait_a_single_join_does_not() {
+        let delay = std::time::Duration::from_millis(300);
+        let t0 = tokio::time::Instant::now();
+        let ms = |n| t0 + std::time::Duration::from_millis(n);
+        let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        let mut arrivals = Arrivals::default();
+        // The first consumers of an empty group: wait until joins are quiet.
+        assert_eq!(arrivals.wait_until(names(&["a"]), ms(0), delay), Some(ms(300)));
+        assert_eq!(arrivals.wait_until(names(&["a", "b"]), ms(100), delay), Some(ms(400)));
+        assert_eq!(arrivals.wait_until(names(&["a", "b"]), ms(400), delay), None, "quiet: plan once");
+        // Established: a single join is planned at once...
+        assert_eq!(arrivals.wait_until(names(&["a", "b", "c"]), ms(5_000), delay), None);
+        // ...and one that follows it closely makes it a burst.
+        assert_eq!(arrivals.wait_until(names(&["a", "b", "c", "d"]), ms(5_100), delay), Some(ms(5_400)));
+        // Someone leaving is not a join.
+        assert_eq!(arrivals.wait_until(names(&["a"]), ms(9_000), delay), None);
+    }
 
     #[test]
     fn rebalance_writes_are_batched_fenced_and_keep_a_partition_together() {
