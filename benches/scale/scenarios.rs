@@ -1,0 +1,306 @@
+//! The scenarios: scale-out (N → M consumers on P partitions) and fan-out (a storm of N
+//! `Register`s, then joins one at a time with N streams open). Each runs against a fresh
+//! server (and a fresh etcd), so memory and etcd rates belong to that scenario alone.
+
+use std::time::{Duration, Instant};
+
+use super::{
+    Config,
+    error::BenchError,
+    etcd_ref::{self, EtcdCounters, EtcdRates, RawEtcd},
+    fleet::Fleet,
+    report::Row,
+    server::{ServerProcess, ServerSpec, Store},
+    world::{PhaseStats, Shared},
+};
+use crate::etcd::EtcdServer;
+
+const TOPIC: &str = "bench";
+
+/// Streams per HTTP/2 connection (the server does not cap concurrent streams; a few
+/// connections still spread the work over the client's and server's I/O).
+const STREAMS_PER_CONNECTION: u32 = 500;
+
+/// Which store the server runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `--backend memory`.
+    Memory,
+    /// `--backend etcd` on an etcd the benchmark starts.
+    Etcd,
+}
+
+impl Backend {
+    /// Parses `memory` / `etcd`.
+    pub fn parse(text: &str) -> Result<Self, BenchError> {
+        match text {
+            "memory" => Ok(Self::Memory),
+            "etcd" => Ok(Self::Etcd),
+            other => Err(BenchError::Config(format!("backend {other}: use memory or etcd"))),
+        }
+    }
+
+    /// The name in reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Etcd => "etcd",
+        }
+    }
+}
+
+/// One scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// `from` consumers hold `partitions`; `to - from` join at once.
+    ScaleOut {
+        /// Partitions of the topic.
+        partitions: u32,
+        /// Consumers before.
+        from: u32,
+        /// Consumers after.
+        to: u32,
+    },
+    /// A storm of `consumers` `Register`s, then `joins` joins one after another, each
+    /// taking one partition (the topic has `consumers + joins` partitions).
+    FanOut {
+        /// Consumers connected.
+        consumers: u32,
+        /// Joins measured.
+        joins: u32,
+    },
+}
+
+impl Scenario {
+    /// Its key in `SCALE_SCENARIOS` and the JSON.
+    pub fn key(&self) -> String {
+        match self {
+            Self::ScaleOut { partitions, from, to } => format!("scaleout-{partitions}-{from}-{to}"),
+            Self::FanOut { consumers, .. } => format!("fanout-{consumers}"),
+        }
+    }
+}
+
+/// The raw etcd reference on a fresh etcd.
+pub async fn raw_etcd(config: &Config) -> Result<RawEtcd, BenchError> {
+    let etcd = EtcdServer::start().await;
+    etcd_ref::raw_reference(&etcd.endpoints(), config.raw_window, config.raw_samples).await
+}
+
+/// A server (and its etcd) for one scenario.
+struct Setup {
+    server: ServerProcess,
+    etcd: Option<EtcdServer>,
+    rss_empty: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn start(
+        config: &Config,
+        backend: Backend,
+        partitions: u32,
+        max_warming: u32,
+    ) -> Result<Self, BenchError> {
+        let dir = tempfile::Builder::new().prefix("kafka-assigner-scale-").tempdir()?;
+        let etcd = match backend {
+            Backend::Memory => None,
+            Backend::Etcd => Some(EtcdServer::start().await),
+        };
+        let store = match &etcd {
+            None => Store::Memory,
+            Some(etcd) => Store::Etcd { endpoints: etcd.endpoints(), prefix: etcd.unique_prefix("scale") },
+        };
+        let spec = ServerSpec {
+            binary: &config.binary,
+            store: &store,
+            topic: TOPIC,
+            partitions,
+            max_warming: config.max_warming.unwrap_or(max_warming),
+            extra_args: &config.extra_args,
+            log: dir.path().join("server.log"),
+        };
+        let server = ServerProcess::start(&spec).await?;
+        let rss_empty = server.rss_bytes()?;
+        Ok(Self { server, etcd, rss_empty, _dir: dir })
+    }
+
+    async fn etcd_counters(&self) -> Option<EtcdCounters> {
+        let endpoint = self.etcd.as_ref()?.endpoints().into_iter().next()?;
+        etcd_ref::counters(&endpoint).await.ok()
+    }
+
+    /// Waits `window` with everyone connected and returns etcd's rates over it.
+    async fn idle_rates(&self, window: Duration) -> Option<EtcdRates> {
+        let before = self.etcd_counters().await;
+        tokio::time::sleep(window).await;
+        let after = self.etcd_counters().await;
+        Some(before?.rates_to(&after?))
+    }
+
+    /// Fills the server-side columns of `row` with `consumers` connected.
+    fn finish(&mut self, row: &mut Row, consumers: u32) {
+        let rss = self.server.rss_bytes().unwrap_or(0);
+        row.rss_mib = rss as f64 / (1024.0 * 1024.0);
+        row.rss_per_consumer_kib =
+            rss.saturating_sub(self.rss_empty) as f64 / 1024.0 / f64::from(consumers.max(1));
+        let (warn, error) = self.server.log_warnings();
+        row.server_warn_lines = warn;
+        row.server_error_lines = error;
+        row.server_alive = self.server.alive();
+    }
+}
+
+/// Runs one scenario on one backend; returns its rows.
+pub async fn run(config: &Config, backend: Backend, scenario: Scenario) -> Result<Vec<Row>, BenchError> {
+    match scenario {
+        Scenario::ScaleOut { partitions, from, to } => {
+            Ok(vec![scale_out(config, backend, scenario, partitions, from, to).await?])
+        }
+        Scenario::FanOut { consumers, joins } => fan_out(config, backend, scenario, consumers, joins).await,
+    }
+}
+
+fn connections(consumers: u32) -> usize {
+    consumers.div_ceil(STREAMS_PER_CONNECTION).clamp(1, 32) as usize
+}
+
+async fn scale_out(
+    config: &Config,
+    backend: Backend,
+    scenario: Scenario,
+    partitions: u32,
+    from: u32,
+    to: u32,
+) -> Result<Row, BenchError> {
+    let mut setup = Setup::start(config, backend, partitions, partitions.div_ceil(to)).await?;
+    let shared = Shared::new(partitions);
+    let mut fleet = Fleet::connect(&setup.server.grpc_url(), connections(to), TOPIC, shared.clone()).await?;
+    let mut row = Row::new(backend, &scenario.key(), "scale-out", partitions, from, to);
+    row.max_warming = config.max_warming.unwrap_or(partitions.div_ceil(to));
+
+    fleet.spawn_all(0..from);
+    if shared.wait_stable(from, Instant::now() + config.deadline).await.is_none() {
+        row.note(format!("{from} consumers not stable within {:?} before the scale-out", config.deadline));
+        setup.finish(&mut row, from);
+        return Ok(row);
+    }
+    row.moves_min = min_moves(&shared.lock().loads(from), partitions, to);
+    let before = setup.etcd_counters().await;
+    shared.start_phase();
+    let start = Instant::now();
+    fleet.spawn_all(from..to);
+    let stable = shared.wait_stable(to, start + config.deadline).await;
+    let stats = shared.end_phase();
+    if let (Some(before), Some(after)) = (before, setup.etcd_counters().await) {
+        row.etcd_busy = Some(before.rates_to(&after));
+    }
+    row.apply(&stats, stable.map(|at| at - start));
+    measure_idle(config, &mut setup, &shared, &mut row, to).await;
+    Ok(row)
+}
+
+/// The idle window (etcd rates with everyone connected), then whether the views stayed
+/// stable through it, then the server-side columns.
+async fn measure_idle(config: &Config, setup: &mut Setup, shared: &Shared, row: &mut Row, consumers: u32) {
+    row.etcd_idle = setup.idle_rates(config.idle_window).await;
+    if row.stable && !shared.lock().is_stable(consumers) {
+        row.note(format!("became unstable during the {:?} idle window", config.idle_window));
+        row.stable_after_idle = false;
+    }
+    setup.finish(row, consumers);
+}
+
+async fn fan_out(
+    config: &Config,
+    backend: Backend,
+    scenario: Scenario,
+    consumers: u32,
+    joins: u32,
+) -> Result<Vec<Row>, BenchError> {
+    let partitions = consumers + joins;
+    // A newcomer's share is one or two partitions: warming never limits anything here.
+    let mut setup = Setup::start(config, backend, partitions, 4).await?;
+    let shared = Shared::new(partitions);
+    let mut fleet =
+        Fleet::connect(&setup.server.grpc_url(), connections(consumers + joins), TOPIC, shared.clone())
+            .await?;
+    let key = scenario.key();
+
+    // The storm: every Register at once.
+    let mut storm = Row::new(backend, &format!("storm-{consumers}"), "storm", partitions, 0, consumers);
+    storm.max_warming = config.max_warming.unwrap_or(4);
+    let before = setup.etcd_counters().await;
+    shared.start_phase();
+    let start = Instant::now();
+    fleet.spawn_all(0..consumers);
+    let stable = shared.wait_stable(consumers, start + config.deadline).await;
+    let stats = shared.end_phase();
+    if let (Some(before), Some(after)) = (before, setup.etcd_counters().await) {
+        storm.etcd_busy = Some(before.rates_to(&after));
+    }
+    storm.apply(&stats, stable.map(|at| at - start));
+    if stats.register_to_snapshot.len() == consumers as usize {
+        storm.registers_complete_ms = stats.last_snapshot.map(|at| ms(at.saturating_duration_since(start)));
+    } else {
+        storm.note(format!("{} of {consumers} Registers got a snapshot", stats.register_to_snapshot.len()));
+    }
+    measure_idle(config, &mut setup, &shared, &mut storm, consumers).await;
+
+    let mut row = Row::new(backend, &key, "fan-out", partitions, consumers, consumers + joins);
+    row.max_warming = storm.max_warming;
+    if !(storm.stable && storm.stable_after_idle) {
+        row.note("not measured: the storm before it did not settle".into());
+        return Ok(vec![storm, row]);
+    }
+    // Joins one at a time; each moves one partition from a consumer holding two.
+    let before = setup.etcd_counters().await;
+    shared.start_phase();
+    let mut slowest = Duration::ZERO;
+    let mut all_stable = true;
+    for join in 0..joins {
+        let n = consumers + join;
+        row.moves_min += min_moves(&shared.lock().loads(n), partitions, n + 1);
+        let start = Instant::now();
+        fleet.spawn(n);
+        match shared.wait_stable(n + 1, start + config.deadline).await {
+            Some(at) => slowest = slowest.max(at - start),
+            None => {
+                all_stable = false;
+                row.note(format!("join {} not stable within {:?}", join + 1, config.deadline));
+                break;
+            }
+        }
+    }
+    let stats: PhaseStats = shared.end_phase();
+    if let (Some(before), Some(after)) = (before, setup.etcd_counters().await) {
+        row.etcd_busy = Some(before.rates_to(&after));
+    }
+    // Time to stable of the slowest join.
+    row.apply(&stats, all_stable.then_some(slowest));
+    measure_idle(config, &mut setup, &shared, &mut row, consumers + joins).await;
+    Ok(vec![storm, row])
+}
+
+/// The fewest partitions that must change owner for `loads` (the current owners' loads,
+/// holding every partition) to become balanced over `members` consumers: the old consumers
+/// keep as much as their new share allows, the largest ones taking the ⌈P/M⌉ shares.
+pub fn min_moves(loads: &[u32], partitions: u32, members: u32) -> u64 {
+    if members == 0 {
+        return 0;
+    }
+    let (share, extra) = (partitions / members, (partitions % members) as usize);
+    let mut sorted = loads.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let kept: u64 = sorted
+        .iter()
+        .enumerate()
+        .map(|(i, load)| u64::from(*load.min(&if i < extra { share + 1 } else { share })))
+        .sum();
+    u64::from(partitions).saturating_sub(kept)
+}
+
+/// Milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
