@@ -267,6 +267,13 @@ impl Report {
         for row in &self.rows {
             out.push_str(&row.markdown());
         }
+        let targets = self.targets();
+        if !targets.is_empty() {
+            out.push_str("\nissue 13 targets:\n");
+            for (what, measured, pass) in targets {
+                out.push_str(&format!("- {what}: {measured}: {}\n", if pass { "PASS" } else { "**FAIL**" }));
+            }
+        }
         if let Some(raw) = &self.raw_etcd {
             out.push_str(&format!(
                 "\nraw etcd, same run: {:.0} fenced txn/s with 64 in flight; put → another client's watch p50 {:.2} ms, p99 {:.2} ms\n",
@@ -287,13 +294,86 @@ impl Report {
         out
     }
 
+    fn row(&self, backend: &str, scenario: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.backend == backend && r.scenario == scenario)
+    }
+
+    /// The targets that this run's rows can check: (target, measured, met).
+    pub fn targets(&self) -> Vec<(String, String, bool)> {
+        let mut out = Vec::new();
+        for backend in ["memory", "etcd"] {
+            if let Some(r) = self.row(backend, "fanout-10000") {
+                let held = r.stable && r.stable_after_idle && r.stream_errors == 0;
+                out.push((
+                    format!("{backend} fan-out 10,000: stable, no session lost"),
+                    format!("stable {}, stream errors {}", held, r.stream_errors),
+                    held,
+                ));
+                out.push((
+                    format!("{backend} fan-out 10,000: RSS < 1 GiB"),
+                    format!("{:.0} MiB", r.rss_mib),
+                    r.rss_mib < 1024.0,
+                ));
+                let p99 = r.delivery_p99_ms;
+                out.push((
+                    format!("{backend} fan-out 10,000: delivery p99 < 50 ms"),
+                    opt(p99),
+                    p99.is_some_and(|p| p < 50.0),
+                ));
+            }
+            if let Some(r) = self.row(backend, "storm-10000") {
+                let limit = if backend == "etcd" { 3_000.0 } else { 1_000.0 };
+                let t = r.registers_complete_ms;
+                out.push((
+                    format!("{backend} storm: 10,000 Registers complete < {limit:.0} ms"),
+                    opt(t),
+                    t.is_some_and(|t| t < limit),
+                ));
+            }
+            let gaps: Vec<&Row> =
+                self.rows.iter().filter(|r| r.backend == backend && r.kind != "storm").collect();
+            if !gaps.is_empty() {
+                let worst = gaps.iter().map(|r| r.max_gap_ms).fold(0.0, f64::max);
+                out.push((
+                    format!("{backend}: no ownership gap in planned moves"),
+                    format!("longest {worst:.2} ms"),
+                    worst == 0.0,
+                ));
+            }
+        }
+        if let Some(r) = self.row("etcd", "scaleout-10000-100-200") {
+            let t = r.time_to_stable_ms;
+            out.push((
+                "etcd scale-out 10,000 partitions 100 → 200 < 2 s".into(),
+                opt(t),
+                t.is_some_and(|t| t < 2_000.0),
+            ));
+        }
+        let idle = |n: &str| self.row("etcd", n).and_then(|r| r.etcd_idle).map(|i| i.requests_per_s);
+        if let (Some(small), Some(large)) = (idle("storm-1000"), idle("storm-10000")) {
+            out.push((
+                "etcd requests/s idle independent of consumers (10,000 ≤ 1.5 × 1,000 + 2)".into(),
+                format!("{small:.1}/s at 1,000, {large:.1}/s at 10,000"),
+                large <= small * 1.5 + 2.0,
+            ));
+        }
+        out
+    }
+
     /// Writes `{out}.md` and `{out}.json`.
     pub fn write(&self, out: &Path) -> Result<(), BenchError> {
         if let Some(parent) = out.parent() {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::write(out.with_extension("md"), self.markdown())?;
-        std::fs::write(out.with_extension("json"), serde_json::to_string_pretty(self)?)?;
+        let mut json = serde_json::to_value(self)?;
+        if let Some(object) = json.as_object_mut() {
+            let targets = self.targets().into_iter().map(|(target, measured, met)| {
+                serde_json::json!({ "target": target, "measured": measured, "met": met })
+            });
+            object.insert("targets".into(), serde_json::Value::Array(targets.collect()));
+        }
+        std::fs::write(out.with_extension("json"), serde_json::to_string_pretty(&json)?)?;
         Ok(())
     }
 }
