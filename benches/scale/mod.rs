@@ -57,6 +57,7 @@ impl Config {
             vec![
                 Scenario::ScaleOut { partitions: 12, from: 3, to: 4 },
                 Scenario::FanOut { consumers: 20, joins: 3 },
+                Scenario::Storm { consumers: 20 },
             ]
         } else {
             vec![
@@ -67,6 +68,7 @@ impl Config {
                 Scenario::FanOut { consumers: 1_000, joins: 10 },
                 Scenario::FanOut { consumers: 5_000, joins: 10 },
                 Scenario::FanOut { consumers: 10_000, joins: 10 },
+                Scenario::Storm { consumers: 10_000 },
             ]
         };
         let secs = |smoke_s: u64, full_s: u64| Duration::from_secs(if smoke { smoke_s } else { full_s });
@@ -86,7 +88,7 @@ impl Config {
     }
 
     /// Reads `SCALE_SIZES` (default `default_sizes`), `SCALE_SCENARIOS` (comma-separated
-    /// prefixes of scenario keys, e.g. `scaleout,fanout-1000`), `SCALE_BACKENDS`
+    /// scenario keys or their kinds, e.g. `scaleout,fanout-1000,storm`), `SCALE_BACKENDS`
     /// (`memory,etcd`), `SCALE_MAX_WARMING`, `SCALE_SERVER_ARGS` (space-separated),
     /// `SCALE_DEADLINE_S`, `SCALE_IDLE_S` and `SCALE_OUT` (path without extension).
     pub fn from_env(default_sizes: &str, binary: PathBuf, out: PathBuf) -> Result<Self, BenchError> {
@@ -96,7 +98,11 @@ impl Config {
         let mut config = Self::for_sizes(sizes.trim(), binary, out)?;
         if let Some(wanted) = var("SCALE_SCENARIOS") {
             let wanted: Vec<String> = wanted.split(',').map(|w| w.trim().to_lowercase()).collect();
-            config.scenarios.retain(|s| wanted.iter().any(|w| s.key().starts_with(w.as_str())));
+            // `scaleout` picks every scale-out, `fanout-1000` only that one.
+            config.scenarios.retain(|s| {
+                let key = s.key();
+                wanted.iter().any(|w| key == *w || key.starts_with(&format!("{w}-")))
+            });
             if config.scenarios.is_empty() {
                 return Err(BenchError::Config(format!("SCALE_SCENARIOS={wanted:?} matches no scenario")));
             }

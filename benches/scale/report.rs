@@ -63,6 +63,8 @@ pub struct Row {
     pub register_p99_ms: Option<f64>,
     /// Storm: first `Register` sent → last snapshot received.
     pub registers_complete_ms: Option<f64>,
+    /// Fan-out: connecting every consumer (in waves) before the joins.
+    pub connect_ms: Option<f64>,
     /// Server RSS at the end, MiB.
     pub rss_mib: f64,
     /// (RSS at the end − RSS of the empty server) / consumers, KiB.
@@ -122,6 +124,7 @@ impl Row {
             register_p50_ms: None,
             register_p99_ms: None,
             registers_complete_ms: None,
+            connect_ms: None,
             rss_mib: 0.0,
             rss_per_consumer_kib: 0.0,
             etcd_busy: None,
@@ -197,9 +200,10 @@ impl Row {
             Some(r) => format!("{:.0} ({:.0} ka)", r.requests_per_s, r.keepalives_per_s),
             None => "–".into(),
         };
-        let registers = match self.registers_complete_ms {
-            Some(t) => format!("{t:.0} ms; {}", pair(self.register_p50_ms, self.register_p99_ms)),
-            None => "–".into(),
+        let registers = match (self.registers_complete_ms, self.connect_ms) {
+            (Some(t), _) => format!("{t:.0} ms; {}", pair(self.register_p50_ms, self.register_p99_ms)),
+            (None, Some(t)) => format!("({t:.0} ms in waves) §"),
+            (None, None) => "–".into(),
         };
         format!(
             "| {} | {} | {} → {} | {} | {} / {} | {:.1} | {:.1} ({}) | {} | {} | {} | {:.0} MiB ({:.1} KiB) | {} | {} | {} / {} ({}) |\n",
@@ -350,7 +354,7 @@ impl Report {
             ));
         }
         let idle = |n: &str| self.row("etcd", n).and_then(|r| r.etcd_idle).map(|i| i.requests_per_s);
-        if let (Some(small), Some(large)) = (idle("storm-1000"), idle("storm-10000")) {
+        if let (Some(small), Some(large)) = (idle("fanout-1000"), idle("fanout-10000")) {
             out.push((
                 "etcd requests/s idle independent of consumers (10,000 ≤ 1.5 × 1,000 + 2)".into(),
                 format!("{small:.1}/s at 1,000, {large:.1}/s at 10,000"),

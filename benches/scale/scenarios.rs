@@ -21,6 +21,11 @@ const TOPIC: &str = "bench";
 /// connections still spread the work over the client's and server's I/O).
 const STREAMS_PER_CONNECTION: u32 = 500;
 
+/// Fan-out connects its consumers in waves of this many `Register`s, each wave settling
+/// before the next, so the storm (a scenario of its own) does not decide whether fan-out
+/// can be measured at all.
+const WAVE: u32 = 1_000;
+
 /// Which store the server runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -61,13 +66,18 @@ pub enum Scenario {
         /// Consumers after.
         to: u32,
     },
-    /// A storm of `consumers` `Register`s, then `joins` joins one after another, each
-    /// taking one partition (the topic has `consumers + joins` partitions).
+    /// `consumers` connected (in waves), then `joins` joins one after another, each taking
+    /// one partition (the topic has `consumers + joins` partitions).
     FanOut {
         /// Consumers connected.
         consumers: u32,
         /// Joins measured.
         joins: u32,
+    },
+    /// `consumers` `Register`s at once on a topic of as many partitions.
+    Storm {
+        /// Consumers registering.
+        consumers: u32,
     },
 }
 
@@ -77,6 +87,7 @@ impl Scenario {
         match self {
             Self::ScaleOut { partitions, from, to } => format!("scaleout-{partitions}-{from}-{to}"),
             Self::FanOut { consumers, .. } => format!("fanout-{consumers}"),
+            Self::Storm { consumers } => format!("storm-{consumers}"),
         }
     }
 }
@@ -157,7 +168,10 @@ pub async fn run(config: &Config, backend: Backend, scenario: Scenario) -> Resul
         Scenario::ScaleOut { partitions, from, to } => {
             Ok(vec![scale_out(config, backend, scenario, partitions, from, to).await?])
         }
-        Scenario::FanOut { consumers, joins } => fan_out(config, backend, scenario, consumers, joins).await,
+        Scenario::FanOut { consumers, joins } => {
+            Ok(vec![fan_out(config, backend, scenario, consumers, joins).await?])
+        }
+        Scenario::Storm { consumers } => Ok(vec![storm(config, backend, scenario, consumers).await?]),
     }
 }
 
@@ -211,25 +225,20 @@ async fn measure_idle(config: &Config, setup: &mut Setup, shared: &Shared, row: 
     setup.finish(row, consumers);
 }
 
-async fn fan_out(
+/// Every `Register` at once on a topic of as many partitions as consumers.
+async fn storm(
     config: &Config,
     backend: Backend,
     scenario: Scenario,
     consumers: u32,
-    joins: u32,
-) -> Result<Vec<Row>, BenchError> {
-    let partitions = consumers + joins;
-    // A newcomer's share is one or two partitions: warming never limits anything here.
+) -> Result<Row, BenchError> {
+    let partitions = consumers;
     let mut setup = Setup::start(config, backend, partitions, 4).await?;
     let shared = Shared::new(partitions);
     let mut fleet =
-        Fleet::connect(&setup.server.grpc_url(), connections(consumers + joins), TOPIC, shared.clone())
-            .await?;
-    let key = scenario.key();
-
-    // The storm: every Register at once.
-    let mut storm = Row::new(backend, &format!("storm-{consumers}"), "storm", partitions, 0, consumers);
-    storm.max_warming = config.max_warming.unwrap_or(4);
+        Fleet::connect(&setup.server.grpc_url(), connections(consumers), TOPIC, shared.clone()).await?;
+    let mut row = Row::new(backend, &scenario.key(), "storm", partitions, 0, consumers);
+    row.max_warming = config.max_warming.unwrap_or(4);
     let before = setup.etcd_counters().await;
     shared.start_phase();
     let start = Instant::now();
@@ -237,23 +246,56 @@ async fn fan_out(
     let stable = shared.wait_stable(consumers, start + config.deadline).await;
     let stats = shared.end_phase();
     if let (Some(before), Some(after)) = (before, setup.etcd_counters().await) {
-        storm.etcd_busy = Some(before.rates_to(&after));
+        row.etcd_busy = Some(before.rates_to(&after));
     }
-    storm.apply(&stats, stable.map(|at| at - start));
+    row.apply(&stats, stable.map(|at| at - start));
     if stats.register_to_snapshot.len() == consumers as usize {
-        storm.registers_complete_ms = stats.last_snapshot.map(|at| ms(at.saturating_duration_since(start)));
+        row.registers_complete_ms = stats.last_snapshot.map(|at| ms(at.saturating_duration_since(start)));
     } else {
-        storm.note(format!("{} of {consumers} Registers got a snapshot", stats.register_to_snapshot.len()));
+        row.note(format!("{} of {consumers} Registers got a snapshot", stats.register_to_snapshot.len()));
     }
-    measure_idle(config, &mut setup, &shared, &mut storm, consumers).await;
+    measure_idle(config, &mut setup, &shared, &mut row, consumers).await;
+    Ok(row)
+}
 
-    let mut row = Row::new(backend, &key, "fan-out", partitions, consumers, consumers + joins);
-    row.max_warming = storm.max_warming;
-    if !(storm.stable && storm.stable_after_idle) {
-        row.note("not measured: the storm before it did not settle".into());
-        return Ok(vec![storm, row]);
+/// `consumers` connected in waves (not a storm: that is its own scenario), an idle window,
+/// then `joins` joins one at a time, each taking one partition from a consumer holding two.
+async fn fan_out(
+    config: &Config,
+    backend: Backend,
+    scenario: Scenario,
+    consumers: u32,
+    joins: u32,
+) -> Result<Row, BenchError> {
+    let partitions = consumers + joins;
+    // A newcomer's share is one or two partitions: warming never limits anything here.
+    let mut setup = Setup::start(config, backend, partitions, 4).await?;
+    let shared = Shared::new(partitions);
+    let mut fleet =
+        Fleet::connect(&setup.server.grpc_url(), connections(consumers + joins), TOPIC, shared.clone())
+            .await?;
+    let mut row = Row::new(backend, &scenario.key(), "fan-out", partitions, consumers, consumers + joins);
+    row.max_warming = config.max_warming.unwrap_or(4);
+
+    let start = Instant::now();
+    for wave in (0..consumers).step_by(WAVE as usize) {
+        let end = (wave + WAVE).min(consumers);
+        fleet.spawn_all(wave..end);
+        if shared.wait_stable(end, Instant::now() + config.deadline).await.is_none() {
+            row.note(format!("not measured: {end} consumers not stable within {:?}", config.deadline));
+            row.stream_errors = shared.end_phase().stream_errors;
+            setup.finish(&mut row, end);
+            return Ok(row);
+        }
     }
-    // Joins one at a time; each moves one partition from a consumer holding two.
+    row.connect_ms = Some(ms(start.elapsed()));
+    // Idle with everyone connected, before the joins.
+    row.etcd_idle = setup.idle_rates(config.idle_window).await;
+    if !shared.lock().is_stable(consumers) {
+        row.note(format!("{consumers} consumers became unstable while idle"));
+        row.stable_after_idle = false;
+    }
+
     let before = setup.etcd_counters().await;
     shared.start_phase();
     let mut slowest = Duration::ZERO;
@@ -278,8 +320,8 @@ async fn fan_out(
     }
     // Time to stable of the slowest join.
     row.apply(&stats, all_stable.then_some(slowest));
-    measure_idle(config, &mut setup, &shared, &mut row, consumers + joins).await;
-    Ok(vec![storm, row])
+    setup.finish(&mut row, consumers + joins);
+    Ok(row)
 }
 
 /// The fewest partitions that must change owner for `loads` (the current owners' loads,
