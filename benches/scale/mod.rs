@@ -56,7 +56,8 @@ impl Config {
         let scenarios = if smoke {
             vec![
                 Scenario::ScaleOut { partitions: 12, from: 3, to: 4 },
-                Scenario::FanOut { consumers: 20, joins: 3 },
+                Scenario::FanOut { consumers: 20, joins: 3, spectators: false },
+                Scenario::FanOut { consumers: 20, joins: 3, spectators: true },
                 Scenario::Storm { consumers: 20 },
             ]
         } else {
@@ -65,9 +66,12 @@ impl Config {
                 Scenario::ScaleOut { partitions: 256, from: 16, to: 17 },
                 Scenario::ScaleOut { partitions: 256, from: 8, to: 16 },
                 Scenario::ScaleOut { partitions: 10_000, from: 100, to: 200 },
-                Scenario::FanOut { consumers: 1_000, joins: 10 },
-                Scenario::FanOut { consumers: 5_000, joins: 10 },
-                Scenario::FanOut { consumers: 10_000, joins: 10 },
+                Scenario::FanOut { consumers: 1_000, joins: 10, spectators: false },
+                Scenario::FanOut { consumers: 5_000, joins: 10, spectators: false },
+                Scenario::FanOut { consumers: 10_000, joins: 10, spectators: false },
+                Scenario::FanOut { consumers: 1_000, joins: 10, spectators: true },
+                Scenario::FanOut { consumers: 5_000, joins: 10, spectators: true },
+                Scenario::FanOut { consumers: 10_000, joins: 10, spectators: true },
                 Scenario::Storm { consumers: 10_000 },
             ]
         };
@@ -145,11 +149,9 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
         }
         for scenario in &config.scenarios {
             eprintln!("scale: {} on {}", scenario.key(), backend.name());
-            let rows = scenarios::run(config, *backend, *scenario).await?;
-            for row in &rows {
-                eprintln!("  {}", row.summary());
-            }
-            report.rows.extend(rows);
+            let row = scenarios::run(config, *backend, *scenario).await?;
+            eprintln!("  {}", row.summary());
+            report.rows.push(row);
         }
     }
     report.write(&config.out)?;

@@ -16,6 +16,8 @@ use super::{
 use crate::etcd::EtcdServer;
 
 const TOPIC: &str = "bench";
+/// Fan-out with spectators: the topic their streams are on.
+const IDLE_TOPIC: &str = "idle";
 
 /// Streams per HTTP/2 connection (the server does not cap concurrent streams; a few
 /// connections still spread the work over the client's and server's I/O).
@@ -73,6 +75,10 @@ pub enum Scenario {
         consumers: u32,
         /// Joins measured.
         joins: u32,
+        /// Only a tenth of the consumers (2 to 100) on the measured topic, the rest on
+        /// another topic of one partition (today's server cannot settle thousands of
+        /// consumers on one topic; this still holds that many streams open).
+        spectators: bool,
     },
     /// `consumers` `Register`s at once on a topic of as many partitions.
     Storm {
@@ -86,7 +92,8 @@ impl Scenario {
     pub fn key(&self) -> String {
         match self {
             Self::ScaleOut { partitions, from, to } => format!("scaleout-{partitions}-{from}-{to}"),
-            Self::FanOut { consumers, .. } => format!("fanout-{consumers}"),
+            Self::FanOut { consumers, spectators: false, .. } => format!("fanout-{consumers}"),
+            Self::FanOut { consumers, spectators: true, .. } => format!("fanout-{consumers}-spectators"),
             Self::Storm { consumers } => format!("storm-{consumers}"),
         }
     }
@@ -110,7 +117,7 @@ impl Setup {
     async fn start(
         config: &Config,
         backend: Backend,
-        partitions: u32,
+        topics: &str,
         max_warming: u32,
     ) -> Result<Self, BenchError> {
         let dir = tempfile::Builder::new().prefix("kafka-assigner-scale-").tempdir()?;
@@ -125,8 +132,7 @@ impl Setup {
         let spec = ServerSpec {
             binary: &config.binary,
             store: &store,
-            topic: TOPIC,
-            partitions,
+            topics,
             max_warming: config.max_warming.unwrap_or(max_warming),
             extra_args: &config.extra_args,
             log: dir.path().join("server.log"),
@@ -162,16 +168,16 @@ impl Setup {
     }
 }
 
-/// Runs one scenario on one backend; returns its rows.
-pub async fn run(config: &Config, backend: Backend, scenario: Scenario) -> Result<Vec<Row>, BenchError> {
+/// Runs one scenario on one backend.
+pub async fn run(config: &Config, backend: Backend, scenario: Scenario) -> Result<Row, BenchError> {
     match scenario {
         Scenario::ScaleOut { partitions, from, to } => {
-            Ok(vec![scale_out(config, backend, scenario, partitions, from, to).await?])
+            scale_out(config, backend, scenario, partitions, from, to).await
         }
-        Scenario::FanOut { consumers, joins } => {
-            Ok(vec![fan_out(config, backend, scenario, consumers, joins).await?])
+        Scenario::FanOut { consumers, joins, spectators } => {
+            fan_out(config, backend, scenario, consumers, joins, spectators).await
         }
-        Scenario::Storm { consumers } => Ok(vec![storm(config, backend, scenario, consumers).await?]),
+        Scenario::Storm { consumers } => storm(config, backend, scenario, consumers).await,
     }
 }
 
@@ -187,7 +193,8 @@ async fn scale_out(
     from: u32,
     to: u32,
 ) -> Result<Row, BenchError> {
-    let mut setup = Setup::start(config, backend, partitions, partitions.div_ceil(to)).await?;
+    let mut setup =
+        Setup::start(config, backend, &format!("{TOPIC}={partitions}"), partitions.div_ceil(to)).await?;
     let shared = Shared::new(partitions);
     let mut fleet = Fleet::connect(&setup.server.grpc_url(), connections(to), TOPIC, shared.clone()).await?;
     let mut row = Row::new(backend, &scenario.key(), "scale-out", partitions, from, to);
@@ -233,7 +240,7 @@ async fn storm(
     consumers: u32,
 ) -> Result<Row, BenchError> {
     let partitions = consumers;
-    let mut setup = Setup::start(config, backend, partitions, 4).await?;
+    let mut setup = Setup::start(config, backend, &format!("{TOPIC}={partitions}"), 4).await?;
     let shared = Shared::new(partitions);
     let mut fleet =
         Fleet::connect(&setup.server.grpc_url(), connections(consumers), TOPIC, shared.clone()).await?;
@@ -260,38 +267,51 @@ async fn storm(
 
 /// `consumers` connected in waves (not a storm: that is its own scenario), an idle window,
 /// then `joins` joins one at a time, each taking one partition from a consumer holding two.
+/// With `spectators`, only a tenth of them (2 to 100) are on the measured topic and the
+/// rest hold streams on a second topic of one partition.
 async fn fan_out(
     config: &Config,
     backend: Backend,
     scenario: Scenario,
     consumers: u32,
     joins: u32,
+    spectators: bool,
 ) -> Result<Row, BenchError> {
-    let partitions = consumers + joins;
+    let active = if spectators { (consumers / 10).clamp(2, 100).min(consumers) } else { consumers };
+    let idle_count = consumers - active;
+    let partitions = active + joins;
+    let topics = if idle_count > 0 {
+        format!("{TOPIC}={partitions},{IDLE_TOPIC}=1")
+    } else {
+        format!("{TOPIC}={partitions}")
+    };
     // A newcomer's share is one or two partitions: warming never limits anything here.
-    let mut setup = Setup::start(config, backend, partitions, 4).await?;
+    let mut setup = Setup::start(config, backend, &topics, 4).await?;
+    let url = setup.server.grpc_url();
     let shared = Shared::new(partitions);
-    let mut fleet =
-        Fleet::connect(&setup.server.grpc_url(), connections(consumers + joins), TOPIC, shared.clone())
-            .await?;
+    let mut fleet = Fleet::connect(&url, connections(active + joins), TOPIC, shared.clone()).await?;
+    let idle = Shared::new(1);
+    let mut idle_fleet = Fleet::connect(&url, connections(idle_count), IDLE_TOPIC, idle.clone()).await?;
     let mut row = Row::new(backend, &scenario.key(), "fan-out", partitions, consumers, consumers + joins);
     row.max_warming = config.max_warming.unwrap_or(4);
 
     let start = Instant::now();
-    for wave in (0..consumers).step_by(WAVE as usize) {
-        let end = (wave + WAVE).min(consumers);
-        fleet.spawn_all(wave..end);
-        if shared.wait_stable(end, Instant::now() + config.deadline).await.is_none() {
-            row.note(format!("not measured: {end} consumers not stable within {:?}", config.deadline));
-            row.stream_errors = shared.end_phase().stream_errors;
-            setup.finish(&mut row, end);
-            return Ok(row);
+    for (world, fleet, count) in [(&idle, &mut idle_fleet, idle_count), (&shared, &mut fleet, active)] {
+        for wave in (0..count).step_by(WAVE as usize) {
+            let end = (wave + WAVE).min(count);
+            fleet.spawn_all(wave..end);
+            if world.wait_stable(end, Instant::now() + config.deadline).await.is_none() {
+                row.note(format!("not measured: {end} consumers not stable within {:?}", config.deadline));
+                row.stream_errors = shared.end_phase().stream_errors + idle.end_phase().stream_errors;
+                setup.finish(&mut row, end);
+                return Ok(row);
+            }
         }
     }
     row.connect_ms = Some(ms(start.elapsed()));
     // Idle with everyone connected, before the joins.
     row.etcd_idle = setup.idle_rates(config.idle_window).await;
-    if !shared.lock().is_stable(consumers) {
+    if !shared.lock().is_stable(active) || (idle_count > 0 && !idle.lock().is_stable(idle_count)) {
         row.note(format!("{consumers} consumers became unstable while idle"));
         row.stable_after_idle = false;
     }
@@ -301,7 +321,7 @@ async fn fan_out(
     let mut slowest = Duration::ZERO;
     let mut all_stable = true;
     for join in 0..joins {
-        let n = consumers + join;
+        let n = active + join;
         row.moves_min += min_moves(&shared.lock().loads(n), partitions, n + 1);
         let start = Instant::now();
         fleet.spawn(n);
@@ -320,6 +340,12 @@ async fn fan_out(
     }
     // Time to stable of the slowest join.
     row.apply(&stats, all_stable.then_some(slowest));
+    let idle_stats = idle.end_phase();
+    row.stream_errors += idle_stats.stream_errors;
+    if idle_count > 0 && !idle.lock().is_stable(idle_count) {
+        row.note("the spectators' topic lost its stability".into());
+        row.stable_after_idle = false;
+    }
     setup.finish(&mut row, consumers + joins);
     Ok(row)
 }

@@ -40,10 +40,8 @@ pub struct ServerSpec<'a> {
     pub binary: &'a Path,
     /// Backend and store.
     pub store: &'a Store,
-    /// The one topic and its partition count.
-    pub topic: &'a str,
-    /// Partition count of `topic`.
-    pub partitions: u32,
+    /// `--topic-partitions`, e.g. `bench=256` or `bench=110,idle=1`.
+    pub topics: &'a str,
     /// `--max-warming`.
     pub max_warming: u32,
     /// More flags (`SCALE_SERVER_ARGS`), e.g. for settings a later server adds.
@@ -70,7 +68,7 @@ impl ServerProcess {
             .arg("serve")
             .arg(format!("--grpc-addr={grpc}"))
             .arg(format!("--admin-addr={admin}"))
-            .arg(format!("--topic-partitions={}={}", spec.topic, spec.partitions))
+            .arg(format!("--topic-partitions={}", spec.topics))
             .arg(format!("--max-warming={}", spec.max_warming.max(1)))
             .args(spec.extra_args)
             .env("RUST_LOG", std::env::var("SCALE_SERVER_LOG").unwrap_or_else(|_| "info".into()))
