@@ -110,6 +110,8 @@ struct Setup {
     server: ServerProcess,
     etcd: Option<EtcdServer>,
     rss_empty: u64,
+    /// Where logs of phases that did not settle are kept.
+    logs: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -139,7 +141,11 @@ impl Setup {
         };
         let server = ServerProcess::start(&spec).await?;
         let rss_empty = server.rss_bytes()?;
-        Ok(Self { server, etcd, rss_empty, _dir: dir })
+        let logs = config.out.with_file_name(format!(
+            "{}-logs",
+            config.out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        ));
+        Ok(Self { server, etcd, rss_empty, logs, _dir: dir })
     }
 
     async fn etcd_counters(&self) -> Option<EtcdCounters> {
@@ -165,6 +171,15 @@ impl Setup {
         row.server_warn_lines = warn;
         row.server_error_lines = error;
         row.server_alive = self.server.alive();
+        if !(row.stable && row.stable_after_idle) {
+            // Keep the server's log of a phase that did not settle, for whoever fixes it.
+            let kept = self.logs.join(format!("{}-{}.log", row.backend, row.scenario));
+            let copied = std::fs::create_dir_all(&self.logs).and_then(|()| self.server.copy_log(&kept));
+            match copied {
+                Ok(()) => row.note(format!("server log: {}", kept.display())),
+                Err(e) => row.note(format!("server log not kept: {e}")),
+            }
+        }
     }
 }
 
@@ -200,18 +215,27 @@ async fn scale_out(
     let mut row = Row::new(backend, &scenario.key(), "scale-out", partitions, from, to);
     row.max_warming = config.max_warming.unwrap_or(partitions.div_ceil(to));
 
+    let connecting = Instant::now();
     fleet.spawn_all(0..from);
-    if shared.wait_stable(from, Instant::now() + config.deadline).await.is_none() {
-        row.note(format!("{from} consumers not stable within {:?} before the scale-out", config.deadline));
+    if shared.wait_stable(from, connecting + config.deadline).await.is_none() {
+        let views = shared.lock().describe(from);
+        row.note(format!(
+            "{from} consumers not stable within {:?} before the scale-out ({views})",
+            config.deadline
+        ));
         setup.finish(&mut row, from);
         return Ok(row);
     }
+    row.connect_ms = Some(ms(connecting.elapsed()));
     row.moves_min = min_moves(&shared.lock().loads(from), partitions, to);
     let before = setup.etcd_counters().await;
     shared.start_phase();
     let start = Instant::now();
     fleet.spawn_all(from..to);
     let stable = shared.wait_stable(to, start + config.deadline).await;
+    if stable.is_none() {
+        row.note(format!("not stable within {:?} ({})", config.deadline, shared.lock().describe(to)));
+    }
     let stats = shared.end_phase();
     if let (Some(before), Some(after)) = (before, setup.etcd_counters().await) {
         row.etcd_busy = Some(before.rates_to(&after));
@@ -251,6 +275,9 @@ async fn storm(
     let start = Instant::now();
     fleet.spawn_all(0..consumers);
     let stable = shared.wait_stable(consumers, start + config.deadline).await;
+    if stable.is_none() {
+        row.note(format!("not stable within {:?} ({})", config.deadline, shared.lock().describe(consumers)));
+    }
     let stats = shared.end_phase();
     if let (Some(before), Some(after)) = (before, setup.etcd_counters().await) {
         row.etcd_busy = Some(before.rates_to(&after));
@@ -301,7 +328,11 @@ async fn fan_out(
             let end = (wave + WAVE).min(count);
             fleet.spawn_all(wave..end);
             if world.wait_stable(end, Instant::now() + config.deadline).await.is_none() {
-                row.note(format!("not measured: {end} consumers not stable within {:?}", config.deadline));
+                let views = world.lock().describe(end);
+                row.note(format!(
+                    "not measured: {end} consumers not stable within {:?} ({views})",
+                    config.deadline
+                ));
                 row.stream_errors = shared.end_phase().stream_errors + idle.end_phase().stream_errors;
                 setup.finish(&mut row, end);
                 return Ok(row);
@@ -329,7 +360,8 @@ async fn fan_out(
             Some(at) => slowest = slowest.max(at - start),
             None => {
                 all_stable = false;
-                row.note(format!("join {} not stable within {:?}", join + 1, config.deadline));
+                let views = shared.lock().describe(n + 1);
+                row.note(format!("join {} not stable within {:?} ({views})", join + 1, config.deadline));
                 break;
             }
         }

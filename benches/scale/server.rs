@@ -140,6 +140,11 @@ impl ServerProcess {
         (count(" WARN "), count(" ERROR "))
     }
 
+    /// Copies the server's log so far to `to`.
+    pub fn copy_log(&self, to: &Path) -> std::io::Result<()> {
+        std::fs::copy(&self.log, to).map(drop)
+    }
+
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();

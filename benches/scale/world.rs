@@ -184,6 +184,22 @@ impl World {
             && self.consumers[n..].iter().all(|c| c.load == 0)
     }
 
+    /// What the views look like (for a phase that did not settle).
+    pub fn describe(&self, consumers: u32) -> String {
+        let n = (consumers as usize).min(self.consumers.len());
+        let loads = self.consumers[..n].iter().map(|c| c.load);
+        let (low, high) = (loads.clone().min().unwrap_or(0), loads.max().unwrap_or(0));
+        let snapshots = self.consumers[..n].iter().filter(|c| c.snapshot && !c.ended).count();
+        let unowned = self.partitions.iter().filter(|p| p.owners.is_empty()).count();
+        format!(
+            "{} of {} partitions with one owner, {unowned} with none; loads {low}–{high}; \
+             {snapshots} of {consumers} streams up; {} calls in flight",
+            self.single_owned,
+            self.partitions.len(),
+            self.in_flight
+        )
+    }
+
     /// Current loads of consumers `0..consumers` (for minimum-move arithmetic).
     pub fn loads(&self, consumers: u32) -> Vec<u32> {
         (0..consumers as usize).map(|i| self.consumers.get(i).map_or(0, |c| c.load)).collect()
