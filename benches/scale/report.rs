@@ -202,7 +202,7 @@ impl Row {
         };
         let registers = match (self.registers_complete_ms, self.connect_ms) {
             (Some(t), _) => format!("{t:.0} ms; {}", pair(self.register_p50_ms, self.register_p99_ms)),
-            (None, Some(t)) => format!("({t:.0} ms in waves) §"),
+            (None, Some(t)) => format!("(setup {t:.0} ms) §"),
             (None, None) => "–".into(),
         };
         format!(
@@ -271,6 +271,11 @@ impl Report {
         for row in &self.rows {
             out.push_str(&row.markdown());
         }
+        out.push_str(
+            "\n§ setup: the consumers before the measured phase, connected (fan-out: in waves of \
+             1,000) until stable. Busy = during the measured phase; idle = a window after it with \
+             everyone connected; ka = LeaseKeepAlive messages.\n",
+        );
         let targets = self.targets();
         if !targets.is_empty() {
             out.push_str("\nissue 13 targets:\n");
