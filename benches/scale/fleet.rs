@@ -3,7 +3,7 @@
 //! and `ReleasePartition` with `PartitionReleased` at once, and reporting everything they
 //! are told into the shared [`Shared`] views.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kafka_assigner::proto::v1::{
     AssignmentCommand, PartitionReadyRequest, PartitionReleasedRequest, RegisterRequest, TopicPartition,
@@ -13,6 +13,11 @@ use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{error::BenchError, world::Shared};
+
+/// First wait before registering again after a lost stream (doubles up to the max).
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+/// Longest wait between `Register` attempts.
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
 
 /// Consumers of one topic, over shared connections to one server.
 pub struct Fleet {
@@ -74,17 +79,28 @@ struct Consumer {
 }
 
 impl Consumer {
+    /// Registers and reads commands; when the stream is refused, ends or fails, drops its
+    /// partitions (it must stop processing them) and registers again with backoff, as a
+    /// real client does. Runs until the fleet is dropped.
     async fn run(mut self) {
+        let id = self.id;
+        let mut backoff = RECONNECT_MIN;
+        loop {
+            let why = self.serve_one_stream(&mut backoff).await;
+            self.shared.update(|w| w.stream_ended(id, why, Instant::now()));
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RECONNECT_MAX);
+        }
+    }
+
+    /// One `Register` stream until it ends; returns why it ended.
+    async fn serve_one_stream(&mut self, backoff: &mut Duration) -> String {
         let request = RegisterRequest { consumer_name: self.name.clone(), topic: self.topic.clone() };
         let id = self.id;
         self.shared.update(|w| w.register_sent(id, Instant::now()));
         let mut stream = match self.client.register(request).await {
             Ok(response) => response.into_inner(),
-            Err(status) => {
-                let why = format!("Register refused: {} {}", status.code(), status.message());
-                self.shared.update(|w| w.stream_ended(id, why));
-                return;
-            }
+            Err(status) => return format!("Register refused: {:?} {}", status.code(), status.message()),
         };
         let mut first = true;
         loop {
@@ -93,17 +109,13 @@ impl Consumer {
             match message {
                 Ok(Some(command)) => {
                     self.handle(command, first, at);
+                    if first {
+                        *backoff = RECONNECT_MIN;
+                    }
                     first = false;
                 }
-                Ok(None) => {
-                    self.shared.update(|w| w.stream_ended(id, "stream ended by the server".into()));
-                    return;
-                }
-                Err(status) => {
-                    let why = format!("stream failed: {} {}", status.code(), status.message());
-                    self.shared.update(|w| w.stream_ended(id, why));
-                    return;
-                }
+                Ok(None) => return "stream ended by the server".into(),
+                Err(status) => return format!("stream failed: {:?} {}", status.code(), status.message()),
             }
         }
     }

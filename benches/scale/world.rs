@@ -210,11 +210,20 @@ impl World {
         self.consumer(id).register_sent = Some(at);
     }
 
-    /// A consumer's stream ended or failed.
-    pub fn stream_ended(&mut self, id: u32, why: String) {
-        self.consumer(id).ended = true;
+    /// A consumer's stream ended or failed (or its `Register` was refused).
+    /// Its partitions leave its view: a consumer without a stream stops processing them.
+    pub fn stream_ended(&mut self, id: u32, why: String, at: Instant) {
+        let consumer = self.consumer(id);
+        consumer.ended = true;
+        consumer.snapshot = false;
         self.stats.stream_errors += 1;
         self.stats.error(format!("consumer {id}: {why}"));
+        let held: Vec<u32> = (0..self.partitions.len() as u32)
+            .filter(|p| self.partitions[*p as usize].owners.contains(&id))
+            .collect();
+        for partition in held {
+            self.released(id, partition, at);
+        }
     }
 
     /// A call was refused.
@@ -247,6 +256,7 @@ impl World {
         let measuring = self.measuring;
         let consumer = self.consumer(id);
         consumer.snapshot = true;
+        consumer.ended = false;
         let sent = consumer.register_sent;
         if measuring {
             if let Some(sent) = sent {
