@@ -143,6 +143,11 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
     // slack for a future one-connection-per-consumer client need more than the usual 1,024.
     let nofile = rlimit::increase_nofile_limit(65_536)?;
     let mut report = Report::new(config, nofile);
+    // Server logs of phases that did not settle go here (see `scenarios`); start empty.
+    let logs = logs_dir(&config.out);
+    if logs.is_dir() {
+        std::fs::remove_dir_all(&logs)?;
+    }
     for backend in &config.backends {
         if *backend == Backend::Etcd {
             report.raw_etcd = Some(scenarios::raw_etcd(config).await?);
@@ -156,4 +161,10 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
     }
     report.write(&config.out)?;
     Ok(report)
+}
+
+/// `{out}-logs`: where the server logs of phases that did not settle are kept.
+pub fn logs_dir(out: &std::path::Path) -> PathBuf {
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    out.with_file_name(format!("{name}-logs"))
 }

@@ -141,11 +141,7 @@ impl Setup {
         };
         let server = ServerProcess::start(&spec).await?;
         let rss_empty = server.rss_bytes()?;
-        let logs = config.out.with_file_name(format!(
-            "{}-logs",
-            config.out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-        ));
-        Ok(Self { server, etcd, rss_empty, logs, _dir: dir })
+        Ok(Self { server, etcd, rss_empty, logs: super::logs_dir(&config.out), _dir: dir })
     }
 
     async fn etcd_counters(&self) -> Option<EtcdCounters> {
@@ -283,10 +279,10 @@ async fn storm(
         row.etcd_busy = Some(before.rates_to(&after));
     }
     row.apply(&stats, stable.map(|at| at - start));
-    if stats.register_to_snapshot.len() == consumers as usize {
+    if stats.first_snapshots == u64::from(consumers) {
         row.registers_complete_ms = stats.last_snapshot.map(|at| ms(at.saturating_duration_since(start)));
     } else {
-        row.note(format!("{} of {consumers} Registers got a snapshot", stats.register_to_snapshot.len()));
+        row.note(format!("{} of {consumers} consumers ever got a snapshot", stats.first_snapshots));
     }
     measure_idle(config, &mut setup, &shared, &mut row, consumers).await;
     Ok(row)

@@ -37,6 +37,8 @@ struct PartitionView {
 struct ConsumerView {
     register_sent: Option<Instant>,
     snapshot: bool,
+    /// Has had a snapshot at least once (a lost stream clears `snapshot`, not this).
+    ever_snapshot: bool,
     load: u32,
     warmed: bool,
     ended: bool,
@@ -76,8 +78,11 @@ pub struct PhaseStats {
     pub join_to_warm: Vec<Duration>,
     /// `Register` sent → first message (the snapshot).
     pub register_to_snapshot: Vec<Duration>,
-    /// When the last snapshot of the phase arrived.
+    /// When the last first-ever snapshot of a consumer arrived in the phase.
     pub last_snapshot: Option<Instant>,
+    /// Consumers that got their first-ever snapshot in the phase (not counting snapshots
+    /// after registering again).
+    pub first_snapshots: u64,
     /// Streams that ended or failed while the benchmark held them open.
     pub stream_errors: u64,
     /// `PartitionReady` / `PartitionReleased` calls refused, other than `ready_refused`.
@@ -257,12 +262,16 @@ impl World {
         let consumer = self.consumer(id);
         consumer.snapshot = true;
         consumer.ended = false;
+        let first = !std::mem::replace(&mut consumer.ever_snapshot, true);
         let sent = consumer.register_sent;
         if measuring {
             if let Some(sent) = sent {
                 self.stats.register_to_snapshot.push(at.saturating_duration_since(sent));
             }
-            self.stats.last_snapshot = Some(at);
+            if first {
+                self.stats.last_snapshot = Some(at);
+                self.stats.first_snapshots += 1;
+            }
         }
     }
 
