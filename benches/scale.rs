@@ -1,0 +1,38 @@
+//! Scale benchmark (issue 13): scale-out, fan-out and a `Register` storm against the release
+//! server binary as a child process, on the memory and etcd backends, with the raw etcd
+//! reference measured in the same run. Writes `target/bench-scale.md` and `.json`.
+//!
+//! Run: `cargo bench --bench scale` (full sizes; starts etcd itself, needs the `etcd`
+//! binary). `SCALE_SIZES=smoke|full`, `SCALE_SCENARIOS=scaleout,fanout-1000,...`,
+//! `SCALE_BACKENDS=memory,etcd`, `SCALE_MAX_WARMING`, `SCALE_SERVER_ARGS`, `SCALE_DEADLINE_S`,
+//! `SCALE_IDLE_S`, `SCALE_OUT` (see `benches/scale/mod.rs`).
+
+#![forbid(unsafe_code)]
+
+#[allow(dead_code)]
+#[path = "../tests/integration/support/etcd.rs"]
+mod etcd;
+// etcd.rs starts a TLS etcd instead when KAT_ETCD_TLS is set.
+#[allow(dead_code)]
+#[path = "../tests/integration/support/certs.rs"]
+mod certs;
+#[allow(dead_code)]
+#[path = "../tests/integration/support/etcd_tls.rs"]
+mod etcd_tls;
+
+#[path = "scale/mod.rs"]
+mod scale;
+
+use std::path::PathBuf;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // Cargo builds the binary with the bench profile (release) for benches.
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_kafka-assigner"));
+    let config = scale::Config::from_env("full", binary, root.join("target/bench-scale"))?;
+    let report = scale::run(&config).await?;
+    println!("{}", report.markdown());
+    println!("wrote {}.{{md,json}}", config.out.display());
+    Ok(())
+}

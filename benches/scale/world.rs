@@ -1,0 +1,378 @@
+//! What the benchmark's consumers were told, with timestamps: who owns which partition in
+//! the consumers' views, moves, overlaps, gaps and delivery latencies.
+//!
+//! Every consumer task reports into one [`World`] behind a mutex (short critical sections);
+//! a waiter is woken on every change to test for stability.
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::Notify;
+
+/// Shared handle on the consumers' views.
+#[derive(Clone)]
+pub struct Shared {
+    world: Arc<Mutex<World>>,
+    changed: Arc<Notify>,
+}
+
+/// One partition's ownership as the consumers were told it.
+#[derive(Default)]
+struct PartitionView {
+    /// Consumers that were told they own it and not yet told to stop.
+    owners: Vec<u32>,
+    /// The last consumer told it owns it (to tell a move from a first assignment).
+    last_owner: Option<u32>,
+    /// When the owner count last changed (start of the current overlap or gap).
+    since: Option<Instant>,
+    /// `PartitionReady` for this partition: who sent it, when, and how many deliveries
+    /// (new owner's `assigned`, old owner's release) are still to be timed against it.
+    ready: Option<(u32, Instant, u8)>,
+}
+
+/// Per-consumer state.
+#[derive(Default, Clone)]
+struct ConsumerView {
+    register_sent: Option<Instant>,
+    snapshot: bool,
+    /// Has had a snapshot at least once (a lost stream clears `snapshot`, not this).
+    ever_snapshot: bool,
+    load: u32,
+    warmed: bool,
+    ended: bool,
+}
+
+/// Everything the consumers saw in one scenario.
+pub struct World {
+    partitions: Vec<PartitionView>,
+    consumers: Vec<ConsumerView>,
+    /// Partitions with exactly one owner right now.
+    single_owned: usize,
+    /// `PartitionReady` / `PartitionReleased` calls not yet answered.
+    in_flight: usize,
+    /// Only changes while measuring count towards moves, overlaps, gaps and latencies.
+    measuring: bool,
+    /// The measured phase's figures.
+    pub stats: PhaseStats,
+}
+
+/// Figures of one measured phase.
+#[derive(Default, Clone, Debug)]
+pub struct PhaseStats {
+    /// Partitions given to a consumer while another consumer had owned them last.
+    pub moves: u64,
+    /// `WarmPartition` commands received.
+    pub warms: u64,
+    /// Longest time a partition had two or more owners in the consumers' views.
+    pub max_overlap: Duration,
+    /// Longest time a partition that had an owner had none in the consumers' views.
+    pub max_gap: Duration,
+    /// Ownership changes that left a partition without any owner for a while.
+    pub gaps: u64,
+    /// `PartitionReady` sent → `assigned` / `ReleasePartition` received by the consumers
+    /// it concerns (the new owner and the old owner).
+    pub delivery: Vec<Duration>,
+    /// A joining consumer's `Register` sent → its first `WarmPartition`.
+    pub join_to_warm: Vec<Duration>,
+    /// `Register` sent → first message (the snapshot).
+    pub register_to_snapshot: Vec<Duration>,
+    /// When the last first-ever snapshot of a consumer arrived in the phase.
+    pub last_snapshot: Option<Instant>,
+    /// Consumers that got their first-ever snapshot in the phase (not counting snapshots
+    /// after registering again).
+    pub first_snapshots: u64,
+    /// Streams that ended or failed while the benchmark held them open.
+    pub stream_errors: u64,
+    /// `PartitionReady` / `PartitionReleased` calls refused, other than `ready_refused`.
+    pub rpc_errors: u64,
+    /// `PartitionReady` refused with `FAILED_PRECONDITION`: the warm was cancelled or
+    /// retargeted before the consumer answered (the consumer cannot know; counted apart).
+    pub ready_refused: u64,
+    /// The first few errors, for the report.
+    pub error_samples: Vec<String>,
+}
+
+impl PhaseStats {
+    fn error(&mut self, text: String) {
+        if self.error_samples.len() < 5 {
+            self.error_samples.push(text);
+        }
+    }
+}
+
+impl Shared {
+    /// Views for one topic of `partitions` partitions.
+    pub fn new(partitions: u32) -> Self {
+        let world = World {
+            partitions: (0..partitions).map(|_| PartitionView::default()).collect(),
+            consumers: Vec::new(),
+            single_owned: 0,
+            in_flight: 0,
+            measuring: false,
+            stats: PhaseStats::default(),
+        };
+        Self { world: Arc::new(Mutex::new(world)), changed: Arc::new(Notify::new()) }
+    }
+
+    /// Locks the views (a poisoned lock only means a consumer task panicked: keep going).
+    pub fn lock(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `change` on the views and wakes the stability waiter.
+    pub fn update<T>(&self, change: impl FnOnce(&mut World) -> T) -> T {
+        let result = change(&mut self.lock());
+        self.changed.notify_waiters();
+        result
+    }
+
+    /// Starts a measured phase: clears the figures; later changes count.
+    pub fn start_phase(&self) {
+        self.update(|w| {
+            w.stats = PhaseStats::default();
+            w.measuring = true;
+        });
+    }
+
+    /// Ends the measured phase and returns its figures.
+    pub fn end_phase(&self) -> PhaseStats {
+        self.update(|w| {
+            w.measuring = false;
+            std::mem::take(&mut w.stats)
+        })
+    }
+
+    /// Waits until `consumers` (ids `0..consumers`) all have their snapshot and the views are
+    /// stable (see [`World::is_stable`]), or the deadline passes. Returns when it became so.
+    pub async fn wait_stable(&self, consumers: u32, deadline: Instant) -> Option<Instant> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.lock().is_stable(consumers) {
+                return Some(Instant::now());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            // A timeout here is only the deadline; any change wakes us earlier.
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(250)), notified).await;
+        }
+    }
+}
+
+impl World {
+    fn consumer(&mut self, id: u32) -> &mut ConsumerView {
+        let index = id as usize;
+        if self.consumers.len() <= index {
+            self.consumers.resize(index + 1, ConsumerView::default());
+        }
+        &mut self.consumers[index]
+    }
+
+    /// Stable: every consumer `0..consumers` has its snapshot and an open stream, every
+    /// partition has exactly one owner, loads are balanced (⌊P/N⌋ or ⌈P/N⌉) and no
+    /// `PartitionReady` / `PartitionReleased` is in flight.
+    pub fn is_stable(&self, consumers: u32) -> bool {
+        let partitions = self.partitions.len();
+        if self.in_flight != 0 || self.single_owned != partitions || consumers == 0 {
+            return false;
+        }
+        let n = consumers as usize;
+        if self.consumers.len() < n {
+            return false;
+        }
+        let (low, high) = (partitions / n, partitions.div_ceil(n));
+        self.consumers[..n]
+            .iter()
+            .all(|c| c.snapshot && !c.ended && (low..=high).contains(&(c.load as usize)))
+            && self.consumers[n..].iter().all(|c| c.load == 0)
+    }
+
+    /// What the views look like (for a phase that did not settle).
+    pub fn describe(&self, consumers: u32) -> String {
+        let n = (consumers as usize).min(self.consumers.len());
+        let loads = self.consumers[..n].iter().map(|c| c.load);
+        let (low, high) = (loads.clone().min().unwrap_or(0), loads.max().unwrap_or(0));
+        let snapshots = self.consumers[..n].iter().filter(|c| c.snapshot && !c.ended).count();
+        let unowned = self.partitions.iter().filter(|p| p.owners.is_empty()).count();
+        format!(
+            "{} of {} partitions with one owner, {unowned} with none; loads {low}–{high}; \
+             {snapshots} of {consumers} streams up; {} calls in flight",
+            self.single_owned,
+            self.partitions.len(),
+            self.in_flight
+        )
+    }
+
+    /// Current loads of consumers `0..consumers` (for minimum-move arithmetic).
+    pub fn loads(&self, consumers: u32) -> Vec<u32> {
+        (0..consumers as usize).map(|i| self.consumers.get(i).map_or(0, |c| c.load)).collect()
+    }
+
+    /// A consumer's `Register` is about to be sent.
+    pub fn register_sent(&mut self, id: u32, at: Instant) {
+        self.consumer(id).register_sent = Some(at);
+    }
+
+    /// A consumer's stream ended or failed (or its `Register` was refused).
+    /// Its partitions leave its view: a consumer without a stream stops processing them.
+    pub fn stream_ended(&mut self, id: u32, why: String, at: Instant) {
+        let consumer = self.consumer(id);
+        consumer.ended = true;
+        consumer.snapshot = false;
+        self.stats.stream_errors += 1;
+        self.stats.error(format!("consumer {id}: {why}"));
+        let held: Vec<u32> = (0..self.partitions.len() as u32)
+            .filter(|p| self.partitions[*p as usize].owners.contains(&id))
+            .collect();
+        for partition in held {
+            self.released(id, partition, at);
+        }
+    }
+
+    /// A call was refused.
+    pub fn rpc_error(&mut self, text: String) {
+        self.stats.rpc_errors += 1;
+        self.stats.error(text);
+    }
+
+    /// A `PartitionReady` was refused because its warm is gone.
+    pub fn ready_refused(&mut self, text: String) {
+        self.stats.ready_refused += 1;
+        self.stats.error(text);
+    }
+
+    /// A `PartitionReady` / `PartitionReleased` call starts (`ready`: which one).
+    pub fn call_started(&mut self, id: u32, partition: u32, ready: bool, at: Instant) {
+        self.in_flight += 1;
+        if ready && let Some(view) = self.partitions.get_mut(partition as usize) {
+            view.ready = Some((id, at, 2));
+        }
+    }
+
+    /// A `PartitionReady` / `PartitionReleased` call was answered.
+    pub fn call_finished(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// The first message of a stream arrived.
+    pub fn snapshot(&mut self, id: u32, at: Instant) {
+        let measuring = self.measuring;
+        let consumer = self.consumer(id);
+        consumer.snapshot = true;
+        consumer.ended = false;
+        let first = !std::mem::replace(&mut consumer.ever_snapshot, true);
+        let sent = consumer.register_sent;
+        if measuring {
+            if let Some(sent) = sent {
+                self.stats.register_to_snapshot.push(at.saturating_duration_since(sent));
+            }
+            if first {
+                self.stats.last_snapshot = Some(at);
+                self.stats.first_snapshots += 1;
+            }
+        }
+    }
+
+    /// `WarmPartition` arrived.
+    pub fn warm(&mut self, id: u32, at: Instant) {
+        let measuring = self.measuring;
+        let consumer = self.consumer(id);
+        let first = !consumer.warmed;
+        consumer.warmed = true;
+        let sent = consumer.register_sent;
+        if measuring {
+            self.stats.warms += 1;
+            if first && let Some(sent) = sent {
+                self.stats.join_to_warm.push(at.saturating_duration_since(sent));
+            }
+        }
+    }
+
+    /// The consumer was told it owns `partition` (snapshot or `assigned`).
+    pub fn assigned(&mut self, id: u32, partition: u32, at: Instant) {
+        let Some(view) = self.partitions.get_mut(partition as usize) else {
+            self.rpc_error(format!("consumer {id} assigned partition {partition}, out of range"));
+            return;
+        };
+        if view.owners.contains(&id) {
+            return;
+        }
+        let before = view.owners.len();
+        view.owners.push(id);
+        let moved = view.last_owner.is_some_and(|last| last != id);
+        view.last_owner = Some(id);
+        let ready = take_ready(&mut view.ready, |by| by == id);
+        let since = view.since.replace(at);
+        self.consumer(id).load += 1;
+        self.count_change(before, before + 1, since, at);
+        if self.measuring {
+            if moved {
+                self.stats.moves += 1;
+            }
+            if let Some(sent) = ready {
+                self.stats.delivery.push(at.saturating_duration_since(sent));
+            }
+        }
+    }
+
+    /// The consumer was told to stop owning `partition` (`ReleasePartition` or `unassigned`).
+    pub fn released(&mut self, id: u32, partition: u32, at: Instant) {
+        let Some(view) = self.partitions.get_mut(partition as usize) else {
+            return;
+        };
+        let Some(position) = view.owners.iter().position(|o| *o == id) else {
+            return;
+        };
+        let before = view.owners.len();
+        view.owners.swap_remove(position);
+        let ready = take_ready(&mut view.ready, |by| by != id);
+        let since = view.since.replace(at);
+        let consumer = self.consumer(id);
+        consumer.load = consumer.load.saturating_sub(1);
+        self.count_change(before, before - 1, since, at);
+        if self.measuring
+            && let Some(sent) = ready
+        {
+            self.stats.delivery.push(at.saturating_duration_since(sent));
+        }
+    }
+
+    /// Keeps `single_owned` and the overlap / gap figures as a partition's owner count
+    /// goes from `before` to `after`; `since` is when it reached `before`.
+    fn count_change(&mut self, before: usize, after: usize, since: Option<Instant>, at: Instant) {
+        if before == 1 {
+            self.single_owned -= 1;
+        }
+        if after == 1 {
+            self.single_owned += 1;
+        }
+        let Some(since) = since.filter(|_| self.measuring) else {
+            return;
+        };
+        let lasted = at.saturating_duration_since(since);
+        if before == 0 {
+            // `since` is set only once a partition has had an owner: this ends a gap.
+            self.stats.max_gap = self.stats.max_gap.max(lasted);
+            self.stats.gaps += 1;
+        } else if before >= 2 && after < 2 {
+            self.stats.max_overlap = self.stats.max_overlap.max(lasted);
+        }
+    }
+}
+
+/// The `PartitionReady` time to measure one delivery against, if `matches(sender)`; counts
+/// the delivery so a stale `PartitionReady` is never used for a later handoff.
+fn take_ready(ready: &mut Option<(u32, Instant, u8)>, matches: impl Fn(u32) -> bool) -> Option<Instant> {
+    let (by, sent, left) = ready.as_mut()?;
+    if !matches(*by) {
+        return None;
+    }
+    let sent = *sent;
+    *left -= 1;
+    if *left == 0 {
+        *ready = None;
+    }
+    Some(sent)
+}
