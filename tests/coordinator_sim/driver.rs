@@ -353,14 +353,7 @@ impl Sim {
     fn deregistered(&mut self, c: usize, inc: u64, result: Result<DeregisterAction, CoordinatorError>) {
         let name = self.consumers[c].name.clone();
         match result {
-            Ok(DeregisterAction::WaitForDrain) => {
-                self.note(format!("{name}#{inc}: deregistered, draining"));
-                if let Phase::Online { inc: i, draining, .. } = &mut self.consumers[c].phase
-                    && *i == inc
-                {
-                    *draining = true;
-                }
-            }
+            Ok(DeregisterAction::WaitForDrain) => self.note(format!("{name}#{inc}: deregistered, draining")),
             Ok(action) => {
                 self.note(format!("{name}#{inc}: deregistered, {action:?}: it stops"));
                 self.drop_stream(c, inc);

@@ -106,12 +106,19 @@ impl Sim {
             }
             Action::Deregister { consumer, instance } => {
                 let c = consumer % pool;
-                let (Phase::Online { inc, draining: false, .. }, Some(i)) =
-                    (&self.consumers[c].phase, self.running(instance))
+                let name = self.consumers[c].name.clone();
+                let running = self.running(instance);
+                let (Phase::Online { inc, draining, .. }, Some(i)) = (&mut self.consumers[c].phase, running)
                 else {
                     return;
                 };
-                let (inc, name) = (*inc, self.consumers[c].name.clone());
+                if *draining {
+                    return;
+                }
+                // Leaving from now on: even if the answer is lost, the stream may end
+                // cleanly once drained.
+                *draining = true;
+                let inc = *inc;
                 self.consumers[c].want = false;
                 let coordinator = self.coordinator(i);
                 let replies = self.replies_tx.clone();
