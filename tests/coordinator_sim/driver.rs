@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use kafka_assigner::coordinator::{
-    CommandStream, CoordinatorError, HandoffCoordinator, records::Keys,
+    CommandStream, CoordinatorError, ErrorCode, HandoffCoordinator, records::Keys,
 };
 use kafka_assigner::proto::v1::{AssignmentCommand, DeregisterAction};
 use kafka_assigner::store::{FaultyStore, LeaseStore, MemoryStore, WatchStream};
@@ -26,7 +26,7 @@ pub const PREFIX: &str = "/sim/";
 /// instant (a watch batch crosses a few tasks before a relay sends) has run by then.
 const SETTLE_ROUNDS: usize = 24;
 /// How many lines the failure report shows.
-const LOG_LEN: usize = 60;
+const LOG_LEN: usize = 400;
 
 /// What a spawned call reports back to the loop.
 pub enum Reply {
@@ -40,6 +40,8 @@ pub enum Reply {
 pub enum Agenda {
     Act(Action),
     Reconnect { consumer: usize },
+    /// A consumer whose `Deregister` failed tries again.
+    Deregister { consumer: usize, inc: u64 },
     Answer { consumer: usize, inc: u64, todo: Todo, instance: usize },
     StopLosing { instance: usize },
     StopDelaying { instance: usize },
@@ -358,7 +360,17 @@ impl Sim {
                 self.note(format!("{name}#{inc}: deregistered, {action:?}: it stops"));
                 self.drop_stream(c, inc);
             }
-            Err(error) => self.note(format!("{name}#{inc}: deregister failed: {:?} {error}", error.code())),
+            Err(error) => {
+                self.note(format!("{name}#{inc}: deregister failed: {:?} {error}", error.code()));
+                if error.code() == ErrorCode::NotFound {
+                    // It believes it is not registered: it exits.
+                    self.drop_stream(c, inc);
+                } else {
+                    // Still leaving (the lost answer may have been a drain): it asks again.
+                    let wait = self.draw(&[7, inc, self.seq]).millis(100, 500);
+                    self.after(wait, Agenda::Deregister { consumer: c, inc });
+                }
+            }
         }
     }
 

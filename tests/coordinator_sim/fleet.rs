@@ -59,6 +59,7 @@ impl Sim {
                 self.join(consumer, instance);
             }
             Agenda::Answer { consumer, inc, todo, instance } => self.answer(consumer, inc, todo, instance),
+            Agenda::Deregister { consumer, inc } => self.deregister(consumer, inc, consumer),
             Agenda::StopLosing { instance } => self.instances[instance].faulty.lose_answers(0.0),
             Agenda::StopDelaying { instance } => {
                 self.instances[instance].faulty.delay(Duration::ZERO, Duration::ZERO)
@@ -106,27 +107,9 @@ impl Sim {
             }
             Action::Deregister { consumer, instance } => {
                 let c = consumer % pool;
-                let name = self.consumers[c].name.clone();
-                let running = self.running(instance);
-                let (Phase::Online { inc, draining, .. }, Some(i)) = (&mut self.consumers[c].phase, running)
-                else {
-                    return;
-                };
-                if *draining {
-                    return;
+                if let Phase::Online { inc, draining: false, .. } = self.consumers[c].phase {
+                    self.deregister(c, inc, instance);
                 }
-                // Leaving from now on: even if the answer is lost, the stream may end
-                // cleanly once drained.
-                *draining = true;
-                let inc = *inc;
-                self.consumers[c].want = false;
-                let coordinator = self.coordinator(i);
-                let replies = self.replies_tx.clone();
-                tokio::spawn(async move {
-                    let Some(coordinator) = coordinator else { return };
-                    let result = coordinator.deregister(&name).await;
-                    let _ = replies.send(Reply::Deregistered { consumer: c, inc, result });
-                });
             }
             Action::LoseNext { instance, count } => self.faulty(instance).lose_next_answers(count),
             Action::LoseSome { instance, chance, period } => {
@@ -165,6 +148,29 @@ impl Sim {
                 self.after(restart, Agenda::Restart { instance: i });
             }
         }
+    }
+
+    /// Consumer `c` (stream `inc`) deregisters through `instance`. From now on it is
+    /// leaving: even if the answer is lost, its stream may end cleanly once drained.
+    pub fn deregister(&mut self, c: usize, inc: u64, instance: usize) {
+        let name = self.consumers[c].name.clone();
+        let running = self.running(instance);
+        let (Phase::Online { inc: current, draining, .. }, Some(i)) = (&mut self.consumers[c].phase, running)
+        else {
+            return;
+        };
+        if *current != inc {
+            return;
+        }
+        *draining = true;
+        self.consumers[c].want = false;
+        let coordinator = self.coordinator(i);
+        let replies = self.replies_tx.clone();
+        tokio::spawn(async move {
+            let Some(coordinator) = coordinator else { return };
+            let result = coordinator.deregister(&name).await;
+            let _ = replies.send(Reply::Deregistered { consumer: c, inc, result });
+        });
     }
 
     fn faulty(&self, instance: usize) -> &FaultyStore {

@@ -131,8 +131,11 @@ impl Shape {
             at += rng.millis(0, 300);
             actions.push((at, Action::Join { consumer, instance: rng.below(8) as usize }));
         }
-        while at < active {
+        loop {
             at += rng.millis(50, 700);
+            if at >= active {
+                break;
+            }
             if let Some(action) = draw_action(kind, ttl, &mut rng) {
                 actions.push((at, action));
             }
