@@ -60,6 +60,8 @@ pub struct Instance {
     pub starting: bool,
     /// The cut-off in force: (id, since).
     pub cut: Option<(u64, Instant)>,
+    /// When a stream it held last ended (its registration is then deleted a TTL later).
+    pub dropped_at: Option<Instant>,
 }
 
 /// Where a consumer stands.
@@ -92,6 +94,9 @@ pub struct Outcome {
 
 pub struct Sim {
     pub seed: u64,
+    /// Whether the schedules may trigger the known bugs (`COORD_SIM_STRICT=1`, see
+    /// `main.rs`); otherwise the driver steers around them.
+    pub strict: bool,
     pub shape: Shape,
     pub keys: Keys,
     pub instances: Vec<Instance>,
@@ -121,7 +126,7 @@ enum Woke {
 
 impl Sim {
     /// Sets up the store, the instances and the agenda of schedule `seed`.
-    pub async fn new(seed: u64) -> Result<Sim, String> {
+    pub async fn new(seed: u64, strict: bool) -> Result<Sim, String> {
         let shape = Shape::draw(seed);
         let store = MemoryStore::new();
         let keys = Keys::new(PREFIX);
@@ -130,6 +135,7 @@ impl Sim {
         let (replies_tx, replies) = mpsc::unbounded_channel();
         let mut sim = Sim {
             seed,
+            strict,
             keys,
             instances: Vec::new(),
             consumers: (0..shape.pool)
@@ -153,7 +159,7 @@ impl Sim {
         for i in 0..sim.shape.instances {
             let faulty = FaultyStore::new(Arc::new(store.clone()), seed.wrapping_mul(31).wrapping_add(i as u64));
             let coordinator = crate::fleet::start(&faulty, &sim.shape, i).await.map_err(|e| e.to_string())?;
-            sim.instances.push(Instance { faulty, coordinator: Some(coordinator), starting: false, cut: None });
+            sim.instances.push(Instance { faulty, coordinator: Some(coordinator), starting: false, cut: None, dropped_at: None });
         }
         for (at, action) in sim.shape.actions.clone() {
             sim.at(sim.start + at, Agenda::Act(action));
@@ -303,7 +309,10 @@ impl Sim {
     /// Forgets stream `inc` of consumer `c`: the consumer stops processing at once.
     pub fn drop_stream(&mut self, c: usize, inc: u64) {
         self.open.retain(|(i, _, _)| *i != inc);
-        if matches!(self.consumers[c].phase, Phase::Online { inc: i, .. } if i == inc) {
+        if let Phase::Online { inc: i, instance, .. } = self.consumers[c].phase
+            && i == inc
+        {
+            self.instances[instance].dropped_at = Some(Instant::now());
             self.consumers[c].phase = Phase::Offline;
         }
     }

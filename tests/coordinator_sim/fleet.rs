@@ -97,6 +97,9 @@ impl Sim {
             }
             Action::CrashConsumer { consumer, rejoin } => {
                 let c = consumer % pool;
+                if !self.strict && self.avoids_orphan(c) {
+                    return;
+                }
                 if let Phase::Online { inc, .. } = self.consumers[c].phase {
                     self.drop_stream(c, inc);
                 }
@@ -107,6 +110,9 @@ impl Sim {
             }
             Action::Deregister { consumer, instance } => {
                 let c = consumer % pool;
+                if !self.strict && self.avoids_orphan(c) {
+                    return;
+                }
                 if let Phase::Online { inc, draining: false, .. } = self.consumers[c].phase {
                     self.deregister(c, inc, instance);
                 }
@@ -177,8 +183,34 @@ impl Sim {
         &self.instances[instance % self.instances.len()].faulty
     }
 
+    /// Known bug B (see `main.rs`): a consumer that goes away before its snapshot arrived
+    /// (its instance's cache had not seen its registration) leaves its registration behind
+    /// for good; so does one whose `Register` answer was lost and that never retries. Outside
+    /// strict mode such a consumer is not made to go away.
+    fn avoids_orphan(&mut self, c: usize) -> bool {
+        let avoid = match &self.consumers[c].phase {
+            Phase::Online { belief, .. } => !belief.snapshot,
+            Phase::Registering => true,
+            Phase::Offline => self.consumers[c].want,
+        };
+        if avoid {
+            self.note(format!("{}: not made to go away now (known bug B)", self.consumers[c].name));
+        }
+        avoid
+    }
+
     fn cut_off(&mut self, i: usize, period: Duration, expire: bool) {
         if self.instances[i].cut.is_some() {
+            return;
+        }
+        // Known bug A (see `main.rs`): a registration whose deletion falls in a cut-off
+        // shorter than the TTL is never deleted. Outside strict mode, an instance is not
+        // cut off while it has such a deletion pending.
+        let pending = self.instances[i].dropped_at.is_some_and(|at| {
+            Instant::now() < at + self.shape.ttl + Duration::from_millis(200)
+        });
+        if !self.strict && pending {
+            self.note(format!("i{i}: not cut off now (known bug A)"));
             return;
         }
         self.seq += 1;

@@ -72,14 +72,14 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Runs one schedule on its own paused current-thread runtime.
-fn run_one(seed: u64) -> Result<Outcome, String> {
+fn run_one(seed: u64, strict: bool) -> Result<Outcome, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async move {
-        let mut sim = Sim::new(seed).await.map_err(|e| format!("seed {seed}: setup failed: {e}"))?;
+        let mut sim = Sim::new(seed, strict).await.map_err(|e| format!("seed {seed}: setup failed: {e}"))?;
         match sim.run().await {
             Ok(()) => Ok(sim.outcome.clone()),
             Err(why) => {
@@ -118,10 +118,11 @@ fn run_kind(kind: Kind) {
         let base = env_u64("COORD_SIM_BASE").unwrap_or(0) / kinds * kinds;
         (0..total.div_ceil(kinds)).map(|k| base + k * kinds + index).collect()
     };
+    let strict = env_u64("COORD_SIM_STRICT").is_some_and(|v| v != 0);
     let started = std::time::Instant::now();
     let mut total = Outcome::default();
     for seed in &seeds {
-        match run_one(*seed) {
+        match run_one(*seed, strict) {
             Ok(outcome) => {
                 total.commands += outcome.commands;
                 total.streams_opened += outcome.streams_opened;
