@@ -32,7 +32,9 @@ const LOG_LEN: usize = 400;
 pub enum Reply {
     Registered { consumer: usize, attempt: u64, result: Result<CommandStream, CoordinatorError> },
     Deregistered { consumer: usize, inc: u64, result: Result<DeregisterAction, CoordinatorError> },
-    Called(String),
+    /// A `PartitionReady` (`ready`) or `PartitionReleased` answer: the log line, and
+    /// whether the consumer should try again (the store was out of reach).
+    Called { consumer: usize, inc: u64, ready: bool, partition: u32, line: String, retry: bool },
     Started { instance: usize, result: Result<HandoffCoordinator, CoordinatorError> },
 }
 
@@ -43,6 +45,8 @@ pub enum Agenda {
     /// A consumer whose `Deregister` failed tries again.
     Deregister { consumer: usize, inc: u64 },
     Answer { consumer: usize, inc: u64, todo: Todo, instance: usize },
+    /// A consumer calls `PartitionReady` / `PartitionReleased` again after a failure.
+    Call { consumer: usize, inc: u64, ready: bool, partition: u32 },
     StopLosing { instance: usize },
     StopDelaying { instance: usize },
     Restore { instance: usize, cut: u64 },
@@ -321,7 +325,13 @@ impl Sim {
         match reply {
             Reply::Registered { consumer, attempt, result } => self.registered(consumer, attempt, result),
             Reply::Deregistered { consumer, inc, result } => self.deregistered(consumer, inc, result),
-            Reply::Called(line) => self.note(line),
+            Reply::Called { consumer, inc, ready, partition, line, retry } => {
+                self.note(line);
+                if retry {
+                    let wait = self.draw(&[8, inc, partition as u64, self.seq]).millis(100, 500);
+                    self.after(wait, Agenda::Call { consumer, inc, ready, partition });
+                }
+            }
             Reply::Started { instance, result } => self.started(instance, result),
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kafka_assigner::config::DrainPolicy;
 use kafka_assigner::coordinator::{
-    ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator,
+    ConsumerGroupCoordinator, CoordinatorError, ErrorCode, HandoffConfig, HandoffCoordinator,
 };
 use kafka_assigner::handoff::PlanConfig;
 use kafka_assigner::metrics::Metrics;
@@ -60,6 +60,7 @@ impl Sim {
             }
             Agenda::Answer { consumer, inc, todo, instance } => self.answer(consumer, inc, todo, instance),
             Agenda::Deregister { consumer, inc } => self.deregister(consumer, inc, consumer),
+            Agenda::Call { consumer, inc, ready, partition } => self.retry_call(consumer, inc, ready, partition),
             Agenda::StopLosing { instance } => self.instances[instance].faulty.lose_answers(0.0),
             Agenda::StopDelaying { instance } => {
                 self.instances[instance].faulty.delay(Duration::ZERO, Duration::ZERO)
@@ -312,7 +313,14 @@ impl Sim {
         };
         let Some((ready, p)) = ready else { return };
         let own = *instance;
-        let Some(i) = self.running(if via == usize::MAX { own } else { via }) else { return };
+        self.call(c, inc, ready, p, if via == usize::MAX { own } else { via });
+    }
+
+    /// Consumer `c` (stream `inc`) calls `PartitionReady` (`ready`) or `PartitionReleased`
+    /// about `p` through instance `via` (or the next running one).
+    fn call(&mut self, c: usize, inc: u64, ready: bool, p: u32, via: usize) {
+        let name = self.consumers[c].name.clone();
+        let Some(i) = self.running(via) else { return };
         let (coordinator, replies) = (self.coordinator(i), self.replies_tx.clone());
         tokio::spawn(async move {
             let Some(coordinator) = coordinator else { return };
@@ -321,12 +329,26 @@ impl Sim {
             } else {
                 ("released", coordinator.partition_released(&name, TOPIC, p).await)
             };
+            // A client tries again when the store was out of reach or the call lost a race.
+            let retry = result.as_ref().is_err_and(|e| matches!(e.code(), ErrorCode::Unavailable | ErrorCode::Aborted));
             let outcome = match result {
                 Ok(()) => "ok".to_string(),
                 Err(e) => format!("{:?} {e}", e.code()),
             };
-            let _ = replies.send(Reply::Called(format!("{name}#{inc} {what} {p} via i{i}: {outcome}")));
+            let line = format!("{name}#{inc} {what} {p} via i{i}: {outcome}");
+            let _ = replies.send(Reply::Called { consumer: c, inc, ready, partition: p, line, retry });
         });
+    }
+
+    /// A retry of a failed call, while the stream it answers is open (and, for a ready,
+    /// the warm still pending).
+    fn retry_call(&mut self, c: usize, inc: u64, ready: bool, p: u32) {
+        let Phase::Online { inc: current, instance, belief, .. } = &self.consumers[c].phase else { return };
+        if *current != inc || (ready && !belief.warming.contains_key(&p)) {
+            return;
+        }
+        let own = *instance;
+        self.call(c, inc, ready, p, own);
     }
 
     /// The faults stop: every instance is back in touch and running, every consumer that
