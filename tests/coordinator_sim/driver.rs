@@ -30,7 +30,7 @@ const LOG_LEN: usize = 400;
 
 /// What a spawned call reports back to the loop.
 pub enum Reply {
-    Registered { consumer: usize, attempt: u64, result: Result<CommandStream, CoordinatorError> },
+    Registered { consumer: usize, attempt: u64, generation: u64, result: Result<CommandStream, CoordinatorError> },
     Deregistered { consumer: usize, inc: u64, result: Result<DeregisterAction, CoordinatorError> },
     /// A `PartitionReady` (`ready`) or `PartitionReleased` answer: the log line, and
     /// whether the consumer should try again (the store was out of reach).
@@ -66,6 +66,8 @@ pub struct Instance {
     pub cut: Option<(u64, Instant)>,
     /// When a stream it held last ended (its registration is then deleted a TTL later).
     pub dropped_at: Option<Instant>,
+    /// Counts crashes: an answer from an earlier generation never reached its client.
+    pub generation: u64,
 }
 
 /// Where a consumer stands.
@@ -163,7 +165,7 @@ impl Sim {
         for i in 0..sim.shape.instances {
             let faulty = FaultyStore::new(Arc::new(store.clone()), seed.wrapping_mul(31).wrapping_add(i as u64));
             let coordinator = crate::fleet::start(&faulty, &sim.shape, i).await.map_err(|e| e.to_string())?;
-            sim.instances.push(Instance { faulty, coordinator: Some(coordinator), starting: false, cut: None, dropped_at: None });
+            sim.instances.push(Instance { faulty, coordinator: Some(coordinator), starting: false, cut: None, dropped_at: None, generation: 0 });
         }
         for (at, action) in sim.shape.actions.clone() {
             sim.at(sim.start + at, Agenda::Act(action));
@@ -323,7 +325,16 @@ impl Sim {
 
     fn reply(&mut self, reply: Reply) {
         match reply {
-            Reply::Registered { consumer, attempt, result } => self.registered(consumer, attempt, result),
+            Reply::Registered { consumer, attempt, generation, result } => {
+                let instance = (attempt >> 32) as usize;
+                let result = if self.instances[instance].generation == generation {
+                    result
+                } else {
+                    // The instance crashed while the call ran: the client's connection broke.
+                    Err(CoordinatorError::Unavailable("the connection to the instance broke".into()))
+                };
+                self.registered(consumer, attempt, result)
+            }
             Reply::Deregistered { consumer, inc, result } => self.deregistered(consumer, inc, result),
             Reply::Called { consumer, inc, ready, partition, line, retry } => {
                 self.note(line);

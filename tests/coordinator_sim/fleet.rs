@@ -145,6 +145,7 @@ impl Sim {
                 }
                 let Some(coordinator) = self.instances[i].coordinator.take() else { return };
                 coordinator.crash();
+                self.instances[i].generation += 1;
                 if self.draw(&[4, self.seq]).below(2) == 0 {
                     // The process is dead and its consumers were cut: expiring its
                     // session early only speeds the failover up.
@@ -271,11 +272,11 @@ impl Sim {
         consumer.attempt = ((i as u64) << 32) | ((consumer.attempt + 1) & 0xFFFF_FFFF);
         consumer.phase = Phase::Registering;
         let (attempt, name, coordinator) = (consumer.attempt, consumer.name.clone(), self.coordinator(i));
-        let replies = self.replies_tx.clone();
+        let (replies, generation) = (self.replies_tx.clone(), self.instances[i].generation);
         tokio::spawn(async move {
             let Some(coordinator) = coordinator else { return };
             let result = coordinator.register(&name, TOPIC).await;
-            let _ = replies.send(Reply::Registered { consumer: c, attempt, result });
+            let _ = replies.send(Reply::Registered { consumer: c, attempt, generation, result });
         });
     }
 
