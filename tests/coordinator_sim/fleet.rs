@@ -93,7 +93,10 @@ impl Sim {
         self.note(format!("action {action:?}"));
         match action {
             Action::Join { consumer, instance } => {
-                self.consumers[consumer % pool].want = true;
+                // A consumer that is online (or leaving) is not started twice.
+                if matches!(self.consumers[consumer % pool].phase, Phase::Offline) {
+                    self.consumers[consumer % pool].want = true;
+                }
                 self.join(consumer % pool, instance);
             }
             Action::CrashConsumer { consumer, rejoin } => {
@@ -272,6 +275,7 @@ impl Sim {
         consumer.attempt = ((i as u64) << 32) | ((consumer.attempt + 1) & 0xFFFF_FFFF);
         consumer.phase = Phase::Registering;
         let (attempt, name, coordinator) = (consumer.attempt, consumer.name.clone(), self.coordinator(i));
+        self.note(format!("{name} registers via i{i}"));
         let (replies, generation) = (self.replies_tx.clone(), self.instances[i].generation);
         tokio::spawn(async move {
             let Some(coordinator) = coordinator else { return };

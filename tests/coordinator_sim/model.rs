@@ -67,7 +67,9 @@ impl Belief {
             Command::Warm(warm) => {
                 let tp = warm.partition.as_ref().ok_or("a warm without a partition")?;
                 let p = check(tp.partition, &tp.topic)?;
-                if self.owned.contains(&p) {
+                // A partition it was told to release may come back to it later (the
+                // handoff ended without its acknowledgement); one it owns outright may not.
+                if self.owned.contains(&p) && !self.releasing.contains_key(&p) {
                     return Err(format!("asked to warm {p}, which it was told it owns"));
                 }
                 self.warming.insert(p, warm.current_owner.clone());
