@@ -296,7 +296,11 @@ impl Sim {
         }
         let wait = if self.quiescing { rng.millis(0, 100) } else { rng.millis(0, 1500) };
         // Mostly through its own instance, sometimes through another (whose cache may lag).
-        let instance = if rng.below(4) == 0 { rng.below(8) as usize } else { usize::MAX };
+        // Known bug C (see `main.rs`): an instance whose cache lags may answer a ready "ok"
+        // without writing anything; outside strict mode consumers use their own instance,
+        // whose cache is at least as new as the command they answer.
+        let other = rng.below(4) == 0 && (self.strict || self.shape.kind == crate::schedules::Kind::LostAnswers);
+        let instance = if other { rng.below(8) as usize } else { usize::MAX };
         self.after(wait, Agenda::Answer { consumer: c, inc, todo, instance });
     }
 
@@ -370,8 +374,11 @@ impl Sim {
             self.instances[i].cut = None;
             self.restart(i);
         }
-        if !self.consumers.iter().any(|c| c.want) {
-            self.consumers[0].want = true;
+        // Someone stays to own the partitions (and to take over from the drained).
+        if !self.consumers.iter().any(|c| c.want)
+            && let Some(c) = self.consumers.iter_mut().find(|c| matches!(c.phase, Phase::Offline))
+        {
+            c.want = true;
         }
         for c in 0..self.consumers.len() {
             self.join(c, c);

@@ -61,6 +61,7 @@ mod schedules;
 use std::time::Duration;
 
 use driver::{Outcome, Sim};
+use kafka_assigner::coordinator::ConsumerGroupCoordinator;
 use schedules::{KINDS, Kind};
 
 /// Schedules per run of the whole suite when no variable says otherwise.
@@ -98,6 +99,18 @@ fn run_one(seed: u64, strict: bool) -> Result<Outcome, String> {
                     report.push_str(&format!("    {line}\n"));
                 }
                 report.push_str(&format!("  store: {:?}\n", sim.truth));
+                for (i, instance) in sim.instances.iter().enumerate() {
+                    if let Some(coordinator) = &instance.coordinator {
+                        let status = coordinator.status().await;
+                        let topics: Vec<_> = status.topics.iter().map(|t| (&t.owners, &t.handoffs)).collect();
+                        report.push_str(&format!(
+                            "  i{i}: ready={} leader={:?} leads={} {topics:?}\n",
+                            status.ready,
+                            status.leader,
+                            coordinator.is_leader()
+                        ));
+                    }
+                }
                 Err(report)
             }
         }
