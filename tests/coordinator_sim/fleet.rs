@@ -374,12 +374,7 @@ impl Sim {
             self.instances[i].cut = None;
             self.restart(i);
         }
-        // Someone stays to own the partitions (and to take over from the drained).
-        if !self.consumers.iter().any(|c| c.want)
-            && let Some(c) = self.consumers.iter_mut().find(|c| matches!(c.phase, Phase::Offline))
-        {
-            c.want = true;
-        }
+        self.keep_someone();
         for c in 0..self.consumers.len() {
             self.join(c, c);
             if let Phase::Online { inc, belief, .. } = &self.consumers[c].phase {
@@ -393,6 +388,15 @@ impl Sim {
             }
         }
         self.after(Duration::from_millis(250), Agenda::CheckSettled);
+    }
+
+    /// Someone stays to own the partitions (and to take over from those leaving).
+    fn keep_someone(&mut self) {
+        if !self.consumers.iter().any(|c| c.want)
+            && let Some(c) = self.consumers.iter_mut().find(|c| matches!(c.phase, Phase::Offline))
+        {
+            c.want = true;
+        }
     }
 
     async fn check_settled(&mut self) -> Result<(), String> {
@@ -422,6 +426,7 @@ impl Sim {
             Err(_) => {
                 // Consumers that want to be online but are not (a refused registration
                 // while an instance restarted) try again.
+                self.keep_someone();
                 for c in 0..self.consumers.len() {
                     self.join(c, c + 1);
                 }
