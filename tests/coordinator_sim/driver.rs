@@ -84,6 +84,8 @@ pub struct Consumer {
     pub phase: Phase,
     /// Counts registration attempts, so a late answer to an abandoned one is recognised.
     pub attempt: u64,
+    /// `PartitionReady` calls in flight.
+    pub readies: u32,
 }
 
 /// What a run measured.
@@ -145,7 +147,7 @@ impl Sim {
             keys,
             instances: Vec::new(),
             consumers: (0..shape.pool)
-                .map(|i| Consumer { name: format!("c{i}"), want: false, phase: Phase::Offline, attempt: 0 })
+                .map(|i| Consumer { name: format!("c{i}"), want: false, phase: Phase::Offline, attempt: 0, readies: 0 })
                 .collect(),
             open: Vec::new(),
             agenda: BTreeMap::new(),
@@ -338,6 +340,9 @@ impl Sim {
             Reply::Deregistered { consumer, inc, result } => self.deregistered(consumer, inc, result),
             Reply::Called { consumer, inc, ready, partition, line, retry } => {
                 self.note(line);
+                if ready {
+                    self.consumers[consumer].readies -= 1;
+                }
                 if retry {
                     let wait = self.draw(&[8, inc, partition as u64, self.seq]).millis(100, 500);
                     self.after(wait, Agenda::Call { consumer, inc, ready, partition });

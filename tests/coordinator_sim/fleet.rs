@@ -114,7 +114,7 @@ impl Sim {
             }
             Action::Deregister { consumer, instance } => {
                 let c = consumer % pool;
-                if !self.strict && self.avoids_orphan(c) {
+                if !self.strict && (self.avoids_orphan(c) || self.avoids_draining_ready(c)) {
                     return;
                 }
                 if let Phase::Online { inc, draining: false, .. } = self.consumers[c].phase {
@@ -200,6 +200,18 @@ impl Sim {
         };
         if avoid {
             self.note(format!("{}: not made to go away now (known bug B)", self.consumers[c].name));
+        }
+        avoid
+    }
+
+    /// Known bug D (see `main.rs`): a `PartitionReady` from a consumer that has become
+    /// `Draining` is accepted. Outside strict mode a consumer does not deregister while it
+    /// warms or a ready of its is in flight.
+    fn avoids_draining_ready(&mut self, c: usize) -> bool {
+        let warming = matches!(&self.consumers[c].phase, Phase::Online { belief, .. } if !belief.warming.is_empty());
+        let avoid = warming || self.consumers[c].readies > 0;
+        if avoid {
+            self.note(format!("{}: does not deregister now (known bug D)", self.consumers[c].name));
         }
         avoid
     }
@@ -306,12 +318,17 @@ impl Sim {
 
     fn answer(&mut self, c: usize, inc: u64, todo: Todo, via: usize) {
         let name = self.consumers[c].name.clone();
-        let Phase::Online { inc: current, instance, belief, .. } = &mut self.consumers[c].phase else { return };
+        let strict = self.strict;
+        let Phase::Online { inc: current, instance, belief, draining } = &mut self.consumers[c].phase else {
+            return;
+        };
         if *current != inc {
             return;
         }
         let ready = match todo {
-            Todo::Ready(p) if belief.warming.contains_key(&p) => Some((true, p)),
+            // Known bug D (see `main.rs`): outside strict mode a leaving consumer does not
+            // finish its warms.
+            Todo::Ready(p) if belief.warming.contains_key(&p) && (strict || !*draining) => Some((true, p)),
             Todo::Release(p) if belief.releasing.contains_key(&p) => {
                 // It stops processing p, then says so.
                 belief.releasing.remove(&p);
@@ -330,6 +347,9 @@ impl Sim {
     fn call(&mut self, c: usize, inc: u64, ready: bool, p: u32, via: usize) {
         let name = self.consumers[c].name.clone();
         let Some(i) = self.running(via) else { return };
+        if ready {
+            self.consumers[c].readies += 1;
+        }
         let (coordinator, replies) = (self.coordinator(i), self.replies_tx.clone());
         tokio::spawn(async move {
             let Some(coordinator) = coordinator else { return };

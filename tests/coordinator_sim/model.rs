@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kafka_assigner::coordinator::records::{
     AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, decode,
 };
-use kafka_assigner::handoff::{Handoff, Phase};
+use kafka_assigner::handoff::{ConsumerStatus, Handoff, Phase};
 use kafka_assigner::proto::v1::{AssignmentCommand, assignment_command::Command};
 use kafka_assigner::store::{Revision, WatchBatch, WatchEventKind};
 
@@ -110,9 +110,13 @@ pub struct Truth {
 }
 
 impl Truth {
-    /// Applies one watch batch of the shared store.
+    /// Applies one watch batch of the shared store. `Err` when the revision gives a
+    /// partition to a consumer that is not registered and active (DESIGN.md §4, §5: only
+    /// active consumers get partitions, and a `PartitionReady` flips ownership only to a
+    /// live one).
     pub fn apply(&mut self, keys: &Keys, batch: &WatchBatch) -> Result<(), String> {
         self.revision = batch.revision;
+        let mut given = Vec::new();
         for event in &batch.events {
             let Some(key) = keys.parse(&event.key) else { continue };
             let value = match &event.kind {
@@ -125,6 +129,7 @@ impl Truth {
                     let owner = decode::<AssignmentRecord>(&event.key, v).map_err(bad)?.owner;
                     if self.owners.get(&p) != Some(&owner) {
                         self.owner_since.insert((p, owner.clone()), batch.revision);
+                        given.push((p, owner.clone()));
                     }
                     self.owners.insert(p, owner);
                 }
@@ -150,6 +155,14 @@ impl Truth {
                 (Key::Leader, v) => self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned()),
                 (Key::Topic(_), _) => {}
             }
+        }
+        for (p, owner) in given {
+            let status = self.consumers.get(&owner).map(|r| r.status);
+            ensure!(
+                status == Some(ConsumerStatus::Active),
+                "revision {}: partition {p} was given to {owner}, whose registration is {status:?}",
+                batch.revision
+            );
         }
         Ok(())
     }
