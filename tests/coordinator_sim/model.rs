@@ -117,6 +117,15 @@ impl Truth {
     pub fn apply(&mut self, keys: &Keys, batch: &WatchBatch) -> Result<(), String> {
         self.revision = batch.revision;
         let mut given = Vec::new();
+        let before: BTreeMap<u32, (Option<String>, Option<Handoff>)> = batch
+            .events
+            .iter()
+            .filter_map(|e| match keys.parse(&e.key) {
+                Some(Key::Assignment(_, p) | Key::Handoff(_, p)) => Some(p),
+                _ => None,
+            })
+            .map(|p| (p, (self.owners.get(&p).cloned(), self.handoffs.get(&p).cloned())))
+            .collect();
         for event in &batch.events {
             let Some(key) = keys.parse(&event.key) else { continue };
             let value = match &event.kind {
@@ -156,6 +165,10 @@ impl Truth {
                 (Key::Topic(_), _) => {}
             }
         }
+        for (p, (owner, handoff)) in before {
+            let after = (self.owners.get(&p).cloned(), self.handoffs.get(&p).cloned());
+            self.legal_move(p, (owner, handoff), after).map_err(|e| format!("revision {}: {e}", batch.revision))?;
+        }
         for (p, owner) in given {
             let status = self.consumers.get(&owner).map(|r| r.status);
             ensure!(
@@ -163,6 +176,36 @@ impl Truth {
                 "revision {}: partition {p} was given to {owner}, whose registration is {status:?}",
                 batch.revision
             );
+        }
+        Ok(())
+    }
+
+    /// Whether one revision's change of partition `p` (owner, handoff) is a step of the
+    /// handoff rules (DESIGN.md §5): ownership moves from a registered owner only by a
+    /// `PartitionReady` flip of a warming handoff to its target; a partition whose owner
+    /// is gone (or that has none) is assigned directly; a handoff starts from the owner,
+    /// and only a flip makes one `Releasing`.
+    fn legal_move(
+        &self,
+        p: u32,
+        (o0, h0): (Option<String>, Option<Handoff>),
+        (o1, h1): (Option<String>, Option<Handoff>),
+    ) -> Result<(), String> {
+        let what = || format!("partition {p}: owner {o0:?} → {o1:?}, handoff {h0:?} → {h1:?}");
+        if o0 != o1 {
+            let flip = matches!((&h0, &h1, &o0, &o1), (Some(w), Some(r), Some(a), Some(b))
+                if w.phase == Phase::Warming && r.phase == Phase::Releasing
+                    && &w.from == a && &w.to == b && r.from == w.from && r.to == w.to);
+            let owner_gone = o0.as_ref().is_none_or(|o| !self.consumers.contains_key(o));
+            ensure!(flip || (owner_gone && h1.is_none()), "an illegal move: {}", what());
+            return Ok(());
+        }
+        match &h1 {
+            Some(h) if h.phase == Phase::Releasing => {
+                ensure!(h0.as_ref() == Some(h) || h0.as_ref().is_some_and(|x| x.from == h.from && x.to == h.to && x.phase == Phase::Releasing), "a release without a flip: {}", what());
+            }
+            Some(h) => ensure!(o1.as_ref() == Some(&h.from), "a warm not from the owner: {}", what()),
+            None => {}
         }
         Ok(())
     }
