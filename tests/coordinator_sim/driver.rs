@@ -225,7 +225,7 @@ impl Sim {
 
     async fn handle(&mut self, woke: Woke) -> Result<(), String> {
         match woke {
-            Woke::Truth(Some(batch)) => self.truth.apply(&self.keys, &batch)?,
+            Woke::Truth(Some(batch)) => self.truth.apply(&self.keys, &batch, self.strict)?,
             Woke::Truth(None) => return Err("the fault-free watch ended".into()),
             Woke::Reply(reply) => self.reply(reply),
             Woke::Item(inc, consumer, item) => self.item(inc, consumer, item)?,
