@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kafka_assigner::config::DrainPolicy;
 use kafka_assigner::coordinator::{
-    ConsumerGroupCoordinator, CoordinatorError, ErrorCode, HandoffConfig, HandoffCoordinator,
+    ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator,
 };
 use kafka_assigner::handoff::PlanConfig;
 use kafka_assigner::metrics::Metrics;
@@ -19,7 +19,11 @@ use crate::model::Todo;
 use crate::schedules::{Action, Shape};
 
 /// Starts instance `i` over its fault wrapper.
-pub async fn start(faulty: &FaultyStore, shape: &Shape, i: usize) -> Result<HandoffCoordinator, CoordinatorError> {
+pub async fn start(
+    faulty: &FaultyStore,
+    shape: &Shape,
+    i: usize,
+) -> Result<HandoffCoordinator, CoordinatorError> {
     let config = HandoffConfig {
         instance_id: format!("i{i}"),
         prefix: PREFIX.into(),
@@ -41,12 +45,12 @@ pub async fn start(faulty: &FaultyStore, shape: &Shape, i: usize) -> Result<Hand
 
 impl Sim {
     /// A running instance: `i` (modulo the fleet) if it runs, else the next one that does.
-    fn running(&self, i: usize) -> Option<usize> {
+    pub fn running(&self, i: usize) -> Option<usize> {
         let n = self.instances.len();
         (0..n).map(|k| (i + k) % n).find(|k| self.instances[*k].coordinator.is_some())
     }
 
-    fn coordinator(&self, i: usize) -> Option<HandoffCoordinator> {
+    pub fn coordinator(&self, i: usize) -> Option<HandoffCoordinator> {
         self.instances[i].coordinator.clone()
     }
 
@@ -60,7 +64,9 @@ impl Sim {
             }
             Agenda::Answer { consumer, inc, todo, instance } => self.answer(consumer, inc, todo, instance),
             Agenda::Deregister { consumer, inc } => self.deregister(consumer, inc, consumer),
-            Agenda::Call { consumer, inc, ready, partition } => self.retry_call(consumer, inc, ready, partition),
+            Agenda::Call { consumer, inc, ready, partition } => {
+                self.retry_call(consumer, inc, ready, partition)
+            }
             Agenda::StopLosing { instance } => self.instances[instance].faulty.lose_answers(0.0),
             Agenda::StopDelaying { instance } => {
                 self.instances[instance].faulty.delay(Duration::ZERO, Duration::ZERO)
@@ -89,7 +95,7 @@ impl Sim {
     }
 
     async fn action(&mut self, action: Action) {
-        let (pool, ttl) = (self.shape.pool, self.shape.ttl);
+        let pool = self.shape.pool;
         self.note(format!("action {action:?}"));
         match action {
             Action::Join { consumer, instance } => {
@@ -155,65 +161,13 @@ impl Sim {
                     let expired = self.instances[i].faulty.expire_all_sessions().await;
                     self.note(format!("i{i} crashed; its sessions expire at once: {expired:?}"));
                 }
-                let _ = ttl;
                 self.after(restart, Agenda::Restart { instance: i });
             }
         }
     }
 
-    /// Consumer `c` (stream `inc`) deregisters through `instance`. From now on it is
-    /// leaving: even if the answer is lost, its stream may end cleanly once drained.
-    pub fn deregister(&mut self, c: usize, inc: u64, instance: usize) {
-        let name = self.consumers[c].name.clone();
-        let running = self.running(instance);
-        let (Phase::Online { inc: current, draining, .. }, Some(i)) = (&mut self.consumers[c].phase, running)
-        else {
-            return;
-        };
-        if *current != inc {
-            return;
-        }
-        *draining = true;
-        self.consumers[c].want = false;
-        let coordinator = self.coordinator(i);
-        let replies = self.replies_tx.clone();
-        tokio::spawn(async move {
-            let Some(coordinator) = coordinator else { return };
-            let result = coordinator.deregister(&name).await;
-            let _ = replies.send(Reply::Deregistered { consumer: c, inc, result });
-        });
-    }
-
     fn faulty(&self, instance: usize) -> &FaultyStore {
         &self.instances[instance % self.instances.len()].faulty
-    }
-
-    /// Known bug B (see `main.rs`): a consumer that goes away before its snapshot arrived
-    /// (its instance's cache had not seen its registration) leaves its registration behind
-    /// for good; so does one whose `Register` answer was lost and that never retries. Outside
-    /// strict mode such a consumer is not made to go away.
-    fn avoids_orphan(&mut self, c: usize) -> bool {
-        let avoid = match &self.consumers[c].phase {
-            Phase::Online { belief, .. } => !belief.snapshot,
-            Phase::Registering => true,
-            Phase::Offline => self.consumers[c].want,
-        };
-        if avoid {
-            self.note(format!("{}: not made to go away now (known bug B)", self.consumers[c].name));
-        }
-        avoid
-    }
-
-    /// Known bug D (see `main.rs`): a `PartitionReady` from a consumer that has become
-    /// `Draining` is accepted. Outside strict mode a consumer does not deregister while it
-    /// warms or a ready of its is in flight.
-    fn avoids_draining_ready(&mut self, c: usize) -> bool {
-        let warming = matches!(&self.consumers[c].phase, Phase::Online { belief, .. } if !belief.warming.is_empty());
-        let avoid = warming || self.consumers[c].readies > 0;
-        if avoid {
-            self.note(format!("{}: does not deregister now (known bug D)", self.consumers[c].name));
-        }
-        avoid
     }
 
     fn cut_off(&mut self, i: usize, period: Duration, expire: bool) {
@@ -223,9 +177,9 @@ impl Sim {
         // Known bug A (see `main.rs`): a registration whose deletion falls in a cut-off
         // shorter than the TTL is never deleted. Outside strict mode, an instance is not
         // cut off while it has such a deletion pending.
-        let pending = self.instances[i].dropped_at.is_some_and(|at| {
-            Instant::now() < at + self.shape.ttl + Duration::from_millis(200)
-        });
+        let pending = self.instances[i]
+            .dropped_at
+            .is_some_and(|at| Instant::now() < at + self.shape.ttl + Duration::from_millis(200));
         if !self.strict && pending {
             self.note(format!("i{i}: not cut off now (known bug A)"));
             return;
@@ -244,7 +198,7 @@ impl Sim {
     /// An instance cut off for a whole TTL may have lost its session in the store: none of
     /// its consumers may still believe it owns anything (their streams ended).
     fn fence_deadline(&mut self, instance: usize, cut: u64) -> Result<(), String> {
-        if !self.instances[instance].cut.is_some_and(|(id, _)| id == cut) {
+        if self.instances[instance].cut.is_none_or(|(id, _)| id != cut) {
             return Ok(());
         }
         for c in &self.consumers {
@@ -266,118 +220,12 @@ impl Sim {
             return;
         }
         self.instances[i].starting = true;
-        let (faulty, shape, replies) = (self.instances[i].faulty.clone(), self.shape.clone(), self.replies_tx.clone());
+        let (faulty, shape, replies) =
+            (self.instances[i].faulty.clone(), self.shape.clone(), self.replies_tx.clone());
         tokio::spawn(async move {
             let result = start(&faulty, &shape, i).await;
             let _ = replies.send(Reply::Started { instance: i, result });
         });
-    }
-
-    /// Consumer `c` registers on `instance` (or the next running one), if it is offline.
-    pub fn join(&mut self, c: usize, instance: usize) {
-        if !self.consumers[c].want || !matches!(self.consumers[c].phase, Phase::Offline) {
-            return;
-        }
-        let Some(i) = self.running(instance) else {
-            self.after(Duration::from_millis(300), Agenda::Reconnect { consumer: c });
-            return;
-        };
-        let consumer = &mut self.consumers[c];
-        // The attempt names the instance in its high half (the reply needs it).
-        consumer.attempt = ((i as u64) << 32) | ((consumer.attempt + 1) & 0xFFFF_FFFF);
-        consumer.phase = Phase::Registering;
-        let (attempt, name, coordinator) = (consumer.attempt, consumer.name.clone(), self.coordinator(i));
-        self.note(format!("{name} registers via i{i}"));
-        let (replies, generation) = (self.replies_tx.clone(), self.instances[i].generation);
-        tokio::spawn(async move {
-            let Some(coordinator) = coordinator else { return };
-            let result = coordinator.register(&name, TOPIC).await;
-            let _ = replies.send(Reply::Registered { consumer: c, attempt, generation, result });
-        });
-    }
-
-    /// Decides when (and whether) consumer `c` answers a warm or a release.
-    pub fn plan_answer(&mut self, c: usize, inc: u64, todo: Todo) {
-        let (kind, p) = match todo {
-            Todo::Ready(p) => (5, p),
-            Todo::Release(p) => (6, p),
-        };
-        let mut rng = self.draw(&[kind, inc, p as u64, self.outcome.commands]);
-        if !self.quiescing && rng.below(8) == 0 {
-            return; // it never answers (until the faults stop)
-        }
-        let wait = if self.quiescing { rng.millis(0, 100) } else { rng.millis(0, 1500) };
-        // Mostly through its own instance, sometimes through another (whose cache may lag).
-        // Known bug C (see `main.rs`): an instance whose cache lags may answer a ready "ok"
-        // without writing anything; outside strict mode consumers use their own instance,
-        // whose cache is at least as new as the command they answer.
-        let other = rng.below(4) == 0 && (self.strict || self.shape.kind == crate::schedules::Kind::LostAnswers);
-        let instance = if other { rng.below(8) as usize } else { usize::MAX };
-        self.after(wait, Agenda::Answer { consumer: c, inc, todo, instance });
-    }
-
-    fn answer(&mut self, c: usize, inc: u64, todo: Todo, via: usize) {
-        let name = self.consumers[c].name.clone();
-        let strict = self.strict;
-        let Phase::Online { inc: current, instance, belief, draining } = &mut self.consumers[c].phase else {
-            return;
-        };
-        if *current != inc {
-            return;
-        }
-        let ready = match todo {
-            // Known bug D (see `main.rs`): outside strict mode a leaving consumer does not
-            // finish its warms.
-            Todo::Ready(p) if belief.warming.contains_key(&p) && (strict || !*draining) => Some((true, p)),
-            Todo::Release(p) if belief.releasing.contains_key(&p) => {
-                // It stops processing p, then says so.
-                belief.releasing.remove(&p);
-                belief.owned.remove(&p);
-                Some((false, p))
-            }
-            _ => None,
-        };
-        let Some((ready, p)) = ready else { return };
-        let own = *instance;
-        self.call(c, inc, ready, p, if via == usize::MAX { own } else { via });
-    }
-
-    /// Consumer `c` (stream `inc`) calls `PartitionReady` (`ready`) or `PartitionReleased`
-    /// about `p` through instance `via` (or the next running one).
-    fn call(&mut self, c: usize, inc: u64, ready: bool, p: u32, via: usize) {
-        let name = self.consumers[c].name.clone();
-        let Some(i) = self.running(via) else { return };
-        if ready {
-            self.consumers[c].readies += 1;
-        }
-        let (coordinator, replies) = (self.coordinator(i), self.replies_tx.clone());
-        tokio::spawn(async move {
-            let Some(coordinator) = coordinator else { return };
-            let (what, result) = if ready {
-                ("ready", coordinator.partition_ready(&name, TOPIC, p).await)
-            } else {
-                ("released", coordinator.partition_released(&name, TOPIC, p).await)
-            };
-            // A client tries again when the store was out of reach or the call lost a race.
-            let retry = result.as_ref().is_err_and(|e| matches!(e.code(), ErrorCode::Unavailable | ErrorCode::Aborted));
-            let outcome = match result {
-                Ok(()) => "ok".to_string(),
-                Err(e) => format!("{:?} {e}", e.code()),
-            };
-            let line = format!("{name}#{inc} {what} {p} via i{i}: {outcome}");
-            let _ = replies.send(Reply::Called { consumer: c, inc, ready, partition: p, line, retry });
-        });
-    }
-
-    /// A retry of a failed call, while the stream it answers is open (and, for a ready,
-    /// the warm still pending).
-    fn retry_call(&mut self, c: usize, inc: u64, ready: bool, p: u32) {
-        let Phase::Online { inc: current, instance, belief, .. } = &self.consumers[c].phase else { return };
-        if *current != inc || (ready && !belief.warming.contains_key(&p)) {
-            return;
-        }
-        let own = *instance;
-        self.call(c, inc, ready, p, own);
     }
 
     /// The faults stop: every instance is back in touch and running, every consumer that

@@ -34,7 +34,12 @@ pub enum Todo {
 impl Belief {
     /// Applies one command as a consumer would; `Err` when the command contradicts what the
     /// stream said before (the server must never send a contradictory command).
-    pub fn apply(&mut self, command: &AssignmentCommand, topic: &str, partitions: u32) -> Result<Vec<Todo>, String> {
+    pub fn apply(
+        &mut self,
+        command: &AssignmentCommand,
+        topic: &str,
+        partitions: u32,
+    ) -> Result<Vec<Todo>, String> {
         let Some(command) = &command.command else { return Err("a command without a body".into()) };
         let first = !self.snapshot;
         let check = |p: u32, t: &str| -> Result<u32, String> {
@@ -167,7 +172,8 @@ impl Truth {
         }
         for (p, (owner, handoff)) in before {
             let after = (self.owners.get(&p).cloned(), self.handoffs.get(&p).cloned());
-            self.legal_move(p, (owner, handoff), after).map_err(|e| format!("revision {}: {e}", batch.revision))?;
+            self.legal_move(p, (owner, handoff), after)
+                .map_err(|e| format!("revision {}: {e}", batch.revision))?;
         }
         for (p, owner) in given {
             // Known bug E (see `main.rs`): a direct assignment does not guard the new owner's
@@ -208,7 +214,14 @@ impl Truth {
         }
         match &h1 {
             Some(h) if h.phase == Phase::Releasing => {
-                ensure!(h0.as_ref() == Some(h) || h0.as_ref().is_some_and(|x| x.from == h.from && x.to == h.to && x.phase == Phase::Releasing), "a release without a flip: {}", what());
+                ensure!(
+                    h0.as_ref() == Some(h)
+                        || h0
+                            .as_ref()
+                            .is_some_and(|x| x.from == h.from && x.to == h.to && x.phase == Phase::Releasing),
+                    "a release without a flip: {}",
+                    what()
+                );
             }
             Some(h) => ensure!(o1.as_ref() == Some(&h.from), "a warm not from the owner: {}", what()),
             None => {}

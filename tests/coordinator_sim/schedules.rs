@@ -169,11 +169,8 @@ fn draw_action(kind: Kind, ttl: Duration, rng: &mut Rng) -> Option<Action> {
         0 => Action::LoseNext { instance, count: 1 + rng.below(3) as u32 },
         _ => Action::LoseSome { instance, chance: 0.1 + 0.4 * rng.unit(), period: rng.millis(500, 4000) },
     };
-    let delay = |rng: &mut Rng| Action::Delay {
-        instance,
-        high: rng.millis(5, 200),
-        period: rng.millis(1000, 6000),
-    };
+    let delay =
+        |rng: &mut Rng| Action::Delay { instance, high: rng.millis(5, 200), period: rng.millis(1000, 6000) };
     let cut = |rng: &mut Rng| Action::CutOff {
         instance,
         period: rng.millis(ttl_ms / 4, 3 * ttl_ms),
