@@ -15,7 +15,9 @@
 //!   deregister; and, by kind, store faults: lost answers, delayed answers and watch
 //!   batches, one instance cut off (its session expired by the store once cut off for a
 //!   TTL), instances crashing (`HandoffCoordinator::crash`) and restarting, a whole-store
-//!   outage.
+//!   outage. A call already running on an instance that crashes still completes on its
+//!   frozen cache, as on a process that stalled mid-call and resumed; its answer counts
+//!   only for `PartitionReady` / `PartitionReleased` (a `Register` answer is lost).
 //! * **Consumers** (`consumers.rs`, `replies.rs`) act only on what they were told: a warm is
 //!   answered with `PartitionReady` and a release with `PartitionReleased` after 0–1.5 s
 //!   (one in eight never, until the faults stop), retried on `UNAVAILABLE` / `ABORTED`; a
