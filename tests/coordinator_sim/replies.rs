@@ -10,6 +10,10 @@ use tokio::time::Instant;
 use crate::driver::{Agenda, Phase, Reply, Sim, TOPIC};
 use crate::model::Belief;
 
+/// How late (in TTLs after a cut-off) an instance may end its streams: its fence is due
+/// 3/4 TTL after its last renewal, which was before the cut.
+pub const FENCE_BOUND: f64 = 0.8;
+
 impl Sim {
     /// One command (or the end) of consumer `c`'s stream `inc`.
     pub fn item(
@@ -42,6 +46,13 @@ impl Sim {
                     let fraction = (Instant::now() - since).as_secs_f64() / ttl.as_secs_f64();
                     self.outcome.fenced += 1;
                     self.outcome.max_fence_ttl = self.outcome.max_fence_ttl.max(fraction);
+                    // The fence comes 3/4 TTL after the last renewal, which was before the cut
+                    // (lease.rs); a little slack for the watch of the lease state.
+                    ensure!(
+                        fraction.total_cmp(&FENCE_BOUND).is_le(),
+                        "{name}#{inc}: i{instance} ended its stream {fraction:.2} TTL after it was cut off \
+                         (the fence is due within {FENCE_BOUND} TTL)"
+                    );
                 }
                 if self.consumers[c].want {
                     let wait = self.draw(&[1, inc]).millis(50, ttl.as_millis() as u64 * 3 / 2);
