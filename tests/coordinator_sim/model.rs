@@ -1,0 +1,239 @@
+//! What each consumer was told (its [`Belief`]), and what the store really holds
+//! ([`Truth`], fed by a watch on the shared store that no fault touches).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kafka_assigner::coordinator::records::{
+    AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, decode,
+};
+use kafka_assigner::handoff::{ConsumerStatus, Handoff, Phase};
+use kafka_assigner::proto::v1::{AssignmentCommand, assignment_command::Command};
+use kafka_assigner::store::{Revision, WatchBatch, WatchEventKind};
+
+/// What one stream (one registration of a consumer) was told. The consumer acts on it at
+/// once: it processes the partitions in `owned` until it is told otherwise.
+#[derive(Clone, Debug, Default)]
+pub struct Belief {
+    /// Whether the snapshot (always the first message) arrived.
+    pub snapshot: bool,
+    /// Partitions it believes it owns (a partition it was told to release stays here until
+    /// the consumer acts on the release).
+    pub owned: BTreeSet<u32>,
+    /// Partitions it was told to release, with the new owner named.
+    pub releasing: BTreeMap<u32, String>,
+    /// Partitions it was asked to warm, with the owner named.
+    pub warming: BTreeMap<u32, String>,
+}
+
+/// What a command asks the consumer to do next (the driver schedules the answer).
+pub enum Todo {
+    Ready(u32),
+    Release(u32),
+}
+
+impl Belief {
+    /// Applies one command as a consumer would; `Err` when the command contradicts what the
+    /// stream said before (the server must never send a contradictory command).
+    pub fn apply(
+        &mut self,
+        command: &AssignmentCommand,
+        topic: &str,
+        partitions: u32,
+    ) -> Result<Vec<Todo>, String> {
+        let Some(command) = &command.command else { return Err("a command without a body".into()) };
+        let first = !self.snapshot;
+        let check = |p: u32, t: &str| -> Result<u32, String> {
+            if t != topic || p >= partitions {
+                return Err(format!("partition {t}/{p} is not one of {topic}/0..{partitions}"));
+            }
+            Ok(p)
+        };
+        let mut todo = Vec::new();
+        match command {
+            Command::Assignment(update) => {
+                if first && !update.unassigned.is_empty() {
+                    return Err(format!("the snapshot unassigns {:?}", update.unassigned));
+                }
+                self.snapshot = true;
+                for tp in &update.unassigned {
+                    let p = check(tp.partition, &tp.topic)?;
+                    self.owned.remove(&p);
+                    self.releasing.remove(&p);
+                    self.warming.remove(&p);
+                }
+                for tp in &update.assigned {
+                    let p = check(tp.partition, &tp.topic)?;
+                    self.owned.insert(p);
+                    self.warming.remove(&p);
+                    self.releasing.remove(&p);
+                }
+            }
+            _ if first => return Err(format!("the first command is not the snapshot: {command:?}")),
+            Command::Warm(warm) => {
+                let tp = warm.partition.as_ref().ok_or("a warm without a partition")?;
+                let p = check(tp.partition, &tp.topic)?;
+                // A partition it was told to release may come back to it later (the
+                // handoff ended without its acknowledgement); one it owns outright may not.
+                if self.owned.contains(&p) && !self.releasing.contains_key(&p) {
+                    return Err(format!("asked to warm {p}, which it was told it owns"));
+                }
+                self.warming.insert(p, warm.current_owner.clone());
+                todo.push(Todo::Ready(p));
+            }
+            Command::Release(release) => {
+                let tp = release.partition.as_ref().ok_or("a release without a partition")?;
+                let p = check(tp.partition, &tp.topic)?;
+                // A stream that starts while a release of the consumer's is pending gets
+                // the snapshot without the partition, then the release (DESIGN.md §3): the
+                // consumer only acknowledges it.
+                self.releasing.insert(p, release.new_owner.clone());
+                todo.push(Todo::Release(p));
+            }
+        }
+        Ok(todo)
+    }
+
+    /// The partitions it processes and was not told to release: what it claims.
+    pub fn claims(&self) -> impl Iterator<Item = u32> + '_ {
+        self.owned.iter().copied().filter(|p| !self.releasing.contains_key(p))
+    }
+}
+
+/// The store's records of the one topic, kept by a fault-free watch, and the history the
+/// release-window rule needs.
+#[derive(Debug, Default)]
+pub struct Truth {
+    pub revision: Revision,
+    pub owners: BTreeMap<u32, String>,
+    pub handoffs: BTreeMap<u32, Handoff>,
+    pub consumers: BTreeMap<String, ConsumerRecord>,
+    pub leader: Option<String>,
+    /// (partition, consumer) → revision at which it last became the owner.
+    owner_since: BTreeMap<(u32, String), Revision>,
+    /// (partition, consumer) → last revision with a `Releasing` handoff from it.
+    released_from: BTreeMap<(u32, String), Revision>,
+}
+
+impl Truth {
+    /// Applies one watch batch of the shared store. `Err` when the revision gives a
+    /// partition to a consumer that is not registered and active (DESIGN.md §4, §5: only
+    /// active consumers get partitions, and a `PartitionReady` flips ownership only to a
+    /// live one).
+    pub fn apply(&mut self, keys: &Keys, batch: &WatchBatch, strict: bool) -> Result<(), String> {
+        self.revision = batch.revision;
+        let mut given = Vec::new();
+        let before: BTreeMap<u32, (Option<String>, Option<Handoff>)> = batch
+            .events
+            .iter()
+            .filter_map(|e| match keys.parse(&e.key) {
+                Some(Key::Assignment(_, p) | Key::Handoff(_, p)) => Some(p),
+                _ => None,
+            })
+            .map(|p| (p, (self.owners.get(&p).cloned(), self.handoffs.get(&p).cloned())))
+            .collect();
+        for event in &batch.events {
+            let Some(key) = keys.parse(&event.key) else { continue };
+            let value = match &event.kind {
+                WatchEventKind::Put(kv) => Some(kv.value.as_slice()),
+                WatchEventKind::Delete => None,
+            };
+            let bad = |e: kafka_assigner::store::StoreError| format!("undecodable {}: {e}", event.key);
+            match (key, value) {
+                (Key::Assignment(_, p), Some(v)) => {
+                    let owner = decode::<AssignmentRecord>(&event.key, v).map_err(bad)?.owner;
+                    if self.owners.get(&p) != Some(&owner) {
+                        self.owner_since.insert((p, owner.clone()), batch.revision);
+                        given.push((p, owner.clone()));
+                    }
+                    self.owners.insert(p, owner);
+                }
+                (Key::Assignment(_, p), None) => {
+                    self.owners.remove(&p);
+                }
+                (Key::Handoff(_, p), Some(v)) => {
+                    let handoff = decode::<HandoffRecord>(&event.key, v).map_err(bad)?.handoff;
+                    if handoff.phase == Phase::Releasing {
+                        self.released_from.insert((p, handoff.from.clone()), batch.revision);
+                    }
+                    self.handoffs.insert(p, handoff);
+                }
+                (Key::Handoff(_, p), None) => {
+                    self.handoffs.remove(&p);
+                }
+                (Key::Consumer(_, name), Some(v)) => {
+                    self.consumers.insert(name, decode::<ConsumerRecord>(&event.key, v).map_err(bad)?);
+                }
+                (Key::Consumer(_, name), None) => {
+                    self.consumers.remove(&name);
+                }
+                (Key::Leader, v) => self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned()),
+                (Key::Topic(_), _) => {}
+            }
+        }
+        for (p, (owner, handoff)) in before {
+            let after = (self.owners.get(&p).cloned(), self.handoffs.get(&p).cloned());
+            self.legal_move(p, (owner, handoff), after)
+                .map_err(|e| format!("revision {}: {e}", batch.revision))?;
+        }
+        for (p, owner) in given {
+            // Known bug E (see `main.rs`): a direct assignment does not guard the new owner's
+            // registration; outside strict mode only flips are held to this.
+            let flip = self.handoffs.get(&p).is_some_and(|h| h.phase == Phase::Releasing && h.to == owner);
+            if !strict && !flip {
+                continue;
+            }
+            let status = self.consumers.get(&owner).map(|r| r.status);
+            ensure!(
+                status == Some(ConsumerStatus::Active),
+                "revision {}: partition {p} was given to {owner}, whose registration is {status:?}",
+                batch.revision
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether one revision's change of partition `p` (owner, handoff) is a step of the
+    /// handoff rules (DESIGN.md §5): ownership moves from a registered owner only by a
+    /// `PartitionReady` flip of a warming handoff to its target; a partition whose owner
+    /// is gone (or that has none) is assigned directly; a handoff starts from the owner,
+    /// and only a flip makes one `Releasing`.
+    fn legal_move(
+        &self,
+        p: u32,
+        (o0, h0): (Option<String>, Option<Handoff>),
+        (o1, h1): (Option<String>, Option<Handoff>),
+    ) -> Result<(), String> {
+        let what = || format!("partition {p}: owner {o0:?} → {o1:?}, handoff {h0:?} → {h1:?}");
+        if o0 != o1 {
+            let flip = matches!((&h0, &h1, &o0, &o1), (Some(w), Some(r), Some(a), Some(b))
+                if w.phase == Phase::Warming && r.phase == Phase::Releasing
+                    && &w.from == a && &w.to == b && r.from == w.from && r.to == w.to);
+            let owner_gone = o0.as_ref().is_none_or(|o| !self.consumers.contains_key(o));
+            ensure!(flip || (owner_gone && h1.is_none()), "an illegal move: {}", what());
+            return Ok(());
+        }
+        match &h1 {
+            Some(h) if h.phase == Phase::Releasing => {
+                ensure!(
+                    h0.as_ref() == Some(h)
+                        || h0
+                            .as_ref()
+                            .is_some_and(|x| x.from == h.from && x.to == h.to && x.phase == Phase::Releasing),
+                    "a release without a flip: {}",
+                    what()
+                );
+            }
+            Some(h) => ensure!(o1.as_ref() == Some(&h.from), "a warm not from the owner: {}", what()),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Whether `consumer`'s ownership of `p` ended through a handoff's flip since it last
+    /// became the owner: it is in that handoff's release window until it is told.
+    pub fn in_release_window(&self, p: u32, consumer: &str) -> bool {
+        let key = (p, consumer.to_string());
+        let since = self.owner_since.get(&key).copied().unwrap_or(0);
+        self.released_from.get(&key).is_some_and(|r| *r > since)
+    }
+}

@@ -1,0 +1,196 @@
+//! Seeded schedules: the fleet's shape and the timed actions of one run, all drawn from the
+//! seed before the run starts (so the driver's decisions do not depend on how the
+//! coordinator's tasks interleave), and the seeded draws consumers make as they answer.
+
+use std::time::Duration;
+
+/// What kind of faults a schedule injects (every kind has consumer churn).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// No store faults: joins, crashes, deregistrations, answers and silences only.
+    Calm,
+    /// Lost answers: writes applied by the store but reported failed.
+    LostAnswers,
+    /// Delayed answers and watch batches (instances see the store at different times).
+    Delays,
+    /// One instance cut off from the store for a while, sessions expired while it is.
+    CutOff,
+    /// Instances crash (and come back); a whole-store outage.
+    Crashes,
+    /// All of the above at once.
+    Mixed,
+}
+
+/// Every kind, in seed order: seed `s` runs `KINDS[s % KINDS.len()]`.
+pub const KINDS: [Kind; 6] =
+    [Kind::Calm, Kind::LostAnswers, Kind::Delays, Kind::CutOff, Kind::Crashes, Kind::Mixed];
+
+/// One timed action of a schedule. Indices are taken modulo the pool / fleet size; an
+/// action that does not fit the current state (joining a consumer that is online) does
+/// nothing.
+#[derive(Clone, Debug)]
+pub enum Action {
+    /// The consumer registers on this instance.
+    Join { consumer: usize, instance: usize },
+    /// The consumer process dies (drops its stream); it comes back after `rejoin`, if any.
+    CrashConsumer { consumer: usize, rejoin: Option<Duration> },
+    /// The consumer deregisters through this instance.
+    Deregister { consumer: usize, instance: usize },
+    /// The next `count` writes of the instance lose their answers.
+    LoseNext { instance: usize, count: u32 },
+    /// Each write of the instance loses its answer with this chance, for a while.
+    LoseSome { instance: usize, chance: f64, period: Duration },
+    /// The instance's answers and watch batches are delayed up to `high`, for a while.
+    Delay { instance: usize, high: Duration, period: Duration },
+    /// The instance is cut off from the store for `period`; with `expire`, the store also
+    /// expires its session once it has been cut off for a TTL (as etcd would).
+    CutOff { instance: usize, period: Duration, expire: bool },
+    /// The instance process dies; a new one with the same id starts after `restart`.
+    CrashInstance { instance: usize, restart: Duration },
+    /// Every instance is cut off from the store (a store outage) for `period`.
+    Outage { period: Duration },
+}
+
+/// The shape of one run.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    pub kind: Kind,
+    pub instances: usize,
+    pub pool: usize,
+    pub partitions: u32,
+    pub ttl: Duration,
+    pub reconcile: Duration,
+    pub max_warming: usize,
+    /// How long actions are injected before the fleet is left to settle.
+    pub active: Duration,
+    /// The actions, by offset from the start.
+    pub actions: Vec<(Duration, Action)>,
+}
+
+/// SplitMix64: small, seedable, and no dependency.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5DEE_CE66_D1CE_5EED)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A duration uniform in `low..=high` milliseconds.
+    pub fn millis(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(low + self.below(high.saturating_sub(low) + 1))
+    }
+
+    /// A seeded draw that depends only on `seed` and `tag`, not on how many draws came
+    /// before: consumers answering in whatever order the run delivers commands still get
+    /// the same delays.
+    pub fn keyed(seed: u64, tag: &[u64]) -> Rng {
+        let mut rng = Rng::new(seed);
+        for t in tag {
+            rng.0 ^= t.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            rng.next();
+        }
+        rng
+    }
+}
+
+impl Shape {
+    /// Draws the shape and the actions of schedule `seed`.
+    pub fn draw(seed: u64) -> Shape {
+        let kind = KINDS[(seed % KINDS.len() as u64) as usize];
+        let mut rng = Rng::new(seed);
+        let instances = 2 + rng.below(2) as usize;
+        let pool = 2 + rng.below(4) as usize;
+        let partitions = 1 + rng.below(12) as u32;
+        let ttl = Duration::from_secs(1 + rng.below(3));
+        let reconcile = rng.millis(100, 300);
+        let max_warming = 1 + rng.below(4) as usize;
+        let active = Duration::from_secs(15 + rng.below(10));
+        let mut actions = Vec::new();
+        let mut at = Duration::ZERO;
+        // Every consumer joins early, so each run starts from a populated fleet.
+        for consumer in 0..pool {
+            at += rng.millis(0, 300);
+            actions.push((at, Action::Join { consumer, instance: rng.below(8) as usize }));
+        }
+        loop {
+            at += rng.millis(50, 700);
+            if at >= active {
+                break;
+            }
+            if let Some(action) = draw_action(kind, ttl, &mut rng) {
+                actions.push((at, action));
+            }
+        }
+        Shape { kind, instances, pool, partitions, ttl, reconcile, max_warming, active, actions }
+    }
+}
+
+fn draw_action(kind: Kind, ttl: Duration, rng: &mut Rng) -> Option<Action> {
+    let consumer = rng.below(8) as usize;
+    let instance = rng.below(8) as usize;
+    let ttl_ms = ttl.as_millis() as u64;
+    // Consumer churn: 6 in 10 actions in every kind.
+    let roll = rng.below(10);
+    if roll < 6 {
+        return Some(match rng.below(6) {
+            0..=2 => Action::Join { consumer, instance },
+            3 | 4 => {
+                // Back within the TTL, after it, or never.
+                let rejoin = match rng.below(3) {
+                    0 => Some(rng.millis(50, ttl_ms / 2)),
+                    1 => Some(rng.millis(ttl_ms, 3 * ttl_ms)),
+                    _ => None,
+                };
+                Action::CrashConsumer { consumer, rejoin }
+            }
+            _ => Action::Deregister { consumer, instance },
+        });
+    }
+    let lost = |rng: &mut Rng| match rng.below(2) {
+        0 => Action::LoseNext { instance, count: 1 + rng.below(3) as u32 },
+        _ => Action::LoseSome { instance, chance: 0.1 + 0.4 * rng.unit(), period: rng.millis(500, 4000) },
+    };
+    let delay =
+        |rng: &mut Rng| Action::Delay { instance, high: rng.millis(5, 200), period: rng.millis(1000, 6000) };
+    let cut = |rng: &mut Rng| Action::CutOff {
+        instance,
+        period: rng.millis(ttl_ms / 4, 3 * ttl_ms),
+        expire: rng.below(2) == 0,
+    };
+    let crash = |rng: &mut Rng| match rng.below(3) {
+        0 => Action::Outage { period: rng.millis(ttl_ms / 2, 3 * ttl_ms) },
+        _ => Action::CrashInstance { instance, restart: rng.millis(200, 3 * ttl_ms) },
+    };
+    match kind {
+        Kind::Calm => None,
+        Kind::LostAnswers => Some(lost(rng)),
+        Kind::Delays => Some(delay(rng)),
+        Kind::CutOff => Some(cut(rng)),
+        Kind::Crashes => Some(crash(rng)),
+        Kind::Mixed => Some(match rng.below(4) {
+            0 => lost(rng),
+            1 => delay(rng),
+            2 => cut(rng),
+            _ => crash(rng),
+        }),
+    }
+}
