@@ -80,7 +80,8 @@ pub fn apply_ready(
     check_common(state, consumer, partition)?;
     let owner = state.owners.get(&partition).map(String::as_str);
     match state.handoffs.get(&partition) {
-        Some(Handoff { to, phase: Phase::Warming, .. }) if to == consumer => {}
+        // A draining target takes nothing new: the leader cancels the handoff.
+        Some(Handoff { to, phase: Phase::Warming, .. }) if to == consumer && state.is_active(consumer) => {}
         Some(Handoff { to, phase: Phase::Releasing, .. }) if to == consumer => return Ok(()),
         None if owner == Some(consumer) => return Ok(()),
         _ => {

@@ -152,8 +152,8 @@ pub struct Outcome {
 
 pub struct Sim {
     pub seed: u64,
-    /// Whether the schedules may trigger the known bugs (`COORD_SIM_STRICT=1`, see
-    /// `main.rs`); otherwise the driver steers around them.
+    /// Whether the schedules may trigger the bugs this simulation found (fixed; the
+    /// default, see `main.rs`); `COORD_SIM_STRICT=0` steers around them.
     pub strict: bool,
     pub shape: Shape,
     pub keys: Keys,

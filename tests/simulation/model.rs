@@ -68,15 +68,16 @@ fn expected_call(
     let handoff = state.handoffs.get(&p);
     if ready {
         match handoff {
-            // §5.3: owner = B and phase Releasing, in one step.
-            Some(h) if h.to == c && h.phase == Phase::Warming => {
+            // §5.3: owner = B and phase Releasing, in one step (B still active: a
+            // draining consumer takes nothing new).
+            Some(h) if h.to == c && h.phase == Phase::Warming && state.is_active(c) => {
                 next.owners.insert(p, c.to_string());
                 let h = next.handoffs.get_mut(&p).expect("handoff exists");
                 h.phase = Phase::Releasing;
                 h.since = now;
             }
             // A retried ready from the consumer that already owns it: accepted, no change.
-            Some(h) if h.to == c => {}
+            Some(h) if h.to == c && h.phase == Phase::Releasing => {}
             None if state.owners.get(&p).map(String::as_str) == Some(c) => {}
             _ => return Err(Refusal::NotWarming),
         }

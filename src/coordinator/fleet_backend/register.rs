@@ -20,7 +20,7 @@ use crate::coordinator::shared::{
     register::{Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
 };
-use crate::store::{Compare, KeyValue, Op, Revision, SessionId, Txn};
+use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn};
 
 #[async_trait]
 impl Registrar for Fleet {
@@ -59,8 +59,8 @@ impl Registrar for Fleet {
         }
     }
 
-    async fn unregister(&self, key: &StreamKey) {
-        unregister(self, key).await;
+    async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError> {
+        unregister(self, key).await
     }
 
     fn spawn_companion(self: &Arc<Self>, key: StreamKey, registered_at: Revision, done: CancellationToken) {
@@ -116,18 +116,15 @@ async fn write_registration(
 /// Deletes the member record `key` and every lease its consumer holds, in one transaction
 /// guarded by their mod revisions, if the record is still this registration: the leases
 /// are free at once.
-pub(super) async fn unregister(inner: &Fleet, key: &StreamKey) {
+pub(super) async fn unregister(inner: &Fleet, key: &StreamKey) -> Result<(), StoreError> {
     let (topic, consumer, registration) = key;
     let store = &*inner.core.store;
     let member = inner.core.keys.member(topic, consumer);
     let held = |kv: &KeyValue| decode::<LeaseRecord>(&kv.key, &kv.value).is_ok_and(|l| l.owner == *consumer);
     let leases = inner.core.keys.leases(topic);
     let ours = |r: &MemberRecord| r.session == registration.0;
-    match delete_if(store, &member, ours, Some((&leases, &held))).await {
-        Ok(true) => tracing::info!(topic, consumer, "member left; its leases are free"),
-        Ok(false) => {}
-        Err(error) => {
-            tracing::warn!(%error, topic, consumer, "cannot delete the member; it ends with the instance lease")
-        }
+    if delete_if(store, &member, ours, Some((&leases, &held))).await? {
+        tracing::info!(topic, consumer, "member left; its leases are free");
     }
+    Ok(())
 }

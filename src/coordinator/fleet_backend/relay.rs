@@ -104,7 +104,11 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
     }
     for key in orphans {
         let inner = inner.clone();
-        tokio::spawn(async move { super::register::unregister(&inner, &key).await });
+        tokio::spawn(async move {
+            if let Err(error) = super::register::unregister(&inner, &key).await {
+                tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot free a departed member's leases; the next change retries");
+            }
+        });
     }
 }
 

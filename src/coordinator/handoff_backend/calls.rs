@@ -126,7 +126,10 @@ async fn apply_call(
             Err(_) => continue, // the cache may lag: decide on the store's state
         };
         if writes.is_empty() {
-            return Ok(None); // a repeated call that is already in effect
+            if fresh {
+                return Ok(None); // a repeated call that is already in effect
+            }
+            continue; // "already in effect" only on the store's word, not a lagging cache's
         }
         // Guarded by everything the decision read: the caller's registration (still the
         // same, so still live and in the same status), the owner and the handoff.

@@ -18,7 +18,7 @@ use crate::coordinator::shared::{
     streams::{Ending, LocalStream, StreamKey},
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
-use crate::store::{Compare, Op, Revision, SessionId, Txn};
+use crate::store::{Compare, Op, Revision, SessionId, StoreError, Txn};
 
 #[async_trait]
 impl Registrar for Handoff {
@@ -84,18 +84,13 @@ impl Registrar for Handoff {
         }
     }
 
-    async fn unregister(&self, key: &StreamKey) {
+    async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError> {
         let (topic, consumer, registration) = key;
         let record_key = self.core.keys.consumer(topic, consumer);
         let ours = |r: &ConsumerRecord| r.session == registration.0;
-        match delete_if(&*self.core.store, &record_key, ours, None).await {
-            Ok(true) => {
-                tracing::info!(topic, consumer, "registration deleted; its partitions will be reassigned")
-            }
-            Ok(false) => {}
-            Err(error) => {
-                tracing::warn!(%error, topic, consumer, "cannot delete the registration; it ends with the instance lease")
-            }
+        if delete_if(&*self.core.store, &record_key, ours, None).await? {
+            tracing::info!(topic, consumer, "registration deleted; its partitions will be reassigned");
         }
+        Ok(())
     }
 }

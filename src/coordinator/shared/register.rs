@@ -79,7 +79,7 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     fn held(&self, cache: &Self::Cache, key: &StreamKey) -> Held;
 
     /// Deletes the registration `key` (and what is bound to it) if it is still this one.
-    async fn unregister(&self, key: &StreamKey);
+    async fn unregister(&self, key: &StreamKey) -> Result<(), crate::store::StoreError>;
 
     /// Work that runs beside a stream until `done` is cancelled (the fleet's claim step).
     fn spawn_companion(
@@ -136,7 +136,7 @@ pub async fn register<R: Registrar>(
     }
     let done = CancellationToken::new();
     backend.spawn_companion(key.clone(), registered_at, done.clone());
-    tokio::spawn(stream_task(backend.clone(), key, tx, end_rx, done));
+    tokio::spawn(stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
@@ -149,6 +149,7 @@ fn shutting_down() -> CoordinatorError {
 async fn stream_task<R: Registrar>(
     backend: Arc<R>,
     key: StreamKey,
+    registered_at: Revision,
     tx: CommandSender,
     end_rx: oneshot::Receiver<EndReason>,
     done: CancellationToken,
@@ -165,21 +166,46 @@ async fn stream_task<R: Registrar>(
     drop(tx);
     done.cancel();
     match reason {
-        EndReason::Left => backend.unregister(&key).await,
-        EndReason::Disconnected => after_disconnect(&*backend, &key).await,
+        EndReason::Left => unregister(&*backend, &key).await,
+        EndReason::Disconnected => after_disconnect(&*backend, &key, registered_at).await,
         EndReason::Replaced | EndReason::Expired | EndReason::Shutdown => {}
     }
 }
 
-/// Keeps the registration `key` as long as the backend says ([`Registrar::held`]), then
-/// deletes it if it is still this one. A reconnect (here or elsewhere) replaces it, which
-/// ends the wait.
-pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey) {
+/// Deletes the registration `key` if it is still this one, retrying while the store is out
+/// of reach (a registration left behind would keep its partitions until the instance
+/// restarts); gives up when the instance stops.
+async fn unregister<R: Registrar>(backend: &R, key: &StreamKey) {
+    let core = backend.core();
+    let mut backoff = std::time::Duration::from_millis(50);
+    loop {
+        match backend.unregister(key).await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot delete the registration; retrying")
+            }
+        }
+        tokio::select! {
+            _ = core.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(core.lease_ttl);
+    }
+}
+
+/// Keeps the registration `key` (written at `registered_at`) as long as the backend says
+/// ([`Registrar::held`]), then deletes it if it is still this one. A reconnect (here or
+/// elsewhere) replaces it, which ends the wait. Before the cache has seen the registration,
+/// it counts as held for the TTL.
+pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey, registered_at: Revision) {
     let core = backend.core();
     let disconnected_at = tokio::time::Instant::now();
     let mut changed = core.mirror.subscribe();
     loop {
-        let held = backend.held(&core.mirror.read(), key);
+        let held = {
+            let cache = core.mirror.read();
+            if cache.revision() < registered_at { Held::ForTtl } else { backend.held(&cache, key) }
+        };
         let deadline = match held {
             Held::NotOurs => return,
             Held::ForTtl => disconnected_at + core.lease_ttl,
@@ -190,7 +216,7 @@ pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey) {
         };
         if tokio::time::Instant::now() >= deadline {
             tracing::info!(topic = %key.0, consumer = %key.1, ?held, "consumer did not come back; its registration ends");
-            backend.unregister(key).await;
+            unregister(backend, key).await;
             return;
         }
         tokio::select! {

@@ -215,8 +215,8 @@ impl Registrar for TestBackend {
         }
     }
 
-    async fn unregister(&self, key: &(String, String, SessionId)) {
-        let _ = self.core.store.delete(&registration(&key.0, &key.1)).await;
+    async fn unregister(&self, key: &(String, String, SessionId)) -> Result<(), StoreError> {
+        self.core.store.delete(&registration(&key.0, &key.1)).await.map(|_| ())
     }
 
     fn relay_one(

@@ -12,8 +12,9 @@ use crate::store::{Compare, Revision, Txn};
 
 /// etcd refuses transactions with more than 128 compares (or operations) by default; a
 /// batch holds the writes of at most this many partitions (each: ≤ 2 ops, 2 compares on
-/// its own records, and at most one on a gone owner's registration), plus the fence.
-const PARTITIONS_PER_TXN: usize = 40;
+/// its own records, at most one on a gone owner's registration and one on the new owner's),
+/// plus the fence.
+const PARTITIONS_PER_TXN: usize = 30;
 
 /// Builds the fenced transactions for one topic's writes, a batch per
 /// [`PARTITIONS_PER_TXN`] partitions. Each batch compares the fence and, once each, the
@@ -98,6 +99,9 @@ struct Basis {
     /// The previous owner, when its registration was gone: the plan assigns the partition
     /// directly, which is only right while that registration is still absent.
     gone_owner: Option<String>,
+    /// The new owner the plan gives the partition to, and its registration's mod revision:
+    /// only right while it is still that registration.
+    new_owner: Option<(String, Revision)>,
 }
 
 /// One topic's reconcile result, planned under the cache lock and written after it.
@@ -131,7 +135,8 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
                     .filter(|(_, r)| r.value.status == crate::handoff::ConsumerStatus::Active)
                     .map(|(name, _)| name.clone())
                     .collect();
-                let wait = me.arrivals.entry((*topic).clone()).or_default().wait_until(active, instant, delay);
+                let wait =
+                    me.arrivals.entry((*topic).clone()).or_default().wait_until(active, instant, delay);
                 if let Some(due) = wait {
                     me.wake_at = Some(me.wake_at.map_or(due, |at| at.min(due)));
                 }
@@ -151,10 +156,16 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
                     .map(|w| {
                         let p = w.partition();
                         let gone_owner = before.owners.get(&p).filter(|o| !before.is_live(o)).cloned();
+                        let new_owner = after
+                            .owners
+                            .get(&p)
+                            .filter(|o| before.owners.get(&p) != Some(*o))
+                            .and_then(|o| entry.consumers.get(o).map(|r| (o.clone(), r.mod_revision)));
                         let basis = Basis {
                             owner: entry.owner_revision(p),
                             handoff: entry.handoff_revision(p),
                             gone_owner,
+                            new_owner,
                         };
                         (p, basis)
                     })
@@ -174,6 +185,9 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
             ];
             if let Some(owner) = b.gone_owner {
                 compares.push(Compare::ModRevision(keys.consumer(&topic, &owner), 0));
+            }
+            if let Some((owner, revision)) = b.new_owner {
+                compares.push(Compare::ModRevision(keys.consumer(&topic, &owner), revision));
             }
             compares
         };
