@@ -41,7 +41,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::shared::{Core, CoreSettings, lease::keep_lease, topics::Topics};
+use super::shared::{Core, CoreSettings, topics::Topics};
 use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
@@ -111,20 +111,11 @@ impl FleetCoordinator {
         metrics: Arc<Metrics>,
     ) -> Result<Self, CoordinatorError> {
         let keys = FleetKeys::new(&config.prefix);
-        let settings = CoreSettings {
-            instance_id: config.instance_id.clone(),
-            lease_ttl: config.lease_ttl,
-            topics: Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() },
-        };
+        let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
+        let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
         let core = Core::load(store, keys, metrics, settings, "fleet").await?;
         let inner = Arc::new(Fleet { core, config });
-        let (lease, readiness) = (inner.clone(), inner.clone());
-        tokio::spawn(async move { keep_lease(&lease.core).await });
-        tokio::spawn(async move { readiness.core.follow_readiness().await });
-        if let Err(error) = inner.core.lease_granted().await {
-            inner.core.shutdown.cancel();
-            return Err(error);
-        }
+        super::shared::register::start_lease(&inner).await?;
         tokio::spawn(relay::watch_loop(inner.clone()));
         tokio::spawn(claim::refresh_topics(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");

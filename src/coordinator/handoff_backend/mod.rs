@@ -26,7 +26,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::shared::{Core, CoreSettings, lease::keep_lease, topics::Topics};
+use super::shared::{Core, CoreSettings, topics::Topics};
 use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
 use crate::config::DrainPolicy;
 use crate::handoff::{ConsumerView, PlanConfig};
@@ -127,20 +127,11 @@ impl HandoffCoordinator {
         metrics: Arc<Metrics>,
     ) -> Result<Self, CoordinatorError> {
         let keys = Keys::new(&config.prefix);
-        let settings = CoreSettings {
-            instance_id: config.instance_id.clone(),
-            lease_ttl: config.lease_ttl,
-            topics: Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() },
-        };
+        let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
+        let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
         let core = Core::load(store, keys, metrics, settings, "handoff").await?;
         let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None) });
-        let (lease, readiness) = (inner.clone(), inner.clone());
-        tokio::spawn(async move { keep_lease(&lease.core).await });
-        tokio::spawn(async move { readiness.core.follow_readiness().await });
-        if let Err(error) = inner.core.lease_granted().await {
-            inner.core.shutdown.cancel();
-            return Err(error);
-        }
+        super::shared::register::start_lease(&inner).await?;
         tokio::spawn(relay::watch_loop(inner.clone()));
         tokio::spawn(leader::leader_loop(inner.clone()));
         tokio::spawn(leader::publish_gauge(inner.clone()));

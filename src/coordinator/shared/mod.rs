@@ -88,6 +88,13 @@ pub struct CoreSettings {
     pub topics: Topics,
 }
 
+impl CoreSettings {
+    /// The settings of an instance `instance_id` with sessions of `lease_ttl`.
+    pub fn new(instance_id: &str, lease_ttl: Duration, topics: Topics) -> Self {
+        Self { instance_id: instance_id.to_string(), lease_ttl, topics }
+    }
+}
+
 /// What every store-backed backend shares (see the module docs). `C` is the backend's
 /// cache of the store, `T` what each of its streams remembers having told its consumer.
 pub struct Core<C: MirrorCache, T> {

@@ -91,6 +91,20 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     }
 }
 
+/// Starts the instance lease and the readiness that follows it for `backend`, and waits
+/// until the store granted the lease (`UNAVAILABLE`, and every task stopped, if it does not
+/// within one TTL).
+pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), CoordinatorError> {
+    let (lease, readiness) = (backend.clone(), backend.clone());
+    tokio::spawn(async move { super::lease::keep_lease(lease.core()).await });
+    tokio::spawn(async move { readiness.core().follow_readiness().await });
+    if let Err(error) = backend.core().lease_granted().await {
+        backend.core().shutdown.cancel();
+        return Err(error);
+    }
+    Ok(())
+}
+
 /// A fresh registration id: random, so ids of different instances never collide.
 pub fn new_registration_id() -> SessionId {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -126,9 +126,7 @@ impl TestBackend {
             };
             watcher.core.run_mirror(Duration::from_secs(300), relay).await;
         });
-        let (lease, ready) = (backend.clone(), backend.clone());
-        tokio::spawn(async move { super::lease::keep_lease(&lease.core).await });
-        tokio::spawn(async move { ready.core.follow_readiness().await });
+        super::register::start_lease(&backend).await.expect("the store grants a lease");
         let mut readiness = backend.core.readiness.subscribe();
         readiness.wait_for(|ready| *ready).await.expect("becomes ready");
         (backend, cut)

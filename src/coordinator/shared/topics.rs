@@ -198,3 +198,96 @@ async fn grow_one(store: &dyn LeaseStore, key: &str, topic: &str, count: u32, gu
         Err(error) => tracing::warn!(%error, topic, "topic refresh: cannot store the new partition count"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    };
+
+    use async_trait::async_trait;
+
+    use super::{PartitionCounts, Topics};
+    use crate::coordinator::ErrorCode;
+    use crate::coordinator::shared::records::{TopicRecord, decode};
+    use crate::kafka::KafkaError;
+    use crate::store::{Compare, LeaseStore, MemoryStore};
+
+    /// Partition counts as a broker would answer them, without a broker.
+    #[derive(Default)]
+    struct Answers {
+        counts: Mutex<std::collections::BTreeMap<String, Result<u32, &'static str>>>,
+        asked: AtomicUsize,
+    }
+
+    impl Answers {
+        fn set(&self, topic: &str, answer: Result<u32, &'static str>) {
+            self.counts.lock().expect("lock").insert(topic.to_string(), answer);
+        }
+    }
+
+    #[async_trait]
+    impl PartitionCounts for Answers {
+        async fn partition_count(&self, topic: &str) -> Result<u32, KafkaError> {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            match self.counts.lock().expect("lock").get(topic) {
+                Some(Ok(count)) => Ok(*count),
+                Some(Err(why)) => Err(KafkaError::Unavailable((*why).into())),
+                None => Err(KafkaError::UnknownTopic(topic.into())),
+            }
+        }
+
+        fn describe(&self) -> String {
+            "the test's answers".into()
+        }
+    }
+
+    async fn stored(store: &MemoryStore, key: &str) -> Option<u32> {
+        let kv = store.get(key).await.expect("read")?;
+        Some(decode::<TopicRecord>(key, &kv.value).expect("topic record").partition_count)
+    }
+
+    #[tokio::test]
+    async fn configured_stored_asked_or_not_found() {
+        let store = MemoryStore::new();
+        let answers = Arc::new(Answers::default());
+        answers.set("asked", Ok(6));
+        answers.set("down", Err("no broker answers"));
+        let topics = Topics {
+            configured: [("configured".to_string(), 3)].into_iter().collect(),
+            source: Some(answers.clone()),
+        };
+        assert_eq!(topics.ensure(&store, "/t/configured", "configured", None).await.expect("configured"), 3);
+        assert_eq!(answers.asked.load(Ordering::SeqCst), 0, "a configured count needs no broker");
+        assert_eq!(topics.ensure(&store, "/t/asked", "asked", None).await.expect("from the source"), 6);
+        assert_eq!(stored(&store, "/t/asked").await, Some(6));
+        assert_eq!(topics.ensure(&store, "/t/asked", "asked", None).await.expect("stored"), 6);
+        assert_eq!(answers.asked.load(Ordering::SeqCst), 1, "a stored count is not asked again");
+        let unknown = topics.ensure(&store, "/t/unknown", "unknown", None).await.expect_err("unknown");
+        assert_eq!(unknown.code(), ErrorCode::NotFound, "{unknown}");
+        let down = topics.ensure(&store, "/t/down", "down", None).await.expect_err("source down");
+        assert_eq!(down.code(), ErrorCode::Unavailable, "{down}");
+        assert_eq!(stored(&store, "/t/down").await, None, "nothing stored when the source cannot answer");
+        let nowhere = Topics::default().ensure(&store, "/t/x", "x", None).await.expect_err("no source");
+        assert!(nowhere.to_string().contains("--topic-partitions x="), "{nowhere}");
+    }
+
+    #[tokio::test]
+    async fn growth_is_stored_shrinking_is_ignored_and_a_guard_applies() {
+        let store = MemoryStore::new();
+        let answers = Arc::new(Answers::default());
+        let topics = Topics { configured: Default::default(), source: Some(answers.clone()) };
+        answers.set("t", Ok(4));
+        topics.ensure(&store, "/t/t", "t", None).await.expect("stored");
+        answers.set("t", Ok(2));
+        topics.grow(&store, vec![("t".into(), "/t/t".into(), 4)], None, || true).await;
+        assert_eq!(stored(&store, "/t/t").await, Some(4), "Kafka cannot shrink a topic");
+        answers.set("t", Ok(8));
+        let deposed = Compare::CreateRevision("/t/leader".into(), 99);
+        topics.grow(&store, vec![("t".into(), "/t/t".into(), 4)], Some(deposed), || true).await;
+        assert_eq!(stored(&store, "/t/t").await, Some(4), "a failed guard writes nothing");
+        topics.grow(&store, vec![("t".into(), "/t/t".into(), 4)], None, || true).await;
+        assert_eq!(stored(&store, "/t/t").await, Some(8), "growth is stored");
+    }
+}
