@@ -70,6 +70,8 @@ impl ServerProcess {
             .arg(format!("--admin-addr={admin}"))
             .arg(format!("--topic-partitions={}", spec.topics))
             .arg(format!("--max-warming={}", spec.max_warming.max(1)))
+            // Every consumer of the bench connects from 127.0.0.1: lift the per-IP limit.
+            .arg("--max-streams-per-ip=1000000")
             .args(spec.extra_args)
             .env("RUST_LOG", std::env::var("SCALE_SERVER_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
