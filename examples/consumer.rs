@@ -57,7 +57,7 @@ async fn main() -> std::process::ExitCode {
             tracing::info!(partitions = ?*owned.borrow(), "owned partitions");
         }
     });
-    shutdown_signal().await;
+    kafka_assigner::signal::shutdown_signal().await;
     tracing::info!(consumer = %name, "shutting down");
     let outcome = client.shutdown().await;
     log_owned.abort();
@@ -71,21 +71,5 @@ async fn main() -> std::process::ExitCode {
             eprintln!("consumer: {error}");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
     }
 }

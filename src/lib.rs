@@ -23,6 +23,7 @@
 //! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
 //! * [`metrics`] — Prometheus metrics.
+//! * [`signal`] — SIGTERM / Ctrl-C, for the binary and the example consumer.
 //! * [`drain`] — what `Deregister` answers (fixed, or from the Kubernetes API).
 //! * [`cli`] — client subcommands (`kafka-assigner status`).
 //! * [`client`] — the consumer side: a client that drives a handler (warm / assigned /
@@ -43,5 +44,6 @@ pub mod kafka;
 pub mod metrics;
 pub mod proto;
 pub mod server;
+pub mod signal;
 pub mod store;
 pub mod testing;

@@ -40,7 +40,7 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    shutdown_signal().await;
+    kafka_assigner::signal::shutdown_signal().await;
     tracing::info!("shutting down: ending streams, resigning leadership");
     server.stop().await;
     std::process::ExitCode::SUCCESS
@@ -73,21 +73,5 @@ async fn status(args: &StatusArgs) -> std::process::ExitCode {
             eprintln!("kafka-assigner status: {error}");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
     }
 }
