@@ -13,7 +13,7 @@ use super::records::{
 use super::{Handoff, now_ms};
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
-use crate::handoff::{ConsumerStatus, Cooldowns, Event, TopicState, Write, step};
+use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, Write, step};
 use crate::proto::v1::DeregisterAction;
 use crate::store::{Compare, Op, Revision, Txn};
 
@@ -99,6 +99,12 @@ pub(super) fn write_ops(inner: &Handoff, topic: &str, writes: &[Write]) -> Vec<O
         .collect()
 }
 
+/// What a call that changed the store found: when the partition's handoff phase it moved
+/// on from had begun (for the warm-duration metric).
+struct Applied {
+    phase_since: Option<Millis>,
+}
+
 /// Validates and applies one consumer call (`Ready` or `Released` of `consumer` about
 /// `partition`) with compare-and-swap (see the module docs), through the state machine's
 /// one entry point, [`step`].
@@ -108,7 +114,7 @@ async fn apply_call(
     topic: &str,
     partition: u32,
     event: Event,
-) -> Result<Option<i64>, CoordinatorError> {
+) -> Result<Option<Applied>, CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
     let mut slice = from_cache(inner, topic, consumer, partition);
@@ -143,7 +149,8 @@ async fn apply_call(
         };
         let outcome = inner.core.store.txn(txn).await?;
         if outcome.succeeded {
-            return Ok(Some(outcome.revision));
+            let phase_since = current.state.handoffs.get(&partition).map(|h| h.since);
+            return Ok(Some(Applied { phase_since }));
         }
     }
     Err(CoordinatorError::Aborted(format!(
@@ -158,12 +165,10 @@ pub(super) async fn partition_ready(
     topic: &str,
     partition: u32,
 ) -> Result<(), CoordinatorError> {
-    let warm_since = from_cache(inner, topic, consumer, partition)
-        .and_then(|s| s.state.handoffs.get(&partition).map(|h| h.since));
     let event = Event::Ready(consumer.to_string(), partition);
-    if apply_call(inner, consumer, topic, partition, event).await?.is_some() {
+    if let Some(applied) = apply_call(inner, consumer, topic, partition, event).await? {
         inner.core.metrics.handoffs_ready.inc();
-        inner.core.metrics.observe_warm_done(topic, partition, warm_since);
+        inner.core.metrics.observe_warm_done(topic, partition, applied.phase_since);
         tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
     }
     Ok(())
