@@ -298,11 +298,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_instance_cut_off_from_its_store_fences_before_its_lease_can_expire() {
-        let (backend, cut) = TestBackend::start_cuttable(TTL).await;
+        let (backend, cut) = TestBackend::start_faulty(TTL, crate::store::MemoryStore::new()).await;
         let mut stream = register(&backend, "a", "events").await.expect("registers");
         stream.next().await.expect("snapshot").expect("not an error");
         let cut_at = tokio::time::Instant::now();
-        cut.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        cut.cut_off();
         let error = stream.next().await.expect("an error item").expect_err("fenced");
         let fenced_after = cut_at.elapsed();
         assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
@@ -314,7 +314,7 @@ mod tests {
         assert!(register(&backend, "b", "events").await.is_err(), "no registration while fenced");
         // Back in touch after the lease expired: a new lease, ready again.
         tokio::time::sleep(TTL * 2).await;
-        cut.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+        cut.restore();
         let mut readiness = backend.core.readiness.subscribe();
         tokio::time::timeout(TTL, readiness.wait_for(|ready| *ready))
             .await

@@ -4,10 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::Duration,
 };
 
@@ -22,8 +19,8 @@ use super::{Core, CoreSettings};
 use crate::coordinator::CoordinatorError;
 use crate::metrics::Metrics;
 use crate::store::{
-    KeyValue, LeaseStore, MemoryStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome,
-    WatchEvent, WatchEventKind, WatchStream,
+    FaultyStore, KeyValue, LeaseStore, MemoryStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn,
+    WatchEvent, WatchEventKind,
 };
 
 /// The prefix everything lives under.
@@ -105,16 +102,18 @@ impl TestBackend {
     /// A backend over a fresh memory store, knowing topic `events` (4 partitions), once
     /// its instance lease is live.
     pub async fn start(ttl: Duration) -> (Arc<Self>, MemoryStore) {
-        let (backend, cut) = Self::start_cuttable(ttl).await;
-        (backend, cut.inner.clone())
+        let memory = MemoryStore::new();
+        let (backend, _) = Self::start_faulty(ttl, memory.clone()).await;
+        (backend, memory)
     }
 
-    /// [`start`](Self::start) over a store the test can cut off.
-    pub async fn start_cuttable(ttl: Duration) -> (Arc<Self>, Arc<CutStore>) {
-        let cut = Arc::new(CutStore { inner: MemoryStore::new(), cut: AtomicBool::new(false) });
+    /// [`start`](Self::start) over `memory` behind a [`FaultyStore`] the test steers (to
+    /// cut the instance off).
+    pub async fn start_faulty(ttl: Duration, memory: MemoryStore) -> (Arc<Self>, FaultyStore) {
+        let cut = FaultyStore::new(Arc::new(memory), 1);
         let topics = Topics { configured: [("events".to_string(), 4)].into_iter().collect(), source: None };
         let settings = CoreSettings { instance_id: "test".into(), lease_ttl: ttl, topics };
-        let shared: Arc<dyn LeaseStore> = cut.clone();
+        let shared: Arc<dyn LeaseStore> = Arc::new(cut.clone());
         let core = Core::load(shared, (), Arc::new(Metrics::new()), settings, "test").await.expect("loads");
         let backend = Arc::new(TestBackend { core });
         let watcher = backend.clone();
@@ -130,59 +129,6 @@ impl TestBackend {
         let mut readiness = backend.core.readiness.subscribe();
         readiness.wait_for(|ready| *ready).await.expect("becomes ready");
         (backend, cut)
-    }
-}
-
-/// A memory store the test can cut off: while cut, every call fails `UNAVAILABLE` (the
-/// store itself, sessions and their expiry, keeps running).
-pub struct CutStore {
-    pub inner: MemoryStore,
-    pub cut: AtomicBool,
-}
-
-impl CutStore {
-    fn check(&self) -> Result<(), StoreError> {
-        if self.cut.load(Ordering::SeqCst) {
-            Err(StoreError::Unavailable("cut off by the test".into()))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-#[async_trait]
-impl LeaseStore for CutStore {
-    async fn grant_session(&self, ttl: Duration) -> Result<SessionId, StoreError> {
-        self.check()?;
-        self.inner.grant_session(ttl).await
-    }
-    async fn keep_alive(&self, session: SessionId) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.keep_alive(session).await
-    }
-    async fn revoke_session(&self, session: SessionId) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.revoke_session(session).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        self.check()?;
-        self.inner.get(key).await
-    }
-    async fn get_prefix(&self, prefix: &str) -> Result<PrefixSnapshot, StoreError> {
-        self.check()?;
-        self.inner.get_prefix(prefix).await
-    }
-    async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
-        self.check()?;
-        self.inner.txn(txn).await
-    }
-    async fn watch_prefix(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
-        self.check()?;
-        self.inner.watch_prefix(prefix, from).await
-    }
-    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.compact(revision).await
     }
 }
 

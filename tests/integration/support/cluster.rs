@@ -53,6 +53,8 @@ impl Member {
             client_port: self.client_port,
             peer_port: self.peer_port,
             initial_cluster,
+            client_scheme: "http",
+            extra_args: &[],
         }
     }
 }

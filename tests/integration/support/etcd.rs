@@ -25,7 +25,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-pub(super) use self::process::{MemberSpec, Process, WATCHDOG, exited, log_tail, spawn, wait_healthy};
+pub(super) use self::process::{MemberSpec, Process, exited, log_tail, spawn, wait_healthy};
 use kafka_assigner::store::{EtcdStore, EtcdStoreConfig};
 use tempfile::TempDir;
 
@@ -291,6 +291,8 @@ async fn launch(
         client_port,
         peer_port,
         initial_cluster: &initial_cluster,
+        client_scheme: "http",
+        extra_args: &[],
     };
     let (mut process, log_start) = spawn(&spec)?;
     let endpoints = vec![format!("http://127.0.0.1:{client_port}")];

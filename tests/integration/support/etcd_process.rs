@@ -20,7 +20,7 @@ const STOP_DEADLINE: Duration = Duration::from_secs(5);
 /// the stdin pipe closes (our `stop`/`Drop`, or the test binary dying in any way). The
 /// shell exits with etcd's status, so an etcd that dies by itself is noticed.
 /// etcd's own pid is written to `$KAT_ETCD_PIDFILE` (to signal etcd, not the shell).
-pub const WATCHDOG: &str = r#"exec 3<&0
+const WATCHDOG: &str = r#"exec 3<&0
 "$0" "$@" </dev/null 3<&- &
 pid=$!
 echo "$pid" > "$KAT_ETCD_PIDFILE"
@@ -34,11 +34,11 @@ exit "$status""#;
 
 /// A running etcd (under its watchdog).
 pub struct Process {
-    pub child: Child,
+    child: Child,
     /// Closing this kills etcd (see [`WATCHDOG`]).
-    pub stdin: Option<ChildStdin>,
+    stdin: Option<ChildStdin>,
     /// Where the watchdog wrote etcd's pid.
-    pub pid_file: PathBuf,
+    pid_file: PathBuf,
 }
 
 impl Process {
@@ -98,6 +98,10 @@ pub struct MemberSpec<'a> {
     pub peer_port: u16,
     /// `name=http://127.0.0.1:peer,...` of every member.
     pub initial_cluster: &'a str,
+    /// `http` or `https` (TLS etcd: the caller adds the certificate flags).
+    pub client_scheme: &'a str,
+    /// More flags, after the common ones.
+    pub extra_args: &'a [String],
 }
 
 /// Spawns one etcd member under the watchdog (without waiting for it to serve). Returns
@@ -107,7 +111,7 @@ pub fn spawn(spec: &MemberSpec<'_>) -> Result<(Process, u64), String> {
         File::options().create(true).append(true).open(spec.log).map_err(|e| format!("log file: {e}"))?;
     let log_start = log_file.metadata().map(|m| m.len()).unwrap_or(0);
     let log_err = log_file.try_clone().map_err(|e| format!("log file: {e}"))?;
-    let client_url = format!("http://127.0.0.1:{}", spec.client_port);
+    let client_url = format!("{}://127.0.0.1:{}", spec.client_scheme, spec.client_port);
     let peer_url = format!("http://127.0.0.1:{}", spec.peer_port);
     let pid_file = spec.log.with_extension("pid");
     let _ = fs::remove_file(&pid_file);
@@ -126,6 +130,7 @@ pub fn spawn(spec: &MemberSpec<'_>) -> Result<(Process, u64), String> {
         .arg("--initial-cluster-token=kafka-assigner-test")
         .args(["--logger=zap", "--log-level=error", "--log-outputs=stderr"])
         .args(["--heartbeat-interval=10", "--election-timeout=100"])
+        .args(spec.extra_args)
         .env("KAT_ETCD_PIDFILE", &pid_file)
         .stdin(Stdio::piped())
         .stdout(log_file)

@@ -11,18 +11,13 @@
 //! * `KAT_ETCD_TLS=1` makes every [`super::EtcdServer::start`] one of these, so the
 //!   existing etcd scenario tests run over TLS unchanged (see the README's Security section).
 
-use std::{
-    fs::File,
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Permission, TlsOptions};
 use kafka_assigner::store::{EtcdSecurity, EtcdStore, EtcdStoreConfig};
 
 use super::certs::{Leaf, Pem, TestCa};
-use super::etcd::{Process, WATCHDOG, find_etcd, free_ports, log_tail};
+use super::etcd::{MemberSpec, Process, exited, find_etcd, free_ports, log_tail, spawn};
 
 /// The store user's password.
 pub const ASSIGNER_PASSWORD: &str = "assigner-secret";
@@ -157,48 +152,34 @@ impl TlsEtcd {
     }
 
     async fn launch(&mut self) -> Result<(), String> {
-        let log_file =
-            File::options().create(true).append(true).open(&self.log).map_err(|e| e.to_string())?;
-        let log_start = log_file.metadata().map(|m| m.len()).unwrap_or(0);
-        let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
         let dir = self.ca.dir.path();
-        let client_url = format!("https://127.0.0.1:{}", self.client_port);
-        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
-        let pid_file = self.log.with_extension("pid");
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(WATCHDOG)
-            .arg(&self.binary)
-            .arg("--name=test")
-            .arg(format!("--data-dir={}", self.data_dir.display()))
-            .arg(format!("--listen-client-urls={client_url}"))
-            .arg(format!("--advertise-client-urls={client_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=test={peer_url}"))
-            .args(["--initial-cluster-state=new", "--initial-cluster-token=kafka-assigner-tls-test"])
-            .arg(format!("--cert-file={}", dir.join("server.crt").display()))
-            .arg(format!("--key-file={}", dir.join("server.key").display()))
-            .arg(format!("--trusted-ca-file={}", self.ca_file.display()))
-            .arg("--client-cert-auth")
-            .arg(format!("--auth-token-ttl={}", self.token_ttl.as_secs().max(1)))
+        let extra_args = [
+            format!("--cert-file={}", dir.join("server.crt").display()),
+            format!("--key-file={}", dir.join("server.key").display()),
+            format!("--trusted-ca-file={}", self.ca_file.display()),
+            "--client-cert-auth".to_string(),
+            format!("--auth-token-ttl={}", self.token_ttl.as_secs().max(1)),
             // The cheapest bcrypt: authenticating is on every test's start path.
-            .arg("--bcrypt-cost=4")
-            .args(["--logger=zap", "--log-level=error", "--log-outputs=stderr"])
-            .args(["--heartbeat-interval=10", "--election-timeout=100"])
-            .env("KAT_ETCD_PIDFILE", &pid_file)
-            .stdin(Stdio::piped())
-            .stdout(log_file)
-            .stderr(log_err)
-            .spawn()
-            .map_err(|e| format!("cannot run sh to start etcd: {e}"))?;
-        let stdin = child.stdin.take();
-        let mut process = Process { child, stdin, pid_file };
+            "--bcrypt-cost=4".to_string(),
+        ];
+        let initial_cluster = format!("test=http://127.0.0.1:{}", self.peer_port);
+        let spec = MemberSpec {
+            binary: &self.binary,
+            name: "test",
+            data_dir: &self.data_dir,
+            log: &self.log,
+            client_port: self.client_port,
+            peer_port: self.peer_port,
+            initial_cluster: &initial_cluster,
+            client_scheme: "https",
+            extra_args: &extra_args,
+        };
+        let (mut process, log_start) = spawn(&spec)?;
         let give_up = tokio::time::Instant::now() + START_DEADLINE;
         let mut last_error;
         loop {
-            if let Ok(Some(status)) = process.child.try_wait() {
-                last_error = format!("etcd exited ({status})");
+            if let Some(reason) = exited(&mut process) {
+                last_error = reason;
                 break;
             }
             match self.admin().await {
