@@ -205,6 +205,80 @@ async fn etcd_leader_killed_mid_handoff() {
     );
 }
 
+/// etcd expires the leader instance's lease while that instance still thinks it is live
+/// (revoked here, as an operator or a store whose clock ran ahead would). Its consumers'
+/// registrations vanish with it. The instance registers them again on a new lease without
+/// ending their streams, and since the new leader settles before it moves partitions of
+/// consumers that are gone, no consumer is told anything and nothing moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expired_early_by_etcd_keeps_streams_and_moves_nothing() {
+    let cluster = TestCluster::start(Backend::Etcd, 2, |_| {}).await;
+    let mut fleet = Fleet::join(&cluster, WIDE, &["a", "b", "c", "d"]).await;
+    fleet.settle(&cluster, RECOVERY).await;
+    let before = fleet.owned();
+    let seen: Vec<usize> = fleet.live.values().map(TestConsumer::seen).collect();
+    let leader = cluster.wait_leader(PROMPT).await;
+    let leader_id = cluster.instance(leader).id.clone();
+    let registrations = format!("{}consumers/{WIDE}/", cluster.config.prefix);
+    let on_leader = |snapshot: &kafka_assigner::store::PrefixSnapshot| -> Vec<(String, Option<_>)> {
+        let mut found: Vec<_> = snapshot
+            .kvs
+            .iter()
+            .filter(|kv| kv.key.starts_with(&registrations))
+            .filter(|kv| String::from_utf8_lossy(&kv.value).contains(&format!("\"{leader_id}\"")))
+            .map(|kv| (kv.key.clone(), kv.session))
+            .collect();
+        found.sort();
+        found
+    };
+    let bound = on_leader(&cluster.stored().await);
+    assert!(!bound.is_empty(), "round robin put consumers on the leader instance");
+    let lease = bound[0].1.expect("registrations are bound to the instance lease");
+    cluster.store.revoke_session(lease).await.expect("etcd revokes the lease");
+    let revoked = Instant::now();
+
+    // Every registration of that instance comes back, bound to a new lease.
+    let mut rebound = None;
+    while revoked.elapsed() < RECOVERY {
+        fleet.pass(&cluster).await;
+        let now = on_leader(&cluster.stored().await);
+        let keys = |v: &[(String, Option<_>)]| v.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        if keys(&now) == keys(&bound) && now.iter().all(|(_, s)| s.is_some() && *s != Some(lease)) {
+            rebound = Some(revoked.elapsed());
+            break;
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    let mut findings = Findings::default();
+    findings.check(
+        rebound.is_some(),
+        format!("the registrations were not written again: {:?}", on_leader(&cluster.stored().await)),
+    );
+    // Past the settle period (one TTL) of a leader that just took over.
+    let quiet_until = Instant::now() + TTL * 2;
+    while Instant::now() < quiet_until {
+        fleet.pass(&cluster).await;
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    fleet.settle(&cluster, RECOVERY).await;
+    findings.check(fleet.reconnects == 0, format!("{} streams ended and reconnected", fleet.reconnects));
+    for ((name, consumer), seen) in fleet.live.iter().zip(seen) {
+        let told: Vec<String> =
+            consumer.since(seen).into_iter().map(crate::support::assigner::describe).collect();
+        findings.check(told.is_empty(), format!("{name} was told {told:?}"));
+    }
+    let moved = moved(&before, &fleet.owned());
+    findings.check(moved == 0, format!("{moved} partitions moved"));
+    findings.extend("double ownership", fleet.double_ownership());
+    eprintln!(
+        "[faults] the leader instance's lease revoked by etcd: {} registrations written again {rebound:?} after; \
+         {moved} partitions moved, {} reconnects",
+        bound.len(),
+        fleet.reconnects
+    );
+    findings.finish("lease expired early");
+}
+
 /// The leader instance loses etcd (a proxy partitions it) while the other keeps it. Its
 /// consumer must be told `unassigned` before the TTL runs out, the other consumer takes
 /// over, and nothing is owned twice; only one instance reports itself leader throughout.

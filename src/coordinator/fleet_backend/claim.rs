@@ -38,8 +38,9 @@ pub(super) async fn claim_task(
         }
         match claim_step(&inner, &key, registered_at, &mut seen).await {
             Ok(()) => {}
-            // The instance lease ended: the lease task fences and renews it.
-            Err(StoreError::SessionExpired(_)) => return,
+            // The instance lease ended: the lease task starts a new one (and the stream's
+            // registration is written again, `shared/rebind.rs`); the next step claims.
+            Err(StoreError::SessionExpired(_)) => {}
             Err(error) => {
                 tracing::warn!(%error, topic = %key.0, consumer = %key.1, "claim step failed; retrying")
             }

@@ -15,7 +15,7 @@ use super::{Fleet, claim, state::FleetCache};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
-    cas::{CAS_ATTEMPTS, delete_if},
+    cas::{CAS_ATTEMPTS, create_bound, delete_if},
     records::{RECORD_VERSION, decode, encode},
     register::{Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
@@ -39,6 +39,18 @@ impl Registrar for Fleet {
         instance_lease: SessionId,
     ) -> Result<Revision, CoordinatorError> {
         write_registration(self, consumer, topic, registration, instance_lease).await
+    }
+
+    async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError> {
+        // The leases the consumer held went with the lost lease: its claim step claims
+        // again, so only the member record is written.
+        let (topic, consumer, registration) = key;
+        let record_key = self.core.keys.member(topic, consumer);
+        let ours = |bytes: &[u8]| {
+            decode::<MemberRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
+        };
+        let record = encode(&member_record(&self.core.instance_id, *registration));
+        create_bound(&*self.core.store, &record_key, record, lease, ours).await
     }
 
     fn relay_one(
@@ -68,6 +80,16 @@ impl Registrar for Fleet {
     }
 }
 
+/// The member record of a registration with id `registration` on `instance`.
+fn member_record(instance: &str, registration: SessionId) -> MemberRecord {
+    MemberRecord {
+        v: RECORD_VERSION,
+        session: registration.0,
+        instance: instance.to_string(),
+        leaving: false,
+    }
+}
+
 /// Writes the member record (id `registration`) bound to the instance `lease` and, in the
 /// same transaction, re-binds every lease the consumer already holds (a reconnect within
 /// the TTL) to it, each guarded by its mod revision. Returns the write's revision.
@@ -79,12 +101,7 @@ async fn write_registration(
     instance_lease: SessionId,
 ) -> Result<Revision, CoordinatorError> {
     let key = inner.core.keys.member(topic, consumer);
-    let record = MemberRecord {
-        v: RECORD_VERSION,
-        session: registration.0,
-        instance: inner.core.instance_id.clone(),
-        leaving: false,
-    };
+    let record = member_record(&inner.core.instance_id, registration);
     for _ in 0..CAS_ATTEMPTS {
         let existing = inner.core.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
         let leases = inner.core.store.get_prefix(&inner.core.keys.leases(topic)).await?;

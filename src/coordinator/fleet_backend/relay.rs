@@ -49,10 +49,15 @@ pub(super) fn relay_one(
     revision: Revision,
 ) -> Option<Ending> {
     let record = entry.and_then(|e| e.members.get(consumer));
-    let Some(record) = record.filter(|r| r.value.session == stream.session.0) else {
-        return stream.lost_registration(topic, consumer, record.is_some(), revision);
-    };
-    if record.value.leaving {
+    let ours = record.filter(|r| r.value.session == stream.session.0);
+    if ours.is_none() {
+        // A lost registration (being written again) keeps the stream relayed.
+        let ending = stream.lost_registration(topic, consumer, record.is_some(), revision);
+        if ending.is_some() || !stream.is_lost() {
+            return ending;
+        }
+    }
+    if ours.is_some_and(|r| r.value.leaving) {
         stream.farewell(topic);
         return Some((EndReason::Left, None));
     }

@@ -8,17 +8,30 @@
 
 use async_trait::async_trait;
 
-use super::records::{ConsumerRecord, RECORD_VERSION, encode};
+use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
 use super::{Handoff, relay, state::Cache};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
-    cas::{CAS_ATTEMPTS, delete_if},
+    cas::{CAS_ATTEMPTS, create_bound, delete_if},
     register::{Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
 use crate::store::{Compare, Op, Revision, SessionId, StoreError, Txn};
+
+impl Handoff {
+    /// The record of an active registration with id `registration` on this instance.
+    fn active_record(&self, registration: SessionId) -> ConsumerRecord {
+        ConsumerRecord {
+            v: RECORD_VERSION,
+            status: ConsumerStatus::Active,
+            session: registration.0,
+            instance: self.core.instance_id.clone(),
+            hold_until: None,
+        }
+    }
+}
 
 #[async_trait]
 impl Registrar for Handoff {
@@ -38,13 +51,7 @@ impl Registrar for Handoff {
     ) -> Result<Revision, CoordinatorError> {
         let core = &self.core;
         let key = core.keys.consumer(topic, consumer);
-        let record = ConsumerRecord {
-            v: RECORD_VERSION,
-            status: ConsumerStatus::Active,
-            session: registration.0,
-            instance: core.instance_id.clone(),
-            hold_until: None,
-        };
+        let record = self.active_record(registration);
         for _ in 0..CAS_ATTEMPTS {
             let existing = core.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
             let txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
@@ -60,6 +67,16 @@ impl Registrar for Handoff {
         Err(CoordinatorError::Aborted(format!(
             "consumer '{consumer}' is being registered concurrently elsewhere; retry"
         )))
+    }
+
+    async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError> {
+        let (topic, consumer, registration) = key;
+        let record_key = self.core.keys.consumer(topic, consumer);
+        let ours = |bytes: &[u8]| {
+            decode::<ConsumerRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
+        };
+        let record = encode(&self.active_record(*registration));
+        create_bound(&*self.core.store, &record_key, record, lease, ours).await
     }
 
     fn relay_one(

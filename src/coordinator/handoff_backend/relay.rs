@@ -40,7 +40,12 @@ pub(super) fn relay_one(
 ) -> Option<Ending> {
     let record = entry.and_then(|e| e.consumers.get(consumer));
     if record.is_none_or(|r| r.value.session != stream.session.0) {
-        return stream.lost_registration(topic, consumer, record.is_some(), revision);
+        // A lost registration (being written again) keeps the stream relayed: if the
+        // leader moved its partitions meanwhile, the consumer hears it.
+        let ending = stream.lost_registration(topic, consumer, record.is_some(), revision);
+        if ending.is_some() || !stream.is_lost() {
+            return ending;
+        }
     }
     let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
     // Idle: owns nothing and takes part in no handoff. The view shows every role: a warm's

@@ -62,14 +62,13 @@ impl TopicEntry {
     }
 
     /// The view of one consumer ([`ConsumerView::of`] of [`state`](Self::state)), from the
-    /// per-consumer indexes: O(its partitions), whatever the size of the topic. A consumer
-    /// that is not registered sees nothing.
+    /// per-consumer indexes: O(its partitions), whatever the size of the topic. Unlike
+    /// the model's view, it does not look at the registration: the relay asks only for
+    /// streams whose registration it holds, or lost and being written again (`rebind.rs`),
+    /// whose consumers still own what they own.
     pub fn view_of(&self, consumer: &str) -> ConsumerView {
-        let mut view = ConsumerView::default();
-        if !self.consumers.contains_key(consumer) {
-            return view;
-        }
-        view.owned = self.owned_by.get(consumer).cloned().unwrap_or_default();
+        let owned = self.owned_by.get(consumer).cloned().unwrap_or_default();
+        let mut view = ConsumerView { owned, ..ConsumerView::default() };
         for p in self.handoffs_of.get(consumer).into_iter().flatten() {
             let Some(h) = self.handoffs.get(p) else { continue };
             match h.value.phase {

@@ -81,3 +81,22 @@ pub(crate) async fn delete_if<T: DeserializeOwned>(
     }
     Ok(false)
 }
+
+/// Writes `value` at `key`, bound to `session`, only where no record is. Returns the
+/// revision of the record that is ours afterwards: the write's, or, when a record is there
+/// already and `ours` accepts it, that record's (an earlier write whose answer was lost
+/// went through). `None` when the record there belongs to someone else.
+pub(crate) async fn create_bound(
+    store: &dyn LeaseStore,
+    key: &str,
+    value: Vec<u8>,
+    session: crate::store::SessionId,
+    ours: impl Fn(&[u8]) -> bool,
+) -> Result<Option<crate::store::Revision>, StoreError> {
+    let txn = Txn::new().when(Compare::ModRevision(key.to_string(), 0)).then(Op::put_in(key, value, session));
+    let outcome = store.txn(txn).await?;
+    if outcome.succeeded {
+        return Ok(Some(outcome.revision));
+    }
+    Ok(store.get(key).await?.filter(|kv| ours(&kv.value)).map(|kv| kv.mod_revision))
+}

@@ -11,6 +11,12 @@
 //! rate differences between this host and the store, and the delivery of the last commands.
 //! A keep-alive that succeeds again before the session expired lifts the fence; a session
 //! the store reports expired is replaced by a new one.
+//!
+//! **A session the store expired early** (the store reports it gone while it is still
+//! live here: revoked by an operator, the store's clock ahead of ours) does not end the
+//! streams: a new session is granted at once and the lost registrations are written again
+//! bound to it (`rebind.rs`). Only if no new session is granted by the time the old one
+//! would have been fenced is the instance fenced after all.
 
 use std::time::Duration;
 
@@ -56,6 +62,8 @@ pub trait LeaseHolder: Send + Sync {
     fn lease(&self) -> &watch::Sender<LeaseState>;
     /// Called when the lease becomes fenced: end every stream.
     fn fence(&self);
+    /// Notified when the lease should be kept alive at once, not at the next period.
+    fn check_now(&self) -> &tokio::sync::Notify;
     /// Cancelled when the instance stops.
     fn stop_token(&self) -> &tokio_util::sync::CancellationToken;
 }
@@ -65,10 +73,19 @@ pub async fn keep_lease(holder: &impl LeaseHolder) {
     let ttl = holder.ttl();
     let period = super::keep_alive_period(ttl);
     let mut backoff = Backoff::new(period);
+    // While a session the store expired early is replaced, the streams stay open: they are
+    // fenced if no new session is granted by the time the old one would have been fenced.
+    let mut fence_due: Option<Instant> = None;
     'grant: loop {
         let asked_at = Instant::now();
         let session = tokio::select! {
             _ = holder.stop_token().cancelled() => return,
+            _ = sleep_until_due(fence_due) => {
+                fence_due = None;
+                tracing::error!("no new instance session in time: fencing this instance (its consumers are told to stop)");
+                holder.fence();
+                continue 'grant;
+            }
             granted = holder.store().grant_session(ttl) => granted,
         };
         let session = match session {
@@ -81,6 +98,7 @@ pub async fn keep_lease(holder: &impl LeaseHolder) {
                 continue 'grant;
             }
         };
+        fence_due = None;
         backoff.reset();
         set(holder, LeaseState::Live(session));
         tracing::info!(%session, "instance session started");
@@ -94,6 +112,7 @@ pub async fn keep_lease(holder: &impl LeaseHolder) {
             tokio::select! {
                 _ = holder.stop_token().cancelled() => return,
                 _ = tokio::time::sleep_until(wake) => {}
+                _ = holder.check_now().notified() => next_at = Instant::now(),
             }
             if live && Instant::now() >= fence_at {
                 fence(holder, session, renewed_at);
@@ -121,9 +140,17 @@ pub async fn keep_lease(holder: &impl LeaseHolder) {
                     }
                 }
                 Ok(Err(StoreError::SessionExpired(_))) => {
-                    tracing::warn!(%session, "the store expired the instance session; starting a new one");
-                    fence(holder, session, renewed_at);
                     set(holder, LeaseState::Pending);
+                    if live {
+                        tracing::warn!(
+                            %session,
+                            "the store expired the instance session before this instance fenced itself; \
+                             starting a new one, its consumers are registered again on it"
+                        );
+                        fence_due = Some(renewed_at + fence_after(ttl));
+                    } else {
+                        tracing::warn!(%session, "the store expired the fenced instance session; starting a new one");
+                    }
                     continue 'grant;
                 }
                 Err(_) if !live => {
@@ -163,6 +190,14 @@ fn fence(holder: &impl LeaseHolder, session: SessionId, renewed_at: Instant) {
 
 fn set(holder: &impl LeaseHolder, state: LeaseState) {
     holder.lease().send_replace(state);
+}
+
+/// Sleeps until `due`, or forever without one.
+async fn sleep_until_due(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Sleeps `wait`; returns whether the instance stopped meanwhile.

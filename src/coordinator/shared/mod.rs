@@ -6,6 +6,7 @@
 //! * the [`mirror`] (a cache kept equal to the store prefix by a watch, re-read on gaps);
 //! * the [`streams`] registry of the consumer streams this instance holds;
 //! * [`register`]: the registration of a consumer stream and its session keep-alive;
+//! * [`rebind`]: registrations the store lost while their streams are open are written again;
 //! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
 //! * readiness, shutdown and crash.
 //!
@@ -14,6 +15,7 @@
 pub mod cas;
 pub mod lease;
 pub mod mirror;
+pub mod rebind;
 pub mod records;
 pub mod register;
 pub mod streams;
@@ -120,6 +122,9 @@ pub struct Core<C: MirrorCache, T> {
     pub topics: Topics,
     /// This instance's lease: every registration it holds is bound to it.
     pub lease: watch::Sender<LeaseState>,
+    /// Asks the lease task to keep the lease alive now (something suggests the store lost
+    /// it, `rebind.rs`).
+    pub lease_check: tokio::sync::Notify,
     /// Bounds the registrations writing to the store at once, so a storm of `Register`s
     /// queues here instead of in front of the lease keep-alive.
     pub register_permits: tokio::sync::Semaphore,
@@ -149,6 +154,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             readiness: Readiness::new(false),
             topics,
             lease: watch::Sender::new(LeaseState::Pending),
+            lease_check: tokio::sync::Notify::new(),
             register_permits: tokio::sync::Semaphore::new(REGISTRATIONS_IN_FLIGHT),
         })
     }
@@ -262,6 +268,10 @@ impl<C: MirrorCache + Send + Sync, T: streams::Told> LeaseHolder for Core<C, T> 
 
     fn fence(&self) {
         self.streams.fence_all(&self.instance_id);
+    }
+
+    fn check_now(&self) -> &tokio::sync::Notify {
+        &self.lease_check
     }
 
     fn stop_token(&self) -> &CancellationToken {

@@ -31,7 +31,7 @@ use super::streams::{CommandSender, EndReason, Ending, LocalStream, StreamKey, T
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
 use crate::handoff::Millis;
-use crate::store::{Revision, SessionId};
+use crate::store::{Revision, SessionId, StoreError};
 
 /// How long a registration whose stream is gone is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +66,12 @@ pub trait Registrar: Send + Sync + Sized + 'static {
         lease: SessionId,
     ) -> Result<Revision, CoordinatorError>;
 
+    /// Writes the registration `key` again, bound to the instance `lease`, after the store
+    /// lost it (the previous lease expired before this instance fenced itself), only where
+    /// no other registration took the name ([`super::cas::create_bound`]). Returns the
+    /// revision of the record, or `None` if another registration has the name.
+    async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError>;
+
     /// Brings one stream up to date with the cache; returns why it must end, if it must.
     fn relay_one(
         &self,
@@ -79,7 +85,7 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     fn held(&self, cache: &Self::Cache, key: &StreamKey) -> Held;
 
     /// Deletes the registration `key` (and what is bound to it) if it is still this one.
-    async fn unregister(&self, key: &StreamKey) -> Result<(), crate::store::StoreError>;
+    async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError>;
 
     /// Work that runs beside a stream until `done` is cancelled (the fleet's claim step).
     fn spawn_companion(
@@ -98,6 +104,7 @@ pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), Coordinat
     let (lease, readiness) = (backend.clone(), backend.clone());
     tokio::spawn(async move { super::lease::keep_lease(lease.core()).await });
     tokio::spawn(async move { readiness.core().follow_readiness().await });
+    tokio::spawn(super::rebind::rebind_lost(backend.clone()));
     if let Err(error) = backend.core().lease_granted().await {
         backend.core().shutdown.cancel();
         return Err(error);
@@ -324,16 +331,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_session_that_expires_while_connected_ends_the_stream_unavailable() {
+    async fn a_lease_the_store_expires_early_is_replaced_without_ending_the_stream() {
         let (backend, store) = TestBackend::start(TTL).await;
         let mut stream = register(&backend, "a", "events").await.expect("registers");
         stream.next().await.expect("snapshot").expect("not an error");
-        let session = store.get(&registration("events", "a")).await.expect("read").and_then(|kv| kv.session);
-        store.revoke_session(session.expect("bound to a session")).await.expect("revoked");
-        let error = tokio::time::timeout(TTL, stream.next()).await.expect("ends within a TTL");
-        let error = error.expect("an error item").expect_err("expired");
-        assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
-        assert!(error.to_string().contains("expired"), "{error}");
+        let before = store.get(&registration("events", "a")).await.expect("read").expect("registered");
+        let old_lease = before.session.expect("bound to the instance lease");
+        // The store expires the instance lease while the instance still thinks it is live.
+        store.revoke_session(old_lease).await.expect("revoked");
+        let mut readiness = backend.core.readiness.subscribe();
+        let written_again = async {
+            loop {
+                let now = store.get(&registration("events", "a")).await.expect("read");
+                if let Some(kv) = now.filter(|kv| kv.session != Some(old_lease)) {
+                    return kv;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let after = tokio::time::timeout(TTL / 2, written_again).await.expect("written again within TTL/2");
+        assert_eq!(after.value, before.value, "the same registration, bound to the new lease");
+        tokio::time::timeout(TTL, readiness.wait_for(|ready| *ready))
+            .await
+            .expect("ready again")
+            .expect("open");
+        // The stream stays open, and the consumer is told nothing: nothing changed for it.
+        assert!(tokio::time::timeout(TTL * 3, stream.next()).await.is_err(), "the stream is quiet and open");
+        assert!(backend.core.streams.lost().is_empty(), "no stream is left lost");
+        let kept = store.get(&registration("events", "a")).await.expect("read").expect("kept alive");
+        assert_eq!(kept.session, after.session, "kept alive on the new lease");
     }
 
     #[tokio::test(start_paused = true)]

@@ -46,7 +46,8 @@ pub enum EndReason {
     Left,
     /// A newer registration of the same name replaced this one: revoke the old session.
     Replaced,
-    /// The consumer's registration is gone (its session expired): nothing left to do.
+    /// The consumer's registration is gone and could not be written again within a TTL
+    /// ([`super::rebind`]): nothing left to do.
     Expired,
     /// This instance is shutting down: keep nothing alive, and let the TTL give the
     /// consumer time to reconnect elsewhere.
@@ -81,6 +82,10 @@ pub struct LocalStream<T> {
     pub registered_at: Revision,
     /// Whether the snapshot (always the first message) has been sent.
     pub activated: bool,
+    /// Since when the store has lost this stream's registration while the stream is open
+    /// (the instance lease expired before this instance fenced itself). The stream stays
+    /// open and relayed while [`super::rebind`] writes the registration again.
+    pub lost_since: Option<tokio::time::Instant>,
     /// What the consumer has been told so far.
     pub told: T,
     /// The stream's sender.
@@ -105,6 +110,7 @@ impl<T: Told> LocalStream<T> {
             session,
             registered_at,
             activated: false,
+            lost_since: None,
             told: T::default(),
             tx,
             overflowed: false,
@@ -158,10 +164,12 @@ impl<T: Told> LocalStream<T> {
         self.told = T::default();
     }
 
-    /// The ending of a stream whose registration is no longer its own, once the cache
-    /// has reached the registration (`None` before: not seen yet). `replaced` says
-    /// whether another registration of the name exists. The consumer is told it owns
-    /// nothing first.
+    /// What to do with a stream whose registration is no longer its own, once the cache
+    /// has reached the registration (`None` before: not seen yet). `replaced` says whether
+    /// another registration of the name exists: then the consumer is told it owns nothing
+    /// and the stream ends `ABORTED`. If the record is simply gone (the store lost it with
+    /// the instance lease), the stream is marked lost and stays open (`None`): the caller
+    /// keeps relaying it while [`super::rebind`] writes the registration again.
     pub fn lost_registration(
         &mut self,
         topic: &str,
@@ -172,17 +180,20 @@ impl<T: Told> LocalStream<T> {
         if revision < self.registered_at {
             return None;
         }
-        self.farewell(topic);
-        Some(if replaced {
-            (EndReason::Replaced, Some(replaced_error(topic, consumer)))
-        } else {
-            (
-                EndReason::Expired,
-                Some(CoordinatorError::Unavailable(format!(
-                    "the session of consumer '{consumer}' on topic '{topic}' expired; register again"
-                ))),
-            )
-        })
+        if replaced {
+            self.farewell(topic);
+            return Some((EndReason::Replaced, Some(replaced_error(topic, consumer))));
+        }
+        if self.lost_since.is_none() {
+            tracing::warn!(topic, consumer, "the store lost this consumer's registration; writing it again");
+            self.lost_since = Some(tokio::time::Instant::now());
+        }
+        None
+    }
+
+    /// Whether the stream is waiting for its registration to be written again.
+    pub fn is_lost(&self) -> bool {
+        self.lost_since.is_some()
     }
 
     fn finish(mut self, reason: EndReason, last: Option<CoordinatorError>) {
@@ -195,7 +206,8 @@ impl<T: Told> LocalStream<T> {
     }
 }
 
-fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
+/// The error that ends a stream replaced by a newer registration of its name.
+pub fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
     CoordinatorError::Aborted(format!(
         "consumer '{consumer}' registered again for topic '{topic}'; this stream was replaced"
     ))
@@ -205,12 +217,30 @@ fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
 pub struct Streams<S> {
     map: DashMap<(String, String), S>,
     metrics: Arc<Metrics>,
+    /// Woken when a relay pass found a stream whose registration the store lost.
+    lost: tokio::sync::Notify,
 }
 
 impl<T: Told> Streams<LocalStream<T>> {
     /// An empty registry that keeps the `streams` gauge.
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        Self { map: DashMap::new(), metrics }
+        Self { map: DashMap::new(), metrics, lost: tokio::sync::Notify::new() }
+    }
+
+    /// Waits until a relay pass finds a stream whose registration the store lost.
+    pub async fn lost_found(&self) {
+        self.lost.notified().await
+    }
+
+    /// The streams whose registration the store lost, with since when.
+    pub fn lost(&self) -> Vec<(StreamKey, tokio::time::Instant)> {
+        self.map
+            .iter()
+            .filter_map(|e| {
+                let (topic, consumer) = e.key().clone();
+                e.lost_since.map(|since| ((topic, consumer, e.session), since))
+            })
+            .collect()
     }
 
     fn gauge(&self) {
@@ -297,6 +327,8 @@ impl<T: Told> Streams<LocalStream<T>> {
             }
             if let Some(end) = end {
                 ended.push((key, end));
+            } else if stream.is_lost() {
+                self.lost.notify_one();
             }
         };
         let whole: BTreeSet<&String> =

@@ -10,6 +10,7 @@ use std::{
 
 use async_trait::async_trait;
 
+use super::cas::create_bound;
 use super::mirror::{Changes, MirrorCache};
 use super::register::{Held, Registrar};
 use super::streams::{Ending, LocalStream};
@@ -152,6 +153,16 @@ impl Registrar for TestBackend {
         Ok(self.core.store.txn(txn).await?.revision)
     }
 
+    async fn rewrite_lost(
+        &self,
+        key: &(String, String, SessionId),
+        lease: SessionId,
+    ) -> Result<Option<Revision>, StoreError> {
+        let id = key.2.0.to_string().into_bytes();
+        let ours = |bytes: &[u8]| bytes == id.as_slice();
+        create_bound(&*self.core.store, &registration(&key.0, &key.1), id.clone(), lease, ours).await
+    }
+
     fn held(&self, cache: &Records, key: &(String, String, SessionId)) -> Held {
         match cache.kvs.get(&registration(&key.0, &key.1)) {
             Some(kv) if kv.value == key.2.0.to_string().into_bytes() => Held::ForTtl,
@@ -172,7 +183,10 @@ impl Registrar for TestBackend {
     ) -> Option<Ending> {
         let record = cache.kvs.get(&registration(topic, consumer));
         if record.is_none_or(|kv| kv.value != stream.session.0.to_string().into_bytes()) {
-            return stream.lost_registration(topic, consumer, record.is_some(), cache.revision);
+            let ending = stream.lost_registration(topic, consumer, record.is_some(), cache.revision);
+            if ending.is_some() || !stream.is_lost() {
+                return ending;
+            }
         }
         if !stream.activated {
             stream.activated = true;
