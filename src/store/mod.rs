@@ -188,7 +188,7 @@ pub struct WatchBatch {
 pub type WatchStream = BoxStream<'static, Result<WatchBatch, StoreError>>;
 
 /// Errors of a [`LeaseStore`].
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The session expired or was revoked; records bound to it are gone.
     #[error("session {0} has expired or was revoked")]

@@ -13,6 +13,7 @@ use super::{Handoff, relay, state::Cache};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
+    batch::{Batched, KeyWrite},
     cas::{CAS_ATTEMPTS, create_bound, delete_if},
     register::{Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
@@ -52,6 +53,20 @@ impl Registrar for Handoff {
         let core = &self.core;
         let key = core.keys.consumer(topic, consumer);
         let record = self.active_record(registration);
+        // First in a shared transaction, decided from the cache; if that lost, alone,
+        // decided from a fresh read.
+        let cached = {
+            let cache = core.mirror.read();
+            cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision)
+        };
+        let write = KeyWrite {
+            key: key.clone(),
+            compare: Compare::ModRevision(key.clone(), cached),
+            op: Op::put_in(&key, encode(&record), lease),
+        };
+        if let Batched::Written(revision) = core.registrations.write(write).await? {
+            return Ok(revision);
+        }
         for _ in 0..CAS_ATTEMPTS {
             let existing = core.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
             let txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(

@@ -10,8 +10,10 @@
 //! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
 //! * readiness, shutdown and crash.
 //!
-//! [`cas`], [`validate`] and [`wire`] are small helpers every backend uses.
+//! [`batch`] writes registrations that arrive together in one transaction; [`cas`],
+//! [`validate`] and [`wire`] are small helpers every backend uses.
 
+pub mod batch;
 pub mod cas;
 pub mod lease;
 pub mod mirror;
@@ -50,8 +52,9 @@ pub fn keep_alive_period(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }
 
-/// How many registrations of one instance write to the store at once.
-pub const REGISTRATIONS_IN_FLIGHT: usize = 32;
+/// How many registrations of one instance are under way at once: enough to fill every
+/// batch transaction in flight ([`batch`]); the rest queue here, not in front of the store.
+pub const REGISTRATIONS_IN_FLIGHT: usize = batch::BATCH * batch::BATCHES_IN_FLIGHT;
 
 /// Whether this instance is ready to serve: an explicit value that shutdown clears, read
 /// by `/ready`, gRPC health and the status view.
@@ -128,6 +131,8 @@ pub struct Core<C: MirrorCache, T> {
     /// Bounds the registrations writing to the store at once, so a storm of `Register`s
     /// queues here instead of in front of the lease keep-alive.
     pub register_permits: tokio::sync::Semaphore,
+    /// Writes registrations that arrive together in shared transactions.
+    pub registrations: batch::Batcher,
 }
 
 impl<C: MirrorCache, T: streams::Told> Core<C, T> {
@@ -156,6 +161,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             lease: watch::Sender::new(LeaseState::Pending),
             lease_check: tokio::sync::Notify::new(),
             register_permits: tokio::sync::Semaphore::new(REGISTRATIONS_IN_FLIGHT),
+            registrations: batch::Batcher::default(),
         })
     }
 

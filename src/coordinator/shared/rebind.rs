@@ -18,12 +18,15 @@ use std::{sync::Arc, time::Duration};
 
 use futures::{StreamExt, stream};
 
+use super::Core;
 use super::mirror::MirrorCache;
 use super::register::{Registrar, after_disconnect};
 use super::streams::{EndReason, StreamKey, replaced_error};
-use super::{Core, REGISTRATIONS_IN_FLIGHT};
 use crate::coordinator::CoordinatorError;
 use crate::store::{SessionId, StoreError};
+
+/// Lost registrations written again at once.
+const REWRITES_IN_FLIGHT: usize = 32;
 
 /// Writes again the registrations of lost streams whenever the relay finds some, until the
 /// instance stops.
@@ -53,7 +56,7 @@ async fn rewrite_all<R: Registrar>(backend: &Arc<R>) {
                 let result = backend.rewrite_lost(&key, lease).await;
                 (key, result)
             })
-            .buffer_unordered(REGISTRATIONS_IN_FLIGHT)
+            .buffer_unordered(REWRITES_IN_FLIGHT)
             .collect::<Vec<_>>()
             .await;
         let mut failed = None;

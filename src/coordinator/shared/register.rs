@@ -105,6 +105,11 @@ pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), Coordinat
     tokio::spawn(async move { super::lease::keep_lease(lease.core()).await });
     tokio::spawn(async move { readiness.core().follow_readiness().await });
     tokio::spawn(super::rebind::rebind_lost(backend.clone()));
+    let writer = backend.clone();
+    tokio::spawn(async move {
+        let core = writer.core();
+        core.registrations.run(core.store.clone(), core.shutdown.clone()).await
+    });
     if let Err(error) = backend.core().lease_granted().await {
         backend.core().shutdown.cancel();
         return Err(error);

@@ -1,0 +1,222 @@
+//! Registrations that arrive together are written together: one store transaction per
+//! batch of up to [`BATCH`] of them, instead of a read and a compare-and-swap each.
+//!
+//! A storm of `Register`s (a fleet restarting, the end of an outage) would otherwise cost
+//! two store round trips per consumer. Each registration brings its compare (the mod
+//! revision its key has in the instance's cache) and its write. The writer takes whatever
+//! is queued, at most one registration per key, and commits the batch in one transaction,
+//! with up to [`BATCHES_IN_FLIGHT`] transactions at once: the busier the store, the more
+//! queues up behind them and the larger the next batch. A transaction is all or nothing,
+//! so if any compare lost (a cache behind the store, a concurrent registration of the same
+//! name elsewhere), the whole batch is answered [`Batched::Lost`] and each of its
+//! registrations falls back to its own read and compare-and-swap.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::Arc,
+};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{Compare, LeaseStore, Op, Revision, StoreError, Txn};
+
+/// Registrations per transaction: each is one compare and one write, within etcd's
+/// default limit of 128 operations per transaction.
+pub const BATCH: usize = 64;
+
+/// Batch transactions in flight at once.
+pub const BATCHES_IN_FLIGHT: usize = 4;
+
+/// How a batched write ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batched {
+    /// Written at this revision.
+    Written(Revision),
+    /// A compare of the batch lost: nothing of it was written.
+    Lost,
+}
+
+/// One registration write: the record at `key`, written by `op` if `compare` holds.
+#[derive(Clone, Debug)]
+pub struct KeyWrite {
+    /// The key written (a batch holds each key at most once).
+    pub key: String,
+    /// What the write was decided from.
+    pub compare: Compare,
+    /// The write.
+    pub op: Op,
+}
+
+struct Pending {
+    write: KeyWrite,
+    reply: oneshot::Sender<Result<Batched, StoreError>>,
+}
+
+/// The queue of registration writes of one instance.
+pub struct Batcher {
+    queue: mpsc::UnboundedSender<Pending>,
+    incoming: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
+}
+
+impl Default for Batcher {
+    fn default() -> Self {
+        let (queue, incoming) = mpsc::unbounded_channel();
+        Self { queue, incoming: std::sync::Mutex::new(Some(incoming)) }
+    }
+}
+
+impl Batcher {
+    /// Queues `write` for the next batch and waits for its outcome. `UNAVAILABLE` once the
+    /// writer has stopped.
+    pub async fn write(&self, write: KeyWrite) -> Result<Batched, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || StoreError::Unavailable("the registration writer has stopped".into());
+        self.queue.send(Pending { write, reply }).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Writes the queued registrations in batches until `stop` is cancelled. Runs once:
+    /// a second call returns at once.
+    pub async fn run(&self, store: Arc<dyn LeaseStore>, stop: CancellationToken) {
+        let Some(mut incoming) = self.incoming.lock().ok().and_then(|mut slot| slot.take()) else { return };
+        let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+        let mut waiting: VecDeque<Pending> = VecDeque::new();
+        loop {
+            if waiting.is_empty() {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    next = incoming.recv() => match next {
+                        Some(pending) => waiting.push_back(pending),
+                        None => return,
+                    },
+                }
+            }
+            // Waiting for a free slot lets more registrations queue up for this batch.
+            let permit = tokio::select! {
+                _ = stop.cancelled() => return,
+                permit = in_flight.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
+            while let Ok(pending) = incoming.try_recv() {
+                waiting.push_back(pending);
+            }
+            let batch = take_batch(&mut waiting);
+            let store = store.clone();
+            tokio::spawn(async move {
+                commit(&*store, batch).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+/// Takes up to [`BATCH`] writes of distinct keys off the front of `waiting`, keeping the
+/// order of the rest (a second write of a key waits for the next batch).
+fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
+    let mut batch = Vec::new();
+    let mut keys = HashSet::new();
+    let mut rest = VecDeque::new();
+    while let Some(pending) = waiting.pop_front() {
+        if batch.len() < BATCH && keys.insert(pending.write.key.clone()) {
+            batch.push(pending);
+        } else {
+            rest.push_back(pending);
+        }
+    }
+    *waiting = rest;
+    batch
+}
+
+/// Commits `batch` in one transaction and answers each of its writes.
+async fn commit(store: &dyn LeaseStore, batch: Vec<Pending>) {
+    let txn =
+        batch.iter().fold(Txn::new(), |txn, p| txn.when(p.write.compare.clone()).then(p.write.op.clone()));
+    let outcome =
+        store.txn(txn).await.map(|o| if o.succeeded { Batched::Written(o.revision) } else { Batched::Lost });
+    for pending in batch {
+        let _ = pending.reply.send(outcome.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{BATCH, Batched, Batcher, KeyWrite};
+    use crate::store::{Compare, LeaseStore, MemoryStore, Op};
+
+    fn put(key: &str, expected: i64) -> KeyWrite {
+        KeyWrite {
+            key: key.into(),
+            compare: Compare::ModRevision(key.into(), expected),
+            op: Op::put(key, "v"),
+        }
+    }
+
+    async fn started() -> (Arc<Batcher>, MemoryStore, tokio_util::sync::CancellationToken) {
+        let memory = MemoryStore::new();
+        let batcher = Arc::new(Batcher::default());
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (runner, store, token) = (batcher.clone(), Arc::new(memory.clone()), stop.clone());
+        tokio::spawn(async move { runner.run(store, token).await });
+        (batcher, memory, stop)
+    }
+
+    #[tokio::test]
+    async fn writes_that_arrive_together_share_transactions() {
+        let (batcher, store, _stop) = started().await;
+        let before = store.revision();
+        let writes = (0..500).map(|i| {
+            let batcher = batcher.clone();
+            async move { batcher.write(put(&format!("k{i}"), 0)).await }
+        });
+        let outcomes = futures::future::join_all(writes).await;
+        assert!(outcomes.iter().all(|o| matches!(o, Ok(Batched::Written(_)))), "{outcomes:?}");
+        let transactions = store.revision() - before;
+        assert!(transactions < 500 / 4, "500 writes took {transactions} transactions");
+        assert!(transactions >= (500 / BATCH) as i64, "no transaction holds more than {BATCH}");
+        assert_eq!(store.get_prefix("k").await.expect("read").kvs.len(), 500);
+    }
+
+    #[tokio::test]
+    async fn a_lost_compare_loses_its_whole_batch_and_writes_nothing() {
+        let (batcher, store, _stop) = started().await;
+        store.put("taken", b"x".to_vec(), None).await.expect("written");
+        let before = store.revision();
+        let (good, bad) = tokio::join!(batcher.write(put("free", 0)), batcher.write(put("taken", 0)));
+        assert_eq!(bad.expect("answered"), Batched::Lost);
+        // `free` was in the same batch (lost with it) or in a batch of its own (written).
+        match good.expect("answered") {
+            Batched::Lost => assert_eq!(store.revision(), before, "a lost batch writes nothing"),
+            Batched::Written(_) => assert!(store.get("free").await.expect("read").is_some()),
+        }
+    }
+
+    #[tokio::test]
+    async fn two_writes_of_one_key_never_share_a_transaction() {
+        let (batcher, _store, _stop) = started().await;
+        let (first, second) = tokio::join!(batcher.write(put("k", 0)), batcher.write(put("k", 0)));
+        let outcomes = [first.expect("answered"), second.expect("answered")];
+        let written = outcomes.iter().filter(|o| matches!(o, Batched::Written(_))).count();
+        assert_eq!(written, 1, "exactly one creates the key: {outcomes:?}");
+    }
+
+    #[tokio::test]
+    async fn stopping_the_writer_answers_unavailable() {
+        let (batcher, _store, stop) = started().await;
+        stop.cancel();
+        let result = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            loop {
+                if batcher.write(put("k", 0)).await.is_err() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        // The writer stops at its next turn; a write after that is refused.
+        result.await.expect("refused once stopped");
+    }
+}
