@@ -65,6 +65,19 @@ impl Fleet {
     }
 }
 
+/// A status as the report shows it: code, message and, for a status the client made from a
+/// transport error, that error's chain (tonic's message alone, "h2 protocol error: http2
+/// error", hides a GOAWAY's reason and who sent it).
+fn describe(status: &tonic::Status) -> String {
+    let mut text = format!("{:?} {}", status.code(), status.message());
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        text.push_str(&format!(": {error}"));
+        source = error.source();
+    }
+    text
+}
+
 /// A consumer's name.
 pub fn name(id: u32) -> String {
     format!("c-{id:05}")
@@ -100,7 +113,7 @@ impl Consumer {
         self.shared.update(|w| w.register_sent(id, Instant::now()));
         let mut stream = match self.client.register(request).await {
             Ok(response) => response.into_inner(),
-            Err(status) => return format!("Register refused: {:?} {}", status.code(), status.message()),
+            Err(status) => return format!("Register refused: {}", describe(&status)),
         };
         let mut first = true;
         loop {
@@ -115,7 +128,7 @@ impl Consumer {
                     first = false;
                 }
                 Ok(None) => return "stream ended by the server".into(),
-                Err(status) => return format!("stream failed: {:?} {}", status.code(), status.message()),
+                Err(status) => return format!("stream failed: {}", describe(&status)),
             }
         }
     }
@@ -189,11 +202,7 @@ impl Consumer {
                 w.call_finished();
                 if let Err(status) = result {
                     let call = if ready { "PartitionReady" } else { "PartitionReleased" };
-                    let text = format!(
-                        "consumer {id} {call}({partition}): {:?} {}",
-                        status.code(),
-                        status.message()
-                    );
+                    let text = format!("consumer {id} {call}({partition}): {}", describe(&status));
                     if ready && status.code() == tonic::Code::FailedPrecondition {
                         w.ready_refused(text);
                     } else {

@@ -7,6 +7,8 @@
 //! | request message size | `--max-request-bytes` | `OUT_OF_RANGE` (tonic's decoder) |
 //! | unary call duration | `--unary-timeout` | `DEADLINE_EXCEEDED` |
 //! | dead TCP peer | `--http2-keepalive-interval` / `-timeout` | connection closed, its streams end |
+//! | HTTP/2 streams open on one connection | [`HTTP2_MAX_CONCURRENT_STREAMS`] | the client waits for one to end |
+//! | unread small DATA frames on one connection | [`HTTP2_CONNECTION_WINDOW`] (h2's budget) | GOAWAY `ENHANCE_YOUR_CALM` |
 //!
 //! Consumer names (at most 253 characters, a Kubernetes pod name) and topic names (Kafka's
 //! 249) are checked by the coordinator's validation (`INVALID_ARGUMENT`).
@@ -19,6 +21,38 @@ use std::{
 };
 
 use tonic::Status;
+
+/// HTTP/2 streams one connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`);
+/// a client at the limit waits for a stream to end before it opens another.
+///
+/// tonic's default is no limit. This one is above the default `--max-streams` (20,000), so a
+/// single connection that carries every consumer (a pooling proxy such as Envoy, a mesh
+/// sidecar, a client multiplexing its consumers) can hold every `Register` stream the
+/// instance accepts and still have 12,768 calls in flight: a client that does not open a
+/// second connection never waits behind its own streams. It bounds what one connection
+/// costs, and [`HTTP2_CONNECTION_WINDOW`] is sized from it.
+pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 32_768;
+
+/// The HTTP/2 connection flow-control window: request bytes one connection may have in
+/// flight that the server has not read yet (16 MiB; hyper's default is 1 MiB).
+///
+/// h2 (0.4.16 and later) also budgets small DATA frames held unread: each frame under
+/// 256 bytes costs 256 minus its length, and when the cost passes half the connection
+/// window h2 closes the connection with GOAWAY `ENHANCE_YOUR_CALM` ("too_many_data_frames"),
+/// failing every call and stream on it. Every `Register`, `PartitionReady` and
+/// `PartitionReleased` request is one such frame, held unread until its handler task runs;
+/// a burst of a few thousand calls multiplexed on one connection (a scale-out answering
+/// 5,000 warms at once behind a proxy) used to exhaust the 512 KiB budget of the default
+/// window. 512 bytes per stream of [`HTTP2_MAX_CONCURRENT_STREAMS`] gives a budget of one
+/// unread small frame on every stream a connection may open, so a client that keeps to the
+/// stream limit cannot reach it; a client that sends many small frames per stream faster
+/// than the server reads them still does (and h2's separate cap on empty DATA frames is
+/// unchanged).
+pub const HTTP2_CONNECTION_WINDOW: u32 = HTTP2_MAX_CONCURRENT_STREAMS * 512;
+
+// h2's largest window, and the budget (half the window) covers 256 bytes per stream.
+const _: () = assert!(HTTP2_CONNECTION_WINDOW < (1 << 31));
+const _: () = assert!(HTTP2_CONNECTION_WINDOW / 2 >= HTTP2_MAX_CONCURRENT_STREAMS * 256);
 
 /// The limits of one server.
 #[derive(Clone, Debug, PartialEq, Eq)]

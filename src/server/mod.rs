@@ -166,6 +166,10 @@ impl AssignerServer {
         let (keepalive_interval, keepalive_timeout) = (limits.keepalive_interval, limits.keepalive_timeout);
         let grpc = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
+                // A burst of calls on one connection must not trip h2's small-frame guard:
+                // see `limits::HTTP2_CONNECTION_WINDOW`.
+                .max_concurrent_streams(limits::HTTP2_MAX_CONCURRENT_STREAMS)
+                .initial_connection_window_size(limits::HTTP2_CONNECTION_WINDOW)
                 .http2_keepalive_interval(Some(keepalive_interval))
                 .http2_keepalive_timeout(Some(keepalive_timeout))
                 .add_service(health_service)

@@ -13,6 +13,7 @@ mod fuzz;
 mod grpc_bad_input;
 mod grpc_scenarios;
 mod harness;
+mod http2_multiplexing;
 mod k8s_api;
 mod k8s_drain;
 mod kafka_metadata;
