@@ -11,9 +11,11 @@
 //! 1. A stayer keeps up to its quota of what it holds (partitions in `keep_first` before
 //!    the others, then its lowest-numbered); what it holds beyond is *excess*.
 //! 2. The stayers' deficits are filled, in this order of preference, from: orphans (no live
-//!    owner), partitions of draining consumers, excess, and last partitions taken from the
-//!    outgoing consumers (always from the one holding the most). The chosen partitions go,
-//!    ascending, to the stayers in name order, each taking a contiguous run.
+//!    owner), partitions of draining consumers, partitions taken from the outgoing consumers
+//!    (always from the one holding the most), and last excess. (Outgoing partitions must
+//!    move anyway; excess only exists when the final size grew, perhaps for a moment while
+//!    a new consumer is not yet known for what it is, so it moves last.) The chosen
+//!    partitions go, ascending, to the stayers in name order, each taking a contiguous run.
 //! 3. Whatever was not chosen stays where it is: an outgoing consumer keeps its partitions
 //!    until a stayer has room, and a **draining** consumer's partitions wait for room too
 //!    (its drain ends once a new consumer takes them). Only an orphan that no stayer has room
@@ -129,15 +131,10 @@ pub fn assign_rollout(
     // Step 2: choose what fills the deficits, by preference.
     let mut chosen: Vec<u32> = Vec::with_capacity(wanted);
     let mut spare_orphans = Vec::new();
-    for (pool, is_orphan) in [(orphans, true), (from_draining, false), (excess, false)] {
-        for p in pool {
-            if chosen.len() < wanted {
-                chosen.push(p);
-            } else if is_orphan {
-                spare_orphans.push(p);
-            }
-        }
+    for p in orphans {
+        if chosen.len() < wanted { chosen.push(p) } else { spare_orphans.push(p) }
     }
+    chosen.extend(from_draining.into_iter().take(wanted - chosen.len()));
     for parts in &mut out_held {
         // Taken from the end: warms towards an outgoing consumer first, then its highest.
         parts.sort_by_key(|p| keep_first.contains(p));
@@ -145,12 +142,13 @@ pub fn assign_rollout(
     let mut largest: BinaryHeap<(usize, Reverse<usize>)> =
         out_held.iter().enumerate().map(|(j, parts)| (parts.len(), Reverse(j))).collect();
     while chosen.len() < wanted {
-        // The quotas sum to at most P, so the pools cannot run dry before `wanted`.
         let Some((_, Reverse(j))) = largest.pop() else { break };
         let Some(p) = out_held[j].pop() else { continue };
         chosen.push(p);
         largest.push((out_held[j].len(), Reverse(j)));
     }
+    // The quotas sum to at most P, so the pools cannot run dry before `wanted`.
+    chosen.extend(excess.into_iter().take(wanted - chosen.len()));
     chosen.sort_unstable();
 
     let mut target: BTreeMap<u32, String> = BTreeMap::new();

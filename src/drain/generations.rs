@@ -15,6 +15,9 @@
 //!   Without it the Deployment is not treated as rolling out.
 //! * Pods that vanished from the list are remembered for a while, so the registration of a
 //!   crashed old pod, which outlives its pod by up to a TTL, still counts as old.
+//! * A consumer name that is no listed pod but reads `{replicaset}-{suffix}` (a ReplicaSet
+//!   pod's generated name, `suffix` without `-`) of a listed ReplicaSet belongs to it: a new
+//!   pod that registers before the next list still counts as new.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -56,6 +59,8 @@ pub struct Generations {
     members: BTreeMap<String, Member>,
     /// Deployments rolling out, by name.
     rolling: BTreeMap<String, Rolling>,
+    /// ReplicaSets of Deployments: name → (Deployment, revision).
+    sets: BTreeMap<String, (String, u64)>,
 }
 
 /// A ReplicaSet's Deployment (its controller), revision and desired-replicas annotation.
@@ -89,7 +94,7 @@ impl Generations {
     ) -> Generations {
         // ReplicaSet name → (Deployment, revision); per Deployment its newest revision
         // and that ReplicaSet's desired replicas.
-        let mut sets: BTreeMap<&str, (String, u64)> = BTreeMap::new();
+        let mut sets: BTreeMap<String, (String, u64)> = BTreeMap::new();
         let mut newest: BTreeMap<String, (u64, Option<u32>)> = BTreeMap::new();
         for rs in replicasets {
             let (Some(name), Some((deployment, Some(revision), desired))) =
@@ -101,7 +106,7 @@ impl Generations {
             if revision > entry.0 {
                 *entry = (revision, desired);
             }
-            sets.insert(name, (deployment, revision));
+            sets.insert(name.to_string(), (deployment, revision));
         }
         let mut members = BTreeMap::new();
         let mut old_alive: BTreeSet<String> = BTreeSet::new();
@@ -130,7 +135,7 @@ impl Generations {
                 Some((deployment, Rolling { newest, desired: desired? }))
             })
             .collect();
-        Generations { members, rolling }
+        Generations { members, rolling, sets }
     }
 
     /// The Deployments rolling out.
@@ -138,9 +143,22 @@ impl Generations {
         &self.rolling
     }
 
-    /// Whether `name` is a known pod of a Deployment.
+    /// Whether `name` is a known pod of a Deployment (listed or remembered).
     pub fn knows(&self, name: &str) -> bool {
         self.members.contains_key(name)
+    }
+
+    /// The Deployment and revision of consumer `name`: a known pod's, else those of the
+    /// listed ReplicaSet its name was generated from.
+    fn generation(&self, name: &str) -> Option<(&str, u64)> {
+        if let Some(m) = self.members.get(name) {
+            return Some((m.deployment.as_str(), m.revision));
+        }
+        let (set, suffix) = name.rsplit_once('-')?;
+        if suffix.is_empty() {
+            return None;
+        }
+        self.sets.get(set).map(|(deployment, revision)| (deployment.as_str(), *revision))
     }
 
     /// The rollout among one topic's consumers: `live` are the registered ones, `active`
@@ -151,18 +169,18 @@ impl Generations {
     /// consumers outside them.
     pub fn rollout(&self, live: &BTreeSet<String>, active: &BTreeSet<String>) -> Option<Rollout> {
         let rolling_of = |name: &String| {
-            let member = self.members.get(name)?;
-            let rolling = self.rolling.get(&member.deployment)?;
-            Some((member, rolling))
+            let (deployment, revision) = self.generation(name)?;
+            let (deployment, rolling) = self.rolling.get_key_value(deployment)?;
+            Some((deployment.as_str(), revision, rolling))
         };
         let involved: BTreeMap<&str, &Rolling> =
-            live.iter().filter_map(rolling_of).map(|(m, r)| (m.deployment.as_str(), r)).collect();
+            live.iter().filter_map(rolling_of).map(|(d, _, r)| (d, r)).collect();
         if involved.is_empty() {
             return None;
         }
         let outgoing = live
             .iter()
-            .filter(|name| rolling_of(name).is_some_and(|(m, r)| m.revision < r.newest))
+            .filter(|name| rolling_of(name).is_some_and(|(_, revision, r)| revision < r.newest))
             .cloned()
             .collect();
         let outside = active.iter().filter(|name| rolling_of(name).is_none()).count();

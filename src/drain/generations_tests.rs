@@ -116,3 +116,17 @@ fn a_deployment_without_its_annotations_is_not_treated_as_rolling() {
     let view = observe(&pods, &sets);
     assert!(view.rolling().is_empty() && !view.knows(OLD));
 }
+
+#[test]
+fn a_pod_not_listed_yet_is_classified_by_its_replicaset_name() {
+    let (mut pods, sets) = fixtures();
+    pods.retain(|p| p.metadata.name.as_deref() != Some(NEW));
+    let view = observe(&pods, &sets);
+    let fresh = "consumer-5c4b8f7d9-zz9k4";
+    assert!(!view.knows(fresh));
+    let rollout = view.rollout(&names(&[OLD, fresh]), &names(&[OLD, fresh])).expect("rolling out");
+    assert_eq!(rollout, Rollout { outgoing: names(&[OLD]), final_members: 3 }, "new, not outside");
+    // An old-generation name is old; a name of no listed ReplicaSet is outside.
+    let r = view.rollout(&names(&[OLD, "consumer-7d9f8b6c5-aaaaa", "x-1"]), &names(&[OLD, "x-1"]));
+    assert_eq!(r, Some(Rollout { outgoing: names(&[OLD, "consumer-7d9f8b6c5-aaaaa"]), final_members: 4 }));
+}

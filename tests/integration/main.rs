@@ -15,6 +15,7 @@ mod grpc_scenarios;
 mod harness;
 mod k8s_api;
 mod k8s_drain;
+mod k8s_rollout;
 mod kafka_metadata;
 mod log_format;
 mod manifests;
