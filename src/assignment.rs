@@ -36,6 +36,16 @@
 //! `O(P)` hash lookups of owner names (skipped while consecutive partitions share an owner),
 //! `O(N log N)` for the quota choice, and `O(P)` to build the output; never `O(P·N)`. At
 //! 100,000 partitions most of the time is allocating the output's owner `String`s.
+//!
+//! # Rollouts
+//!
+//! While consumers are being replaced (a Deployment rolling out), [`assign_rollout`] keeps
+//! the old generation from receiving partitions and fills the others only up to their final
+//! share, so each partition moves once (see [`rollout`]).
+
+pub mod rollout;
+
+pub use rollout::{Rollout, assign_rollout};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

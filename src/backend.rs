@@ -8,7 +8,7 @@ use crate::coordinator::{
     ConsumerGroupCoordinator, CoordinatorError, FleetConfig, FleetCoordinator, HandoffConfig,
     HandoffCoordinator, PartitionCounts, StaticConfig, StaticCoordinator,
 };
-use crate::drain::{DrainDecider, FixedDecider, K8sDrainDecider, K8sSettings};
+use crate::drain::{DrainDecider, FixedDecider, K8sDrainDecider, K8sSettings, RolloutView};
 use crate::handoff::PlanConfig;
 use crate::kafka::KafkaMetadata;
 use crate::metrics::Metrics;
@@ -31,16 +31,31 @@ pub enum BackendError {
     Drain(#[from] crate::drain::DrainError),
 }
 
+/// What `--drain-policy` builds: the `Deregister` decider and, under `k8s`, the rollout
+/// view the leader plans with.
+pub struct DrainSetup {
+    /// Decides `Deregister`.
+    pub decider: Arc<dyn DrainDecider>,
+    /// Whether consumers are rolling out (`None`: not under `k8s`, or
+    /// `--k8s-rollout-refresh 0s`).
+    pub rollout: Option<Arc<dyn RolloutView>>,
+}
+
 /// The `Deregister` decider `--drain-policy` asks for: the Kubernetes API for `k8s`
-/// (in-cluster config or kubeconfig), else the fixed answer.
-pub async fn drain_decider_from_args(args: &ServeArgs) -> Result<Arc<dyn DrainDecider>, BackendError> {
+/// (in-cluster config or kubeconfig), with its rollout view, else the fixed answer.
+pub async fn drain_from_args(args: &ServeArgs) -> Result<DrainSetup, BackendError> {
     if args.drain_policy != DrainPolicy::K8s {
-        return Ok(Arc::new(FixedDecider(args.drain_policy)));
+        return Ok(DrainSetup { decider: Arc::new(FixedDecider(args.drain_policy)), rollout: None });
     }
     let settings = K8sSettings { namespace: args.k8s_namespace.clone(), timeout: args.k8s_timeout };
     let decider = K8sDrainDecider::from_environment(&settings).await?;
     tracing::info!(namespace = decider.namespace(), "Deregister asks the Kubernetes API about consumer pods");
-    Ok(Arc::new(decider))
+    let rollout: Option<Arc<dyn RolloutView>> = if args.k8s_rollout_refresh.is_zero() {
+        None
+    } else {
+        Some(Arc::new(decider.rollout_view(args.k8s_rollout_refresh)))
+    };
+    Ok(DrainSetup { decider: Arc::new(decider), rollout })
 }
 
 /// Builds the coordinator `args` ask for.
@@ -56,9 +71,9 @@ pub async fn coordinator_from_args(
     };
     // Kafka settings first: a bad one stops the start before anything connects.
     let kafka = kafka_from_args(args)?;
-    let drain_decider = match args.backend {
+    let drain = match args.backend {
         Backend::Fleet => None, // the fleet drains nothing: Deregister is always SHUTDOWN_NOW
-        _ => Some(drain_decider_from_args(args).await?),
+        _ => Some(drain_from_args(args).await?),
     };
     let store = open_store(store_kind, args, &metrics).await?;
     let instance_id = args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id);
@@ -89,7 +104,8 @@ pub async fn coordinator_from_args(
         settle_period: args.settle_period,
         rebalance_delay: args.rebalance_delay,
         drain_policy: args.drain_policy,
-        drain_decider,
+        drain_decider: drain.as_ref().map(|d| d.decider.clone()),
+        rollout: drain.and_then(|d| d.rollout),
         topic_partitions: args.topic_partitions.0.clone(),
         kafka,
         topic_refresh_interval: args.topic_refresh_interval,

@@ -168,6 +168,12 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_K8S_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
     pub k8s_timeout: Duration,
 
+    /// `--drain-policy k8s`: how often the rollout view lists the consumers' pods and
+    /// ReplicaSets (while a Deployment rolls out, its old pods receive no partitions and
+    /// its new ones fill only to their final share). `0s`: no rollout awareness.
+    #[arg(long, env = "KAFKA_ASSIGNER_K8S_ROLLOUT_REFRESH", value_parser = humantime_or_zero, default_value = "2s")]
+    pub k8s_rollout_refresh: Duration,
+
     /// Partitions one consumer may warm at once (like Kafka Streams' max.warmup.replicas).
     #[arg(long, env = "KAFKA_ASSIGNER_MAX_WARMING", default_value = "4", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_warming: u32,

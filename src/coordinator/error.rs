@@ -22,6 +22,10 @@ pub enum CoordinatorError {
     /// This instance cannot serve the call right now (shutting down, fenced, stream ended).
     #[error("{0}")]
     Unavailable(String),
+    /// This instance ended a consumer's stream (`UNAVAILABLE`): why, and the message the
+    /// consumer is shown.
+    #[error("{1}")]
+    StreamEnded(StreamEnd, String),
     /// A limit was hit (a consumer not reading its stream).
     #[error("{0}")]
     ResourceExhausted(String),
@@ -46,6 +50,32 @@ pub enum CoordinatorError {
         #[source]
         source: KafkaError,
     },
+}
+
+/// Why an instance ended a consumer's stream with `UNAVAILABLE` (the `reason` label of
+/// `streams_ended_total`, so the metric needs no message text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The instance is shutting down.
+    Shutdown,
+    /// The consumer's session expired.
+    Expired,
+    /// The instance stopped as if it had crashed (tests, failover drills).
+    Crashed,
+    /// The instance lost contact with its store and fenced itself (DESIGN.md §6).
+    Fenced,
+}
+
+impl StreamEnd {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamEnd::Shutdown => "shutdown",
+            StreamEnd::Expired => "expired",
+            StreamEnd::Crashed => "crashed",
+            StreamEnd::Fenced => "fenced",
+        }
+    }
 }
 
 /// The gRPC status code class of a [`CoordinatorError`], without depending on tonic.
@@ -75,7 +105,7 @@ impl CoordinatorError {
             CoordinatorError::NotFound(_) => ErrorCode::NotFound,
             CoordinatorError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             CoordinatorError::Aborted(_) => ErrorCode::Aborted,
-            CoordinatorError::Unavailable(_) => ErrorCode::Unavailable,
+            CoordinatorError::Unavailable(_) | CoordinatorError::StreamEnded(..) => ErrorCode::Unavailable,
             CoordinatorError::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
             CoordinatorError::Handoff { source, .. } => match source {
                 HandoffError::PartitionOutOfRange { .. } => ErrorCode::InvalidArgument,

@@ -27,7 +27,7 @@ mod shared;
 pub mod static_backend;
 mod status;
 
-pub use error::{CoordinatorError, ErrorCode};
+pub use error::{CoordinatorError, ErrorCode, StreamEnd};
 pub use fleet_backend::{FleetConfig, FleetCoordinator};
 pub use handoff_backend::{HandoffConfig, HandoffCoordinator, records};
 pub use shared::topics::PartitionCounts;

@@ -67,6 +67,12 @@ impl K8sDrainDecider {
         &self.namespace
     }
 
+    /// The rollout view over the same client and namespace, listing every `interval`
+    /// (starts its refresh task: needs a Tokio runtime).
+    pub fn rollout_view(&self, interval: std::time::Duration) -> super::K8sRolloutView {
+        super::K8sRolloutView::start(self.client.clone(), &self.namespace, interval, self.timeout)
+    }
+
     async fn lookup(&self, consumer: &str) -> Result<DrainDecision, kube::Error> {
         let pod = Api::<Pod>::namespaced(self.client.clone(), &self.namespace).get(consumer).await?;
         let statefulset = match policy::controller(&pod) {

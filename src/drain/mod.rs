@@ -8,11 +8,19 @@
 //!   refusal, timeout) the answer is `SHUTDOWN_NOW`, as the proto says for no Kubernetes
 //!   awareness, with a warning log and the `drain_decisions_total{reason}` metric; the
 //!   consumer never gets an error.
+//!
+//! Under `k8s` the leader also plans with a [`RolloutView`] ([`K8sRolloutView`], from
+//! [`generations`]): while a Deployment of consumers rolls out, its old pods receive no
+//! partitions and its new ones are filled only up to their final share, so each partition
+//! moves once ([`crate::assignment::rollout`]).
 
+pub mod generations;
 mod k8s;
 pub mod policy;
+mod rollout;
 
 pub use k8s::{DrainError, K8sDrainDecider, K8sSettings};
+pub use rollout::{K8sRolloutView, RolloutView};
 
 use async_trait::async_trait;
 

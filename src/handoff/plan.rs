@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Handoff, Millis, Phase, TopicState};
-use crate::assignment;
+use crate::assignment::{self, Rollout};
 
 /// Limits the leader applies to handoffs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,7 +66,10 @@ impl PlanReport {
 /// Target owner of each partition: the assignment, computed as if every warming handoff
 /// to an active consumer had already completed (so it counts towards its target's load),
 /// and keeping those warms with their target first, so an in-flight move keeps its target.
-fn targets(state: &TopicState) -> BTreeMap<u32, String> {
+/// During a `rollout`, the rollout assignment ([`assignment::assign_rollout`]): outgoing
+/// consumers receive nothing, the others are filled up to their final share, and a
+/// draining consumer's partitions may wait (their target is then their owner).
+fn targets(state: &TopicState, rollout: Option<&Rollout>) -> BTreeMap<u32, String> {
     let active: BTreeSet<String> = state.consumers.keys().filter(|c| state.is_active(c)).cloned().collect();
     let mut planned = state.owners.clone();
     let mut warming = BTreeSet::new();
@@ -76,8 +79,15 @@ fn targets(state: &TopicState) -> BTreeMap<u32, String> {
             warming.insert(*partition);
         }
     }
-    // A started warm is kept: its target gives it up last.
-    assignment::assign_keeping(state.partition_count, &planned, &active, &warming)
+    match rollout {
+        // A started warm is kept: its target gives it up last.
+        None => assignment::assign_keeping(state.partition_count, &planned, &active, &warming),
+        Some(rollout) => {
+            let draining: BTreeSet<String> =
+                state.consumers.keys().filter(|c| !state.is_active(c)).cloned().collect();
+            assignment::assign_rollout(state.partition_count, &planned, &active, &draining, &warming, rollout)
+        }
+    }
 }
 
 /// Reconciles `state` at `now`, mutating it into the state the leader should write.
@@ -87,12 +97,24 @@ pub fn plan(
     config: &PlanConfig,
     cooldowns: &mut Cooldowns,
 ) -> PlanReport {
+    plan_with(state, now, config, cooldowns, None)
+}
+
+/// [`plan`], during a `rollout` of the topic's consumers when one is given: the targets are
+/// then [`assignment::assign_rollout`]'s, so each partition moves once.
+pub fn plan_with(
+    state: &mut TopicState,
+    now: Millis,
+    config: &PlanConfig,
+    cooldowns: &mut Cooldowns,
+    rollout: Option<&Rollout>,
+) -> PlanReport {
     let mut report = PlanReport::default();
     cooldowns.0.retain(|_, until| *until > now);
     // Records of partitions beyond the count (never produced by us; defensive) go away.
     state.owners.retain(|p, _| *p < state.partition_count);
     state.handoffs.retain(|p, _| *p < state.partition_count);
-    let target = targets(state);
+    let target = targets(state, rollout);
 
     settle_handoffs(state, now, config, &target, cooldowns, &mut report);
 
@@ -188,6 +210,7 @@ fn settle_handoffs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::assignment::Rollout;
     use crate::handoff::{ConsumerStatus, apply_ready, apply_released};
 
     fn state(p: u32, consumers: &[&str]) -> TopicState {
@@ -292,5 +315,36 @@ mod tests {
         let r = plan(&mut s, 1, &cfg(), &mut cd);
         assert_eq!(r.started.len(), 2);
         assert!(r.started.iter().all(|(_, from, to)| from == "a" && to == "b"));
+    }
+
+    #[test]
+    fn during_a_rollout_a_draining_old_consumer_waits_for_room_in_the_new_generation() {
+        // Old a and b split 4; new c joined and took its share (2) from them.
+        let mut s = state(4, &["a", "b"]);
+        let mut cd = Cooldowns::default();
+        plan(&mut s, 0, &cfg(), &mut cd);
+        s.consumers.insert("c".into(), ConsumerStatus::Active);
+        let rollout = Rollout { outgoing: ["a".to_string(), "b".to_string()].into(), final_members: 2 };
+        let r = plan_with(&mut s, 1, &cfg(), &mut cd, Some(&rollout));
+        assert_eq!(r.started.len(), 2, "c warms its final share: {r:?}");
+        for (p, _, _) in &r.started {
+            apply_ready(&mut s, "c", *p, 2).unwrap();
+            let from = s.handoffs[p].from.clone();
+            apply_released(&mut s, &from, *p).unwrap();
+        }
+        // a drains: c is full, b is old, so a's partition waits for d.
+        let a_holds: Vec<u32> = s.owners.iter().filter(|(_, o)| *o == "a").map(|(p, _)| *p).collect();
+        s.consumers.insert("a".into(), ConsumerStatus::Draining);
+        let r = plan_with(&mut s, 3, &cfg(), &mut cd, Some(&rollout));
+        assert!(r.is_empty(), "nothing moves to an old pod or beyond c's share: {r:?}");
+        // Without the rollout, b (old) would take it.
+        let mut plain = s.clone();
+        assert!(!plan(&mut plain, 3, &cfg(), &mut cd.clone()).started.is_empty());
+        // d (new) joins: a's partitions go to d, and b's last one too.
+        s.consumers.insert("d".into(), ConsumerStatus::Active);
+        let r = plan_with(&mut s, 4, &cfg(), &mut cd, Some(&rollout));
+        assert!(r.started.iter().all(|(_, _, to)| to == "d"), "{r:?}");
+        let from_a: Vec<u32> = r.started.iter().filter(|(_, f, _)| f == "a").map(|(p, _, _)| *p).collect();
+        assert_eq!(from_a, a_holds);
     }
 }

@@ -9,6 +9,8 @@ use std::{
 use futures::{Stream, StreamExt};
 use tonic::{Code, Status};
 
+use crate::coordinator::{CoordinatorError, ErrorCode};
+
 use super::{
     Metrics,
     labels::{GrpcLabels, ReasonLabels},
@@ -37,17 +39,16 @@ pub fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// Why a stream ended with `status` (the coordinators' messages tell the `UNAVAILABLE`s
-/// apart).
-fn end_reason(status: &Status) -> &'static str {
-    let message = status.message();
-    match status.code() {
-        Code::Aborted => "replaced",
-        Code::Unavailable if message.contains("shutting down") => "shutdown",
-        Code::Unavailable if message.contains("expired") => "expired",
-        Code::Unavailable if message.contains("crashed") => "crashed",
-        Code::Unavailable => "unavailable",
-        _ => "error",
+/// Why a stream ended with `error`: the coordinators say why they end a stream
+/// ([`StreamEnd`]); no message text is read.
+pub fn end_reason(error: &CoordinatorError) -> &'static str {
+    match error {
+        CoordinatorError::StreamEnded(why, _) => why.as_str(),
+        other => match other.code() {
+            ErrorCode::Aborted => "replaced",
+            ErrorCode::Unavailable => "unavailable",
+            _ => "error",
+        },
     }
 }
 
@@ -67,9 +68,9 @@ impl Metrics {
     }
 }
 
-/// A `Register` response stream that records why it ended: a clean end (`drained`), an
-/// error item (by code and message), or the client going away (`client_gone`: dropped
-/// before either).
+/// A `Register` response stream (the coordinator's, before its errors become statuses)
+/// that records why it ended: a clean end (`drained`), an error item ([`end_reason`]), or
+/// the client going away (`client_gone`: dropped before either).
 pub struct MeteredStream<S> {
     inner: S,
     metrics: Arc<Metrics>,
@@ -85,16 +86,16 @@ impl<S> MeteredStream<S> {
 
 impl<S, T> Stream for MeteredStream<S>
 where
-    S: Stream<Item = Result<T, Status>> + Unpin,
+    S: Stream<Item = Result<T, CoordinatorError>> + Unpin,
 {
-    type Item = Result<T, Status>;
+    type Item = Result<T, CoordinatorError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let item = self.inner.poll_next_unpin(cx);
         if !self.ended {
             let reason = match &item {
                 Poll::Ready(None) => Some("drained"),
-                Poll::Ready(Some(Err(status))) => Some(end_reason(status)),
+                Poll::Ready(Some(Err(error))) => Some(end_reason(error)),
                 _ => None,
             };
             if let Some(reason) = reason {
@@ -111,5 +112,25 @@ impl<S> Drop for MeteredStream<S> {
         if !self.ended {
             self.metrics.observe_stream_end("client_gone");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::StreamEnd;
+
+    #[test]
+    fn stream_ends_are_told_apart_by_kind_not_by_message() {
+        let ended = |why, text: &str| end_reason(&CoordinatorError::StreamEnded(why, text.into()));
+        // The fenced end's message mentions neither "expired" nor "shutting down".
+        assert_eq!(ended(StreamEnd::Fenced, "lost contact with its store"), "fenced");
+        assert_eq!(ended(StreamEnd::Shutdown, "x"), "shutdown");
+        assert_eq!(ended(StreamEnd::Expired, "x"), "expired");
+        assert_eq!(ended(StreamEnd::Crashed, "x"), "crashed");
+        // A message alone decides nothing.
+        assert_eq!(end_reason(&CoordinatorError::Unavailable("session expired".into())), "unavailable");
+        assert_eq!(end_reason(&CoordinatorError::Aborted("replaced".into())), "replaced");
+        assert_eq!(end_reason(&CoordinatorError::ResourceExhausted("slow".into())), "error");
     }
 }

@@ -37,7 +37,8 @@ pub struct GrpcLabels {
 /// Why a `Register` stream ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// `drained`, `replaced`, `expired`, `shutdown`, `unavailable`, `client_gone`, ...
+    /// `drained`, `replaced`, `expired`, `shutdown`, `fenced`, `crashed`, `unavailable`,
+    /// `client_gone` or `error`.
     pub reason: &'static str,
 }
 

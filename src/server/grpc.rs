@@ -140,11 +140,11 @@ impl KafkaAssigner for AssignerService {
             Ok((stream, permit))
         };
         let (stream, permit) = self.counted("Register", register).await?;
-        let stream = stream.map(move |item| {
+        let stream = MeteredStream::new(stream, self.metrics.clone()).map(move |item| {
             let _held = &permit;
             item.map_err(to_status)
         });
-        Ok(Response::new(Box::pin(MeteredStream::new(stream, self.metrics.clone()))))
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn partition_ready(

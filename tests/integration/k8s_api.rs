@@ -1,23 +1,32 @@
 //! The `k8s` drain decider's Kubernetes client, run for real (kube-rs over HTTP) against
 //! a local server that serves recorded API responses (`tests/fixtures/k8s/`): a
-//! StatefulSet pod, a scale-down, a ReplicaSet pod, 403, 404, a timeout, and no server.
+//! StatefulSet pod, a scale-down, a ReplicaSet pod, 403, 404, a timeout, and no server;
+//! and the rollout view's pod and ReplicaSet lists.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use axum::{Router, extract::State, http::StatusCode, http::Uri, response::IntoResponse};
-use kafka_assigner::drain::{DrainDecider, DrainDecision, K8sDrainDecider, K8sSettings, Reason};
+use kafka_assigner::assignment::Rollout;
+use kafka_assigner::drain::generations::Generations;
+use kafka_assigner::drain::{
+    DrainDecider, DrainDecision, K8sDrainDecider, K8sRolloutView, K8sSettings, Reason, RolloutView,
+};
 use tokio::task::JoinHandle;
+
+use crate::support::{POLL_INTERVAL, assigner::PROMPT};
 
 /// What the fake API answers on one path.
 #[derive(Clone, Debug)]
 pub enum Reply {
     /// HTTP `code` with a fixture file's JSON.
     Fixture(u16, &'static str),
+    /// HTTP `code` with this JSON.
+    Json(u16, String),
     /// Never answers (until the connection is dropped).
     Hang,
 }
@@ -28,6 +37,7 @@ pub struct FakeApi {
     pub addr: SocketAddr,
     /// The paths asked for, in order.
     pub requests: Arc<Mutex<Vec<String>>>,
+    routes: Routes,
     task: JoinHandle<()>,
 }
 
@@ -37,7 +47,7 @@ impl Drop for FakeApi {
     }
 }
 
-type Routes = Arc<BTreeMap<String, Reply>>;
+type Routes = Arc<Mutex<BTreeMap<String, Reply>>>;
 
 async fn answer(
     State((routes, seen)): State<(Routes, Arc<Mutex<Vec<String>>>)>,
@@ -45,29 +55,45 @@ async fn answer(
 ) -> impl IntoResponse {
     let path = uri.path().to_string();
     seen.lock().unwrap_or_else(|p| p.into_inner()).push(path.clone());
-    let (code, file) = match routes.get(&path) {
-        Some(Reply::Fixture(code, file)) => (*code, *file),
+    let reply = routes.lock().unwrap_or_else(|p| p.into_inner()).get(&path).cloned();
+    let (code, body) = match reply {
+        Some(Reply::Fixture(code, file)) => (code, fixture(file)),
+        Some(Reply::Json(code, body)) => (code, body),
         Some(Reply::Hang) => std::future::pending().await,
-        None => (404, "status-404.json"),
+        None => (404, fixture("status-404.json")),
     };
-    let path = format!("{}/tests/fixtures/k8s/{file}", env!("CARGO_MANIFEST_DIR"));
-    let body = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (code, [("content-type", "application/json")], body)
+}
+
+/// The text of fixture `file`.
+pub fn fixture(file: &str) -> String {
+    let path = format!("{}/tests/fixtures/k8s/{file}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 impl FakeApi {
     /// Serves `routes` (path → reply); other paths answer the recorded 404.
     pub async fn start(routes: &[(&str, Reply)]) -> FakeApi {
-        let routes: Routes = Arc::new(routes.iter().map(|(p, r)| (p.to_string(), r.clone())).collect());
+        let routes: Routes =
+            Arc::new(Mutex::new(routes.iter().map(|(p, r)| (p.to_string(), r.clone())).collect()));
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let router = Router::new().fallback(answer).with_state((routes, requests.clone()));
+        let router = Router::new().fallback(answer).with_state((routes.clone(), requests.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        FakeApi { addr, requests, task }
+        FakeApi { addr, requests, routes, task }
+    }
+
+    /// Answers `path` with `reply` from now on (`None`: the recorded 404).
+    pub fn set(&self, path: &str, reply: Option<Reply>) {
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        match reply {
+            Some(reply) => routes.insert(path.to_string(), reply),
+            None => routes.remove(path),
+        };
     }
 
     /// A decider talking to this server, in namespace `streams`.
@@ -91,6 +117,10 @@ fn decider_at(url: &str, timeout: Duration) -> K8sDrainDecider {
 pub const PODS: &str = "/api/v1/namespaces/streams/pods/";
 /// StatefulSet `consumer` in namespace `streams`.
 pub const STS: &str = "/apis/apps/v1/namespaces/streams/statefulsets/consumer";
+/// The pod list of namespace `streams`.
+pub const POD_LIST: &str = "/api/v1/namespaces/streams/pods";
+/// The ReplicaSet list of namespace `streams`.
+pub const RS_LIST: &str = "/apis/apps/v1/namespaces/streams/replicasets";
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -196,4 +226,64 @@ async fn serve_with_the_k8s_policy_and_no_kubernetes_config_fails_at_start() {
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--drain-policy k8s: no Kubernetes configuration"), "{stderr}");
+}
+
+/// Waits (up to [`PROMPT`]) until what `view` knows satisfies `pred`.
+pub async fn wait_view(view: &K8sRolloutView, what: &str, pred: impl Fn(&Generations) -> bool) {
+    let give_up = Instant::now() + PROMPT;
+    while !pred(&view.generations()) {
+        assert!(Instant::now() < give_up, "the rollout view never saw {what}: {:?}", view.generations());
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+fn names(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|n| n.to_string()).collect()
+}
+
+const REFRESH: Duration = Duration::from_millis(100);
+
+#[tokio::test]
+async fn the_rollout_view_lists_pods_and_replicasets_and_sees_two_generations() {
+    let api = FakeApi::start(&[
+        (POD_LIST, Reply::Fixture(200, "podlist-rollout.json")),
+        (RS_LIST, Reply::Fixture(200, "replicasetlist-rollout.json")),
+    ])
+    .await;
+    let view = api.decider(TIMEOUT).rollout_view(REFRESH);
+    wait_view(&view, "the rollout", |g| !g.rolling().is_empty()).await;
+    let (old, draining, new) =
+        ("consumer-7d9f8b6c5-b8k2m", "consumer-7d9f8b6c5-x2lqp", "consumer-5c4b8f7d9-m7wfn");
+    let rollout = view.rollout(&names(&[old, draining, new]), &names(&[old, new])).expect("rolling out");
+    assert_eq!(rollout, Rollout { outgoing: names(&[old, draining]), final_members: 3 });
+    let seen = api.seen();
+    assert!(seen.iter().any(|p| p == POD_LIST) && seen.iter().any(|p| p == RS_LIST), "{seen:?}");
+}
+
+#[tokio::test]
+async fn the_rollout_view_keeps_what_it_knew_when_the_api_refuses() {
+    let api = FakeApi::start(&[
+        (POD_LIST, Reply::Fixture(200, "podlist-rollout.json")),
+        (RS_LIST, Reply::Fixture(403, "status-403.json")),
+    ])
+    .await;
+    let view = api.decider(TIMEOUT).rollout_view(REFRESH);
+    let lists = |api: &FakeApi| api.seen().iter().filter(|p| *p == RS_LIST).count();
+    let give_up = Instant::now() + PROMPT;
+    while lists(&api) < 2 {
+        assert!(Instant::now() < give_up, "the view did not retry: {:?}", api.seen());
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    let consumers = names(&["consumer-7d9f8b6c5-b8k2m", "consumer-5c4b8f7d9-m7wfn"]);
+    assert_eq!(view.rollout(&consumers, &consumers), None, "RBAC refuses: no rollout known, plain planning");
+    // Allowed: the rollout is seen; refused again: what it knew stays.
+    api.set(RS_LIST, Some(Reply::Fixture(200, "replicasetlist-rollout.json")));
+    wait_view(&view, "the rollout", |g| !g.rolling().is_empty()).await;
+    api.set(RS_LIST, Some(Reply::Hang));
+    let before = lists(&api);
+    while lists(&api) < before + 1 {
+        assert!(Instant::now() < give_up + PROMPT, "no list after the change: {:?}", api.seen());
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    assert!(view.rollout(&consumers, &consumers).is_some(), "the last view stays while the API hangs");
 }

@@ -105,6 +105,7 @@ async fn deploy_manifests_fit_the_binary_and_each_other() {
     let args = serve_args(container);
     assert_eq!(args.backend, Backend::Etcd);
     assert_eq!(args.drain_policy, DrainPolicy::K8s);
+    assert!(!args.k8s_rollout_refresh.is_zero(), "rollouts move each partition once: the view is on");
 
     // Ports: the args' listen ports are the container's named ports.
     let admin_port = port_named(container, "admin");
@@ -158,7 +159,8 @@ async fn deploy_manifests_fit_the_binary_and_each_other() {
     assert_eq!(pdb_spec.min_available, Some(IntOrString::Int(2)));
 
     // RBAC: the pods run as the account the binding gives the role to, and the role can
-    // read what the k8s drain policy reads.
+    // read what the k8s drain policy reads (Deregister: get pods, StatefulSets and
+    // ReplicaSets; the rollout view: list pods and ReplicaSets).
     let account_name = account.metadata.name.clone().expect("account name");
     assert_eq!(pod.service_account_name.as_deref(), Some(account_name.as_str()));
     assert_eq!(binding.role_ref.kind, "Role");
@@ -177,6 +179,7 @@ async fn deploy_manifests_fit_the_binary_and_each_other() {
         assert!(allows("", "pods", verb), "pods {verb}");
     }
     assert!(allows("apps", "replicasets", "get") && allows("apps", "statefulsets", "get"));
+    assert!(allows("apps", "replicasets", "list"), "the rollout view lists ReplicaSets");
 
     // kustomization.yaml lists every manifest.
     let kustomization =

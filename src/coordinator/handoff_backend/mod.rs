@@ -56,6 +56,10 @@ pub struct HandoffConfig {
     pub drain_policy: DrainPolicy,
     /// Decides `Deregister` instead of `drain_policy` when set (`--drain-policy k8s`).
     pub drain_decider: Option<Arc<dyn crate::drain::DrainDecider>>,
+    /// Tells the leader, once per reconcile pass and from memory, whether a topic's
+    /// consumers are rolling out (`--drain-policy k8s`): then old-generation consumers
+    /// receive nothing and the others are filled only to their final share.
+    pub rollout: Option<Arc<dyn crate::drain::RolloutView>>,
     /// Partition counts known without Kafka (topic → count); they override Kafka.
     pub topic_partitions: BTreeMap<String, u32>,
     /// Where the partition counts of other topics come from (`--kafka-brokers`); `None`:
@@ -90,6 +94,7 @@ impl Default for HandoffConfig {
             restart_grace: Duration::from_secs(30),
             drain_policy: DrainPolicy::ShutdownNow,
             drain_decider: None,
+            rollout: None,
             topic_partitions: BTreeMap::new(),
             kafka: None,
             topic_refresh_interval: Duration::from_secs(60),

@@ -15,7 +15,7 @@ use super::mirror::{Changes, Touched};
 use dashmap::DashMap;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::coordinator::CoordinatorError;
+use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::metrics::Metrics;
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};
@@ -364,9 +364,10 @@ impl<T: Told> Streams<LocalStream<T>> {
     pub fn crash_all(&self) {
         for name in self.names() {
             if let Some((_, stream)) = self.map.remove(&name) {
-                let _ = stream
-                    .tx
-                    .try_send(Err(CoordinatorError::Unavailable("assigner instance crashed".into())));
+                let _ = stream.tx.try_send(Err(CoordinatorError::StreamEnded(
+                    StreamEnd::Crashed,
+                    "assigner instance crashed".into(),
+                )));
             }
         }
         self.gauge();
@@ -379,10 +380,13 @@ impl<T: Told> Streams<LocalStream<T>> {
         for (topic, consumer) in self.names() {
             if let Some((_, mut stream)) = self.map.remove(&(topic.clone(), consumer)) {
                 stream.farewell(&topic);
-                let error = CoordinatorError::Unavailable(format!(
-                    "assigner instance '{instance_id}' lost contact with its store; stop processing and \
+                let error = CoordinatorError::StreamEnded(
+                    StreamEnd::Fenced,
+                    format!(
+                        "assigner instance '{instance_id}' lost contact with its store; stop processing and \
                      reconnect to another instance"
-                ));
+                    ),
+                );
                 stream.finish(EndReason::Disconnected, Some(error));
             }
         }
@@ -393,9 +397,12 @@ impl<T: Told> Streams<LocalStream<T>> {
     pub fn end_all(&self, instance_id: &str) {
         for (topic, consumer) in self.names() {
             if let Some((_, stream)) = self.map.remove(&(topic, consumer)) {
-                let error = CoordinatorError::Unavailable(format!(
-                    "assigner instance '{instance_id}' is shutting down; reconnect to another instance"
-                ));
+                let error = CoordinatorError::StreamEnded(
+                    StreamEnd::Shutdown,
+                    format!(
+                        "assigner instance '{instance_id}' is shutting down; reconnect to another instance"
+                    ),
+                );
                 stream.finish(EndReason::Shutdown, Some(error));
             }
         }
@@ -530,5 +537,17 @@ mod tests {
         };
         assert_eq!(items, STREAM_BUFFER, "the buffer is bounded");
         assert_eq!(last.code(), ErrorCode::ResourceExhausted, "{last}");
+    }
+
+    #[test]
+    fn fencing_ends_streams_saying_so_for_the_metric() {
+        let (streams, _metrics) = registry();
+        let (a, mut a_rx, mut a_end) = stream(1, 1);
+        streams.insert("t", "a", a);
+        streams.fence_all("i1");
+        let ended =
+            matches!(a_rx.try_recv(), Ok(Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _))));
+        assert!(ended, "the stream ends as fenced");
+        assert_eq!(a_end.try_recv(), Ok(EndReason::Disconnected), "the registration is kept for the TTL");
     }
 }

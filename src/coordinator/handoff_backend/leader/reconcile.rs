@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::election::still_leading;
 use super::{Fence, Leadership};
+use crate::assignment::Rollout;
 use crate::coordinator::handoff_backend::{Handoff, calls::write_ops, now_ms};
-use crate::handoff::{PlanReport, Write, diff_writes, plan};
+use crate::handoff::{PlanReport, TopicState, Write, diff_writes, plan_with};
 use crate::store::{Compare, Revision, Txn};
 
 /// etcd refuses transactions with more than 128 compares (or operations) by default; a
@@ -111,6 +112,16 @@ struct TopicPlan {
     report: PlanReport,
     /// What each written partition's plan was decided from.
     basis: BTreeMap<u32, Basis>,
+    /// Whether it was planned as a rollout.
+    rollout: bool,
+}
+
+/// The rollout among `state`'s consumers, from the view (in memory: never waits).
+fn rollout_of(inner: &Handoff, state: &TopicState) -> Option<Rollout> {
+    let view = inner.config.rollout.as_ref()?;
+    let live: BTreeSet<String> = state.consumers.keys().cloned().collect();
+    let active: BTreeSet<String> = live.iter().filter(|c| state.is_active(c)).cloned().collect();
+    view.rollout(&live, &active)
 }
 
 /// Plans and writes every topic (see the module docs). While `settling`, a topic with a
@@ -146,7 +157,8 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
                 let before = entry.state();
                 let mut after = before.clone();
                 let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
-                let report = plan(&mut after, now, &inner.config.plan, cooldowns);
+                let rollout = rollout_of(inner, &before);
+                let report = plan_with(&mut after, now, &inner.config.plan, cooldowns, rollout.as_ref());
                 let writes = diff_writes(&before, &after);
                 if writes.is_empty() {
                     return None;
@@ -170,13 +182,13 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
                         (p, basis)
                     })
                     .collect();
-                Some(TopicPlan { topic: topic.clone(), writes, report, basis })
+                Some(TopicPlan { topic: topic.clone(), writes, report, basis, rollout: rollout.is_some() })
             })
             .collect()
     };
     let leader_key = inner.core.keys.leader();
     let keys = &inner.core.keys;
-    for TopicPlan { topic, writes, report, basis } in plans {
+    for TopicPlan { topic, writes, report, basis, rollout } in plans {
         let guards = |p: u32| {
             let b = basis.get(&p).cloned().unwrap_or_default();
             let mut compares = vec![
@@ -214,7 +226,7 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
             }
         }
         if all_applied {
-            record(inner, &topic, &report, writes.len(), count);
+            record(inner, &topic, &report, writes.len(), count, rollout);
         }
         if inner.fence().is_none() {
             return;
@@ -222,7 +234,7 @@ pub(super) async fn reconcile_all(inner: &Handoff, me: &mut Leadership, fence: F
     }
 }
 
-fn record(inner: &Handoff, topic: &str, report: &PlanReport, writes: usize, txns: usize) {
+fn record(inner: &Handoff, topic: &str, report: &PlanReport, writes: usize, txns: usize, rollout: bool) {
     let m = &inner.core.metrics;
     m.observe_rebalance(report.started.len() + report.assigned_directly.len());
     m.handoffs_started.inc_by(report.started.len() as u64);
@@ -231,7 +243,7 @@ fn record(inner: &Handoff, topic: &str, report: &PlanReport, writes: usize, txns
     m.warm_timeouts.inc_by(report.warm_timeouts.len() as u64);
     m.release_timeouts.inc_by(report.release_timeouts.len() as u64);
     for (p, from, to) in &report.started {
-        tracing::info!(topic, partition = p, from = %from, to = %to, "handoff started: warming");
+        tracing::info!(topic, partition = p, from = %from, to = %to, rollout, "handoff started: warming");
     }
     if !report.assigned_directly.is_empty() {
         tracing::info!(topic, moves = ?report.assigned_directly, "partitions assigned directly (no live owner)");
