@@ -263,14 +263,29 @@ pub(super) fn find_etcd() -> PathBuf {
     })
 }
 
-/// Two distinct free loopback ports (released again: etcd binds them right after).
+/// Two free loopback ports for an etcd, taken **below the kernel's ephemeral range**
+/// (32768–60999 by default). A stopped etcd keeps its ports for its restart; a port from the
+/// ephemeral range could meanwhile become the source port of some client connection, or be
+/// handed to another `:0` listener, and the restart would fail. Ports here are handed out
+/// in turn from a per-process starting point, so this process never hands one out twice.
 pub(super) fn free_ports() -> (u16, u16) {
-    let bind =
-        || TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"));
-    let (a, b) = (bind(), bind());
-    let port =
-        |l: &TcpListener| l.local_addr().map(|a| a.port()).unwrap_or_else(|e| panic!("local_addr: {e}"));
-    (port(&a), port(&b))
+    (free_port(), free_port())
+}
+
+fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    for _ in 0..SPAN {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let port = u16::try_from(FIRST + offset).unwrap_or_else(|_| panic!("port {offset} out of range"));
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN)
 }
 
 /// Starts a single-member etcd under the watchdog and waits until it serves; kills it on
