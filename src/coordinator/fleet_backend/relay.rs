@@ -50,12 +50,12 @@ pub(super) fn relay_one(
 ) -> Option<Ending> {
     let record = entry.and_then(|e| e.members.get(consumer));
     let ours = record.filter(|r| r.value.session == stream.session.0);
-    if ours.is_none() {
-        // A lost registration (being written again) keeps the stream relayed.
-        let ending = stream.lost_registration(topic, consumer, record.is_some(), revision);
-        if ending.is_some() || !stream.is_lost() {
-            return ending;
-        }
+    // A lost registration (being written again) keeps the stream relayed.
+    if ours.is_none()
+        && let std::ops::ControlFlow::Break(ending) =
+            stream.lost_registration(topic, consumer, record.is_some(), revision)
+    {
+        return ending;
     }
     if ours.is_some_and(|r| r.value.leaving) {
         stream.farewell(topic);

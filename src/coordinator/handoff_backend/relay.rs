@@ -39,13 +39,13 @@ pub(super) fn relay_one(
     revision: Revision,
 ) -> Option<Ending> {
     let record = entry.and_then(|e| e.consumers.get(consumer));
-    if record.is_none_or(|r| r.value.session != stream.session.0) {
-        // A lost registration (being written again) keeps the stream relayed: if the
-        // leader moved its partitions meanwhile, the consumer hears it.
-        let ending = stream.lost_registration(topic, consumer, record.is_some(), revision);
-        if ending.is_some() || !stream.is_lost() {
-            return ending;
-        }
+    // A lost registration (being written again) keeps the stream relayed: if the
+    // leader moved its partitions meanwhile, the consumer hears it.
+    if record.is_none_or(|r| r.value.session != stream.session.0)
+        && let std::ops::ControlFlow::Break(ending) =
+            stream.lost_registration(topic, consumer, record.is_some(), revision)
+    {
+        return ending;
     }
     let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
     // Idle: owns nothing and takes part in no handoff. The view shows every role: a warm's

@@ -8,7 +8,7 @@
 //! When two registrations of one name meet on this instance, the one whose registration
 //! was written last (the higher store revision) stays; the other ends with `ABORTED`.
 
-use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
+use std::{collections::BTreeSet, fmt::Debug, ops::ControlFlow, sync::Arc};
 
 use super::mirror::{Changes, Touched};
 
@@ -164,31 +164,32 @@ impl<T: Told> LocalStream<T> {
         self.told = T::default();
     }
 
-    /// What to do with a stream whose registration is no longer its own, once the cache
-    /// has reached the registration (`None` before: not seen yet). `replaced` says whether
-    /// another registration of the name exists: then the consumer is told it owns nothing
-    /// and the stream ends `ABORTED`. If the record is simply gone (the store lost it with
-    /// the instance lease), the stream is marked lost and stays open (`None`): the caller
-    /// keeps relaying it while [`super::rebind`] writes the registration again.
+    /// What to do with a stream whose registration is no longer its own. `replaced` says
+    /// whether another registration of the name exists: then the consumer is told it owns
+    /// nothing and the stream ends `ABORTED`. Before the cache has reached the
+    /// registration, there is nothing to relay yet (`Break(None)`). If the record is simply
+    /// gone (the store lost it with the instance lease), the stream is marked lost and stays
+    /// open: `Continue`, the caller keeps relaying it while [`super::rebind`] writes the
+    /// registration again.
     pub fn lost_registration(
         &mut self,
         topic: &str,
         consumer: &str,
         replaced: bool,
         revision: Revision,
-    ) -> Option<Ending> {
+    ) -> ControlFlow<Option<Ending>> {
         if revision < self.registered_at {
-            return None;
+            return ControlFlow::Break(None);
         }
         if replaced {
             self.farewell(topic);
-            return Some((EndReason::Replaced, Some(replaced_error(topic, consumer))));
+            return ControlFlow::Break(Some((EndReason::Replaced, Some(replaced_error(topic, consumer)))));
         }
         if self.lost_since.is_none() {
             tracing::warn!(topic, consumer, "the store lost this consumer's registration; writing it again");
             self.lost_since = Some(tokio::time::Instant::now());
         }
-        None
+        ControlFlow::Continue(())
     }
 
     /// Whether the stream is waiting for its registration to be written again.

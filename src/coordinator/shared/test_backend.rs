@@ -182,11 +182,11 @@ impl Registrar for TestBackend {
         stream: &mut LocalStream<()>,
     ) -> Option<Ending> {
         let record = cache.kvs.get(&registration(topic, consumer));
-        if record.is_none_or(|kv| kv.value != stream.session.0.to_string().into_bytes()) {
-            let ending = stream.lost_registration(topic, consumer, record.is_some(), cache.revision);
-            if ending.is_some() || !stream.is_lost() {
-                return ending;
-            }
+        if record.is_none_or(|kv| kv.value != stream.session.0.to_string().into_bytes())
+            && let std::ops::ControlFlow::Break(ending) =
+                stream.lost_registration(topic, consumer, record.is_some(), cache.revision)
+        {
+            return ending;
         }
         if !stream.activated {
             stream.activated = true;
