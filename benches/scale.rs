@@ -25,7 +25,10 @@ mod scale;
 
 use std::path::PathBuf;
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+// One thread: its consumers' tasks run in the order their messages arrived (a multi-thread
+// runtime runs the task woken last first, and two at once), so the views' timestamps keep
+// the order the server sent in: an `assigned` the server sent before a release is seen first.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     // Cargo builds the binary with the bench profile (release) for benches.

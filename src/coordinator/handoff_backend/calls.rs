@@ -147,8 +147,11 @@ async fn apply_call(
             ],
             ops: write_ops(inner, topic, &writes),
         };
+        // Owner and handoff records only: their cache reads no create revision.
+        let ops = txn.ops.clone();
         let outcome = inner.core.store.txn(txn).await?;
         if outcome.succeeded {
+            inner.core.offer_own_write(outcome.revision, &ops);
             let phase_since = current.state.handoffs.get(&partition).map(|h| h.since);
             return Ok(Some(Applied { phase_since }));
         }

@@ -12,15 +12,22 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{RwLock, RwLockReadGuard},
+    sync::{Mutex, RwLock, RwLockReadGuard},
     time::Duration,
 };
 
 use futures::{FutureExt, StreamExt};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{LeaseStore, PrefixSnapshot, Revision, StoreError, WatchEvent, WatchStream};
+use crate::store::{
+    KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind,
+    WatchStream,
+};
+
+/// How many of its own writes a mirror keeps waiting for their turn; older ones are
+/// dropped (the watch delivers them anyway).
+const OWN_WRITES_KEPT: usize = 256;
 
 /// A record and the revision it was last written at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +44,38 @@ fn jittered(interval: Duration) -> Duration {
     use std::hash::BuildHasher;
     let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
     interval.mul_f64(0.75 + (random % 1_000) as f64 / 2_000.0)
+}
+
+/// What the watch will deliver for a transaction of `ops` that this instance committed at
+/// `revision`: its changes under `prefix`, to [`Mirror::offer`]. `None` without a put: a
+/// transaction of deletes alone may change nothing, and then `revision` is not its own.
+///
+/// A put's `create_revision` is unknown when the key existed before, so it is set to
+/// `revision`: offer only records whose cache reads the mod revision alone.
+pub fn own_batch(prefix: &str, revision: Revision, ops: &[Op]) -> Option<WatchBatch> {
+    if !ops.iter().any(|op| matches!(op, Op::Put { .. })) {
+        return None;
+    }
+    let events = ops
+        .iter()
+        .filter_map(|op| {
+            let (key, kind) = match op {
+                Op::Put { key, value, session } => {
+                    let kv = KeyValue {
+                        key: key.clone(),
+                        value: value.clone(),
+                        create_revision: revision,
+                        mod_revision: revision,
+                        session: *session,
+                    };
+                    (key, WatchEventKind::Put(kv))
+                }
+                Op::Delete { key } => (key, WatchEventKind::Delete),
+            };
+            key.starts_with(prefix).then(|| WatchEvent { key: key.clone(), revision, kind })
+        })
+        .collect::<Vec<_>>();
+    (!events.is_empty()).then_some(WatchBatch { revision, events })
 }
 
 /// Who one applied batch concerns, per topic: only the consumers whose view it may have
@@ -142,6 +181,11 @@ pub struct Mirror<C> {
     name: &'static str,
     /// Whether it follows the store.
     health: watch::Sender<MirrorHealth>,
+    /// This instance's own committed writes, by revision, waiting to be applied ahead of
+    /// their watch delivery ([`Mirror::offer`]).
+    own: Mutex<BTreeMap<Revision, Vec<WatchEvent>>>,
+    /// Wakes the watcher when an own write is offered.
+    own_offered: Notify,
 }
 
 impl<C: MirrorCache> Mirror<C> {
@@ -155,7 +199,51 @@ impl<C: MirrorCache> Mirror<C> {
         let cache = C::from_snapshot(keys, snapshot);
         let (changed, _) = watch::channel(cache.revision());
         let health = watch::Sender::new(MirrorHealth { following: true, interruptions: 0 });
-        Ok(Self { cache: RwLock::new(cache), changed, name, health })
+        Ok(Self {
+            cache: RwLock::new(cache),
+            changed,
+            name,
+            health,
+            own: Mutex::new(BTreeMap::new()),
+            own_offered: Notify::new(),
+        })
+    }
+
+    /// Offers a write this instance committed, so the cache and the relay need not wait
+    /// for the watch to bring it back (a handoff's fast path, DESIGN.md §9). The watcher
+    /// applies it as soon as the cache is at the revision just before it, which proves
+    /// that nothing else happened in between; otherwise the watch delivers it as usual,
+    /// and the watch's own copy of an applied revision is skipped. `batch` must hold every
+    /// change of its revision under the prefix, as the watch would deliver them.
+    pub fn offer(&self, batch: WatchBatch) {
+        if batch.revision <= self.read().revision() {
+            return;
+        }
+        let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        own.insert(batch.revision, batch.events);
+        while own.len() > OWN_WRITES_KEPT {
+            own.pop_first();
+        }
+        drop(own);
+        self.own_offered.notify_one();
+    }
+
+    /// Applies the offered own writes that follow the cache's revision without a gap,
+    /// and forgets those the cache already has.
+    fn apply_own(&self, cache: &mut C, keys: &C::Keys, changes: &mut Changes) {
+        let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(entry) = own.first_entry() {
+            let revision = *entry.key();
+            if revision <= cache.revision() {
+                entry.remove();
+            } else if revision == cache.revision() + 1 {
+                for event in entry.remove() {
+                    cache.apply(keys, event, changes);
+                }
+            } else {
+                break;
+            }
+        }
     }
 
     /// Reads the cache. A poisoned lock still holds a whole cache (writers replace or
@@ -251,17 +339,22 @@ impl<C: MirrorCache> Mirror<C> {
         let resync = tokio::time::sleep(jittered(source.resync_interval));
         tokio::pin!(resync);
         loop {
+            // `None`: an own write was offered, no watch item is at hand.
             let mut item = tokio::select! {
                 _ = source.shutdown.cancelled() => return false,
                 _ = &mut resync => return false,
-                item = stream.next() => item,
+                item = stream.next() => Some(item),
+                _ = self.own_offered.notified() => None,
             };
             let mut changes = Changes::default();
             let mut failed = false;
-            {
+            let advanced = {
                 let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
-                loop {
-                    match item {
+                let before = cache.revision();
+                while let Some(next) = item {
+                    match next {
+                        // A revision already applied as an own write: skip the copy.
+                        Some(Ok(batch)) if batch.revision <= cache.revision() => {}
                         Some(Ok(batch)) => {
                             for event in batch.events {
                                 cache.apply(source.keys, event, &mut changes);
@@ -277,13 +370,16 @@ impl<C: MirrorCache> Mirror<C> {
                             break;
                         }
                     }
-                    match stream.next().now_or_never() {
-                        Some(next) => item = next,
-                        None => break,
-                    }
+                    item = stream.next().now_or_never();
                 }
+                if !failed {
+                    self.apply_own(&mut cache, source.keys, &mut changes);
+                }
+                cache.revision() != before
+            };
+            if advanced || failed {
+                self.publish(&changes, relay);
             }
-            self.publish(&changes, relay);
             if failed {
                 return true;
             }
@@ -371,6 +467,74 @@ mod tests {
         settle().await;
         assert_eq!(mirror.read().kvs.len(), 4);
         stop.cancel();
+    }
+
+    fn own_put(revision: crate::store::Revision, key: &str, value: &str) -> crate::store::WatchBatch {
+        let ops = [crate::store::Op::put(format!("{PREFIX}{key}"), value)];
+        super::own_batch(PREFIX, revision, &ops).expect("a put under the prefix")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_own_write_is_applied_without_the_watch_and_its_watched_copy_is_skipped() {
+        let store = MemoryStore::new();
+        let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
+        let (relayed, stop) = run(store.clone(), mirror.clone(), Duration::from_secs(300));
+        let next = store.revision() + 1;
+        // Offered before the store has it: only the offer can bring it into the cache.
+        mirror.offer(own_put(next, "a/x", "1"));
+        settle().await;
+        assert_eq!(mirror.read().revision, next);
+        assert!(mirror.read().kvs.contains_key(&format!("{PREFIX}a/x")));
+        assert_eq!(relayed.lock().expect("lock").len(), 1, "relayed once");
+        // The same write now reaches the store and comes back through the watch: skipped.
+        store.put(&format!("{PREFIX}a/x"), b"1".to_vec(), None).await.expect("written");
+        assert_eq!(store.revision(), next);
+        settle().await;
+        assert_eq!(relayed.lock().expect("lock").len(), 1, "the watched copy is not relayed again");
+        // And the watch is still followed.
+        store.put(&format!("{PREFIX}b/x"), b"2".to_vec(), None).await.expect("written");
+        settle().await;
+        assert_eq!(mirror.read().kvs.len(), 2);
+        assert_eq!(relayed.lock().expect("lock").len(), 2);
+        stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_own_write_after_unseen_revisions_waits_for_them() {
+        let store = MemoryStore::new();
+        let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
+        let base = store.revision();
+        // Revision base + 1 is somebody else's and not seen yet: base + 2 must wait for it,
+        // or the cache would claim a revision it has not fully seen.
+        mirror.offer(own_put(base + 2, "b/x", "2"));
+        let (relayed, stop) = run(store.clone(), mirror.clone(), Duration::from_secs(300));
+        settle().await;
+        assert_eq!(mirror.read().revision, base, "held back");
+        assert!(relayed.lock().expect("lock").is_empty());
+        store.put(&format!("{PREFIX}a/x"), b"1".to_vec(), None).await.expect("written");
+        settle().await;
+        assert_eq!(mirror.read().revision, base + 2, "the watched revision, then the own write after it");
+        assert_eq!(mirror.read().kvs.len(), 2);
+        // An offer the cache has already passed is ignored.
+        mirror.offer(own_put(base + 1, "z/x", "9"));
+        settle().await;
+        assert!(!mirror.read().kvs.contains_key(&format!("{PREFIX}z/x")));
+        stop.cancel();
+    }
+
+    #[test]
+    fn own_batches_carry_puts_and_deletes_under_the_prefix_only() {
+        use crate::store::Op;
+        let ops = [
+            Op::put(format!("{PREFIX}a/x"), "1"),
+            Op::delete(format!("{PREFIX}a/y")),
+            Op::put("/other/k", "2"),
+        ];
+        let batch = super::own_batch(PREFIX, 7, &ops).expect("has a put");
+        assert_eq!(batch.revision, 7);
+        let keys: Vec<&str> = batch.events.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, [format!("{PREFIX}a/x"), format!("{PREFIX}a/y")]);
+        assert_eq!(super::own_batch(PREFIX, 7, &[Op::delete(format!("{PREFIX}a/x"))]), None, "deletes alone");
     }
 
     #[tokio::test(start_paused = true)]

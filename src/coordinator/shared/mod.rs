@@ -17,6 +17,7 @@ pub mod batch;
 pub mod cas;
 pub mod lease;
 pub mod mirror;
+pub mod outgoing;
 pub mod rebind;
 pub mod records;
 pub mod register;
@@ -226,6 +227,15 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             })
             .collect();
         self.topics.grow(&*self.store, stored, guard, go_on).await;
+    }
+
+    /// Offers `ops`, which this instance committed at `revision`, to the mirror so their
+    /// relay need not wait for the watch ([`Mirror::offer`]; see [`mirror::own_batch`]
+    /// for which records may be offered).
+    pub fn offer_own_write(&self, revision: crate::store::Revision, ops: &[crate::store::Op]) {
+        if let Some(batch) = mirror::own_batch(C::prefix(&self.keys), revision, ops) {
+            self.mirror.offer(batch);
+        }
     }
 
     /// Keeps the cache equal to the store, calling `relay` with the topics each change

@@ -22,12 +22,12 @@ use std::{
 
 use async_trait::async_trait;
 use tokio::sync::oneshot;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::mirror::MirrorCache;
-use super::streams::{CommandSender, EndReason, Ending, LocalStream, StreamKey, Told, command_channel};
+use super::outgoing::{CommandSender, command_channel, command_stream};
+use super::streams::{EndReason, Ending, LocalStream, StreamKey, Told};
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
 use crate::handoff::Millis;
@@ -163,7 +163,7 @@ pub async fn register<R: Registrar>(
     let done = CancellationToken::new();
     backend.spawn_companion(key.clone(), registered_at, done.clone());
     tokio::spawn(stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
-    Ok(Box::pin(ReceiverStream::new(rx)))
+    Ok(command_stream(rx))
 }
 
 fn shutting_down() -> CoordinatorError {

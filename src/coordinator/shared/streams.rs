@@ -11,9 +11,10 @@
 use std::{collections::BTreeSet, fmt::Debug, ops::ControlFlow, sync::Arc};
 
 use super::mirror::{Changes, Touched};
+use super::outgoing::{CommandSender, Outgoing, PassGate, STREAM_BUFFER};
 
 use dashmap::DashMap;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::metrics::Metrics;
@@ -22,22 +23,6 @@ use crate::store::{Revision, SessionId};
 
 /// A local stream's identity: topic, consumer and the session of its registration.
 pub type StreamKey = (String, String, SessionId);
-
-/// The sending half of a consumer's command stream.
-pub type CommandSender = mpsc::Sender<Result<AssignmentCommand, CoordinatorError>>;
-
-/// The receiving half of a consumer's command stream.
-pub type CommandReceiver = mpsc::Receiver<Result<AssignmentCommand, CoordinatorError>>;
-
-/// How many commands may wait unread in one stream. A consumer that stops reading has its
-/// stream ended with `RESOURCE_EXHAUSTED` instead of growing the server's memory; its
-/// registration is kept for the TTL so it can reconnect (and get a fresh snapshot).
-pub const STREAM_BUFFER: usize = 1024;
-
-/// A new command channel of [`STREAM_BUFFER`] commands (and one slot for the last error).
-pub fn command_channel() -> (CommandSender, CommandReceiver) {
-    mpsc::channel(STREAM_BUFFER + 1)
-}
 
 /// Why the server ended a stream; tells the stream's session task what to do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +79,8 @@ pub struct LocalStream<T> {
     overflowed: bool,
     /// Commands held back until every stream of the relay pass has heard its gains.
     later: Vec<AssignmentCommand>,
+    /// The gate of the relay pass visiting this stream: what it sends meanwhile is a gain.
+    pass: Option<PassGate>,
     /// Tells the session task why the stream ended (once).
     end: Option<oneshot::Sender<EndReason>>,
 }
@@ -115,6 +102,7 @@ impl<T: Told> LocalStream<T> {
             tx,
             overflowed: false,
             later: Vec::new(),
+            pass: None,
             end: Some(end),
         };
         (stream, end_rx)
@@ -129,7 +117,11 @@ impl<T: Told> LocalStream<T> {
                 self.overflowed = true;
                 return;
             }
-            let _ = self.tx.try_send(Ok(command));
+            let outgoing = match &self.pass {
+                Some(gate) => gate.gain(command),
+                None => Outgoing::free(Ok(command)),
+            };
+            let _ = self.tx.try_send(outgoing);
         }
     }
 
@@ -143,6 +135,18 @@ impl<T: Told> LocalStream<T> {
     pub fn flush(&mut self) {
         let later = std::mem::take(&mut self.later);
         self.send(later);
+    }
+
+    /// Sends what [`defer`](Self::defer) held back as losses of the pass `gate`: each waits
+    /// in the channel until the pass's gains were taken ([`super::outgoing`]).
+    fn flush_after(&mut self, gate: &PassGate) {
+        for command in std::mem::take(&mut self.later) {
+            if self.overflowed || self.tx.capacity() <= 1 {
+                self.overflowed = true;
+                return;
+            }
+            let _ = self.tx.try_send(gate.loss(command));
+        }
     }
 
     /// The ending of a stream whose consumer stopped reading, if it did.
@@ -199,7 +203,7 @@ impl<T: Told> LocalStream<T> {
 
     fn finish(mut self, reason: EndReason, last: Option<CoordinatorError>) {
         if let Some(error) = last {
-            let _ = self.tx.try_send(Err(error));
+            let _ = self.tx.try_send(Outgoing::free(Err(error)));
         }
         if let Some(end) = self.end.take() {
             let _ = end.send(reason);
@@ -311,8 +315,9 @@ impl<T: Told> Streams<LocalStream<T>> {
     ///
     /// In two rounds: what a consumer gains (`assigned`, `WarmPartition`) is sent to every
     /// stream first, what it loses ([`LocalStream::defer`]: `unassigned`, `ReleasePartition`)
-    /// only after, so a partition moving between two consumers of this instance never
-    /// looks ownerless.
+    /// only after, and each loss waits in its channel until the transport took the pass's
+    /// gains ([`super::outgoing`]), so a partition moving between two consumers of this
+    /// instance never looks ownerless.
     pub fn relay(
         &self,
         changes: &Changes,
@@ -320,8 +325,12 @@ impl<T: Told> Streams<LocalStream<T>> {
     ) {
         let mut ended = Vec::new();
         let mut deferred = Vec::new();
+        let gate = PassGate::new();
         let mut visit = |topic: &str, consumer: &str, stream: &mut LocalStream<T>| {
-            let end = relay_one(topic, consumer, stream).or_else(|| stream.overflow(topic, consumer));
+            stream.pass = Some(gate.clone());
+            let end = relay_one(topic, consumer, stream);
+            stream.pass = None;
+            let end = end.or_else(|| stream.overflow(topic, consumer));
             let key = (topic.to_string(), consumer.to_string(), stream.session);
             if !stream.later.is_empty() {
                 deferred.push(key.clone());
@@ -351,8 +360,9 @@ impl<T: Told> Streams<LocalStream<T>> {
             }
         }
         for key in deferred {
-            self.with(&key, LocalStream::flush);
+            self.with(&key, |stream| stream.flush_after(&gate));
         }
+        drop(gate);
         // Removal takes the shard's lock: only after the iteration has released it.
         for (key, (reason, last)) in ended {
             self.end(&key, reason, last);
@@ -365,10 +375,9 @@ impl<T: Told> Streams<LocalStream<T>> {
     pub fn crash_all(&self) {
         for name in self.names() {
             if let Some((_, stream)) = self.map.remove(&name) {
-                let _ = stream.tx.try_send(Err(CoordinatorError::StreamEnded(
-                    StreamEnd::Crashed,
-                    "assigner instance crashed".into(),
-                )));
+                let crashed =
+                    CoordinatorError::StreamEnded(StreamEnd::Crashed, "assigner instance crashed".into());
+                let _ = stream.tx.try_send(Outgoing::free(Err(crashed)));
             }
         }
         self.gauge();
@@ -415,20 +424,30 @@ impl<T: Told> Streams<LocalStream<T>> {
 mod tests {
     use std::sync::Arc;
 
-    use tokio::sync::{mpsc, oneshot};
+    use futures::{FutureExt, StreamExt};
+    use tokio::sync::{mpsc::error::TryRecvError, oneshot};
 
     use super::{Changes, EndReason, LocalStream, STREAM_BUFFER, Streams};
+    use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel, command_stream};
+    use crate::coordinator::shared::wire::update;
     use crate::coordinator::{CoordinatorError, ErrorCode};
     use crate::metrics::Metrics;
     use crate::proto::v1::AssignmentCommand;
     use crate::store::SessionId;
 
-    type Rx = mpsc::Receiver<Result<AssignmentCommand, CoordinatorError>>;
+    /// A stream's channel, read without the gRPC layer.
+    struct Rx(CommandReceiver);
+
+    impl Rx {
+        fn try_recv(&mut self) -> Result<Result<AssignmentCommand, CoordinatorError>, TryRecvError> {
+            self.0.try_recv().map(|outgoing| outgoing.item)
+        }
+    }
 
     fn stream(session: i64, registered_at: i64) -> (LocalStream<()>, Rx, oneshot::Receiver<EndReason>) {
-        let (tx, rx) = super::command_channel();
+        let (tx, rx) = command_channel();
         let (stream, end) = LocalStream::new(SessionId(session), registered_at, tx);
-        (stream, rx, end)
+        (stream, Rx(rx), end)
     }
 
     fn registry() -> (Streams<LocalStream<()>>, Arc<Metrics>) {
@@ -493,6 +512,32 @@ mod tests {
         assert_eq!(visited, ["t/a", "t/b"]);
         assert_eq!(a_end.try_recv(), Ok(EndReason::Left));
         assert_eq!(streams.names(), [("t".to_string(), "b".to_string()), ("u".to_string(), "c".to_string())]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_one_pass_the_old_owner_hears_its_release_only_after_the_new_owner_took_its_assigned() {
+        let (streams, _) = registry();
+        let (old, old_rx, _old_end) = stream(1, 1);
+        let (new, new_rx, _new_end) = stream(2, 1);
+        streams.insert("t", "old", old);
+        streams.insert("t", "new", new);
+        let mut changes = Changes::default();
+        changes.topic("t");
+        // The old owner is visited first: the order of visits must not matter.
+        streams.relay(&changes, |_, consumer, s| {
+            if consumer == "old" {
+                s.defer([update("t", [], [7])]);
+            } else {
+                s.send([update("t", [7], [])]);
+            }
+            None
+        });
+        let (mut old_rx, mut new_rx) = (command_stream(old_rx.0), command_stream(new_rx.0));
+        assert!(old_rx.next().now_or_never().is_none(), "the release waits");
+        let assigned = new_rx.next().await.and_then(Result::ok);
+        assert_eq!(assigned, Some(update("t", [7], [])));
+        let released = old_rx.next().now_or_never().flatten().and_then(Result::ok);
+        assert_eq!(released, Some(update("t", [], [7])), "then it goes");
     }
 
     #[test]

@@ -3,11 +3,10 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
-use tokio_stream::wrappers::ReceiverStream;
-
 use super::Static;
 use crate::coordinator::shared::{
-    streams::{EndReason, LocalStream, command_channel},
+    outgoing::{command_channel, command_stream},
+    streams::{EndReason, LocalStream},
     wire::update,
 };
 use crate::coordinator::{CommandStream, CoordinatorError, validate_consumer_name, validate_topic_name};
@@ -52,5 +51,5 @@ pub(super) fn register(
         tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected (static)");
         inner.streams.end(&key, EndReason::Shutdown, None);
     });
-    Ok(Box::pin(ReceiverStream::new(rx)))
+    Ok(command_stream(rx))
 }
