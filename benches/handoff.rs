@@ -5,8 +5,8 @@
 //! * **handoff**: consumer B sends `PartitionReady` over gRPC, the instance applies it with
 //!   one CAS transaction, and consumer A receives `ReleasePartition` on its stream.
 //!
-//! Both run in the same process against the same etcd, interleaved, so the machine's noise
-//! hits both; the ratio is the number to read (DESIGN.md §9 aims for ≤ 2×).
+//! Both run in the same process against the same etcd, interleaved sample by sample, so
+//! the machine's noise hits both; the ratio is the number to read (DESIGN.md §9 aims for ≤ 2×).
 //! Run: `cargo bench --bench handoff` (starts etcd itself; needs the `etcd` binary).
 
 #[allow(dead_code)]
@@ -32,7 +32,7 @@ use kafka_assigner::{
     handoff::PlanConfig,
     metrics::Metrics,
     proto::v1::{
-        PartitionReadyRequest, PartitionReleasedRequest, RegisterRequest, TopicPartition,
+        AssignmentCommand, PartitionReadyRequest, PartitionReleasedRequest, RegisterRequest, TopicPartition,
         assignment_command::Command, kafka_assigner_client::KafkaAssignerClient,
     },
     server::AssignerServer,
@@ -49,99 +49,136 @@ fn percentile(samples: &mut [Duration], p: f64) -> Duration {
 
 type BoxError = Box<dyn std::error::Error>;
 
-async fn raw_chain(endpoints: &[String]) -> Result<Vec<Duration>, BoxError> {
-    let mut writer = etcd_client::Client::connect(endpoints, None).await?;
-    let mut watcher = etcd_client::Client::connect(endpoints, None).await?;
-    let key = "/bench/raw";
-    let rev = writer.put(key, "0", None).await?.header().map_or(0, |h| h.revision());
-    let mut stream = watcher.watch(key, Some(WatchOptions::new().with_start_revision(rev + 1))).await?;
-    let mut last = rev;
-    let mut samples = Vec::new();
-    for i in 0..SAMPLES {
+/// The raw etcd chain: a writer client's CAS transaction, seen by a watcher client.
+struct RawChain {
+    writer: etcd_client::Client,
+    stream: etcd_client::WatchStream,
+    last: i64,
+    /// The watcher's client.
+    _watcher: etcd_client::Client,
+}
+
+impl RawChain {
+    const KEY: &str = "/bench/raw";
+
+    async fn start(endpoints: &[String]) -> Result<Self, BoxError> {
+        let mut writer = etcd_client::Client::connect(endpoints, None).await?;
+        let mut watcher = etcd_client::Client::connect(endpoints, None).await?;
+        let last = writer.put(Self::KEY, "0", None).await?.header().map_or(0, |h| h.revision());
+        let stream =
+            watcher.watch(Self::KEY, Some(WatchOptions::new().with_start_revision(last + 1))).await?;
+        Ok(Self { writer, stream, last, _watcher: watcher })
+    }
+
+    async fn sample(&mut self, i: u32) -> Result<Duration, BoxError> {
         let start = Instant::now();
         let txn = Txn::new()
-            .when([Compare::mod_revision(key, CompareOp::Equal, last)])
-            .and_then([TxnOp::put(key, i.to_string(), Some(PutOptions::new()))]);
-        let response = writer.txn(txn).await?;
+            .when([Compare::mod_revision(Self::KEY, CompareOp::Equal, self.last)])
+            .and_then([TxnOp::put(Self::KEY, i.to_string(), Some(PutOptions::new()))]);
+        let response = self.writer.txn(txn).await?;
         if !response.succeeded() {
             return Err("raw txn lost its compare".into());
         }
-        last = response.header().map_or(0, |h| h.revision());
+        self.last = response.header().map_or(0, |h| h.revision());
         loop {
-            let message = stream.message().await?.ok_or("watch ended")?;
-            if message.events().iter().any(|e| e.kv().is_some_and(|kv| kv.mod_revision() == last)) {
-                break;
+            let message = self.stream.message().await?.ok_or("watch ended")?;
+            if message.events().iter().any(|e| e.kv().is_some_and(|kv| kv.mod_revision() == self.last)) {
+                return Ok(start.elapsed());
             }
         }
-        samples.push(start.elapsed());
     }
-    Ok(samples)
 }
 
-async fn handoffs(endpoints: &[String]) -> Result<Vec<Duration>, BoxError> {
-    let store = kafka_assigner::store::EtcdStore::connect(kafka_assigner::store::EtcdStoreConfig {
-        endpoints: endpoints.to_vec(),
-        ..Default::default()
-    })
-    .await?;
-    let store: Arc<dyn LeaseStore> = Arc::new(store);
-    let mut config = HandoffConfig {
-        prefix: "/bench/assigner/".into(),
-        reconcile_interval: Duration::from_millis(200),
-        plan: PlanConfig { max_warming_per_consumer: 1_000, ..PlanConfig::default() },
-        ..HandoffConfig::default()
-    };
-    config.topic_partitions.insert("bench".into(), SAMPLES * 2);
-    let metrics = Arc::new(Metrics::new());
-    let coordinator = Arc::new(HandoffCoordinator::start(store, config, metrics.clone()).await?);
-    let any = "127.0.0.1:0".parse()?;
-    let server = AssignerServer::start(coordinator, metrics, any, any).await?;
-    let mut client = KafkaAssignerClient::connect(server.grpc_url()).await?;
-    let register = |name: &str| RegisterRequest { consumer_name: name.into(), topic: "bench".into() };
-    let mut a = client.register(register("a")).await?.into_inner();
-    // Wait until A owns everything.
-    let mut owned = 0;
-    while owned < SAMPLES * 2 {
-        if let Some(Command::Assignment(update)) = a.next().await.ok_or("a ended")??.command {
-            owned += update.assigned.len() as u32;
-        }
-    }
-    let mut b = client.register(register("b")).await?.into_inner();
-    let mut warms = Vec::new();
-    while warms.len() < SAMPLES as usize {
-        if let Some(Command::Warm(warm)) = b.next().await.ok_or("b ended")??.command {
-            warms.push(warm.partition.ok_or("warm without partition")?.partition);
-        }
-    }
-    let mut samples = Vec::new();
-    for partition in warms {
-        let tp = TopicPartition { topic: "bench".into(), partition };
-        let start = Instant::now();
-        client
-            .partition_ready(PartitionReadyRequest { consumer_name: "b".into(), partition: Some(tp.clone()) })
-            .await?;
-        loop {
-            if let Some(Command::Release(release)) = a.next().await.ok_or("a ended")??.command
-                && release.partition.as_ref() == Some(&tp)
-            {
-                break;
+/// The handoff path: an assigner instance on the same etcd, consumer A owning every
+/// partition and consumer B warming `SAMPLES` of them.
+struct Handoffs {
+    server: AssignerServer,
+    client: KafkaAssignerClient<tonic::transport::Channel>,
+    a: tonic::Streaming<AssignmentCommand>,
+    /// Keeps B registered.
+    _b: tonic::Streaming<AssignmentCommand>,
+    warms: Vec<u32>,
+}
+
+impl Handoffs {
+    async fn start(endpoints: &[String]) -> Result<Self, BoxError> {
+        let store = kafka_assigner::store::EtcdStore::connect(kafka_assigner::store::EtcdStoreConfig {
+            endpoints: endpoints.to_vec(),
+            ..Default::default()
+        })
+        .await?;
+        let store: Arc<dyn LeaseStore> = Arc::new(store);
+        let mut config = HandoffConfig {
+            prefix: "/bench/assigner/".into(),
+            reconcile_interval: Duration::from_millis(200),
+            plan: PlanConfig { max_warming_per_consumer: 1_000, ..PlanConfig::default() },
+            ..HandoffConfig::default()
+        };
+        config.topic_partitions.insert("bench".into(), SAMPLES * 2);
+        let metrics = Arc::new(Metrics::new());
+        let coordinator = Arc::new(HandoffCoordinator::start(store, config, metrics.clone()).await?);
+        let any = "127.0.0.1:0".parse()?;
+        let server = AssignerServer::start(coordinator, metrics, any, any).await?;
+        let mut client = KafkaAssignerClient::connect(server.grpc_url()).await?;
+        let register = |name: &str| RegisterRequest { consumer_name: name.into(), topic: "bench".into() };
+        let mut a = client.register(register("a")).await?.into_inner();
+        // Wait until A owns everything.
+        let mut owned = 0;
+        while owned < SAMPLES * 2 {
+            if let Some(Command::Assignment(update)) = a.next().await.ok_or("a ended")??.command {
+                owned += update.assigned.len() as u32;
             }
         }
-        samples.push(start.elapsed());
-        client
-            .partition_released(PartitionReleasedRequest { consumer_name: "a".into(), partition: Some(tp) })
-            .await?;
+        let mut b = client.register(register("b")).await?.into_inner();
+        let mut warms = Vec::new();
+        while warms.len() < SAMPLES as usize {
+            if let Some(Command::Warm(warm)) = b.next().await.ok_or("b ended")??.command {
+                warms.push(warm.partition.ok_or("warm without partition")?.partition);
+            }
+        }
+        Ok(Self { server, client, a, _b: b, warms })
     }
-    server.stop().await;
-    Ok(samples)
+
+    /// B is ready with one warm; measured until A hears its release (whether or not B has
+    /// its answer yet: the path is B's call to A's command), then A releases.
+    async fn sample(&mut self) -> Result<Duration, BoxError> {
+        let partition = self.warms.pop().ok_or("no warm left")?;
+        let tp = TopicPartition { topic: "bench".into(), partition };
+        let start = Instant::now();
+        let ready = PartitionReadyRequest { consumer_name: "b".into(), partition: Some(tp.clone()) };
+        let mut client = self.client.clone();
+        let a = &mut self.a;
+        let release = async {
+            loop {
+                if let Some(Command::Release(release)) = a.next().await.ok_or("a ended")??.command
+                    && release.partition.as_ref() == Some(&tp)
+                {
+                    return Ok::<_, BoxError>(start.elapsed());
+                }
+            }
+        };
+        let (answer, elapsed) = tokio::join!(client.partition_ready(ready), release);
+        answer?;
+        let elapsed = elapsed?;
+        let released = PartitionReleasedRequest { consumer_name: "a".into(), partition: Some(tp) };
+        self.client.partition_released(released).await?;
+        Ok(elapsed)
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), BoxError> {
     let server = etcd::EtcdServer::start().await;
     let endpoints = server.endpoints();
-    let mut raw = raw_chain(&endpoints).await?;
-    let mut ours = handoffs(&endpoints).await?;
+    let mut chain = RawChain::start(&endpoints).await?;
+    let mut handoffs = Handoffs::start(&endpoints).await?;
+    // Interleaved, sample by sample: the machine's noise hits both paths alike.
+    let (mut raw, mut ours) = (Vec::new(), Vec::new());
+    for i in 0..SAMPLES {
+        raw.push(chain.sample(i).await?);
+        ours.push(handoffs.sample().await?);
+    }
+    handoffs.server.stop().await;
     let (raw50, raw99) = (percentile(&mut raw, 0.5), percentile(&mut raw, 0.99));
     let (our50, our99) = (percentile(&mut ours, 0.5), percentile(&mut ours, 0.99));
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();

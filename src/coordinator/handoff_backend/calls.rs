@@ -6,11 +6,14 @@
 //! when the cache disagrees (it may lag the store by a watch delivery) or the transaction
 //! loses a race does it re-read those records from the store and decide again, so a call
 //! is refused only on the store's current state, and a refused call changes nothing.
+//! Calls that arrive together share transactions ([`batch`]): a scale-out brings
+//! thousands at once.
 
 use super::records::{
     AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode,
 };
 use super::{Handoff, now_ms};
+use crate::coordinator::shared::batch::{self, Batched, KeyWrite};
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, Write, step};
@@ -118,7 +121,7 @@ async fn apply_call(
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
     let mut slice = from_cache(inner, topic, consumer, partition);
-    for _ in 0..CAS_ATTEMPTS {
+    for attempt in 0..CAS_ATTEMPTS {
         let fresh = slice.is_none();
         let current = match slice.take() {
             Some(s) => s,
@@ -139,19 +142,24 @@ async fn apply_call(
         }
         // Guarded by everything the decision read: the caller's registration (still the
         // same, so still live and in the same status), the owner and the handoff.
-        let txn = Txn {
-            compares: vec![
-                Compare::ModRevision(inner.core.keys.consumer(topic, consumer), current.consumer_revision),
-                Compare::ModRevision(inner.core.keys.assignment(topic, partition), current.owner_revision),
-                Compare::ModRevision(inner.core.keys.handoff(topic, partition), current.handoff_revision),
-            ],
-            ops: write_ops(inner, topic, &writes),
+        let compares = vec![
+            Compare::ModRevision(inner.core.keys.consumer(topic, consumer), current.consumer_revision),
+            Compare::ModRevision(inner.core.keys.assignment(topic, partition), current.owner_revision),
+            Compare::ModRevision(inner.core.keys.handoff(topic, partition), current.handoff_revision),
+        ];
+        let ops = write_ops(inner, topic, &writes);
+        let written = if attempt == 0 {
+            // First with the calls that arrive with it; if that batch lost, alone.
+            let key = inner.core.keys.handoff(topic, partition);
+            inner.calls.write(KeyWrite { key, compares, ops }).await? != Batched::Lost
+        } else {
+            let outcome = inner.core.store.txn(Txn { compares, ops: ops.clone() }).await?;
+            if outcome.succeeded {
+                inner.core.offer_own_write(outcome.revision, &ops);
+            }
+            outcome.succeeded
         };
-        // Owner and handoff records only: their cache reads no create revision.
-        let ops = txn.ops.clone();
-        let outcome = inner.core.store.txn(txn).await?;
-        if outcome.succeeded {
-            inner.core.offer_own_write(outcome.revision, &ops);
+        if written {
             let phase_since = current.state.handoffs.get(&partition).map(|h| h.since);
             return Ok(Some(Applied { phase_since }));
         }
@@ -159,6 +167,14 @@ async fn apply_call(
     Err(CoordinatorError::Aborted(format!(
         "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
     )))
+}
+
+/// Writes the batched calls until shutdown; each batch written goes to the mirror at once
+/// (owner and handoff records only: their cache reads no create revision).
+pub(super) async fn write_calls(inner: std::sync::Arc<Handoff>) {
+    let handoff = inner.clone();
+    let offer: batch::OnWritten = Box::new(move |revision, ops| handoff.core.offer_own_write(revision, ops));
+    inner.calls.run(inner.core.store.clone(), inner.core.shutdown.clone(), offer).await
 }
 
 /// `PartitionReady`: flips ownership to the caller and starts the release.
@@ -317,6 +333,48 @@ mod tests {
             }
         };
         (coordinator, store, a, b, partition)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_that_arrive_together_share_transactions() {
+        let store = MemoryStore::new();
+        let config = HandoffConfig {
+            topic_partitions: [("t".to_string(), 40)].into(),
+            plan: crate::handoff::PlanConfig { max_warming_per_consumer: 20, ..Default::default() },
+            ..HandoffConfig::default()
+        };
+        let coordinator =
+            HandoffCoordinator::start(Arc::new(store.clone()), config, Arc::new(Metrics::new()))
+                .await
+                .expect("starts");
+        let mut a = coordinator.register("a", "t").await.expect("a registers");
+        let mut owned = 0;
+        while owned < 40 {
+            if let Command::Assignment(update) = next(&mut a).await {
+                owned += update.assigned.len();
+            }
+        }
+        let mut b = coordinator.register("b", "t").await.expect("b registers");
+        let mut warms = Vec::new();
+        while warms.len() < 20 {
+            if let Command::Warm(warm) = next(&mut b).await {
+                warms.push(warm.partition.expect("a partition").partition);
+            }
+        }
+        let before = store.revision();
+        let readies = warms.iter().map(|p| coordinator.partition_ready("b", "t", *p));
+        for result in futures::future::join_all(readies).await {
+            result.expect("ready");
+        }
+        let transactions = store.revision() - before;
+        assert!(transactions <= 5, "20 readies at once took {transactions} transactions");
+        let mut released = 0;
+        while released < 20 {
+            if let Command::Release(release) = next(&mut a).await {
+                assert!(warms.contains(&release.partition.expect("a partition").partition));
+                released += 1;
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

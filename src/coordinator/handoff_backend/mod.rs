@@ -26,7 +26,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::shared::{Core, CoreSettings, topics::Topics};
+use super::shared::{Core, CoreSettings, batch::Batcher, topics::Topics};
 use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
 use crate::config::DrainPolicy;
 use crate::handoff::{ConsumerView, PlanConfig};
@@ -113,6 +113,8 @@ struct Handoff {
     /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
     /// gauge and the leader loop read.
     leadership: watch::Sender<Option<Fence>>,
+    /// The consumer calls' writes (`PartitionReady`, `PartitionReleased`), batched.
+    calls: Batcher,
 }
 
 use crate::coordinator::shared::now_ms;
@@ -135,8 +137,14 @@ impl HandoffCoordinator {
         let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
         let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
         let core = Core::load(store, keys, metrics, settings, "handoff").await?;
-        let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None) });
+        let inner = Arc::new(Handoff {
+            core,
+            config,
+            leadership: watch::Sender::new(None),
+            calls: Batcher::default(),
+        });
         super::shared::register::start_lease(&inner).await?;
+        tokio::spawn(calls::write_calls(inner.clone()));
         tokio::spawn(relay::watch_loop(inner.clone()));
         tokio::spawn(leader::leader_loop(inner.clone()));
         tokio::spawn(leader::publish_gauge(inner.clone()));

@@ -61,8 +61,8 @@ impl Registrar for Handoff {
         };
         let write = KeyWrite {
             key: key.clone(),
-            compare: Compare::ModRevision(key.clone(), cached),
-            op: Op::put_in(&key, encode(&record), lease),
+            compares: vec![Compare::ModRevision(key.clone(), cached)],
+            ops: vec![Op::put_in(&key, encode(&record), lease)],
         };
         if let Batched::Written(revision) = core.registrations.write(write).await? {
             return Ok(revision);

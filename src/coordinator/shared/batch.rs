@@ -1,15 +1,18 @@
-//! Registrations that arrive together are written together: one store transaction per
-//! batch of up to [`BATCH`] of them, instead of a read and a compare-and-swap each.
+//! Writes that arrive together are written together: one store transaction per batch,
+//! instead of a transaction (or a read and a compare-and-swap) each.
 //!
-//! A storm of `Register`s (a fleet restarting, the end of an outage) would otherwise cost
-//! two store round trips per consumer. Each registration brings its compare (the mod
-//! revision its key has in the instance's cache) and its write. The writer takes whatever
-//! is queued, at most one registration per key, and commits the batch in one transaction,
-//! with up to [`BATCHES_IN_FLIGHT`] transactions at once: the busier the store, the more
-//! queues up behind them and the larger the next batch. A transaction is all or nothing,
-//! so if any compare lost (a cache behind the store, a concurrent registration of the same
-//! name elsewhere), the whole batch is answered [`Batched::Lost`] and each of its
-//! registrations falls back to its own read and compare-and-swap.
+//! A storm of `Register`s (a fleet restarting, the end of an outage) or of consumer calls
+//! (a scale-out: thousands of `PartitionReady` and `PartitionReleased` at once) would
+//! otherwise cost a store round trip each, and etcd's throughput comes from many writes
+//! per transaction and many transactions in flight. Each write brings its compares (what
+//! it was decided from) and its operations. The writer takes whatever is queued, at most
+//! one write per key and within etcd's limits per transaction ([`BATCH`],
+//! [`TXN_LIMIT`]), and commits the batch in one transaction, with up to
+//! [`BATCHES_IN_FLIGHT`] transactions at once: the busier the store, the more queues up
+//! behind them and the larger the next batch. A transaction is all or nothing, so if any
+//! compare lost (a cache behind the store, a concurrent write elsewhere), the whole batch
+//! is answered [`Batched::Lost`] and each of its writes falls back to its own
+//! read and compare-and-swap.
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -21,9 +24,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{Compare, LeaseStore, Op, Revision, StoreError, Txn};
 
-/// Registrations per transaction: each is one compare and one write, within etcd's
-/// default limit of 128 operations per transaction.
+/// Writes per transaction, at most.
 pub const BATCH: usize = 64;
+
+/// Compares, and operations, per transaction, at most: etcd refuses more than 128 of
+/// either by default (`--max-txn-ops`).
+pub const TXN_LIMIT: usize = 120;
 
 /// Batch transactions in flight at once.
 pub const BATCHES_IN_FLIGHT: usize = 4;
@@ -37,23 +43,28 @@ pub enum Batched {
     Lost,
 }
 
-/// One registration write: the record at `key`, written by `op` if `compare` holds.
+/// One write: `ops`, if `compares` hold.
 #[derive(Clone, Debug)]
 pub struct KeyWrite {
-    /// The key written (a batch holds each key at most once).
+    /// What the write is about (a batch holds each key at most once). Two writes of
+    /// different keys must write different records: etcd refuses a transaction that
+    /// writes one key twice.
     pub key: String,
     /// What the write was decided from.
-    pub compare: Compare,
+    pub compares: Vec<Compare>,
     /// The write.
-    pub op: Op,
+    pub ops: Vec<Op>,
 }
+
+/// Called with every batch written: its revision and all its operations.
+pub type OnWritten = Box<dyn Fn(Revision, &[Op]) + Send + Sync>;
 
 struct Pending {
     write: KeyWrite,
     reply: oneshot::Sender<Result<Batched, StoreError>>,
 }
 
-/// The queue of registration writes of one instance.
+/// A queue of writes of one instance, and its writer.
 pub struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
     incoming: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
@@ -76,9 +87,10 @@ impl Batcher {
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Writes the queued registrations in batches until `stop` is cancelled. Runs once:
-    /// a second call returns at once.
-    pub async fn run(&self, store: Arc<dyn LeaseStore>, stop: CancellationToken) {
+    /// Writes the queued writes in batches until `stop` is cancelled, telling `written`
+    /// about each batch written. Runs once: a second call returns at once.
+    pub async fn run(&self, store: Arc<dyn LeaseStore>, stop: CancellationToken, written: OnWritten) {
+        let written = Arc::new(written);
         let Some(mut incoming) = self.incoming.lock().ok().and_then(|mut slot| slot.take()) else { return };
         let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
         let mut waiting: VecDeque<Pending> = VecDeque::new();
@@ -104,23 +116,32 @@ impl Batcher {
                 waiting.push_back(pending);
             }
             let batch = take_batch(&mut waiting);
-            let store = store.clone();
+            let (store, written) = (store.clone(), written.clone());
             tokio::spawn(async move {
-                commit(&*store, batch).await;
+                commit(&*store, batch, &**written).await;
                 drop(permit);
             });
         }
     }
 }
 
-/// Takes up to [`BATCH`] writes of distinct keys off the front of `waiting`, keeping the
-/// order of the rest (a second write of a key waits for the next batch).
+/// Takes up to [`BATCH`] writes of distinct keys, within [`TXN_LIMIT`], off the front of
+/// `waiting`, keeping the order of the rest (a second write of a key waits for the next
+/// batch). The first write is always taken.
 fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
     let mut batch = Vec::new();
     let mut keys = HashSet::new();
     let mut rest = VecDeque::new();
+    let (mut compares, mut ops) = (0, 0);
     while let Some(pending) = waiting.pop_front() {
-        if batch.len() < BATCH && keys.insert(pending.write.key.clone()) {
+        let write = &pending.write;
+        let fits = batch.is_empty()
+            || (batch.len() < BATCH
+                && compares + write.compares.len() <= TXN_LIMIT
+                && ops + write.ops.len() <= TXN_LIMIT);
+        if fits && keys.insert(write.key.clone()) {
+            compares += write.compares.len();
+            ops += write.ops.len();
             batch.push(pending);
         } else {
             rest.push_back(pending);
@@ -131,11 +152,25 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
 }
 
 /// Commits `batch` in one transaction and answers each of its writes.
-async fn commit(store: &dyn LeaseStore, batch: Vec<Pending>) {
-    let txn =
-        batch.iter().fold(Txn::new(), |txn, p| txn.when(p.write.compare.clone()).then(p.write.op.clone()));
-    let outcome =
-        store.txn(txn).await.map(|o| if o.succeeded { Batched::Written(o.revision) } else { Batched::Lost });
+async fn commit(
+    store: &dyn LeaseStore,
+    batch: Vec<Pending>,
+    written: &(dyn Fn(Revision, &[Op]) + Send + Sync),
+) {
+    let mut txn = Txn::new();
+    for pending in &batch {
+        txn.compares.extend(pending.write.compares.iter().cloned());
+        txn.ops.extend(pending.write.ops.iter().cloned());
+    }
+    let ops = txn.ops.clone();
+    let outcome = store.txn(txn).await.map(|o| {
+        if o.succeeded {
+            written(o.revision, &ops);
+            Batched::Written(o.revision)
+        } else {
+            Batched::Lost
+        }
+    });
     for pending in batch {
         let _ = pending.reply.send(outcome.clone());
     }
@@ -151,8 +186,8 @@ mod tests {
     fn put(key: &str, expected: i64) -> KeyWrite {
         KeyWrite {
             key: key.into(),
-            compare: Compare::ModRevision(key.into(), expected),
-            op: Op::put(key, "v"),
+            compares: vec![Compare::ModRevision(key.into(), expected)],
+            ops: vec![Op::put(key, "v")],
         }
     }
 
@@ -161,7 +196,7 @@ mod tests {
         let batcher = Arc::new(Batcher::default());
         let stop = tokio_util::sync::CancellationToken::new();
         let (runner, store, token) = (batcher.clone(), Arc::new(memory.clone()), stop.clone());
-        tokio::spawn(async move { runner.run(store, token).await });
+        tokio::spawn(async move { runner.run(store, token, Box::new(|_, _| {})).await });
         (batcher, memory, stop)
     }
 
@@ -179,6 +214,23 @@ mod tests {
         assert!(transactions < 500 / 4, "500 writes took {transactions} transactions");
         assert!(transactions >= (500 / BATCH) as i64, "no transaction holds more than {BATCH}");
         assert_eq!(store.get_prefix("k").await.expect("read").kvs.len(), 500);
+    }
+
+    #[tokio::test]
+    async fn a_batch_stays_within_the_stores_limit_of_compares_per_transaction() {
+        let (batcher, store, _stop) = started().await;
+        let before = store.revision();
+        // Three compares each: at most 40 such writes fit one transaction.
+        let writes = (0..100).map(|i| {
+            let batcher = batcher.clone();
+            let mut write = put(&format!("k{i}"), 0);
+            write.compares.extend([Compare::ModRevision("x".into(), 0), Compare::ModRevision("y".into(), 0)]);
+            async move { batcher.write(write).await }
+        });
+        let outcomes = futures::future::join_all(writes).await;
+        assert!(outcomes.iter().all(|o| matches!(o, Ok(Batched::Written(_)))), "{outcomes:?}");
+        let transactions = store.revision() - before;
+        assert!(transactions >= 3, "100 writes of 3 compares in {transactions} transactions");
     }
 
     #[tokio::test]

@@ -108,7 +108,9 @@ pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), Coordinat
     let writer = backend.clone();
     tokio::spawn(async move {
         let core = writer.core();
-        core.registrations.run(core.store.clone(), core.shutdown.clone()).await
+        // Registration records are read with their create revision, which a batch's
+        // operations do not carry: the watch brings them to the mirror.
+        core.registrations.run(core.store.clone(), core.shutdown.clone(), Box::new(|_, _| {})).await
     });
     if let Err(error) = backend.core().lease_granted().await {
         backend.core().shutdown.cancel();
