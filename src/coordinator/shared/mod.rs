@@ -4,13 +4,15 @@
 //! own records, relay and calls over it:
 //! * the store, the backend's keys and the metrics;
 //! * the [`mirror`] (a cache kept equal to the store prefix by a watch, re-read on gaps);
-//! * the [`streams`] registry of the consumer streams this instance holds;
+//! * the [`streams`] registry of the consumer streams this instance holds, and their
+//!   [`outgoing`] channels (where a release waits until the new owner's `assigned` left);
 //! * [`register`]: the registration of a consumer stream and its session keep-alive;
 //! * [`rebind`]: registrations the store lost while their streams are open are written again;
 //! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
 //! * readiness, shutdown and crash.
 //!
-//! [`batch`] writes registrations that arrive together in one transaction; [`cas`],
+//! [`batch`] writes registrations (and the handoff backend's calls) that arrive together
+//! in one transaction; [`cas`],
 //! [`validate`] and [`wire`] are small helpers every backend uses.
 
 pub mod batch;
