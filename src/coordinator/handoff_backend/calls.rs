@@ -305,13 +305,17 @@ mod tests {
         item.expect("stream open").expect("not an error").command.expect("a command")
     }
 
-    /// `a` owns both partitions of `t`; `b` joins and is asked to warm one of them.
-    async fn warming() -> (HandoffCoordinator, MemoryStore, CommandStream, CommandStream, u32) {
+    /// `a` owns all `partitions` of `t`, on a coordinator planned with `max_warming`.
+    async fn owning_all(
+        partitions: u32,
+        max_warming: usize,
+    ) -> (HandoffCoordinator, MemoryStore, CommandStream) {
         let store = MemoryStore::new();
         let config = HandoffConfig {
-            topic_partitions: [("t".to_string(), 2)].into(),
+            topic_partitions: [("t".to_string(), partitions)].into(),
             lease_ttl: Duration::from_secs(3),
             reconcile_interval: Duration::from_millis(100),
+            plan: crate::handoff::PlanConfig { max_warming_per_consumer: max_warming, ..Default::default() },
             ..HandoffConfig::default()
         };
         let coordinator =
@@ -320,11 +324,18 @@ mod tests {
                 .expect("starts");
         let mut a = coordinator.register("a", "t").await.expect("a registers");
         let mut owned = 0;
-        while owned < 2 {
+        while owned < partitions as usize {
             if let Command::Assignment(update) = next(&mut a).await {
                 owned += update.assigned.len();
             }
         }
+        (coordinator, store, a)
+    }
+
+    /// `a` owns both partitions of `t`; `b` joins and is asked to warm one of them.
+    async fn warming() -> (HandoffCoordinator, MemoryStore, CommandStream, CommandStream, u32) {
+        let (coordinator, store, a) =
+            owning_all(2, crate::handoff::PlanConfig::default().max_warming_per_consumer).await;
         let mut b = coordinator.register("b", "t").await.expect("b registers");
         let partition = loop {
             if let Command::Warm(warm) = next(&mut b).await {
@@ -337,23 +348,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn calls_that_arrive_together_share_transactions() {
-        let store = MemoryStore::new();
-        let config = HandoffConfig {
-            topic_partitions: [("t".to_string(), 40)].into(),
-            plan: crate::handoff::PlanConfig { max_warming_per_consumer: 20, ..Default::default() },
-            ..HandoffConfig::default()
-        };
-        let coordinator =
-            HandoffCoordinator::start(Arc::new(store.clone()), config, Arc::new(Metrics::new()))
-                .await
-                .expect("starts");
-        let mut a = coordinator.register("a", "t").await.expect("a registers");
-        let mut owned = 0;
-        while owned < 40 {
-            if let Command::Assignment(update) = next(&mut a).await {
-                owned += update.assigned.len();
-            }
-        }
+        let (coordinator, store, mut a) = owning_all(40, 20).await;
         let mut b = coordinator.register("b", "t").await.expect("b registers");
         let mut warms = Vec::new();
         while warms.len() < 20 {
