@@ -153,11 +153,8 @@ async fn apply_call(
             let key = inner.core.keys.handoff(topic, partition);
             inner.calls.write(KeyWrite { key, compares, ops }).await? != Batched::Lost
         } else {
-            let outcome = inner.core.store.txn(Txn { compares, ops: ops.clone() }).await?;
-            if outcome.succeeded {
-                inner.core.offer_own_write(outcome.revision, &ops);
-            }
-            outcome.succeeded
+            // Owner and handoff records only: their cache reads no create revision.
+            inner.core.txn_own(Txn { compares, ops }).await?.succeeded
         };
         if written {
             let phase_since = current.state.handoffs.get(&partition).map(|h| h.since);

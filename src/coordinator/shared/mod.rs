@@ -240,6 +240,20 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         }
     }
 
+    /// Commits `txn` and, if it succeeded, offers its operations to the mirror
+    /// ([`Self::offer_own_write`]: only for records whose cache reads no create revision).
+    pub async fn txn_own(
+        &self,
+        txn: crate::store::Txn,
+    ) -> Result<crate::store::TxnOutcome, crate::store::StoreError> {
+        let ops = txn.ops.clone();
+        let outcome = self.store.txn(txn).await?;
+        if outcome.succeeded {
+            self.offer_own_write(outcome.revision, &ops);
+        }
+        Ok(outcome)
+    }
+
     /// Keeps the cache equal to the store, calling `relay` with the topics each change
     /// touched. Runs until shutdown.
     pub async fn run_mirror(&self, resync_interval: Duration, relay: impl Fn(&C, &mirror::Changes)) {

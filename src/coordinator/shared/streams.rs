@@ -113,16 +113,22 @@ impl<T: Told> LocalStream<T> {
     /// stream ([`STREAM_BUFFER`]).
     pub fn send(&mut self, commands: impl IntoIterator<Item = AssignmentCommand>) {
         for command in commands {
-            if self.overflowed || self.tx.capacity() <= 1 {
-                self.overflowed = true;
-                return;
-            }
             let outgoing = match &self.pass {
                 Some(gate) => gate.gain(command),
                 None => Outgoing::free(Ok(command)),
             };
-            let _ = self.tx.try_send(outgoing);
+            self.push(outgoing);
         }
+    }
+
+    /// Puts one item in the channel, unless the consumer stopped reading: the last slot is
+    /// kept for the error that ends an overflowing stream.
+    fn push(&mut self, outgoing: Outgoing) {
+        if self.overflowed || self.tx.capacity() <= 1 {
+            self.overflowed = true;
+            return;
+        }
+        let _ = self.tx.try_send(outgoing);
     }
 
     /// Holds `commands` back until the end of the relay pass ([`Streams::relay`]), or the
@@ -141,11 +147,7 @@ impl<T: Told> LocalStream<T> {
     /// in the channel until the pass's gains were taken ([`super::outgoing`]).
     fn flush_after(&mut self, gate: &PassGate) {
         for command in std::mem::take(&mut self.later) {
-            if self.overflowed || self.tx.capacity() <= 1 {
-                self.overflowed = true;
-                return;
-            }
-            let _ = self.tx.try_send(gate.loss(command));
+            self.push(gate.loss(command));
         }
     }
 
@@ -362,7 +364,6 @@ impl<T: Told> Streams<LocalStream<T>> {
         for key in deferred {
             self.with(&key, |stream| stream.flush_after(&gate));
         }
-        drop(gate);
         // Removal takes the shard's lock: only after the iteration has released it.
         for (key, (reason, last)) in ended {
             self.end(&key, reason, last);

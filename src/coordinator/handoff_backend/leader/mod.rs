@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 
 use super::Handoff;
 use crate::handoff::Cooldowns;
+use crate::store::{Compare, Revision, SessionId};
 
 /// The leader plans at most about one part in `PLAN_PACE + 1` of the time: after a plan
 /// that took `d`, the next waits until `PLAN_PACE × d` has passed. Under a stream of
@@ -29,7 +30,6 @@ use crate::handoff::Cooldowns;
 /// planned every few milliseconds instead of after every revision, leaving the CPU to the
 /// relay and the store; a small topic's plan (well under a millisecond) is barely delayed.
 const PLAN_PACE: u32 = 4;
-use crate::store::{Compare, Revision, SessionId};
 
 /// Proof of leadership: the create revision of our leader key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

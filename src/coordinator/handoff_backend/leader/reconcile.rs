@@ -219,12 +219,8 @@ pub(super) async fn reconcile_all(
         let mut all_applied = true;
         for txn in batches {
             // Owner and handoff records only: their cache reads no create revision.
-            let ops = txn.ops.clone();
-            match inner.core.store.txn(txn).await {
-                Ok(outcome) if outcome.succeeded => {
-                    inner.core.offer_own_write(outcome.revision, &ops);
-                    me.written = me.written.max(outcome.revision);
-                }
+            match inner.core.txn_own(txn).await {
+                Ok(outcome) if outcome.succeeded => me.written = me.written.max(outcome.revision),
                 Ok(_) => {
                     // A compare failed: the plan was made from a stale view. Nothing of
                     // this batch was written; the next revision plans again.
