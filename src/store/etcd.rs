@@ -302,6 +302,11 @@ impl LeaseStore for EtcdStore {
         if alive { Ok(()) } else { Err(StoreError::SessionExpired(session)) }
     }
 
+    async fn connect_again(&self) -> Result<Option<Arc<dyn LeaseStore>>, StoreError> {
+        let again = EtcdStore::connect((*self.config).clone()).await?;
+        Ok(Some(Arc::new(again)))
+    }
+
     async fn revoke_session(&self, session: SessionId) -> Result<(), StoreError> {
         self.call("lease revoke", |mut client| async move {
             match client.lease_revoke(session.0).await {

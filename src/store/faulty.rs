@@ -330,6 +330,13 @@ impl LeaseStore for FaultyStore {
         .await
     }
 
+    /// The new connection shares this wrapper's faults: a cut or lost answers reach it too.
+    async fn connect_again(&self) -> Result<Option<Arc<dyn LeaseStore>>, StoreError> {
+        let again = self.inner.connect_again().await?;
+        Ok(again
+            .map(|inner| Arc::new(FaultyStore { inner, shared: self.shared.clone() }) as Arc<dyn LeaseStore>))
+    }
+
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         self.call("get", Kind::Read, self.inner.get(key)).await
     }

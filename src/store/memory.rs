@@ -66,6 +66,10 @@ struct Inner {
     state: Mutex<State>,
     /// Wakes the expiry task: sessions changed, or the store is gone.
     wake: Arc<Notify>,
+    /// The runtime the store was made on, where its expiry task runs: a session granted
+    /// from another runtime (the instance lease's keeper thread) must not tie expiry to
+    /// that runtime's life.
+    home: Option<tokio::runtime::Handle>,
 }
 
 struct Record {
@@ -132,7 +136,10 @@ impl MemoryStore {
             watchers: Vec::new(),
             expiry_task: None,
         };
-        MemoryStore { inner: Arc::new(Inner { state: Mutex::new(state), wake: Arc::new(Notify::new()) }) }
+        let home = tokio::runtime::Handle::try_current().ok();
+        MemoryStore {
+            inner: Arc::new(Inner { state: Mutex::new(state), wake: Arc::new(Notify::new()), home }),
+        }
     }
 
     /// The current revision.
@@ -150,13 +157,16 @@ impl MemoryStore {
         if state.expiry_task.as_ref().is_some_and(|task| !task.is_finished()) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime: lazy expiry (before every operation) still holds the contract.
-            return;
+        let spawn = |runtime: &tokio::runtime::Handle| {
+            runtime.spawn(expiry_loop(Arc::downgrade(&self.inner), self.inner.wake.clone()))
         };
-        let weak = Arc::downgrade(&self.inner);
-        let wake = self.inner.wake.clone();
-        state.expiry_task = Some(runtime.spawn(expiry_loop(weak, wake)));
+        // On the store's home runtime; if that one has shut down (a task spawned there is
+        // finished at once), on the caller's.
+        let at_home = self.inner.home.as_ref().map(spawn).filter(|task| !task.is_finished());
+        let task =
+            at_home.or_else(|| tokio::runtime::Handle::try_current().ok().map(|runtime| spawn(&runtime)));
+        // No runtime at all: lazy expiry (before every operation) still holds the contract.
+        state.expiry_task = task;
     }
 }
 

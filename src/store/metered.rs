@@ -79,6 +79,11 @@ impl LeaseStore for MeteredStore {
         self.metered("revoke_session", self.inner.revoke_session(session)).await
     }
 
+    async fn connect_again(&self) -> Result<Option<Arc<dyn LeaseStore>>, StoreError> {
+        let again = self.inner.connect_again().await?;
+        Ok(again.map(|inner| Arc::new(MeteredStore::new(inner, self.metrics.clone())) as Arc<dyn LeaseStore>))
+    }
+
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         self.metered("get", self.inner.get(key)).await
     }

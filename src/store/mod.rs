@@ -26,7 +26,7 @@ pub use faulty::{FaultStats, FaultyStore};
 pub use memory::MemoryStore;
 pub use metered::MeteredStore;
 
-use std::{fmt, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -242,6 +242,15 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Discards history before `revision`: watches from older revisions then fail with
     /// [`StoreError::Compacted`]. Current records are untouched.
     async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
+
+    /// A connection of its own to the same store, for a caller on another runtime. A network
+    /// client's connection is driven by tasks of the runtime that made it, so a caller on a
+    /// different runtime (the instance lease's keeper thread, `coordinator::shared::lease`)
+    /// would wait for this one's runtime at every call; it makes its own connection there.
+    /// `None`: any runtime may call this store as it is (an in-process store).
+    async fn connect_again(&self) -> Result<Option<Arc<dyn LeaseStore>>, StoreError> {
+        Ok(None)
+    }
 
     /// Writes one key unconditionally (bound to `session` if given).
     async fn put(

@@ -1,5 +1,6 @@
 //! Integration tests: real etcd (started by the harness), real gRPC over loopback.
 
+mod busy_instance;
 mod client;
 #[cfg(feature = "testcontainers")]
 mod client_containers;

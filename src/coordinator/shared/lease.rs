@@ -17,13 +17,27 @@
 //! streams: a new session is granted at once and the lost registrations are written again
 //! bound to it (`rebind.rs`). Only if no new session is granted by the time the old one
 //! would have been fenced is the instance fenced after all.
+//!
+//! **Its own thread.** A busy instance must deliver late, never fence itself because it was
+//! busy: a burst of thousands of calls makes thousands of runnable tasks, and a keep-alive
+//! timer that fires behind them on the same runtime runs after all of them. So
+//! [`spawn_keeper`] keeps the lease on a thread of its own, with a single-thread runtime
+//! and a store connection of its own ([`LeaseStore::connect_again`]: an etcd connection is
+//! driven by tasks of the runtime that made it). The instance's runtime then affects only
+//! how fast commands go out; the lease, and with it the leadership, depends only on the
+//! store answering. A runtime stuck for good is found by the liveness probe (`/live` is
+//! served by it), not by the lease.
 
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::store::{SessionId, StoreError};
+use std::sync::Arc;
+
+use tokio::runtime::{Handle, RuntimeFlavor};
+
+use crate::store::{LeaseStore, SessionId, StoreError};
 
 /// The state of the instance lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,8 +68,8 @@ pub fn fence_after(ttl: Duration) -> Duration {
 
 /// What [`keep_lease`] needs from the core, and tells it.
 pub trait LeaseHolder: Send + Sync {
-    /// The store.
-    fn store(&self) -> &dyn crate::store::LeaseStore;
+    /// The instance's store (the keeper connects to it again on its own thread).
+    fn store(&self) -> &dyn LeaseStore;
     /// The session TTL.
     fn ttl(&self) -> Duration;
     /// The lease's state channel.
@@ -68,8 +82,72 @@ pub trait LeaseHolder: Send + Sync {
     fn stop_token(&self) -> &tokio_util::sync::CancellationToken;
 }
 
-/// Grants and keeps the instance lease until the instance stops (see the module docs).
-pub async fn keep_lease(holder: &impl LeaseHolder) {
+/// Starts keeping the lease of the instance `owner` holds (`holder` finds it), until the
+/// instance stops: on a thread of its own (see the module docs). On a current-thread
+/// runtime it runs as a task of that runtime instead: such a runtime is a test's on paused
+/// time, whose clock another thread would not share.
+pub fn spawn_keeper<O, H>(owner: Arc<O>, holder: fn(&O) -> &H)
+where
+    O: Send + Sync + 'static,
+    H: LeaseHolder + 'static,
+{
+    let runtime = Handle::current();
+    if runtime.runtime_flavor() == RuntimeFlavor::CurrentThread {
+        return keep_on(&runtime, owner, holder);
+    }
+    let on_thread = owner.clone();
+    let main = runtime.clone();
+    let started = std::thread::Builder::new().name("instance-lease".into()).spawn(move || {
+        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(own) => own.block_on(keep_on_own_connection(holder(&on_thread))),
+            Err(error) => {
+                tracing::warn!(%error, "cannot build the instance lease's runtime; keeping it on the main one");
+                keep_on(&main, on_thread, holder);
+            }
+        }
+    });
+    if let Err(error) = started {
+        tracing::warn!(%error, "cannot start the instance lease's thread; keeping it on the main runtime");
+        keep_on(&runtime, owner, holder);
+    }
+}
+
+/// Keeps the lease as a task of `runtime`, over the instance's own store handle.
+fn keep_on<O, H>(runtime: &Handle, owner: Arc<O>, holder: fn(&O) -> &H)
+where
+    O: Send + Sync + 'static,
+    H: LeaseHolder + 'static,
+{
+    runtime.spawn(async move {
+        let holder = holder(&owner);
+        keep_lease(holder, holder.store()).await
+    });
+}
+
+/// Keeps the lease over a store connection made on this runtime (retried until the store
+/// answers or the instance stops).
+async fn keep_on_own_connection(holder: &impl LeaseHolder) {
+    let mut backoff = Backoff::new(super::keep_alive_period(holder.ttl()));
+    let store = loop {
+        match holder.store().connect_again().await {
+            Ok(store) => break store,
+            Err(error) => {
+                tracing::warn!(%error, "cannot connect the instance lease's keeper to the store; retrying");
+                if sleep_or_stop(holder, backoff.next()).await {
+                    return;
+                }
+            }
+        }
+    };
+    match store {
+        Some(own) => keep_lease(holder, &*own).await,
+        None => keep_lease(holder, holder.store()).await,
+    }
+}
+
+/// Grants and keeps the instance lease on `store` until the instance stops (see the module
+/// docs).
+pub async fn keep_lease(holder: &impl LeaseHolder, store: &dyn LeaseStore) {
     let ttl = holder.ttl();
     let period = super::keep_alive_period(ttl);
     let mut backoff = Backoff::new(period);
@@ -86,7 +164,7 @@ pub async fn keep_lease(holder: &impl LeaseHolder) {
                 holder.fence();
                 continue 'grant;
             }
-            granted = holder.store().grant_session(ttl) => granted,
+            granted = store.grant_session(ttl) => granted,
         };
         let session = match session {
             Ok(session) => session,
@@ -127,7 +205,7 @@ pub async fn keep_lease(holder: &impl LeaseHolder) {
             let asked_at = Instant::now();
             let answer = tokio::select! {
                 _ = holder.stop_token().cancelled() => return,
-                answer = tokio::time::timeout_at(deadline, holder.store().keep_alive(session)) => answer,
+                answer = tokio::time::timeout_at(deadline, store.keep_alive(session)) => answer,
             };
             match answer {
                 Ok(Ok(())) => {

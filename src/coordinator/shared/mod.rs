@@ -6,7 +6,9 @@
 //! * the [`mirror`] (a cache kept equal to the store prefix by a watch, re-read on gaps);
 //! * the [`streams`] registry of the consumer streams this instance holds, and their
 //!   [`outgoing`] channels (where a release waits until the new owner's `assigned` left);
-//! * [`register`]: the registration of a consumer stream and its session keep-alive;
+//! * [`register`]: the registration of a consumer stream;
+//! * [`lease`]: the instance's one store session, kept on a thread of its own, and
+//!   self-fencing;
 //! * [`rebind`]: registrations the store lost while their streams are open are written again;
 //! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
 //! * readiness, shutdown and crash.

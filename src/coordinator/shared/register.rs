@@ -101,8 +101,8 @@ pub trait Registrar: Send + Sync + Sized + 'static {
 /// until the store granted the lease (`UNAVAILABLE`, and every task stopped, if it does not
 /// within one TTL).
 pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), CoordinatorError> {
-    let (lease, readiness) = (backend.clone(), backend.clone());
-    tokio::spawn(async move { super::lease::keep_lease(lease.core()).await });
+    let readiness = backend.clone();
+    super::lease::spawn_keeper(backend.clone(), |backend| backend.core());
     tokio::spawn(async move { readiness.core().follow_readiness().await });
     tokio::spawn(super::rebind::rebind_lost(backend.clone()));
     let writer = backend.clone();
