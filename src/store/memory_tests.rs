@@ -142,3 +142,53 @@ async fn a_watch_gets_only_its_part_of_a_revision() {
     // The revision with nothing under the prefix yields no (empty) batch.
     assert_eq!(watch.next().await.unwrap().unwrap().revision, marker);
 }
+
+/// A short TTL on real time, for the tests that use more than one runtime (a paused clock
+/// belongs to one runtime).
+const SHORT_TTL: Duration = Duration::from_millis(200);
+
+/// Binds "a" to a new session of [`SHORT_TTL`] and waits (on real time, at most 5 s) for
+/// the expiry task to delete it, with no other operation that could expire it lazily.
+async fn bound_key_expires(store: &MemoryStore, session: Option<SessionId>) {
+    let mut watch = store.watch_prefix("", 0).await.unwrap();
+    let session = match session {
+        Some(session) => session,
+        None => store.grant_session(SHORT_TTL).await.unwrap(),
+    };
+    store.put("a", b"1".to_vec(), Some(session)).await.unwrap();
+    let mut deleted = false;
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(batch)) = watch.next().await {
+            if batch.events.iter().any(|e| e.key == "a" && e.kind == WatchEventKind::Delete) {
+                deleted = true;
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(waited.is_ok() && deleted, "the session's key was not expired within 5 s");
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+#[tokio::test]
+async fn a_session_granted_from_another_runtime_expires_after_that_runtime_ended() {
+    // The instance lease's keeper grants from a thread and runtime of its own.
+    let store = MemoryStore::new();
+    let granting = store.clone();
+    let session = std::thread::spawn(move || runtime().block_on(granting.grant_session(SHORT_TTL)))
+        .join()
+        .unwrap()
+        .unwrap();
+    bound_key_expires(&store, Some(session)).await;
+}
+
+#[test]
+fn a_store_whose_runtime_ended_expires_on_the_callers_runtime() {
+    let first = runtime();
+    let store = first.block_on(async { MemoryStore::new() });
+    drop(first);
+    runtime().block_on(bound_key_expires(&store, None));
+}
