@@ -1,5 +1,6 @@
 //! Store tests that are not one scenario on both stores: the memory store under paused
-//! time, and etcd-only behaviour (connection failures, dead endpoints, outages).
+//! time, and etcd-only behaviour (connection failures, dead endpoints, outages, a second
+//! connection for the instance lease's keeper).
 
 use std::{
     net::TcpListener,
@@ -8,7 +9,11 @@ use std::{
 };
 
 use futures::StreamExt;
-use kafka_assigner::store::{Compare, EtcdStore, EtcdStoreConfig, MemoryStore, Op, StoreError, Txn};
+use kafka_assigner::metrics::Metrics;
+use kafka_assigner::store::{
+    Compare, EtcdStore, EtcdStoreConfig, FaultyStore, LeaseStore, MemoryStore, MeteredStore, Op, StoreError,
+    Txn,
+};
 
 use super::{PROMPT, Store, get, next_event, put, revision, summary, watch};
 use crate::support::{EtcdServer, next_within, wait_until};
@@ -125,4 +130,32 @@ async fn etcd_quiet_watch_stays_open() {
     let rev = put(&store, &format!("{prefix}k"), "1").await;
     let event = next_event(&mut events, "the change after the quiet").await;
     assert_eq!(event.revision, rev);
+}
+
+/// `connect_again` (the instance lease's keeper thread uses it): on etcd, through the
+/// metering and fault wrappers, a second connection to the same data, still under the fault
+/// wrapper's faults; the in-process store needs none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_connect_again_reaches_the_same_data_under_the_same_faults() {
+    let memory = MemoryStore::new();
+    assert!(memory.connect_again().await.unwrap().is_none(), "the memory store is shared as it is");
+
+    let server = EtcdServer::start().await;
+    let prefix = server.unique_prefix("again");
+    let etcd: Store = Arc::new(server.store().await);
+    let metrics = Arc::new(Metrics::new());
+    let metered: Store = Arc::new(MeteredStore::new(etcd, metrics));
+    let faulty = FaultyStore::new(metered, 7);
+    let again = faulty.connect_again().await.unwrap().expect("etcd connects again");
+
+    let session = again.grant_session(Duration::from_secs(5)).await.unwrap();
+    faulty.put(&format!("{prefix}bound"), b"1".to_vec(), Some(session)).await.unwrap();
+    let read = again.get(&format!("{prefix}bound")).await.unwrap();
+    assert_eq!(read.and_then(|kv| kv.session), Some(session), "both connections see one store");
+
+    faulty.cut_off();
+    let cut = again.keep_alive(session).await;
+    assert!(matches!(cut, Err(StoreError::Unavailable(_))), "a cut reaches the new connection: {cut:?}");
+    faulty.restore();
+    again.keep_alive(session).await.expect("restored");
 }
