@@ -28,14 +28,11 @@
 //! store answering. A runtime stuck for good is found by the liveness probe (`/live` is
 //! served by it), not by the lease.
 
-use std::time::Duration;
-
-use tokio::sync::watch;
-use tokio::time::Instant;
-
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::store::{LeaseStore, SessionId, StoreError};
 
@@ -129,7 +126,11 @@ where
 async fn keep_on_own_connection(holder: &impl LeaseHolder) {
     let mut backoff = Backoff::new(super::keep_alive_period(holder.ttl()));
     let store = loop {
-        match holder.store().connect_again().await {
+        let connected = tokio::select! {
+            _ = holder.stop_token().cancelled() => return,
+            connected = holder.store().connect_again() => connected,
+        };
+        match connected {
             Ok(store) => break store,
             Err(error) => {
                 tracing::warn!(%error, "cannot connect the instance lease's keeper to the store; retrying");
