@@ -5,8 +5,14 @@
 //! * **handoff**: consumer B sends `PartitionReady` over gRPC, the instance applies it with
 //!   one CAS transaction, and consumer A receives `ReleasePartition` on its stream.
 //!
-//! Both run in the same process against the same etcd, interleaved sample by sample, so
-//! the machine's noise hits both; the ratio is the number to read (DESIGN.md §9 aims for ≤ 2×).
+//! * **gRPC floor**: B's `PartitionReady` refused by validation (`INVALID_ARGUMENT`, before
+//!   the store): one loopback unary round trip, about what the two gRPC hops of a handoff
+//!   (B → instance, instance → A) cost on top of the raw chain.
+//!
+//! All run in the same process against the same etcd, interleaved sample by sample, so
+//! the machine's noise hits them alike; the ratio is the number to read (DESIGN.md §9 aims
+//! for ≤ 2×, issue 13 for ≤ 1.5×). The last row, handoff − raw − floor, is what the
+//! instance's own work (batching, cache, relay, stream order) adds.
 //! Run: `cargo bench --bench handoff` (starts etcd itself; needs the `etcd` binary).
 
 #[allow(dead_code)]
@@ -164,6 +170,16 @@ impl Handoffs {
         self.client.partition_released(released).await?;
         Ok(elapsed)
     }
+
+    /// One unary round trip the instance answers before the store: the gRPC floor.
+    async fn refused_call(&mut self) -> Result<Duration, BoxError> {
+        let start = Instant::now();
+        let nameless = PartitionReadyRequest { consumer_name: String::new(), partition: None };
+        match self.client.partition_ready(nameless).await {
+            Err(status) if status.code() == tonic::Code::InvalidArgument => Ok(start.elapsed()),
+            other => Err(format!("a nameless PartitionReady must be INVALID_ARGUMENT, got {other:?}").into()),
+        }
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -173,22 +189,29 @@ async fn main() -> Result<(), BoxError> {
     let mut chain = RawChain::start(&endpoints).await?;
     let mut handoffs = Handoffs::start(&endpoints).await?;
     // Interleaved, sample by sample: the machine's noise hits both paths alike.
-    let (mut raw, mut ours) = (Vec::new(), Vec::new());
+    let (mut raw, mut ours, mut floor) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..SAMPLES {
         raw.push(chain.sample(i).await?);
         ours.push(handoffs.sample().await?);
+        floor.push(handoffs.refused_call().await?);
     }
     handoffs.server.stop().await;
     let (raw50, raw99) = (percentile(&mut raw, 0.5), percentile(&mut raw, 0.99));
     let (our50, our99) = (percentile(&mut ours, 0.5), percentile(&mut ours, 0.99));
+    let (floor50, floor99) = (percentile(&mut floor, 0.5), percentile(&mut floor, 0.99));
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    let own50 = our50.saturating_sub(raw50 + floor50);
     let table = format!(
         "| path ({SAMPLES} samples, etcd 3.4 on loopback) | p50 | p99 |\n| --- | --- | --- |\n\
          | raw etcd: CAS txn → another client's watch | {raw50:.2?} | {raw99:.2?} |\n\
          | handoff: PartitionReady → old owner gets ReleasePartition | {our50:.2?} | {our99:.2?} |\n\
-         | ratio handoff / raw | {:.2}× | {:.2}× |\n",
+         | ratio handoff / raw | {:.2}× | {:.2}× |\n\
+         | gRPC floor: a PartitionReady refused before the store, round trip | {floor50:.2?} | {floor99:.2?} |\n\
+         | ratio (raw + floor) / raw: the least two gRPC hops allow | {:.2}× | |\n\
+         | handoff − raw − floor at p50: the instance's own work | {own50:.2?} | |\n",
         ratio(our50, raw50),
         ratio(our99, raw99),
+        ratio(raw50 + floor50, raw50),
     );
     println!("{table}");
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-handoff.md");
