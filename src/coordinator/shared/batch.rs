@@ -200,17 +200,20 @@ mod tests {
         (batcher, memory, stop)
     }
 
+    /// Sends every write of `writes` at once, asserts each was written, and returns how
+    /// many transactions they took.
+    async fn transactions_for(batcher: &Arc<Batcher>, store: &MemoryStore, writes: Vec<KeyWrite>) -> i64 {
+        let before = store.revision();
+        let outcomes = futures::future::join_all(writes.into_iter().map(|write| batcher.write(write))).await;
+        assert!(outcomes.iter().all(|o| matches!(o, Ok(Batched::Written(_)))), "{outcomes:?}");
+        store.revision() - before
+    }
+
     #[tokio::test]
     async fn writes_that_arrive_together_share_transactions() {
         let (batcher, store, _stop) = started().await;
-        let before = store.revision();
-        let writes = (0..500).map(|i| {
-            let batcher = batcher.clone();
-            async move { batcher.write(put(&format!("k{i}"), 0)).await }
-        });
-        let outcomes = futures::future::join_all(writes).await;
-        assert!(outcomes.iter().all(|o| matches!(o, Ok(Batched::Written(_)))), "{outcomes:?}");
-        let transactions = store.revision() - before;
+        let writes = (0..500).map(|i| put(&format!("k{i}"), 0)).collect();
+        let transactions = transactions_for(&batcher, &store, writes).await;
         assert!(transactions < 500 / 4, "500 writes took {transactions} transactions");
         assert!(transactions >= (500 / BATCH) as i64, "no transaction holds more than {BATCH}");
         assert_eq!(store.get_prefix("k").await.expect("read").kvs.len(), 500);
@@ -219,17 +222,17 @@ mod tests {
     #[tokio::test]
     async fn a_batch_stays_within_the_stores_limit_of_compares_per_transaction() {
         let (batcher, store, _stop) = started().await;
-        let before = store.revision();
         // Three compares each: at most 40 such writes fit one transaction.
-        let writes = (0..100).map(|i| {
-            let batcher = batcher.clone();
-            let mut write = put(&format!("k{i}"), 0);
-            write.compares.extend([Compare::ModRevision("x".into(), 0), Compare::ModRevision("y".into(), 0)]);
-            async move { batcher.write(write).await }
-        });
-        let outcomes = futures::future::join_all(writes).await;
-        assert!(outcomes.iter().all(|o| matches!(o, Ok(Batched::Written(_)))), "{outcomes:?}");
-        let transactions = store.revision() - before;
+        let writes = (0..100)
+            .map(|i| {
+                let mut write = put(&format!("k{i}"), 0);
+                write
+                    .compares
+                    .extend([Compare::ModRevision("x".into(), 0), Compare::ModRevision("y".into(), 0)]);
+                write
+            })
+            .collect();
+        let transactions = transactions_for(&batcher, &store, writes).await;
         assert!(transactions >= 3, "100 writes of 3 compares in {transactions} transactions");
     }
 
