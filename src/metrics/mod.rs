@@ -49,6 +49,9 @@ pub struct Metrics {
     pub direct_assignments: Counter,
     /// Leader reconcile transactions that failed their compare (stale state or deposed).
     pub reconcile_conflicts: Counter,
+    /// Registrations of this instance that no stream held for a TTL, ended by the sweep
+    /// (a safety net: every other path settles its own registrations).
+    pub registrations_swept: Counter,
     /// 1 while this instance leads.
     pub is_leader: Gauge,
     /// Consumer streams held by this instance.
@@ -145,6 +148,11 @@ impl Metrics {
         let direct_assignments = counter(r, "direct_assignments", "Partitions assigned with no live owner");
         let reconcile_conflicts =
             counter(r, "reconcile_conflicts", "Leader transactions refused by their compare");
+        let registrations_swept = counter(
+            r,
+            "registrations_swept",
+            "Registrations of this instance no stream held for a TTL, ended by the sweep",
+        );
         let is_leader = Gauge::default();
         r.register("is_leader", "1 while this instance leads", is_leader.clone());
         let streams = Gauge::default();
@@ -194,6 +202,7 @@ impl Metrics {
             release_timeouts,
             direct_assignments,
             reconcile_conflicts,
+            registrations_swept,
             is_leader,
             streams,
             handoff_duration,

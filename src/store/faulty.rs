@@ -85,6 +85,8 @@ struct State {
     delay: (Duration, Duration),
     /// Cut off: `Some(None)` until restored, `Some(Some(t))` until `t`.
     cut: Option<Option<Instant>>,
+    /// Reads and watches fail while sessions and transactions still work.
+    reads_cut: bool,
     /// Sessions granted through this wrapper and not revoked or expired through it.
     sessions: BTreeSet<SessionId>,
     stats: FaultStats,
@@ -160,6 +162,7 @@ impl FaultyStore {
             lose_next_txns: 0,
             delay: (Duration::ZERO, Duration::ZERO),
             cut: None,
+            reads_cut: false,
             sessions: BTreeSet::new(),
             stats: FaultStats::default(),
         };
@@ -213,6 +216,20 @@ impl FaultyStore {
     fn start_cut(&self, until: Option<Instant>) {
         self.state().cut = Some(until);
         self.shared.cuts.send_modify(|count| *count += 1);
+    }
+
+    /// Cuts reads and watches only, until [`restore_reads`](Self::restore_reads): `get`,
+    /// `get_prefix` and `watch_prefix` fail `Unavailable` and open watches break, while
+    /// sessions (grant, keep-alive) and transactions still work — a relay that cannot
+    /// follow the store under a lease that stays alive.
+    pub fn cut_reads(&self) {
+        self.state().reads_cut = true;
+        self.shared.cuts.send_modify(|count| *count += 1);
+    }
+
+    /// Ends a [`cut_reads`](Self::cut_reads) now.
+    pub fn restore_reads(&self) {
+        self.state().reads_cut = false;
     }
 
     /// Ends a cut-off now.
@@ -271,7 +288,11 @@ impl FaultyStore {
         if !before.is_zero() {
             tokio::time::sleep(before).await;
         }
-        if self.is_cut_off() {
+        let refused = {
+            let mut state = self.state();
+            state.is_cut_off() || (kind == Kind::Read && state.reads_cut)
+        };
+        if refused {
             return Err(self.refused(what));
         }
         let result = call.await;

@@ -71,6 +71,16 @@ impl Registrar for Fleet {
         }
     }
 
+    fn registrations_of(&self, cache: &FleetCache, instance: &str) -> Vec<StreamKey> {
+        let mut found = Vec::new();
+        for (topic, entry) in &cache.topics {
+            for (consumer, record) in entry.members.iter().filter(|(_, r)| r.value.instance == instance) {
+                found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
+            }
+        }
+        found
+    }
+
     async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError> {
         unregister(self, key).await
     }

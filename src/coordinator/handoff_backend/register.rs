@@ -116,6 +116,16 @@ impl Registrar for Handoff {
         }
     }
 
+    fn registrations_of(&self, cache: &Cache, instance: &str) -> Vec<StreamKey> {
+        let mut found = Vec::new();
+        for (topic, entry) in &cache.topics {
+            for (consumer, record) in entry.consumers.iter().filter(|(_, r)| r.value.instance == instance) {
+                found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
+            }
+        }
+        found
+    }
+
     async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError> {
         let (topic, consumer, registration) = key;
         let record_key = self.core.keys.consumer(topic, consumer);

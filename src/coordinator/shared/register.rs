@@ -84,6 +84,9 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     /// How long the registration `key` is kept after its stream ended.
     fn held(&self, cache: &Self::Cache, key: &StreamKey) -> Held;
 
+    /// Every registration in `cache` that names `instance` as the one holding its stream.
+    fn registrations_of(&self, cache: &Self::Cache, instance: &str) -> Vec<StreamKey>;
+
     /// Deletes the registration `key` (and what is bound to it) if it is still this one.
     async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError>;
 
@@ -105,6 +108,11 @@ pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), Coordinat
     super::lease::spawn_keeper(backend.clone(), |backend| backend.core());
     tokio::spawn(async move { readiness.core().follow_readiness().await });
     tokio::spawn(super::rebind::rebind_lost(backend.clone()));
+    tokio::spawn(super::sweep::sweep_orphans(backend.clone()));
+    let relay = backend.clone();
+    tokio::spawn(async move { super::relay_watch::fence_while_not_following(relay.core()).await });
+    let record = backend.clone();
+    tokio::spawn(async move { super::instance_record::keep_instance_record(record.core()).await });
     let writer = backend.clone();
     tokio::spawn(async move {
         let core = writer.core();
@@ -129,6 +137,10 @@ pub fn new_registration_id() -> SessionId {
 
 /// Registers `consumer` for `topic` through `backend` and returns its command stream, whose
 /// first item is the snapshot.
+///
+/// The work runs in a task of its own, so a caller that goes away (a cancelled `Register`)
+/// cannot stop it between the store write and the stream's admission: the stream is then
+/// admitted, its receiver dropped, and its registration settled as after any disconnect.
 pub async fn register<R: Registrar>(
     backend: &Arc<R>,
     consumer: &str,
@@ -136,36 +148,95 @@ pub async fn register<R: Registrar>(
 ) -> Result<CommandStream, CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
-    let core = backend.core();
-    if core.shutdown.is_cancelled() {
+    if backend.core().shutdown.is_cancelled() {
         return Err(shutting_down());
     }
+    let (backend, consumer, topic) = (backend.clone(), consumer.to_string(), topic.to_string());
+    match tokio::spawn(async move { register_to_the_end(&backend, &consumer, &topic).await }).await {
+        Ok(result) => result,
+        // The task can only fail to finish when the runtime stops under it.
+        Err(_) => Err(shutting_down()),
+    }
+}
+
+/// [`register`], once the names are valid: writes the registration, then admits its
+/// stream only while the instance lease it was written on is live and the relay follows
+/// the store ([`Core::admit`]). A registration written but not admitted (its answer lost,
+/// or the instance fenced meanwhile) is settled as after a disconnect: it ends after the
+/// TTL unless the consumer comes back.
+async fn register_to_the_end<R: Registrar>(
+    backend: &Arc<R>,
+    consumer: &str,
+    topic: &str,
+) -> Result<CommandStream, CoordinatorError> {
+    let core = backend.core();
     let permit = core.register_permits.acquire().await.map_err(|_| shutting_down())?;
     core.ensure_topic(topic).await?;
     let lease = core.live_lease()?;
     let registration = new_registration_id();
-    let registered_at = backend.write_registration(consumer, topic, registration, lease).await?;
+    let key = (topic.to_string(), consumer.to_string(), registration);
+    let registered_at = match backend.write_registration(consumer, topic, registration, lease).await {
+        Ok(revision) => revision,
+        Err(error) => {
+            // The write may have been applied although its answer was lost: a record left
+            // behind must end like one whose stream went away.
+            let (backend, key) = (backend.clone(), key);
+            tokio::spawn(async move { settle_unanswered(&*backend, &key).await });
+            return Err(error);
+        }
+    };
     drop(permit);
-    tracing::info!(topic, consumer, %registration, "consumer registered");
 
     let (tx, rx) = command_channel();
     let (mut stream, end_rx) = LocalStream::new(registration, registered_at, tx.clone());
-    let key = (topic.to_string(), consumer.to_string(), registration);
     {
-        // Relay and insert under one read of the cache: the watcher applies the next
+        // Relay and admit under one read of the cache: the watcher applies the next
         // revision only after, and its relay then finds the stream.
         let cache = core.mirror.read();
         let ended = backend.relay_one(&cache, topic, consumer, &mut stream);
         stream.flush();
-        core.streams.insert(topic, consumer, stream);
+        if core.admit(lease, topic, consumer, stream).is_err() {
+            // Fenced (or the relay stopped) since the write: the consumer never sees the
+            // snapshot, which may already be stale.
+            drop(cache);
+            tracing::warn!(
+                topic,
+                consumer,
+                "registration written, but this instance fenced itself meanwhile"
+            );
+            let backend = backend.clone();
+            tokio::spawn(async move { after_disconnect(&*backend, &key, registered_at).await });
+            return Err(CoordinatorError::Unavailable(format!(
+                "assigner instance '{}' lost contact with its store while registering consumer '{consumer}'; \
+                 reconnect to another instance",
+                core.instance_id
+            )));
+        }
         if let Some((reason, last)) = ended {
             core.streams.end(&key, reason, last);
         }
     }
+    tracing::info!(topic, consumer, %registration, "consumer registered");
     let done = CancellationToken::new();
     backend.spawn_companion(key.clone(), registered_at, done.clone());
     tokio::spawn(stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
     Ok(command_stream(rx))
+}
+
+/// After a registration write whose answer did not come: once the TTL has passed (by then
+/// the cache has seen the write, if it was applied), deletes the record if it is this
+/// registration's. A write that was never applied leaves nothing to do.
+async fn settle_unanswered<R: Registrar>(backend: &R, key: &StreamKey) {
+    let core = backend.core();
+    tokio::select! {
+        _ = core.shutdown.cancelled() => return,
+        _ = tokio::time::sleep(core.lease_ttl) => {}
+    }
+    let held = backend.held(&core.mirror.read(), key);
+    if held != Held::NotOurs && !core.streams.contains(key) {
+        tracing::info!(topic = %key.0, consumer = %key.1, "a registration whose answer was lost ends");
+        unregister(backend, key).await;
+    }
 }
 
 fn shutting_down() -> CoordinatorError {

@@ -226,12 +226,21 @@ pub struct Streams<S> {
     metrics: Arc<Metrics>,
     /// Woken when a relay pass found a stream whose registration the store lost.
     lost: tokio::sync::Notify,
+    /// Held while a stream is admitted ([`Streams::admit`]) and while every stream is
+    /// fenced ([`Streams::fence_all`]): a registration answered late (a slow store answer,
+    /// a busy runtime) can then never slip its stream in after the fence ran.
+    gate: std::sync::Mutex<()>,
 }
 
 impl<T: Told> Streams<LocalStream<T>> {
     /// An empty registry that keeps the `streams` gauge.
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        Self { map: DashMap::new(), metrics, lost: tokio::sync::Notify::new() }
+        Self {
+            map: DashMap::new(),
+            metrics,
+            lost: tokio::sync::Notify::new(),
+            gate: std::sync::Mutex::new(()),
+        }
     }
 
     /// Waits until a relay pass finds a stream whose registration the store lost.
@@ -252,6 +261,25 @@ impl<T: Told> Streams<LocalStream<T>> {
 
     fn gauge(&self) {
         self.metrics.streams.set(self.map.len() as i64);
+    }
+
+    /// Adds a stream if `open()` says the instance may still serve it, checked under the
+    /// same lock [`fence_all`](Self::fence_all) takes: either the stream is in before a
+    /// fence removes every stream, or `open()` already sees the fence and the stream is
+    /// handed back, never relayed. `open()` must not block.
+    pub fn admit(
+        &self,
+        topic: &str,
+        consumer: &str,
+        stream: LocalStream<T>,
+        open: impl FnOnce() -> bool,
+    ) -> Result<(), LocalStream<T>> {
+        let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !open() {
+            return Err(stream);
+        }
+        self.insert(topic, consumer, stream);
+        Ok(())
     }
 
     /// Adds a stream. Of two streams of one (topic, consumer), the one registered later
@@ -385,18 +413,17 @@ impl<T: Told> Streams<LocalStream<T>> {
     }
 
     /// Fences every stream: each consumer is told it owns nothing, then its stream ends
-    /// with `UNAVAILABLE`; registrations are kept for the TTL (the instance lost its
-    /// store session, see `lease.rs`).
-    pub fn fence_all(&self, instance_id: &str) {
+    /// with `UNAVAILABLE` saying `why` (the instance lost its store session, see
+    /// `lease.rs`, or cannot relay, see `relay_watch.rs`); registrations are kept for the
+    /// TTL.
+    pub fn fence_all(&self, why: &str) {
+        let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (topic, consumer) in self.names() {
             if let Some((_, mut stream)) = self.map.remove(&(topic.clone(), consumer)) {
                 stream.farewell(&topic);
                 let error = CoordinatorError::StreamEnded(
                     StreamEnd::Fenced,
-                    format!(
-                        "assigner instance '{instance_id}' lost contact with its store; stop processing and \
-                     reconnect to another instance"
-                    ),
+                    format!("{why}; stop processing and reconnect to another instance"),
                 );
                 stream.finish(EndReason::Disconnected, Some(error));
             }
@@ -591,7 +618,7 @@ mod tests {
         let (streams, _metrics) = registry();
         let (a, mut a_rx, mut a_end) = stream(1, 1);
         streams.insert("t", "a", a);
-        streams.fence_all("i1");
+        streams.fence_all("assigner instance 'i1' lost contact with its store");
         let ended =
             matches!(a_rx.try_recv(), Ok(Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _))));
         assert!(ended, "the stream ends as fenced");
