@@ -71,6 +71,8 @@ struct Shared {
     state: Mutex<State>,
     /// Counts cut-offs: a watch opened at an older count is broken.
     cuts: watch::Sender<u64>,
+    /// While `true`, transaction answers are held back ([`FaultyStore::hold_txn_answers`]).
+    holding: watch::Sender<bool>,
 }
 
 struct State {
@@ -167,7 +169,8 @@ impl FaultyStore {
             stats: FaultStats::default(),
         };
         let (cuts, _) = watch::channel(0);
-        FaultyStore { inner, shared: Arc::new(Shared { state: Mutex::new(state), cuts }) }
+        let (holding, _) = watch::channel(false);
+        FaultyStore { inner, shared: Arc::new(Shared { state: Mutex::new(state), cuts, holding }) }
     }
 
     /// The wrapped store (calls on it bypass every fault).
@@ -230,6 +233,20 @@ impl FaultyStore {
     /// Ends a [`cut_reads`](Self::cut_reads) now.
     pub fn restore_reads(&self) {
         self.state().reads_cut = false;
+    }
+
+    /// Holds back the answers of transactions (`txn`, `put`, `delete`) until
+    /// [`release_held_answers`](Self::release_held_answers): each is applied by the store,
+    /// and its answer is delivered only then, as it was, whatever else happened meanwhile
+    /// (a slow answer, a busy runtime). Session calls are not held.
+    pub fn hold_txn_answers(&self) {
+        self.shared.holding.send_replace(true);
+    }
+
+    /// Delivers the answers [`hold_txn_answers`](Self::hold_txn_answers) held back, and
+    /// holds no more.
+    pub fn release_held_answers(&self) {
+        self.shared.holding.send_replace(false);
     }
 
     /// Ends a cut-off now.
@@ -295,7 +312,13 @@ impl FaultyStore {
         if refused {
             return Err(self.refused(what));
         }
+        let held = kind == Kind::Txn && *self.shared.holding.borrow();
         let result = call.await;
+        if held {
+            let mut holding = self.shared.holding.subscribe();
+            let _ = holding.wait_for(|holding| !holding).await;
+            return result;
+        }
         if !(delay - before).is_zero() {
             tokio::time::sleep(delay - before).await;
         }

@@ -126,13 +126,14 @@ impl Registrar for Handoff {
         found
     }
 
-    async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError> {
+    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError> {
         let (topic, consumer, registration) = key;
         let record_key = self.core.keys.consumer(topic, consumer);
         let ours = |r: &ConsumerRecord| r.session == registration.0;
-        if delete_if(&*self.core.store, &record_key, ours, None).await? {
+        let deleted = delete_if(&*self.core.store, &record_key, ours, None).await?;
+        if deleted {
             tracing::info!(topic, consumer, "registration deleted; its partitions will be reassigned");
         }
-        Ok(())
+        Ok(deleted)
     }
 }

@@ -87,8 +87,9 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     /// Every registration in `cache` that names `instance` as the one holding its stream.
     fn registrations_of(&self, cache: &Self::Cache, instance: &str) -> Vec<StreamKey>;
 
-    /// Deletes the registration `key` (and what is bound to it) if it is still this one.
-    async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError>;
+    /// Deletes the registration `key` (and what is bound to it) if it is still this one;
+    /// returns whether it did.
+    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError>;
 
     /// Work that runs beside a stream until `done` is cancelled (the fleet's claim step).
     fn spawn_companion(
@@ -279,7 +280,7 @@ async fn unregister<R: Registrar>(backend: &R, key: &StreamKey) {
     let mut backoff = std::time::Duration::from_millis(50);
     loop {
         match backend.unregister(key).await {
-            Ok(()) => return,
+            Ok(_) => return,
             Err(error) => {
                 tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot delete the registration; retrying")
             }
@@ -438,6 +439,75 @@ mod tests {
         assert!(backend.core.streams.lost().is_empty(), "no stream is left lost");
         let kept = store.get(&registration("events", "a")).await.expect("read").expect("kept alive");
         assert_eq!(kept.session, after.session, "kept alive on the new lease");
+    }
+
+    /// Waits (on paused time) until the registration of `a` is gone from `store`, up to
+    /// `within`, then one more second for the answer of the delete that removed it to
+    /// arrive (so the sweep's count, if it deleted it, is up to date); returns whether it
+    /// went.
+    async fn gone_within(store: &crate::store::MemoryStore, within: Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < until {
+            if store.get(&registration("events", "a")).await.expect("read").is_none() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_register_cancelled_after_its_write_leaves_no_registration_behind() {
+        let memory = crate::store::MemoryStore::new();
+        let (backend, faults) = TestBackend::start_faulty(TTL, memory.clone()).await;
+        // Another consumer first: the topic's record is written, only `a`'s write is left.
+        let _b = register(&backend, "b", "events").await.expect("registers");
+        // Every answer takes 100 ms: 50 ms to reach the store, 50 ms back.
+        faults.delay(Duration::from_millis(100), Duration::from_millis(100));
+        let mut call = Box::pin(register(&backend, "a", "events"));
+        // The caller goes away once the write was applied, before its answer came.
+        loop {
+            tokio::select! {
+                _ = &mut call => panic!("answered before the write could be seen"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            if memory.get(&registration("events", "a")).await.expect("read").is_some() {
+                break;
+            }
+        }
+        drop(call);
+        assert!(gone_within(&memory, TTL * 2).await, "the registration of a cancelled Register must end");
+        assert_eq!(backend.core.metrics.registrations_swept.get(), 0, "ended by its own path, not the sweep");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registration_whose_answer_was_lost_ends_after_the_ttl() {
+        let memory = crate::store::MemoryStore::new();
+        let (backend, faults) = TestBackend::start_faulty(TTL, memory.clone()).await;
+        let _b = register(&backend, "b", "events").await.expect("registers");
+        faults.lose_next_txn_answers(1);
+        let error = register(&backend, "a", "events").await.err().expect("the answer was lost");
+        assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
+        assert!(
+            memory.get(&registration("events", "a")).await.expect("read").is_some(),
+            "written all the same"
+        );
+        assert!(gone_within(&memory, TTL * 2).await, "a registration nobody streams for must end");
+        assert_eq!(backend.core.metrics.registrations_swept.get(), 0, "ended by its own path, not the sweep");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_ends_a_registration_no_stream_holds_and_counts_it() {
+        let memory = crate::store::MemoryStore::new();
+        let (backend, _faults) = TestBackend::start_faulty(TTL, memory.clone()).await;
+        let lease = backend.core.live_lease().expect("live");
+        // A record of this instance that no path of this instance wrote, so none settles it.
+        let orphan = crate::store::Op::put_in(registration("events", "a"), "42", lease);
+        memory.txn(crate::store::Txn::new().then(orphan)).await.expect("written");
+        assert!(!gone_within(&memory, TTL / 2).await, "not before a whole TTL without a stream");
+        assert!(gone_within(&memory, TTL * 2).await, "swept");
+        assert_eq!(backend.core.metrics.registrations_swept.get(), 1);
     }
 
     #[tokio::test(start_paused = true)]

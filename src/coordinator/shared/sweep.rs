@@ -4,7 +4,7 @@
 //! ends, a write whose answer was lost, a stream refused after a fence). Should one path
 //! still miss a record, it would keep its partitions, and draw warms, until the instance
 //! died. So every half TTL the sweep looks for registration records naming this instance
-//! whose registration no local stream holds; one still found after a whole TTL is deleted
+//! whose registration no local stream holds; one still found a TTL and a half later is deleted
 //! (compare-and-swap on its registration id) and counted in
 //! `kafka_assigner_registrations_swept_total`. A restart hold (`SHUTDOWN_NOW`) is left to
 //! its own timer, and nothing is swept while the cache does not follow the store.
@@ -41,15 +41,18 @@ pub async fn sweep_orphans<R: Registrar>(backend: Arc<R>) {
         let mut kept = HashMap::with_capacity(found.len());
         for key in found {
             let since = orphans.get(&key).copied().unwrap_or(now);
-            if now.duration_since(since) < core.lease_ttl {
+            // Past the TTL and a half: the after-disconnect path, due at one TTL, goes first.
+            if now.duration_since(since) < core.lease_ttl * 3 / 2 {
                 kept.insert(key, since);
                 continue;
             }
             match backend.unregister(&key).await {
-                Ok(()) => {
+                Ok(true) => {
                     tracing::warn!(topic = %key.0, consumer = %key.1, "swept a registration no stream held");
                     core.metrics.registrations_swept.inc();
                 }
+                // Its own path ended it meanwhile.
+                Ok(false) => {}
                 Err(error) => {
                     tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot sweep a registration; later");
                     kept.insert(key, since);

@@ -183,8 +183,18 @@ impl Registrar for TestBackend {
             .collect()
     }
 
-    async fn unregister(&self, key: &(String, String, SessionId)) -> Result<(), StoreError> {
-        self.core.store.delete(&registration(&key.0, &key.1)).await.map(|_| ())
+    async fn unregister(&self, key: &(String, String, SessionId)) -> Result<bool, StoreError> {
+        let record = registration(&key.0, &key.1);
+        let ours = self
+            .core
+            .store
+            .get(&record)
+            .await?
+            .is_some_and(|kv| kv.value == key.2.0.to_string().into_bytes());
+        if ours {
+            self.core.store.delete(&record).await?;
+        }
+        Ok(ours)
     }
 
     fn relay_one(
