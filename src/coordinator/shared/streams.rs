@@ -628,13 +628,13 @@ mod tests {
         }
         let n = items.len();
         assert!(n >= 2, "{n} items");
-        assert!(items[..n - 2].iter().all(|i| matches!(i, Ok(c) if *c == update("t", [0], []))));
-        assert_eq!(n - 2, STREAM_BUFFER, "the backlog is kept whole");
         assert!(
             matches!(&items[n - 2], Ok(c) if *c == update("t", [], [0])),
             "the farewell (unassigned 0) comes right before the end, got {:?}",
             items[n - 2]
         );
+        assert!(items[..n - 2].iter().all(|i| matches!(i, Ok(c) if *c == update("t", [0], []))));
+        assert_eq!(n - 2, STREAM_BUFFER, "the backlog is kept whole");
         let fenced = matches!(items[n - 1], Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _)));
         assert!(fenced, "then the stream ends as fenced: {:?}", items[n - 1]);
     }
