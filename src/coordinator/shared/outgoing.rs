@@ -97,9 +97,10 @@ pub type CommandReceiver = mpsc::Receiver<Outgoing>;
 /// registration is kept for the TTL so it can reconnect (and get a fresh snapshot).
 pub const STREAM_BUFFER: usize = 1024;
 
-/// A new command channel of [`STREAM_BUFFER`] commands (and one slot for the last error).
+/// A new command channel of [`STREAM_BUFFER`] commands, and two slots beyond them: the
+/// farewell that tells a fenced or replaced consumer it owns nothing, and the last error.
 pub fn command_channel() -> (CommandSender, CommandReceiver) {
-    mpsc::channel(STREAM_BUFFER + 1)
+    mpsc::channel(STREAM_BUFFER + 2)
 }
 
 /// The stream the gRPC layer sends: the channel's items in order, each loss held until

@@ -48,7 +48,8 @@ pub type Ending = (EndReason, Option<CoordinatorError>);
 /// What a backend's stream remembers having told its consumer.
 pub trait Told: Default + Send + Sync + 'static {
     /// The commands that tell the consumer it owns nothing any more (sent before a
-    /// stream ends because it was replaced or its session is gone).
+    /// stream ends because it was replaced, fenced or its session is gone). At most one
+    /// command: the channel keeps one slot for it ([`LocalStream::farewell`]).
     fn farewell(&self, topic: &str) -> Vec<AssignmentCommand>;
 }
 
@@ -109,8 +110,8 @@ impl<T: Told> LocalStream<T> {
     }
 
     /// Sends commands; a closed receiver means the client is gone, which its stream task
-    /// notices. The last slot of the buffer is kept for the error that ends an overflowing
-    /// stream ([`STREAM_BUFFER`]).
+    /// notices. Beyond [`STREAM_BUFFER`] commands nothing is sent: the last two slots are
+    /// kept for the farewell and the error that ends an overflowing stream.
     pub fn send(&mut self, commands: impl IntoIterator<Item = AssignmentCommand>) {
         for command in commands {
             let outgoing = match &self.pass {
@@ -121,10 +122,10 @@ impl<T: Told> LocalStream<T> {
         }
     }
 
-    /// Puts one item in the channel, unless the consumer stopped reading: the last slot is
-    /// kept for the error that ends an overflowing stream.
+    /// Puts one item in the channel, unless the consumer stopped reading: the last two
+    /// slots are kept, for the farewell and for the error that ends the stream.
     fn push(&mut self, outgoing: Outgoing) {
-        if self.overflowed || self.tx.capacity() <= 1 {
+        if self.overflowed || self.tx.capacity() <= 2 {
             self.overflowed = true;
             return;
         }
@@ -162,10 +163,21 @@ impl<T: Told> LocalStream<T> {
         })
     }
 
-    /// Tells the consumer it owns nothing any more ([`Told::farewell`]).
+    /// Tells the consumer it owns nothing any more ([`Told::farewell`]). Unlike
+    /// [`send`](Self::send), this takes the slot `push` keeps for it, even when the buffer
+    /// is full or overflowed: a consumer that is behind hears it (after its backlog) before
+    /// the error that ends the stream, which keeps the last slot.
     pub fn farewell(&mut self, topic: &str) {
         if self.activated {
-            self.send(self.told.farewell(topic));
+            for command in self.told.farewell(topic) {
+                let outgoing = match &self.pass {
+                    Some(gate) => gate.gain(command),
+                    None => Outgoing::free(Ok(command)),
+                };
+                if self.tx.capacity() >= 2 {
+                    let _ = self.tx.try_send(outgoing);
+                }
+            }
         }
         self.told = T::default();
     }
@@ -611,6 +623,47 @@ mod tests {
         };
         assert_eq!(items, STREAM_BUFFER, "the buffer is bounded");
         assert_eq!(last.code(), ErrorCode::ResourceExhausted, "{last}");
+    }
+
+    /// What a test stream was told: whether it owns partition 0 (its farewell unassigns it).
+    #[derive(Default)]
+    struct OwnsZero(bool);
+
+    impl super::Told for OwnsZero {
+        fn farewell(&self, topic: &str) -> Vec<AssignmentCommand> {
+            if self.0 { vec![update(topic, [], [0])] } else { Vec::new() }
+        }
+    }
+
+    #[test]
+    fn a_fenced_consumer_with_a_full_buffer_still_hears_its_farewell_before_the_end() {
+        let streams: Streams<LocalStream<OwnsZero>> = Streams::new(Arc::new(Metrics::new()));
+        let (tx, mut rx) = command_channel();
+        let (mut a, _end) = LocalStream::new(SessionId(1), 1, tx);
+        a.activated = true;
+        a.told = OwnsZero(true);
+        streams.insert("t", "a", a);
+        let key = ("t".to_string(), "a".to_string(), SessionId(1));
+        // The consumer is a whole buffer behind: every command fits, none was dropped.
+        for _ in 0..STREAM_BUFFER {
+            streams.with(&key, |s| s.send([update("t", [0], [])]));
+        }
+        streams.fence_all("i1");
+        let mut items = Vec::new();
+        while let Ok(outgoing) = rx.try_recv() {
+            items.push(outgoing.item);
+        }
+        let n = items.len();
+        assert!(n >= 2, "{n} items");
+        assert!(
+            matches!(&items[n - 2], Ok(c) if *c == update("t", [], [0])),
+            "the farewell (unassigned 0) comes right before the end, got {:?}",
+            items[n - 2]
+        );
+        assert!(items[..n - 2].iter().all(|i| matches!(i, Ok(c) if *c == update("t", [0], []))));
+        assert_eq!(n - 2, STREAM_BUFFER, "the backlog is kept whole");
+        let fenced = matches!(items[n - 1], Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _)));
+        assert!(fenced, "then the stream ends as fenced: {:?}", items[n - 1]);
     }
 
     #[test]
