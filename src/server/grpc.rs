@@ -139,7 +139,7 @@ impl KafkaAssigner for AssignerService {
             self.authorize(&request, &request.get_ref().consumer_name, "Register")?;
             let ip = request.extensions().get::<super::tls::ConnInfo>().map(|info| info.remote_addr.ip());
             // Held by the stream: dropped when the stream ends or the client goes away.
-            let permit = self.policy.gate.acquire(ip)?;
+            let permit = self.policy.gate.acquire(ip, &self.metrics)?;
             let RegisterRequest { consumer_name, topic } = request.into_inner();
             let stream = self.coordinator.register(&consumer_name, &topic).await.map_err(to_status)?;
             Ok((stream, permit))

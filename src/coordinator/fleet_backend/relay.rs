@@ -5,8 +5,8 @@
 //! Updates come from here, derived from the cache after a whole revision has been applied
 //! (so a consumer never sees half a transaction), with one exception: a partition the
 //! consumer's own claim step gives back is `unassigned` by the claim step *before* its
-//! lease is deleted (`claim.rs`), and kept out of the consumer's view meanwhile
-//! ([`FleetTold::releasing`]).
+//! lease is deleted, once the stream's transport took it (`claim.rs`), and kept out of the
+//! consumer's view meanwhile ([`FleetTold::releasing`]).
 
 use std::{collections::BTreeSet, sync::Arc};
 

@@ -14,6 +14,10 @@
 //! waits for gains of its own pass, which sit behind older commands only, so no two
 //! streams can wait for each other. A consumer that does not read its stream delays the
 //! other's release by at most [`GAINS_FIRST_WAIT`]: a longer overlap, never a gap.
+//!
+//! The fleet backend, which has no overlap, waits on a gate the other way round: a
+//! partition given back is freed only once [`PassGate::taken`] says the giver's transport
+//! took its `unassigned` (`fleet_backend/claim.rs`).
 
 use std::{sync::Arc, time::Duration};
 
@@ -77,6 +81,14 @@ impl PassGate {
     pub fn loss(&self, command: AssignmentCommand) -> Outgoing {
         let deadline = tokio::time::Instant::now() + GAINS_FIRST_WAIT;
         Outgoing { item: Ok(command), order: Order::Loss(self.taken.clone(), deadline) }
+    }
+
+    /// Resolves once every gain of this gate was taken from its channel, or dropped with
+    /// it: a sender that must know the consumer heard checks that its stream is still open.
+    pub fn taken(self) -> impl Future<Output = ()> + Send + 'static {
+        let Self { hold, taken } = self;
+        drop(hold);
+        taken.cancelled_owned()
     }
 }
 

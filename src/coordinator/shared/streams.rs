@@ -122,6 +122,20 @@ impl<T: Told> LocalStream<T> {
         }
     }
 
+    /// Sends `commands` as gains of `gate`, outside any relay pass: [`PassGate::taken`]
+    /// then tells when the transport took them. False if the consumer stopped reading and
+    /// they were not queued.
+    pub fn send_held(
+        &mut self,
+        gate: &PassGate,
+        commands: impl IntoIterator<Item = AssignmentCommand>,
+    ) -> bool {
+        for command in commands {
+            self.push(gate.gain(command));
+        }
+        !self.overflowed
+    }
+
     /// Puts one item in the channel, unless the consumer stopped reading: the last two
     /// slots are kept, for the farewell and for the error that ends the stream.
     fn push(&mut self, outgoing: Outgoing) {
