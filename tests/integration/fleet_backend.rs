@@ -58,6 +58,7 @@ on_both_backends!(
     several_instances_on_one_store,
     concurrent_joins_and_churn,
     the_giver_hears_first,
+    a_deregistered_consumer_hears_first,
     a_giver_that_does_not_read_is_ended_and_keeps_its_leases_for_the_ttl,
 );
 
@@ -826,5 +827,46 @@ async fn a_giver_that_does_not_read_is_ended_and_keeps_its_leases_for_the_ttl(ba
     assert_eq!(last.1, (6..WIDE_PARTITIONS).collect(), "g's last command stops what it gave back: {heard:?}");
     assert_eq!(ended.code(), Code::ResourceExhausted, "{ended:?}");
     assert!(ended.message().contains("is not reading its stream"), "{ended:?}");
+    fleet.finish().await;
+}
+
+/// A consumer that deregisters hears that it owns nothing before anyone else is told it
+/// owns its partitions. `g` holds every partition and reads nothing for a while; it
+/// deregisters (`SHUTDOWN_NOW` on the fleet) and `c` joins at once. Its leases go only once
+/// its transport took everything queued for it, the `unassigned` last.
+async fn a_deregistered_consumer_hears_first(backend: Backend) {
+    let ttl = SLOW_READER * 5;
+    let fleet = Fleet::start_with(backend, 2, |config| config.lease_ttl = ttl).await;
+    let mut giver = fleet.nodes[0].coordinator.register("g", WIDE).await.expect("g registers");
+    all_leased_by(&fleet, "g").await;
+    let mut client = fleet.client(1).await;
+    client.deregister(DeregisterRequest { consumer_name: "g".into() }).await.expect("g deregisters");
+    let (mut c, _) = fleet.consumer(1, "c", WIDE).await;
+    // g is slow: it takes nothing from its stream for a while (the scenario, not a hope).
+    tokio::time::sleep(SLOW_READER).await;
+    let mut taken = Vec::new();
+    let heard_at = loop {
+        let next = tokio::time::timeout(PROMPT, giver.next()).await;
+        let command = match next {
+            Ok(Some(Ok(command))) => command,
+            other => panic!("g: no unassigned among {taken:?}: {other:?}"),
+        };
+        taken.push(describe(&command));
+        if !moves(&command).1.is_empty() {
+            break Instant::now();
+        }
+    };
+    c.wait_owned(WIDE_PARTITIONS as usize, PROMPT).await;
+    let first = c.history.iter().find(|(_, command)| !moves(command).0.is_empty()).map(|(at, _)| *at);
+    assert!(
+        first.is_some_and(|at| at > heard_at),
+        "c was told assigned before g's stream took its unassigned (g took {taken:?})"
+    );
+    eprintln!(
+        "[{}] c was told assigned {:?} after g took its unassigned",
+        backend.name(),
+        first.map(|at| at.duration_since(heard_at))
+    );
+    drop(giver);
     fleet.finish().await;
 }

@@ -99,9 +99,7 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
         for consumer in names {
             let Some(record) = entry.members.get(consumer) else { continue };
             let key = (topic.clone(), consumer.clone(), SessionId(record.value.session));
-            if record.value.leaving
-                && record.value.instance == core.instance_id
-                && !core.streams.contains(&key)
+            if record.value.leaving && record.value.instance == core.instance_id && !core.streams.holds(&key)
             {
                 orphans.push(key);
             }

@@ -234,7 +234,7 @@ async fn settle_unanswered<R: Registrar>(backend: &R, key: &StreamKey) {
         _ = tokio::time::sleep(core.lease_ttl) => {}
     }
     let held = backend.held(&core.mirror.read(), key);
-    if held != Held::NotOurs && !core.streams.contains(key) {
+    if held != Held::NotOurs && !core.streams.holds(key) {
         tracing::info!(topic = %key.0, consumer = %key.1, "a registration whose answer was lost ends");
         unregister(backend, key).await;
     }
@@ -263,10 +263,20 @@ async fn stream_task<R: Registrar>(
             EndReason::Disconnected
         }
     };
-    drop(tx);
     done.cancel();
+    if reason == EndReason::Left {
+        // The consumer hears that it owns nothing before anyone can be given what it
+        // owned: its registration (on the fleet, with its leases) goes once the transport
+        // took everything queued for it, or after one TTL for a consumer that does not read.
+        let everything = tx.max_capacity();
+        let _ = tokio::time::timeout(core.lease_ttl, tx.reserve_many(everything)).await;
+    }
+    drop(tx);
     match reason {
-        EndReason::Left => unregister(&*backend, &key).await,
+        EndReason::Left => {
+            unregister(&*backend, &key).await;
+            core.streams.set_departing(&key, false);
+        }
         EndReason::Disconnected => after_disconnect(&*backend, &key, registered_at).await,
         EndReason::Replaced | EndReason::Expired | EndReason::Shutdown => {}
     }

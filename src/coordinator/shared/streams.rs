@@ -256,6 +256,9 @@ pub struct Streams<S> {
     /// fenced ([`Streams::fence_all`]): a registration answered late (a slow store answer,
     /// a busy runtime) can then never slip its stream in after the fence ran.
     gate: std::sync::Mutex<()>,
+    /// Streams that ended because their consumer left, whose last commands are still on
+    /// their way (`register.rs`): their registrations are their stream task's to delete.
+    departing: std::sync::Mutex<std::collections::HashSet<StreamKey>>,
 }
 
 impl<T: Told> Streams<LocalStream<T>> {
@@ -266,6 +269,7 @@ impl<T: Told> Streams<LocalStream<T>> {
             metrics,
             lost: tokio::sync::Notify::new(),
             gate: std::sync::Mutex::new(()),
+            departing: Default::default(),
         }
     }
 
@@ -340,10 +344,34 @@ impl<T: Told> Streams<LocalStream<T>> {
         let (topic, consumer, session) = key;
         let removed = self.map.remove_if(&(topic.clone(), consumer.clone()), |_, s| s.session == *session);
         if let Some((_, stream)) = removed {
+            if reason == EndReason::Left {
+                // Marked before anyone can see the stream gone: its stream task settles it.
+                self.set_departing(key, true);
+            }
             tracing::info!(topic = %topic, consumer = %consumer, ?reason, "consumer stream ended");
             stream.finish(reason, last);
             self.gauge();
         }
+    }
+
+    /// Marks the stream `key`, which ended because its consumer left, as departing ([`end`]
+    /// does), or no longer once its registration was settled (its stream task does).
+    ///
+    /// [`end`]: Self::end
+    pub fn set_departing(&self, key: &StreamKey, departing: bool) {
+        let mut set = self.departing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if departing {
+            set.insert(key.clone());
+        } else {
+            set.remove(key);
+        }
+    }
+
+    /// Whether the registration `key` is this instance's to settle: its stream is held, or
+    /// departing.
+    pub fn holds(&self, key: &StreamKey) -> bool {
+        self.contains(key)
+            || self.departing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(key)
     }
 
     /// Whether the stream `key` is held.

@@ -34,7 +34,7 @@ pub async fn sweep_orphans<R: Registrar>(backend: Arc<R>) {
             backend
                 .registrations_of(&cache, &core.instance_id)
                 .into_iter()
-                .filter(|key| !core.streams.contains(key) && backend.held(&cache, key) == Held::ForTtl)
+                .filter(|key| !core.streams.holds(key) && backend.held(&cache, key) == Held::ForTtl)
                 .collect()
         };
         let now = Instant::now();
