@@ -737,12 +737,14 @@ async fn the_giver_hears_first(backend: Backend) {
     // Then its transport takes the commands one by one, noting when it took each.
     let mut taken = Vec::new();
     let (given_back, heard_at) = loop {
+        // Read before the take: the command is waiting, so the take happens in this call,
+        // and nobody can be told before it (a time read after it could be later than c's).
+        let at = Instant::now();
         let next = tokio::time::timeout(PROMPT, giver.next()).await;
         let command = match next {
             Ok(Some(Ok(command))) => command,
             other => panic!("g: no unassigned among {taken:?}: {other:?}"),
         };
-        let at = Instant::now();
         let (_, unassigned) = moves(&command);
         taken.push(describe(&command));
         if !unassigned.is_empty() {
@@ -846,6 +848,8 @@ async fn a_deregistered_consumer_hears_first(backend: Backend) {
     tokio::time::sleep(SLOW_READER).await;
     let mut taken = Vec::new();
     let heard_at = loop {
+        // Read before the take (see `the_giver_hears_first`).
+        let at = Instant::now();
         let next = tokio::time::timeout(PROMPT, giver.next()).await;
         let command = match next {
             Ok(Some(Ok(command))) => command,
@@ -853,7 +857,7 @@ async fn a_deregistered_consumer_hears_first(backend: Backend) {
         };
         taken.push(describe(&command));
         if !moves(&command).1.is_empty() {
-            break Instant::now();
+            break at;
         }
     };
     c.wait_owned(WIDE_PARTITIONS as usize, PROMPT).await;
