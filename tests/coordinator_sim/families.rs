@@ -1,17 +1,19 @@
-//! The targeted families (`Kind::Stalls`, `Kind::Revokes`): faults the random kinds reach
-//! too rarely to catch what they would show, drawn so they do.
+//! The targeted families (`Kind::Stalls`, `Kind::Revokes`, `Kind::ReadyRaces`): faults the
+//! random kinds reach too rarely to catch what they would show, drawn so they do.
 //!
-//! * **A deposed leader's write lands late.** A leader's connection stalls from its next
-//!   write of ownership (its plan) for longer than the TTL: the store expires its session,
-//!   another instance wins, and the held plan reaches the store after that. The fence must
-//!   refuse it (checked in `model.rs`: only the instance holding the leader key moves
-//!   partitions by plan).
-//! * **A ready lands late.** A non-leader's connection stalls from its next write of
-//!   ownership (a consumer's `PartitionReady` or `PartitionReleased`) while consumers come
-//!   and go, so the leader may cancel or redirect that warm meanwhile; the late call must
-//!   then change nothing (`model.rs`: every revision is a step of the handoff rules).
-//! * **Delayed answers lost.** A stall that ends by resetting the connection loses the
-//!   answers of everything it held: writes applied late, and answered never.
+//! * **A deposed leader's write lands late** (stalls). A leader's connection stalls from its
+//!   next write of ownership (its plan) for longer than the TTL: the store expires its
+//!   session, another instance wins, and the held plan reaches the store after that. The
+//!   fence must refuse it (checked in `model.rs`: only the instance holding the leader key
+//!   moves partitions by plan).
+//! * **Delayed answers lost** (stalls). A stall that ends by resetting the connection loses
+//!   the answers of everything it held: writes applied late, and answered never.
+//! * **A ready lands late** (ready races). A consumer's `PartitionReady` goes through a
+//!   non-leader whose connection stalls from that write on, while every offline consumer
+//!   joins elsewhere: quotas shrink, and the leader may give the warm's partition another
+//!   target before the held ready lands. It must then change nothing (`model.rs`: every
+//!   revision is a step of the handoff rules). The group starts small and the warm cap
+//!   high, so newcomers warm more than a shrunken quota leaves them.
 //! * **An early expiry.** The store expires the leader's session while it is in touch: its
 //!   streams stay open and their registrations are written again (the rebind); the new
 //!   leader must leave their partitions alone until then (the settle period), or move them
