@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tonic::{
     Code, Status, Streaming,
+    metadata::MetadataMap,
     transport::{Channel, Endpoint},
 };
 
@@ -14,6 +15,7 @@ use crate::proto::v1::{
     AssignmentCommand, DeregisterAction, DeregisterRequest, PartitionReadyRequest, PartitionReleasedRequest,
     RegisterRequest, TopicPartition, kafka_assigner_client::KafkaAssignerClient,
 };
+use crate::server::grpc::SESSION_TTL_HEADER;
 
 /// A gRPC client on one connection.
 pub type Rpc = KafkaAssignerClient<Channel>;
@@ -27,24 +29,38 @@ pub fn is_transient(status: &Status) -> bool {
     )
 }
 
-/// Connects to `endpoint` and opens the `Register` stream.
+/// Connects to `endpoint` and opens the `Register` stream; also returns the session TTL
+/// the assigner announced, if it did.
 pub async fn register(
     endpoint: &Endpoint,
     consumer: &str,
     topic: &str,
     timeout: Duration,
-) -> Result<(Rpc, Streaming<AssignmentCommand>), Status> {
+) -> Result<(Rpc, Streaming<AssignmentCommand>, Option<Duration>), Status> {
     let channel = endpoint
         .connect()
         .await
         .map_err(|e| Status::unavailable(format!("cannot connect to {}: {e}", endpoint.uri())))?;
     let mut rpc = KafkaAssignerClient::new(channel);
     let request = RegisterRequest { consumer_name: consumer.to_string(), topic: topic.to_string() };
-    let stream = tokio::time::timeout(timeout, rpc.register(request))
+    let response = tokio::time::timeout(timeout, rpc.register(request))
         .await
-        .map_err(|_| Status::unavailable(format!("Register not answered within {timeout:?}")))??
-        .into_inner();
-    Ok((rpc, stream))
+        .map_err(|_| Status::unavailable(format!("Register not answered within {timeout:?}")))??;
+    let ttl = announced_session_ttl(response.metadata());
+    Ok((rpc, response.into_inner(), ttl))
+}
+
+/// The session TTL in the `Register` response headers ([`SESSION_TTL_HEADER`]). A missing,
+/// malformed or zero value is ignored (an older server, or one whose sessions never expire).
+pub fn announced_session_ttl(metadata: &MetadataMap) -> Option<Duration> {
+    let value = metadata.get(SESSION_TTL_HEADER)?;
+    match value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).filter(|ms| *ms > 0) {
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => {
+            tracing::warn!(?value, "ignoring a malformed {SESSION_TTL_HEADER} header");
+            None
+        }
+    }
 }
 
 /// Who calls, and how patiently.
@@ -226,8 +242,9 @@ mod tests {
     async fn refusals_that_mean_done_and_refused() {
         let server = server().await;
         let endpoint = Endpoint::from_shared(server.grpc_url()).expect("url");
-        let (_rpc, mut stream) =
+        let (_rpc, mut stream, ttl) =
             register(&endpoint, "c", "events", Duration::from_secs(2)).await.expect("Register");
+        assert_eq!(ttl, Some(HandoffConfig::default().lease_ttl), "the server announces its session TTL");
         // The snapshot, then (the leader plans the new group after its rebalance delay)
         // every partition.
         let owns_zero = async {
@@ -250,6 +267,21 @@ mod tests {
         let ready = acknowledge(rx, stranger, Ack::Ready, 0).await;
         assert!(matches!(ready, AckOutcome::Refused(Code::NotFound, _)), "{ready:?}");
         server.stop().await;
+    }
+
+    #[test]
+    fn the_announced_session_ttl_is_read_and_nonsense_ignored() {
+        let with = |value: &'static str| {
+            let mut metadata = MetadataMap::new();
+            metadata.insert(SESSION_TTL_HEADER, tonic::metadata::MetadataValue::from_static(value));
+            announced_session_ttl(&metadata)
+        };
+        assert_eq!(with("3000"), Some(Duration::from_secs(3)));
+        assert_eq!(with(" 1500 "), Some(Duration::from_millis(1500)));
+        for nonsense in ["0", "-1", "3s", "", "99999999999999999999999"] {
+            assert_eq!(with(nonsense), None, "{nonsense:?}");
+        }
+        assert_eq!(announced_session_ttl(&MetadataMap::new()), None, "an older server says nothing");
     }
 
     /// `UNAVAILABLE` (nothing listens) is retried; once the connection is replaced by a

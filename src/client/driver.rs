@@ -1,7 +1,11 @@
 //! The client task: one `Register` stream at a time, reconnects with backoff and jitter
 //! across the endpoints, the client-side lease, and the shutdown dance.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use futures::future::OptionFuture;
 use tokio::{
@@ -12,12 +16,12 @@ use tokio::{
 use tonic::{Code, Status, Streaming, transport::Endpoint};
 
 use super::calls::{self, Ack, AckOutcome, CallSettings, Rpc};
-use super::state::{Action, ClientState, Input};
+use super::state::{Action, ClientState, Input, Stage};
 use super::workers::Workers;
 use super::{ClientConfig, ClientError, ClientMetrics, Handler, ShutdownOutcome};
 use crate::proto::v1::{AssignmentCommand, DeregisterAction, assignment_command::Command};
 
-type Connecting = JoinHandle<Result<(Rpc, Streaming<AssignmentCommand>), Status>>;
+type Connecting = JoinHandle<Result<(Rpc, Streaming<AssignmentCommand>, Option<Duration>), Status>>;
 
 /// Everything the client task holds.
 pub struct Driver<H> {
@@ -41,6 +45,11 @@ pub struct Driver<H> {
     reconnect_at: Instant,
     /// Armed while the stream is down and we hold something: the client-side lease.
     lease_deadline: Option<Instant>,
+    /// The session timeout in force: the configured one, lowered to what the last
+    /// assigner announced ([`super::effective_session_timeout`]).
+    session_timeout: Duration,
+    /// When each running `release` stops counting as holding its partition.
+    release_deadlines: BTreeMap<u32, Instant>,
 }
 
 impl<H: Handler> Driver<H> {
@@ -55,6 +64,8 @@ impl<H: Handler> Driver<H> {
     ) -> Self {
         let (done_tx, done) = mpsc::unbounded_channel();
         let workers = Workers::new(handler, config.topic.clone(), metrics.clone(), done_tx);
+        let session_timeout = config.session_timeout;
+        metrics.session_timeout_seconds.set(session_timeout.as_secs_f64());
         Self {
             config,
             endpoints,
@@ -73,6 +84,8 @@ impl<H: Handler> Driver<H> {
             attempt: 0,
             reconnect_at: Instant::now(),
             lease_deadline: None,
+            session_timeout,
+            release_deadlines: BTreeMap::new(),
         }
     }
 
@@ -100,6 +113,7 @@ impl<H: Handler> Driver<H> {
         let far = || Instant::now() + std::time::Duration::from_secs(86_400);
         loop {
             let stopping = stop.is_none();
+            let next_release = self.release_deadlines.values().min().copied();
             tokio::select! {
                 biased;
                 _ = async { if let Some(s) = stop.as_mut() { let _ = s.await; } }, if !stopping => {
@@ -147,7 +161,7 @@ impl<H: Handler> Driver<H> {
                 Some(connected) = OptionFuture::from(self.connecting.as_mut()), if self.connecting.is_some() => {
                     self.connecting = None;
                     match connected {
-                        Ok(Ok((rpc, stream))) => self.connected(rpc, stream),
+                        Ok(Ok((rpc, stream, announced))) => self.connected(rpc, stream, announced),
                         Ok(Err(status)) if status.code() == Code::InvalidArgument => {
                             return Err(ClientError::Refused(status));
                         }
@@ -161,7 +175,7 @@ impl<H: Handler> Driver<H> {
                     if self.lease_deadline.is_some() => {
                     self.lease_deadline = None;
                     tracing::warn!(
-                        session_timeout = ?self.config.session_timeout,
+                        session_timeout = ?self.session_timeout,
                         "client-side lease ran out: no assigner reachable; unassigning everything"
                     );
                     self.metrics.lease_expirations.inc();
@@ -175,18 +189,55 @@ impl<H: Handler> Driver<H> {
                 Some(Ok((ack, p, outcome))) = self.acks.join_next(), if !self.acks.is_empty() => {
                     self.acked(ack, p, &outcome);
                 }
+                _ = tokio::time::sleep_until(next_release.unwrap_or_else(far)),
+                    if next_release.is_some() => self.releases_overdue(),
             }
+        }
+    }
+
+    /// Releases that have run for the session timeout stop holding their partition: the
+    /// server may have completed the handoff without us (it does not tell the old owner).
+    fn releases_overdue(&mut self) {
+        let now = Instant::now();
+        let overdue: Vec<u32> =
+            self.release_deadlines.iter().filter(|(_, at)| **at <= now).map(|(p, _)| *p).collect();
+        for p in overdue {
+            self.release_deadlines.remove(&p);
+            self.apply(Input::ReleaseOverdue(p));
         }
     }
 
     /// Applies `input` and carries out the actions.
     fn apply(&mut self, input: Input) {
+        let finished = match input {
+            Input::ReleaseFinished(p) => Some(p),
+            _ => None,
+        };
         let actions = self.state.apply(input);
+        if let Some(p) = finished
+            && self.state.stage(p) != Some(Stage::Releasing)
+        {
+            self.release_deadlines.remove(&p);
+        }
         for action in actions {
             match action {
                 Action::SendReady(p) => self.send(Ack::Ready, p),
                 Action::SendReleased(p) => self.send(Ack::Released, p),
+                Action::ReleaseAbandoned(p) => {
+                    // The handler cannot be stopped: say so, loudly, and stop counting it.
+                    tracing::warn!(
+                        topic = %self.config.topic,
+                        partition = p,
+                        session_timeout = ?self.session_timeout,
+                        "release has not returned, and the partition may have a new owner by now: \
+                         it is no longer reported as owned; PartitionReleased follows when it returns"
+                    );
+                    self.metrics.abandoned_releases.inc();
+                }
                 other => {
+                    if let Action::Release(p) = other {
+                        self.release_deadlines.insert(p, Instant::now() + self.session_timeout);
+                    }
                     if let Some(workers) = self.workers.as_mut() {
                         workers.queue(other);
                     }
@@ -274,9 +325,10 @@ impl<H: Handler> Driver<H> {
             Some(tokio::spawn(async move { calls::register(&endpoint, &consumer, &topic, timeout).await }));
     }
 
-    fn connected(&mut self, rpc: Rpc, stream: Streaming<AssignmentCommand>) {
+    fn connected(&mut self, rpc: Rpc, stream: Streaming<AssignmentCommand>, announced: Option<Duration>) {
         let endpoint = &self.config.endpoints[self.next_endpoint % self.endpoints.len()];
         tracing::info!(%endpoint, consumer = %self.config.consumer_name, "registered");
+        self.learn_session_ttl(announced);
         self.stream = Some(stream);
         self.expect_snapshot = true;
         self.attempt = 0;
@@ -284,6 +336,32 @@ impl<H: Handler> Driver<H> {
         self.connected_tx.send_replace(true);
         self.metrics.connects.inc();
         self.metrics.connected.set(1);
+    }
+
+    /// Lowers the session timeout to what the assigner's session TTL allows. The last
+    /// announcement wins (an instance that announces nothing changes nothing): every
+    /// instance of a deployment runs with one `--lease-ttl`, which a rollout may change.
+    fn learn_session_ttl(&mut self, announced: Option<Duration>) {
+        let Some(ttl) = announced else { return };
+        let effective = super::effective_session_timeout(self.config.session_timeout, ttl);
+        if effective != self.session_timeout {
+            tracing::info!(
+                server_session_ttl = ?ttl,
+                configured = ?self.config.session_timeout,
+                session_timeout = ?effective,
+                "session timeout set from the assigner's session TTL"
+            );
+            if self.config.keepalive * 2 >= effective {
+                tracing::warn!(
+                    keepalive = ?self.config.keepalive,
+                    session_timeout = ?effective,
+                    "keepalives too slow for the assigner's session TTL: a dropped stream unassigns \
+                     everything at once (use ClientConfig::with_server_lease_ttl)"
+                );
+            }
+        }
+        self.session_timeout = effective;
+        self.metrics.session_timeout_seconds.set(effective.as_secs_f64());
     }
 
     fn connect_failed(&mut self, why: &str) {
@@ -308,7 +386,7 @@ impl<H: Handler> Driver<H> {
             // Counted from the last moment the connection was known alive: a silently
             // dead one is noticed up to two keepalive periods late.
             let detection = self.config.keepalive * 2;
-            let left = self.config.session_timeout.saturating_sub(detection);
+            let left = self.session_timeout.saturating_sub(detection);
             self.lease_deadline = Some(Instant::now() + left);
         }
         self.schedule_reconnect();

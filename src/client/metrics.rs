@@ -1,5 +1,7 @@
 //! The client's metrics, registered in the user's `prometheus-client` registry.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -26,6 +28,12 @@ pub struct ClientMetrics {
     pub connects: Counter,
     /// Times the client-side lease ran out and everything was unassigned.
     pub lease_expirations: Counter,
+    /// `release` calls still running when their partition stopped being held (the session
+    /// was lost, or the release outlived the session timeout).
+    pub abandoned_releases: Counter,
+    /// The session timeout in force, in seconds: the configured one, or lower if the
+    /// assigner's session TTL asks for it.
+    pub session_timeout_seconds: Gauge<f64, AtomicU64>,
     /// Partitions held (owned or releasing).
     pub owned_partitions: Gauge,
     /// 1 while a stream is open.
@@ -44,6 +52,16 @@ impl ClientMetrics {
             "lease_expirations",
             "Client-side lease expirations (everything unassigned)",
             self.lease_expirations.clone(),
+        );
+        r.register(
+            "abandoned_releases",
+            "Releases still running when their partition stopped being held (session lost or timed out)",
+            self.abandoned_releases.clone(),
+        );
+        r.register(
+            "session_timeout_seconds",
+            "Client-side session timeout in force (configured, or lowered to the assigner's TTL)",
+            self.session_timeout_seconds.clone(),
         );
         r.register("owned_partitions", "Partitions held (owned or releasing)", self.owned_partitions.clone());
         r.register("connected", "1 while a Register stream is open", self.connected.clone());

@@ -105,7 +105,11 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     /// Client-side lease: a stream down this long (counted from the last moment the
     /// connection was known alive) without a reconnect restoring it means `unassigned`
-    /// for everything. Keep it below the server's `--lease-ttl`.
+    /// for everything; a `release` running this long stops counting as holding its
+    /// partition. An upper bound: each assigner announces its session TTL on `Register`,
+    /// and the client uses the lower of this and 60% of that TTL
+    /// ([`with_server_lease_ttl`](Self::with_server_lease_ttl)'s rule), so a setting
+    /// above what the server allows is never used.
     pub session_timeout: Duration,
     /// HTTP/2 keepalive ping interval (and ping timeout): bounds how long a silently dead
     /// connection goes unnoticed. Detection takes up to twice this, which is taken off
@@ -144,8 +148,11 @@ impl ClientConfig {
     /// it, with keepalives every 5%. The server refreshes a session every third of the
     /// TTL, so once the stream drops it may expire as soon as two thirds of the TTL later;
     /// the client stops at most 60% - 2 x 5% = half the TTL after the last sign of life.
+    ///
+    /// The client applies the same rule on its own to the TTL the assigner announces, so
+    /// this matters for the keepalive, which is set before connecting.
     pub fn with_server_lease_ttl(mut self, ttl: Duration) -> Self {
-        self.session_timeout = ttl.mul_f64(0.6);
+        self.session_timeout = session_timeout_within(ttl);
         self.keepalive = (ttl / 20).max(Duration::from_millis(20));
         self
     }
@@ -192,6 +199,18 @@ impl ClientConfig {
     }
 }
 
+/// The longest client session a server session TTL of `ttl` allows (see
+/// [`ClientConfig::with_server_lease_ttl`]).
+fn session_timeout_within(ttl: Duration) -> Duration {
+    ttl.mul_f64(0.6)
+}
+
+/// The session timeout in force once a server announced its session TTL: the configured
+/// one, lowered to what that TTL allows, never raised above the configuration.
+fn effective_session_timeout(configured: Duration, announced_ttl: Duration) -> Duration {
+    configured.min(session_timeout_within(announced_ttl))
+}
+
 /// A running client (see the module docs). Dropping it without
 /// [`shutdown`](Self::shutdown) stops it abruptly, like a killed process: no `Deregister`,
 /// no handler calls.
@@ -224,7 +243,10 @@ impl AssignerClient {
         Ok(Self { owned, connected, stop: Some(stop), task: Some(task) })
     }
 
-    /// The partitions held (owned, or releasing until `release` returns), as a watch.
+    /// The partitions held, as a watch: owned, or releasing until `release` returns, but
+    /// never longer than the session timeout, nor after the session is lost: a `release`
+    /// that hangs past either is still running (a handler call cannot be stopped) but no
+    /// longer reported here, and is logged and counted (`abandoned_releases`).
     pub fn owned(&self) -> watch::Receiver<BTreeSet<u32>> {
         self.owned.clone()
     }
@@ -283,6 +305,15 @@ mod tests {
         assert_eq!(short.session_timeout, Duration::from_millis(600));
         assert!(short.validate().is_ok());
         assert_eq!(config().endpoints().map(|e| e.len()).ok(), Some(1));
+    }
+
+    #[test]
+    fn the_server_ttl_lowers_the_session_timeout_and_never_raises_it() {
+        let six = config().session_timeout;
+        let lowered = effective_session_timeout(six, Duration::from_secs(3));
+        assert!(lowered.abs_diff(Duration::from_millis(1800)) < Duration::from_millis(1), "{lowered:?}");
+        assert_eq!(effective_session_timeout(six, Duration::from_secs(60)), six);
+        assert_eq!(effective_session_timeout(six, Duration::from_secs(10)), six);
     }
 
     #[test]

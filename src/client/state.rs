@@ -9,6 +9,11 @@
 //! already true does nothing, a `Warm` for a partition already warmed re-sends
 //! `PartitionReady` (the first one may have been lost with a connection), and a
 //! `Release` for a partition the client does not hold is acknowledged at once.
+//!
+//! A `release` that does not return is bounded: once the session is lost ([`Input::LoseAll`])
+//! or the release has run for the session timeout ([`Input::ReleaseOverdue`]; the server may
+//! have completed the handoff without us, and says nothing to the old owner then), the
+//! partition is [`Stage::Abandoned`]: no longer held, whatever the handler still does.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,6 +28,11 @@ pub enum Stage {
     Owned,
     /// `release` was called (or is queued); `PartitionReleased` follows when it returns.
     Releasing,
+    /// `release` is still running, but the partition is no longer held: the session was
+    /// lost, or the release outlived the session timeout. A handler call cannot be
+    /// stopped; it is only no longer counted as ownership. `PartitionReleased` is still
+    /// sent when it returns.
+    Abandoned,
 }
 
 /// What happened: a command from the stream, or a handler call that finished.
@@ -45,6 +55,8 @@ pub enum Input {
     WarmFinished(u32, bool),
     /// The handler's `release` returned.
     ReleaseFinished(u32),
+    /// The handler's `release` has run for the session timeout and not returned.
+    ReleaseOverdue(u32),
     /// The client-side lease ran out (stream down longer than the session timeout), or the
     /// client stops: nothing is owned any more.
     LoseAll,
@@ -65,6 +77,8 @@ pub enum Action {
     SendReady(u32),
     /// Send `PartitionReleased`.
     SendReleased(u32),
+    /// Report (log, count) that a still-running `release` no longer holds its partition.
+    ReleaseAbandoned(u32),
 }
 
 impl Action {
@@ -76,7 +90,8 @@ impl Action {
             | Action::Release(p)
             | Action::Unassigned(p)
             | Action::SendReady(p)
-            | Action::SendReleased(p) => *p,
+            | Action::SendReleased(p)
+            | Action::ReleaseAbandoned(p) => *p,
         }
     }
 }
@@ -94,7 +109,8 @@ impl ClientState {
     }
 
     /// Partitions the client holds: owned, or releasing until `release` returns (the old
-    /// owner keeps processing through the release window of a handoff).
+    /// owner keeps processing through the release window of a handoff) but no longer than
+    /// the session ([`Stage::Abandoned`]).
     pub fn owned(&self) -> BTreeSet<u32> {
         self.stages
             .iter()
@@ -141,7 +157,7 @@ impl ClientState {
                 }
             }
             Input::Warm(p) => match self.stages.get(&p) {
-                None | Some(Stage::Releasing) => {
+                None | Some(Stage::Releasing | Stage::Abandoned) => {
                     // Releasing: the partition comes back to us; the queue runs `release`
                     // first, and `ReleaseFinished` still acknowledges it.
                     self.stages.insert(p, Stage::Warming);
@@ -152,7 +168,7 @@ impl ClientState {
             },
             Input::Release(p) => match self.stages.get(&p) {
                 None => actions.push(Action::SendReleased(p)),
-                Some(Stage::Releasing) => {}
+                Some(Stage::Releasing | Stage::Abandoned) => {}
                 Some(_) => {
                     self.stages.insert(p, Stage::Releasing);
                     actions.push(Action::Release(p));
@@ -170,18 +186,24 @@ impl ClientState {
                 }
             }
             Input::ReleaseFinished(p) => {
-                if self.stages.get(&p) == Some(&Stage::Releasing) {
+                if matches!(self.stages.get(&p), Some(Stage::Releasing | Stage::Abandoned)) {
                     self.stages.remove(&p);
                 }
                 actions.push(Action::SendReleased(p));
             }
+            Input::ReleaseOverdue(p) => self.abandon(p, &mut actions),
             Input::LoseAll => {
                 let all: Vec<(u32, Stage)> = self.stages.iter().map(|(p, s)| (*p, *s)).collect();
                 for (p, stage) in all {
-                    // A running release already stops the work; it is acknowledged when it returns.
-                    if stage != Stage::Releasing {
-                        self.stages.remove(&p);
-                        actions.push(Action::Unassigned(p));
+                    match stage {
+                        // A running release already stops the work (no `unassigned` on top),
+                        // but without a session the partition may be someone else's now.
+                        Stage::Releasing => self.abandon(p, &mut actions),
+                        Stage::Abandoned => {}
+                        Stage::Warming | Stage::Ready | Stage::Owned => {
+                            self.stages.remove(&p);
+                            actions.push(Action::Unassigned(p));
+                        }
                     }
                 }
             }
@@ -202,8 +224,17 @@ impl ClientState {
                 self.stages.remove(&p);
                 actions.push(Action::Unassigned(p));
             }
-            // A release in progress ends with its own acknowledgement.
-            Some(Stage::Releasing) | None => {}
+            // The server is done with it while `release` still runs.
+            Some(Stage::Releasing) => self.abandon(p, actions),
+            Some(Stage::Abandoned) | None => {}
+        }
+    }
+
+    /// A `release` still running no longer holds its partition.
+    fn abandon(&mut self, p: u32, actions: &mut Vec<Action>) {
+        if self.stages.get(&p) == Some(&Stage::Releasing) {
+            self.stages.insert(p, Stage::Abandoned);
+            actions.push(Action::ReleaseAbandoned(p));
         }
     }
 }
@@ -243,8 +274,8 @@ mod tests {
         assert_eq!(s.apply(Input::Warm(1)), vec![SendReady(1)], "ready is re-sent, warm is not re-run");
         assert_eq!(s.apply(Input::Release(0)), vec![Release(0)]);
         assert!(s.apply(Input::Release(0)).is_empty());
-        assert!(s.apply(update(&[], &[0])).is_empty(), "an unassign during release changes nothing");
         assert_eq!(s.apply(Input::ReleaseFinished(0)), vec![SendReleased(0)]);
+        assert!(s.apply(update(&[], &[0])).is_empty(), "an unassign after the release changes nothing");
         assert_eq!(s.apply(Input::Release(0)), vec![SendReleased(0)], "acknowledged again, no handler call");
     }
 
@@ -288,15 +319,45 @@ mod tests {
     }
 
     #[test]
-    fn lose_all_unassigns_everything_but_running_releases() {
+    fn lose_all_holds_nothing_not_even_a_running_release() {
         let mut s = ClientState::default();
         s.apply(Input::Snapshot(vec![0, 1]));
         s.apply(Input::Warm(2));
         s.apply(Input::Release(1));
-        assert_eq!(s.apply(Input::LoseAll), vec![Unassigned(0), Unassigned(2)]);
-        assert_eq!(s.owned(), BTreeSet::from([1]));
-        assert_eq!(s.apply(Input::ReleaseFinished(1)), vec![SendReleased(1)]);
-        assert!(s.is_empty());
+        let actions = s.apply(Input::LoseAll);
+        assert!(s.owned().is_empty(), "without a session nothing is held: {:?}", s.owned());
+        assert_eq!(
+            actions,
+            vec![Unassigned(0), ReleaseAbandoned(1), Unassigned(2)],
+            "no unassigned on top of a release"
+        );
+        assert_eq!(s.stage(1), Some(Stage::Abandoned));
         assert!(s.apply(Input::LoseAll).is_empty());
+        assert_eq!(s.apply(Input::ReleaseFinished(1)), vec![SendReleased(1)], "acknowledged when it returns");
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_release_stops_being_held_when_overdue_or_unassigned() {
+        let mut s = ClientState::default();
+        s.apply(Input::Snapshot(vec![0, 1]));
+        s.apply(Input::Release(0));
+        s.apply(Input::Release(1));
+        assert_eq!(s.apply(Input::ReleaseOverdue(0)), vec![ReleaseAbandoned(0)]);
+        assert_eq!(s.apply(update(&[], &[1])), vec![ReleaseAbandoned(1)], "the server is done with it");
+        assert!(s.owned().is_empty());
+        assert!(s.apply(Input::ReleaseOverdue(0)).is_empty(), "reported once");
+        assert!(s.apply(Input::Release(0)).is_empty(), "a repeated release waits for the running one");
+        assert!(s.apply(Input::ReleaseOverdue(2)).is_empty(), "nothing to abandon");
+        // Given back while the old release still runs: owned again, after that release.
+        assert_eq!(s.apply(update(&[1], &[])), vec![Assigned(1)]);
+        assert_eq!(s.apply(Input::ReleaseFinished(1)), vec![SendReleased(1)]);
+        assert_eq!(s.stage(1), Some(Stage::Owned), "the late acknowledgement keeps the new assignment");
+        assert_eq!(s.apply(Input::ReleaseFinished(0)), vec![SendReleased(0)]);
+        assert_eq!(s.owned(), BTreeSet::from([1]));
+        // Overdue after it returned, or once moved back to warming: nothing.
+        s.apply(Input::Release(1));
+        assert_eq!(s.apply(Input::Warm(1)), vec![Warm(1)]);
+        assert!(s.apply(Input::ReleaseOverdue(1)).is_empty());
     }
 }

@@ -97,8 +97,8 @@ async fn run<H: Handler>(
                 handler.unassigned(partition.clone()).await;
                 ClientMetrics::count(&metrics.handler_calls, "unassigned");
             }
-            Action::SendReady(_) | Action::SendReleased(_) => {
-                tracing::error!(%partition, ?action, "an RPC was queued as a handler call; ignored");
+            Action::SendReady(_) | Action::SendReleased(_) | Action::ReleaseAbandoned(_) => {
+                tracing::error!(%partition, ?action, "not a handler call, but queued as one; ignored");
             }
         }
     }

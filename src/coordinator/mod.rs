@@ -35,7 +35,7 @@ pub use shared::validate::{validate_consumer_name, validate_topic_name};
 pub use static_backend::{StaticAssignment, StaticConfig, StaticCoordinator};
 pub use status::{ConsumerStatusView, HandoffStatusView, StatusView, TopicStatus};
 
-use std::pin::Pin;
+use std::{pin::Pin, time::Duration};
 
 use async_trait::async_trait;
 use futures::Stream;
@@ -75,6 +75,13 @@ pub trait ConsumerGroupCoordinator: Send + Sync + 'static {
 
     /// A read-only view of the state, for the admin surface.
     async fn status(&self) -> StatusView;
+
+    /// How long a consumer's session may outlive its stream (the backend's lease TTL), so
+    /// a client can stop before the partitions can move; the gRPC layer announces it on
+    /// `Register`. `None`: sessions never expire (fixed assignments).
+    fn session_ttl(&self) -> Option<Duration> {
+        None
+    }
 
     /// Whether this instance serves, as a value that changes (shutdown clears it); what
     /// `/ready` and gRPC health report.

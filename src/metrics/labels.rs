@@ -42,6 +42,13 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// The stream limit that refused a `Register`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// `max_streams` or `max_streams_per_ip`.
+    pub limit: &'static str,
+}
+
 /// A `Deregister` decision and why it was taken.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DrainLabels {

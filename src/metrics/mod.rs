@@ -24,7 +24,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use labels::{DrainLabels, GrpcLabels, OpLabels, ReasonLabels, StoreErrorLabels};
+use labels::{DrainLabels, GrpcLabels, LimitLabels, OpLabels, ReasonLabels, StoreErrorLabels};
 
 /// A family of histograms with the same buckets.
 pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -49,10 +49,15 @@ pub struct Metrics {
     pub direct_assignments: Counter,
     /// Leader reconcile transactions that failed their compare (stale state or deposed).
     pub reconcile_conflicts: Counter,
+    /// Registrations of this instance that no stream held for a TTL, ended by the sweep
+    /// (a safety net: every other path settles its own registrations).
+    pub registrations_swept: Counter,
     /// 1 while this instance leads.
     pub is_leader: Gauge,
     /// Consumer streams held by this instance.
     pub streams: Gauge,
+    /// `Register` calls refused by a stream limit, by limit.
+    pub streams_refused: Family<LimitLabels, Counter>,
     /// Whole handoffs, warm start to `PartitionReleased`, in seconds.
     pub handoff_duration: Histogram,
     /// Warms, `WarmPartition` stored to `PartitionReady`, in seconds.
@@ -145,10 +150,17 @@ impl Metrics {
         let direct_assignments = counter(r, "direct_assignments", "Partitions assigned with no live owner");
         let reconcile_conflicts =
             counter(r, "reconcile_conflicts", "Leader transactions refused by their compare");
+        let registrations_swept = counter(
+            r,
+            "registrations_swept",
+            "Registrations of this instance no stream held for a TTL, ended by the sweep",
+        );
         let is_leader = Gauge::default();
         r.register("is_leader", "1 while this instance leads", is_leader.clone());
         let streams = Gauge::default();
         r.register("streams", "Consumer streams held by this instance", streams.clone());
+        let streams_refused =
+            counters(r, "streams_refused", "Register calls refused by a stream limit, by limit");
         let handoff_duration = histogram(
             r,
             "handoff_duration_seconds",
@@ -194,8 +206,10 @@ impl Metrics {
             release_timeouts,
             direct_assignments,
             reconcile_conflicts,
+            registrations_swept,
             is_leader,
             streams,
+            streams_refused,
             handoff_duration,
             warm_duration,
             release_delivery,
@@ -238,6 +252,12 @@ impl Metrics {
             self.rebalances.inc();
             self.partitions_moved.inc_by(moved as u64);
         }
+    }
+
+    /// A `Register` was refused by the stream limit `limit`; returns how many it has
+    /// refused so far.
+    pub fn observe_stream_refused(&self, limit: &'static str) -> u64 {
+        self.streams_refused.get_or_create(&LimitLabels { limit }).inc() + 1
     }
 
     /// A `Deregister` was answered (`drain`: `WAIT_FOR_DRAIN`) for `reason`.

@@ -41,7 +41,9 @@ pub struct ServerSecurityArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_MAX_STREAMS", default_value = "20000")]
     pub max_streams: usize,
 
-    /// Open Register streams one client IP address may hold.
+    /// Open Register streams one client IP address may hold. Behind a sidecar proxy
+    /// (Istio, Linkerd) every consumer connects from the proxy's local address: set it to
+    /// --max-streams there.
     #[arg(long, env = "KAFKA_ASSIGNER_MAX_STREAMS_PER_IP", default_value = "1000")]
     pub max_streams_per_ip: usize,
 

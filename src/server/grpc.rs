@@ -18,6 +18,11 @@ use crate::proto::v1::{
     kafka_assigner_server::KafkaAssigner,
 };
 
+/// Response header of `Register`: how long, in milliseconds, the server keeps a consumer's
+/// session after its stream is gone (the coordinator's session TTL; absent when sessions
+/// never expire). The wire contract has no field for it, so it rides in the metadata.
+pub const SESSION_TTL_HEADER: &str = "x-kafka-assigner-session-ttl-ms";
+
 /// The gRPC service.
 #[derive(Clone)]
 pub struct AssignerService {
@@ -134,7 +139,7 @@ impl KafkaAssigner for AssignerService {
             self.authorize(&request, &request.get_ref().consumer_name, "Register")?;
             let ip = request.extensions().get::<super::tls::ConnInfo>().map(|info| info.remote_addr.ip());
             // Held by the stream: dropped when the stream ends or the client goes away.
-            let permit = self.policy.gate.acquire(ip)?;
+            let permit = self.policy.gate.acquire(ip, &self.metrics)?;
             let RegisterRequest { consumer_name, topic } = request.into_inner();
             let stream = self.coordinator.register(&consumer_name, &topic).await.map_err(to_status)?;
             Ok((stream, permit))
@@ -144,7 +149,14 @@ impl KafkaAssigner for AssignerService {
             let _held = &permit;
             item.map_err(to_status)
         });
-        Ok(Response::new(Box::pin(stream)))
+        let mut response = Response::new(Box::pin(stream) as CommandStream);
+        if let Some(ttl) = self.coordinator.session_ttl() {
+            // In the response headers, which reach the client before the snapshot: the
+            // client never runs a session longer than the server keeps it.
+            let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+            response.metadata_mut().insert(SESSION_TTL_HEADER, ms.into());
+        }
+        Ok(response)
     }
 
     async fn partition_ready(

@@ -22,6 +22,8 @@ use std::{
 
 use tonic::Status;
 
+use crate::metrics::Metrics;
+
 /// HTTP/2 streams one connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`);
 /// a client at the limit waits for a stream to end before it opens another.
 ///
@@ -111,6 +113,47 @@ impl Limits {
     }
 }
 
+/// The stream limit that refused a `Register`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamLimit {
+    /// `--max-streams`: streams of the whole instance.
+    Instance,
+    /// `--max-streams-per-ip`: streams from one peer address.
+    PerIp,
+}
+
+impl StreamLimit {
+    /// The `limit` label of `streams_refused_total`: the flag's name.
+    pub fn label(self) -> &'static str {
+        match self {
+            StreamLimit::Instance => "max_streams",
+            StreamLimit::PerIp => "max_streams_per_ip",
+        }
+    }
+}
+
+/// Counts a refusal and logs it: the first of each limit, then at every power of two, so
+/// a fleet retrying against a limit cannot flood the log but the operator still sees it.
+fn refuse(metrics: &Metrics, limit: StreamLimit, message: String) -> Status {
+    let refused = metrics.observe_stream_refused(limit.label());
+    if refused.is_power_of_two() {
+        tracing::warn!(limit = limit.label(), refused, "{message}");
+    }
+    Status::resource_exhausted(message)
+}
+
+/// For a loopback peer, what most likely put every consumer behind it: a sidecar proxy,
+/// which connects to the server from one local address.
+fn mesh_hint(ip: IpAddr) -> &'static str {
+    if ip.is_loopback() {
+        "A loopback peer usually means a sidecar proxy in front of this server (Istio connects from \
+         127.0.0.6, Linkerd from 127.0.0.1), so every consumer counts against this one address; behind a \
+         mesh set --max-streams-per-ip to --max-streams and let --max-streams bound the instance. "
+    } else {
+        ""
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counts {
     total: usize,
@@ -138,22 +181,33 @@ impl StreamGate {
         Self { max_total: limits.max_streams, max_per_ip: limits.max_streams_per_ip, counts: Arc::default() }
     }
 
-    /// A place for one more stream from `ip`, or `RESOURCE_EXHAUSTED` naming the limit.
-    pub fn acquire(&self, ip: Option<IpAddr>) -> Result<StreamPermit, Status> {
+    /// A place for one more stream from `ip`, or `RESOURCE_EXHAUSTED` saying which limit
+    /// refused it, its value, the peer and how to raise it; counted in `metrics`
+    /// (`streams_refused_total`, labelled by [`StreamLimit`]).
+    pub fn acquire(&self, ip: Option<IpAddr>, metrics: &Metrics) -> Result<StreamPermit, Status> {
         let mut counts = self.counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let peer = ip.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
         if counts.total >= self.max_total {
-            return Err(Status::resource_exhausted(format!(
-                "this assigner instance already serves {} streams (--max-streams {}); retry later or on another instance",
+            let message = format!(
+                "Register refused by the instance limit: this assigner instance already serves {} streams \
+                 (--max-streams {}, env KAFKA_ASSIGNER_MAX_STREAMS; peer {peer}). Retry on another instance, \
+                 add instances, or raise --max-streams",
                 counts.total, self.max_total
-            )));
+            );
+            return Err(refuse(metrics, StreamLimit::Instance, message));
         }
         if let Some(ip) = ip {
             let from_ip = counts.per_ip.get(&ip).copied().unwrap_or(0);
             if from_ip >= self.max_per_ip {
-                return Err(Status::resource_exhausted(format!(
-                    "client {ip} already has {from_ip} open streams (--max-streams-per-ip {})",
-                    self.max_per_ip
-                )));
+                let message = format!(
+                    "Register refused by the per-IP limit: peer {ip} already has {from_ip} open streams \
+                     (--max-streams-per-ip {}, env KAFKA_ASSIGNER_MAX_STREAMS_PER_IP; the instance limit is \
+                     --max-streams {}). {}Raise --max-streams-per-ip if many consumers share this address.",
+                    self.max_per_ip,
+                    self.max_total,
+                    mesh_hint(ip),
+                );
+                return Err(refuse(metrics, StreamLimit::PerIp, message));
             }
             *counts.per_ip.entry(ip).or_insert(0) += 1;
         }
@@ -188,19 +242,46 @@ mod tests {
 
     #[test]
     fn gate_counts_total_and_per_ip() {
+        let metrics = Metrics::new();
         let gate = StreamGate::new(&Limits { max_streams: 3, max_streams_per_ip: 2, ..Limits::default() });
         let a: IpAddr = [10, 0, 0, 1].into();
         let b: IpAddr = [10, 0, 0, 2].into();
-        let a1 = gate.acquire(Some(a)).unwrap();
-        let _a2 = gate.acquire(Some(a)).unwrap();
-        let denied = gate.acquire(Some(a)).unwrap_err();
+        let a1 = gate.acquire(Some(a), &metrics).unwrap();
+        let _a2 = gate.acquire(Some(a), &metrics).unwrap();
+        let denied = gate.acquire(Some(a), &metrics).unwrap_err();
         assert_eq!(denied.code(), tonic::Code::ResourceExhausted);
-        assert!(denied.message().contains("--max-streams-per-ip 2"), "{}", denied.message());
-        let _b1 = gate.acquire(Some(b)).unwrap();
-        let denied = gate.acquire(Some(b)).unwrap_err();
-        assert!(denied.message().contains("--max-streams 3"), "{}", denied.message());
+        let message = denied.message();
+        for needle in
+            ["per-IP limit", "peer 10.0.0.1", "--max-streams-per-ip 2", "KAFKA_ASSIGNER_MAX_STREAMS_PER_IP"]
+        {
+            assert!(message.contains(needle), "{needle:?} missing: {message}");
+        }
+        assert!(!message.contains("sidecar"), "no mesh hint for a routable peer: {message}");
+        let _b1 = gate.acquire(Some(b), &metrics).unwrap();
+        let denied = gate.acquire(Some(b), &metrics).unwrap_err();
+        let message = denied.message();
+        for needle in ["instance limit", "peer 10.0.0.2", "--max-streams 3", "KAFKA_ASSIGNER_MAX_STREAMS;"] {
+            assert!(message.contains(needle), "{needle:?} missing: {message}");
+        }
         drop(a1);
         assert_eq!(gate.open(), 2);
-        assert!(gate.acquire(Some(a)).is_ok());
+        assert!(gate.acquire(Some(a), &metrics).is_ok());
+        let text = metrics.encode();
+        assert!(text.contains("streams_refused_total{limit=\"max_streams_per_ip\"} 1"), "{text}");
+        assert!(text.contains("streams_refused_total{limit=\"max_streams\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn a_loopback_peer_is_explained_as_a_sidecar() {
+        let gate = StreamGate::new(&Limits { max_streams_per_ip: 1, ..Limits::default() });
+        let sidecar: IpAddr = [127, 0, 0, 6].into();
+        let metrics = Metrics::new();
+        let _held = gate.acquire(Some(sidecar), &metrics).unwrap();
+        let message = gate.acquire(Some(sidecar), &metrics).unwrap_err().message().to_string();
+        for needle in
+            ["peer 127.0.0.6", "sidecar", "Istio", "Linkerd", "--max-streams-per-ip to --max-streams"]
+        {
+            assert!(message.contains(needle), "{needle:?} missing: {message}");
+        }
     }
 }

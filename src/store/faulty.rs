@@ -94,6 +94,8 @@ struct Shared {
     state: Mutex<State>,
     /// Counts cut-offs: a watch opened at an older count is broken.
     cuts: watch::Sender<u64>,
+    /// While `true`, transaction answers are held back ([`FaultyStore::hold_txn_answers`]).
+    holding: watch::Sender<bool>,
     /// Moves whenever a stall starts or ends early: calls held by one look again.
     stalls: watch::Sender<u64>,
 }
@@ -110,6 +112,8 @@ struct State {
     delay: (Duration, Duration),
     /// Cut off: `Some(None)` until restored, `Some(Some(t))` until `t`.
     cut: Option<Option<Instant>>,
+    /// Reads and watches fail while sessions and transactions still work.
+    reads_cut: bool,
     /// Sessions granted through this wrapper and not revoked or expired through it.
     sessions: BTreeSet<SessionId>,
     stats: FaultStats,
@@ -191,6 +195,7 @@ impl FaultyStore {
             lose_next_txns: 0,
             delay: (Duration::ZERO, Duration::ZERO),
             cut: None,
+            reads_cut: false,
             sessions: BTreeSet::new(),
             stats: FaultStats::default(),
             stall: None,
@@ -198,8 +203,9 @@ impl FaultyStore {
             written: None,
         };
         let (cuts, _) = watch::channel(0);
+        let (holding, _) = watch::channel(false);
         let (stalls, _) = watch::channel(0);
-        FaultyStore { inner, shared: Arc::new(Shared { state: Mutex::new(state), cuts, stalls }) }
+        FaultyStore { inner, shared: Arc::new(Shared { state: Mutex::new(state), cuts, holding, stalls }) }
     }
 
     /// The wrapped store (calls on it bypass every fault).
@@ -248,6 +254,34 @@ impl FaultyStore {
     fn start_cut(&self, until: Option<Instant>) {
         self.state().cut = Some(until);
         self.shared.cuts.send_modify(|count| *count += 1);
+    }
+
+    /// Cuts reads and watches only, until [`restore_reads`](Self::restore_reads): `get`,
+    /// `get_prefix` and `watch_prefix` fail `Unavailable` and open watches break, while
+    /// sessions (grant, keep-alive) and transactions still work — a relay that cannot
+    /// follow the store under a lease that stays alive.
+    pub fn cut_reads(&self) {
+        self.state().reads_cut = true;
+        self.shared.cuts.send_modify(|count| *count += 1);
+    }
+
+    /// Ends a [`cut_reads`](Self::cut_reads) now.
+    pub fn restore_reads(&self) {
+        self.state().reads_cut = false;
+    }
+
+    /// Holds back the answers of transactions (`txn`, `put`, `delete`) until
+    /// [`release_held_answers`](Self::release_held_answers): each is applied by the store,
+    /// and its answer is delivered only then, as it was, whatever else happened meanwhile
+    /// (a slow answer, a busy runtime). Session calls are not held.
+    pub fn hold_txn_answers(&self) {
+        self.shared.holding.send_replace(true);
+    }
+
+    /// Delivers the answers [`hold_txn_answers`](Self::hold_txn_answers) held back, and
+    /// holds no more.
+    pub fn release_held_answers(&self) {
+        self.shared.holding.send_replace(false);
     }
 
     /// Ends a cut-off now.
@@ -317,16 +351,26 @@ impl FaultyStore {
             tokio::time::sleep(before).await;
         }
         let held_going = self.wait_out_stall().await;
-        if self.is_cut_off() {
+        let refused = {
+            let mut state = self.state();
+            state.is_cut_off() || (kind == Kind::Read && state.reads_cut)
+        };
+        if refused {
             return Err(self.refused(what));
         }
+        let held = kind == Kind::Txn && *self.shared.holding.borrow();
         let result = call.await;
+        if held {
+            let mut holding = self.shared.holding.subscribe();
+            let _ = holding.wait_for(|holding| !holding).await;
+            return result;
+        }
         if !(delay - before).is_zero() {
             tokio::time::sleep(delay - before).await;
         }
-        let held = self.wait_out_stall().await.or(held_going);
+        let stalled = self.wait_out_stall().await.or(held_going);
         let mut state = self.state();
-        if held.is_some_and(|stall| stall.then == AfterStall::Lose) {
+        if stalled.is_some_and(|stall| stall.then == AfterStall::Lose) {
             state.stats.lost_answers += 1;
             return Err(StoreError::Unavailable(format!(
                 "{what}: the connection reset after a stall; the answer was lost (injected fault)"

@@ -182,7 +182,7 @@ impl Truth {
                     self.consumers.remove(&name);
                 }
                 (Key::Leader, v) => self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned()),
-                (Key::Topic(_), _) => {}
+                (Key::Topic(_) | Key::Instance(_), _) => {}
             }
         }
         for (p, (owner, handoff)) in before {

@@ -141,7 +141,7 @@ pub async fn wait_owned(
 }
 
 /// Waits until the topic is stable and every client's owned set matches the status.
-async fn settle(cluster: &TestCluster, on: usize, clients: &[(&str, &AssignerClient)]) {
+pub async fn settle(cluster: &TestCluster, on: usize, clients: &[(&str, &AssignerClient)]) {
     cluster
         .wait_status_of(on, PROMPT * 2, "the clients settle", |status| {
             try_topic(status, TOPIC).is_some_and(|t| {

@@ -9,9 +9,13 @@
 //! count; and after every change, [`settled`] checks that the leases are balanced and that
 //! each consumer was told exactly the leases it holds (so no two consumers think they own
 //! one partition) on every instance's status view.
+//!
+//! A consumer that gives partitions back hears `unassigned` before anyone is told
+//! `assigned` for them, however slowly it reads; one that does not read at all has its
+//! stream ended after one TTL and keeps the partitions until its registration ends.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -24,13 +28,16 @@ use kafka_assigner::coordinator::{
 };
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{
-    DeregisterAction, DeregisterRequest, PartitionReadyRequest, PartitionReleasedRequest, RegisterRequest,
-    TopicPartition, assignment_command::Command, kafka_assigner_client::KafkaAssignerClient,
+    AssignmentCommand, DeregisterAction, DeregisterRequest, PartitionReadyRequest, PartitionReleasedRequest,
+    RegisterRequest, TopicPartition, assignment_command::Command, kafka_assigner_client::KafkaAssignerClient,
 };
 use kafka_assigner::server::AssignerServer;
 use kafka_assigner::store::{LeaseStore, MemoryStore, PrefixSnapshot, WatchEventKind};
 use tokio::task::JoinHandle;
-use tonic::{Code, Status, transport::Channel};
+use tonic::{
+    Code, Status,
+    transport::{Channel, Endpoint},
+};
 
 use crate::support::{
     EtcdServer,
@@ -38,6 +45,7 @@ use crate::support::{
         Backend, EXPIRY, PARTITIONS, PROMPT, TOPIC, TTL, TestConsumer, TestStore, WIDE, connect, describe,
         on_both_backends,
     },
+    wait_until,
 };
 
 on_both_backends!(
@@ -49,6 +57,9 @@ on_both_backends!(
     refused_calls,
     several_instances_on_one_store,
     concurrent_joins_and_churn,
+    the_giver_hears_first,
+    a_deregistered_consumer_hears_first,
+    a_giver_that_does_not_read_is_ended_and_keeps_its_leases_for_the_ttl,
 );
 
 /// Partitions of [`WIDE`].
@@ -78,6 +89,11 @@ struct Fleet {
 
 impl Fleet {
     async fn start(backend: Backend, nodes: usize) -> Fleet {
+        Fleet::start_with(backend, nodes, |_| {}).await
+    }
+
+    /// [`Fleet::start`] with the config changed by `tweak`.
+    async fn start_with(backend: Backend, nodes: usize, tweak: impl FnOnce(&mut FleetConfig)) -> Fleet {
         let TestStore { prefix, store, memory, etcd } = TestStore::start(backend, "fleet").await;
         let mut config = FleetConfig {
             backend: format!("fleet-{}", backend.name()),
@@ -88,6 +104,7 @@ impl Fleet {
         };
         config.topic_partitions.insert(TOPIC.into(), PARTITIONS);
         config.topic_partitions.insert(WIDE.into(), WIDE_PARTITIONS);
+        tweak(&mut config);
         let keys = FleetKeys::new(&config.prefix);
         let auditor = Some(Auditor::start(store.clone(), keys.clone()).await);
         let mut fleet = Fleet { config, keys, nodes: Vec::new(), store, memory, auditor, etcd };
@@ -674,5 +691,182 @@ async fn concurrent_joins_and_churn(backend: Backend) {
     let mut refs: Vec<&mut TestConsumer> = consumers.iter_mut().collect();
     let (leases, _) = settled(&fleet, WIDE, WIDE_PARTITIONS, &mut refs, PROMPT).await;
     assert_eq!(fleet.members(WIDE).await, vec!["c0", "c3", "c4", "c5", "c6", "c7"], "{leases:?}");
+    fleet.finish().await;
+}
+
+/// The partitions an `AssignmentUpdate` assigns and unassigns (empty for other commands).
+fn moves(command: &AssignmentCommand) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    match &command.command {
+        Some(Command::Assignment(u)) => (
+            u.assigned.iter().map(|t| t.partition).collect(),
+            u.unassigned.iter().map(|t| t.partition).collect(),
+        ),
+        _ => Default::default(),
+    }
+}
+
+/// Waits until every partition of [`WIDE`] is leased by `owner` (read from the store).
+async fn all_leased_by(fleet: &Fleet, owner: &str) {
+    wait_until(PROMPT, &format!("{owner} holds every partition of {WIDE}"), || async {
+        let leases = fleet.leases(WIDE).await;
+        leases.len() == WIDE_PARTITIONS as usize && leases.values().all(|o| o == owner)
+    })
+    .await;
+}
+
+/// How long the slow giver leaves its stream unread after a consumer joined.
+const SLOW_READER: Duration = Duration::from_secs(1);
+
+/// The giver hears first. `g` holds every partition, and its stream's transport has not
+/// taken its last commands (the snapshot and its claims wait in the channel, as behind a
+/// slow connection or a busy consumer). `c` joins on the other instance, so `g` gives half
+/// back: nobody is told `assigned` for those partitions before `g`'s transport took its
+/// `unassigned`. Here the test is `g`'s transport: it reads the coordinator's stream
+/// directly, so it sees the very moment a command is taken, which the wire cannot show.
+async fn the_giver_hears_first(backend: Backend) {
+    // The bound on the wait is one TTL: well above the slow reader's pause.
+    let ttl = SLOW_READER * 5;
+    let fleet = Fleet::start_with(backend, 2, |config| config.lease_ttl = ttl).await;
+    let mut giver = fleet.nodes[0].coordinator.register("g", WIDE).await.expect("g registers");
+    all_leased_by(&fleet, "g").await;
+    let joined = Instant::now();
+    let (mut c, snapshot) = fleet.consumer(1, "c", WIDE).await;
+    assert!(snapshot.is_empty(), "g holds everything: {snapshot:?}");
+    // g is slow: it takes nothing from its stream for a while (the scenario, not a hope).
+    tokio::time::sleep(SLOW_READER).await;
+    // Then its transport takes the commands one by one, noting when it took each.
+    let mut taken = Vec::new();
+    let (given_back, heard_at) = loop {
+        let next = tokio::time::timeout(PROMPT, giver.next()).await;
+        let command = match next {
+            Ok(Some(Ok(command))) => command,
+            other => panic!("g: no unassigned among {taken:?}: {other:?}"),
+        };
+        let at = Instant::now();
+        let (_, unassigned) = moves(&command);
+        taken.push(describe(&command));
+        if !unassigned.is_empty() {
+            break (unassigned, at);
+        }
+    };
+    assert_eq!(given_back, (6..WIDE_PARTITIONS).collect(), "g gives back its highest half: {taken:?}");
+    c.wait_owned(given_back.len(), PROMPT).await;
+    for (at, command) in &c.history {
+        let (assigned, _) = moves(command);
+        let early: Vec<&u32> = assigned.intersection(&given_back).collect();
+        assert!(
+            early.is_empty() || *at > heard_at,
+            "c was told assigned {early:?} {:?} after joining, before g's stream took its unassigned \
+             ({:?} after joining; g took {taken:?})",
+            at.duration_since(joined),
+            heard_at.duration_since(joined),
+        );
+    }
+    assert_eq!(c.owned, given_back);
+    let told = c.history.iter().map(|(at, _)| *at).find(|at| *at > heard_at);
+    eprintln!(
+        "[{}] g took its unassigned {:?} after c joined; c was told assigned {:?} later",
+        backend.name(),
+        heard_at.duration_since(joined),
+        told.map(|at| at.duration_since(heard_at)),
+    );
+    drop(giver);
+    fleet.finish().await;
+}
+
+/// A giver that does not read at all cannot keep partitions forever, nor lose them before
+/// it could have heard. `g` connects with a 16-byte HTTP/2 window and reads nothing: its
+/// snapshot fits, its first claims fill the window, its next claims wait in the server's
+/// HTTP/2 stream, and nothing more is taken from its channel. `c` joins: `g`'s give-back
+/// waits one TTL for the transport, then `g`'s stream is ended (`RESOURCE_EXHAUSTED`) and
+/// its registration, with every lease, ends one TTL later; only then is `c` told anything.
+/// When `g` reads at last it finds the `unassigned`, then why its stream ended.
+async fn a_giver_that_does_not_read_is_ended_and_keeps_its_leases_for_the_ttl(backend: Backend) {
+    let fleet = Fleet::start(backend, 2).await;
+    let (mut f, _) = fleet.consumer(1, "f", WIDE).await;
+    settled(&fleet, WIDE, WIDE_PARTITIONS, &mut [&mut f], PROMPT).await;
+    let endpoint =
+        Endpoint::from_shared(fleet.nodes[0].url.clone()).expect("url").initial_stream_window_size(16);
+    let channel = endpoint.connect().await.expect("g connects");
+    let request = RegisterRequest { consumer_name: "g".into(), topic: WIDE.into() };
+    let mut giver =
+        KafkaAssignerClient::new(channel).register(request).await.expect("g registers").into_inner();
+    wait_until(PROMPT, "f and g hold half each", || async {
+        fleet.leases(WIDE).await.values().filter(|o| *o == "g").count() == WIDE_PARTITIONS as usize / 2
+    })
+    .await;
+    f.wait_owned(WIDE_PARTITIONS as usize / 2, PROMPT).await;
+    let mut client = fleet.client(1).await;
+    let action =
+        client.deregister(DeregisterRequest { consumer_name: "f".into() }).await.expect("deregister");
+    assert_eq!(action.into_inner().action(), DeregisterAction::ShutdownNow);
+    all_leased_by(&fleet, "g").await;
+
+    let joined = Instant::now();
+    let (mut c, _) = fleet.consumer(1, "c", WIDE).await;
+    // The bound (one TTL), then g's registration's TTL, then c claims everything.
+    c.wait_for(TTL + EXPIRY, "it is told assigned", |c| !c.owned.is_empty()).await;
+    let first = c.history.iter().find(|(_, command)| !moves(command).0.is_empty()).map(|(at, _)| *at);
+    let first = first.map(|at| at.duration_since(joined)).unwrap_or_default();
+    eprintln!("[{}] c was told assigned {first:?} after joining a giver that does not read", backend.name());
+    assert!(
+        first >= TTL,
+        "c was told assigned {first:?} after joining, before g's stream was ended for not reading: {c:?}"
+    );
+    c.wait_owned(WIDE_PARTITIONS as usize, PROMPT).await;
+
+    let mut heard = Vec::new();
+    let ended = loop {
+        match tokio::time::timeout(PROMPT, giver.message()).await.expect("g's stream answers") {
+            Ok(Some(command)) => heard.push(command),
+            Ok(None) => panic!("g's stream ended cleanly after {heard:?}"),
+            Err(status) => break status,
+        }
+    };
+    let last = heard.last().map(moves).unwrap_or_default();
+    assert_eq!(last.1, (6..WIDE_PARTITIONS).collect(), "g's last command stops what it gave back: {heard:?}");
+    assert_eq!(ended.code(), Code::ResourceExhausted, "{ended:?}");
+    assert!(ended.message().contains("is not reading its stream"), "{ended:?}");
+    fleet.finish().await;
+}
+
+/// A consumer that deregisters hears that it owns nothing before anyone else is told it
+/// owns its partitions. `g` holds every partition and reads nothing for a while; it
+/// deregisters (`SHUTDOWN_NOW` on the fleet) and `c` joins at once. Its leases go only once
+/// its transport took everything queued for it, the `unassigned` last.
+async fn a_deregistered_consumer_hears_first(backend: Backend) {
+    let ttl = SLOW_READER * 5;
+    let fleet = Fleet::start_with(backend, 2, |config| config.lease_ttl = ttl).await;
+    let mut giver = fleet.nodes[0].coordinator.register("g", WIDE).await.expect("g registers");
+    all_leased_by(&fleet, "g").await;
+    let mut client = fleet.client(1).await;
+    client.deregister(DeregisterRequest { consumer_name: "g".into() }).await.expect("g deregisters");
+    let (mut c, _) = fleet.consumer(1, "c", WIDE).await;
+    // g is slow: it takes nothing from its stream for a while (the scenario, not a hope).
+    tokio::time::sleep(SLOW_READER).await;
+    let mut taken = Vec::new();
+    let heard_at = loop {
+        let next = tokio::time::timeout(PROMPT, giver.next()).await;
+        let command = match next {
+            Ok(Some(Ok(command))) => command,
+            other => panic!("g: no unassigned among {taken:?}: {other:?}"),
+        };
+        taken.push(describe(&command));
+        if !moves(&command).1.is_empty() {
+            break Instant::now();
+        }
+    };
+    c.wait_owned(WIDE_PARTITIONS as usize, PROMPT).await;
+    let first = c.history.iter().find(|(_, command)| !moves(command).0.is_empty()).map(|(at, _)| *at);
+    assert!(
+        first.is_some_and(|at| at > heard_at),
+        "c was told assigned before g's stream took its unassigned (g took {taken:?})"
+    );
+    eprintln!(
+        "[{}] c was told assigned {:?} after g took its unassigned",
+        backend.name(),
+        first.map(|at| at.duration_since(heard_at))
+    );
+    drop(giver);
     fleet.finish().await;
 }

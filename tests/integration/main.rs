@@ -5,6 +5,7 @@ mod client;
 #[cfg(feature = "testcontainers")]
 mod client_containers;
 mod client_in_process;
+mod client_session;
 mod compose;
 mod every_backend;
 mod example_consumer;

@@ -1,5 +1,5 @@
-//! Every server limit of issue 12 is hit and answers with its precise status; a refused
-//! call changes nothing.
+//! Every server limit is hit and answers with its precise status; a refused call changes
+//! nothing, and a refused stream says which limit refused it and is counted.
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -14,6 +14,7 @@ use tonic::{
     transport::{Channel, Endpoint, Uri},
 };
 
+use crate::metrics::{http_get, parse_metrics};
 use crate::support::assigner::{Backend, PROMPT, TOPIC, TestConsumer};
 use crate::support::secure::{FreezingProxy, Secured};
 use crate::support::{EtcdServer, wait_until};
@@ -75,6 +76,52 @@ async fn streams_per_instance_and_per_client_ip() {
         TestConsumer::register(client_from([127, 0, 0, 1], addr).await, "c6", TOPIC).await.is_ok()
     })
     .await;
+    served.stop().await;
+}
+
+/// Behind a sidecar proxy every consumer connects from the proxy's address (Istio's is
+/// 127.0.0.6). The consumer beyond `--max-streams-per-ip` is told which limit refused it,
+/// its value, the peer, how to raise it and why a loopback peer hits it; one beyond
+/// `--max-streams` is told that limit. `/metrics` counts each refusal by its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_says_which_limit_and_is_counted() {
+    let limits = Limits { max_streams: 3, max_streams_per_ip: 2, ..Limits::default() };
+    let served = Secured::memory(with_limits(limits)).await;
+    let addr = served.server.grpc_addr;
+    const SIDECAR: [u8; 4] = [127, 0, 0, 6];
+    let _c1 = TestConsumer::register(client_from(SIDECAR, addr).await, "c1", TOPIC).await.expect("c1");
+    let _c2 = TestConsumer::register(client_from(SIDECAR, addr).await, "c2", TOPIC).await.expect("c2");
+    let refused = TestConsumer::register(client_from(SIDECAR, addr).await, "c3", TOPIC).await;
+    let status = refused.err().unwrap_or_else(|| panic!("a third stream from one address was accepted"));
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    for needle in [
+        "per-IP limit",
+        "peer 127.0.0.6",
+        "--max-streams-per-ip 2",
+        "KAFKA_ASSIGNER_MAX_STREAMS_PER_IP",
+        "--max-streams 3",
+        "sidecar",
+        "Istio",
+        "Linkerd",
+        "set --max-streams-per-ip to --max-streams",
+    ] {
+        assert!(status.message().contains(needle), "{needle:?} missing: {}", status.message());
+    }
+    let _c4 = TestConsumer::register(client_from([127, 0, 0, 7], addr).await, "c4", TOPIC).await.expect("c4");
+    let refused = TestConsumer::register(client_from([127, 0, 0, 8], addr).await, "c5", TOPIC).await;
+    let status = refused.err().unwrap_or_else(|| panic!("a stream beyond --max-streams was accepted"));
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    for needle in ["instance limit", "peer 127.0.0.8", "--max-streams 3", "KAFKA_ASSIGNER_MAX_STREAMS;"] {
+        assert!(status.message().contains(needle), "{needle:?} missing: {}", status.message());
+    }
+
+    let (code, body) = http_get(served.server.admin_addr, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    let samples = parse_metrics(&body);
+    for limit in ["max_streams_per_ip", "max_streams"] {
+        let series = format!("kafka_assigner_streams_refused_total{{limit=\"{limit}\"}}");
+        assert_eq!(samples.get(&series), Some(&1.0), "{series} in {body}");
+    }
     served.stop().await;
 }
 

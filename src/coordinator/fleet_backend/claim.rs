@@ -9,9 +9,11 @@ use tokio_util::sync::CancellationToken;
 use super::Fleet;
 use super::records::LeaseRecord;
 use super::share;
+use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
+    outgoing::PassGate,
     records::{RECORD_VERSION, encode},
-    streams::StreamKey,
+    streams::{EndReason, StreamKey},
     wire::update,
 };
 use crate::store::{Compare, Op, Revision, StoreError, Txn};
@@ -36,7 +38,7 @@ pub(super) async fn claim_task(
             result = changed.changed() => if result.is_err() { return },
             _ = claim_timer.tick() => {}
         }
-        match claim_step(&inner, &key, registered_at, &mut seen).await {
+        match claim_step(&inner, &key, registered_at, &mut seen, &done).await {
             Ok(()) => {}
             // The instance lease ended: the lease task starts a new one (and the stream's
             // registration is written again, `shared/rebind.rs`); the next step claims.
@@ -66,11 +68,13 @@ pub(super) async fn refresh_topics(inner: Arc<Fleet>) {
 /// One claim step of a local consumer: give back what exceeds its fair share, claim free
 /// leases up to it. Acts on the cache, writes with compare-and-swap; a write that loses a
 /// race changes nothing, and the watch delivery of whatever won triggers the next step.
+/// `done` is cancelled when the consumer's stream ended.
 async fn claim_step(
     inner: &Arc<Fleet>,
     key: &StreamKey,
     registered_at: Revision,
     seen: &mut Revision,
+    done: &CancellationToken,
 ) -> Result<(), StoreError> {
     let (topic, consumer, registration) = key;
     let Some(instance_lease) = inner.core.lease.borrow().live() else { return Ok(()) };
@@ -101,9 +105,11 @@ async fn claim_step(
     let revision_of = |p: u32| revisions.iter().find(|(q, _)| *q == p).map_or(0, |(_, r)| *r);
 
     if !plan.give_back.is_empty() {
-        // Tell the consumer first, then free the leases: it has stopped before anyone can
-        // claim them.
-        unassign_locally(inner, key, &plan.give_back);
+        // Tell the consumer first, then free the leases: it has heard `unassigned` before
+        // anyone can claim them.
+        if !tell_giver(inner, key, &plan.give_back, done).await {
+            return Ok(());
+        }
         let batch = |ps: &[u32]| {
             ps.iter().fold(Txn::new(), |txn, p| {
                 let lease = inner.core.keys.lease(topic, *p);
@@ -171,14 +177,145 @@ async fn claim_step(
     Ok(())
 }
 
-/// Sends `unassigned` for `partitions` on the consumer's stream now and hides them from
-/// its view until their leases are gone.
-fn unassign_locally(inner: &Fleet, key: &StreamKey, partitions: &[u32]) {
-    inner.core.streams.with(key, |stream| {
+/// Sends `unassigned` for `partitions` on the consumer's stream, hides them from its view
+/// until their leases are gone, and waits until the stream's transport took it (the gate
+/// of [`crate::coordinator::shared::outgoing`]). True when the leases may be deleted now.
+///
+/// The command queues behind up to [`STREAM_BUFFER`] unread ones, so the wait is bounded
+/// by one session TTL, the time the fleet already gives a silent consumer before its
+/// partitions move. A consumer that has not taken a command for that long, or whose buffer
+/// is full, is treated as one that went away: its stream ends (`RESOURCE_EXHAUSTED`) and
+/// its registration, with every lease it holds, is kept for the TTL and then deleted, or
+/// taken over by its reconnect, whose claim step gives back again. Either way nobody else
+/// gets the partitions while the stream that was never told is open.
+///
+/// [`STREAM_BUFFER`]: crate::coordinator::shared::outgoing::STREAM_BUFFER
+async fn tell_giver(inner: &Fleet, key: &StreamKey, partitions: &[u32], done: &CancellationToken) -> bool {
+    let gate = PassGate::new();
+    let queued = inner.core.streams.with(key, |stream| {
         stream.told.releasing.extend(partitions.iter().copied());
         let told: Vec<u32> = partitions.iter().copied().filter(|p| stream.told.owned.remove(p)).collect();
-        if stream.activated && !told.is_empty() {
-            stream.send([update(&key.0, [], told)]);
-        }
+        // Never told it owns them: there is nothing to hear first.
+        !stream.activated || told.is_empty() || stream.send_held(&gate, [update(&key.0, [], told)])
     });
+    match queued {
+        // The stream ended: how its registration ends decides what becomes of the leases.
+        None => return false,
+        Some(false) => {
+            not_reading(inner, key, partitions, "its stream buffer is full");
+            return false;
+        }
+        Some(true) => {}
+    }
+    let bound = inner.core.lease_ttl;
+    tokio::select! {
+        _ = done.cancelled() => false,
+        taken = tokio::time::timeout(bound, gate.taken()) => match taken {
+            // Taken, or dropped with its channel: only a stream still open heard it.
+            Ok(()) => inner.core.streams.with(key, |stream| !stream.tx.is_closed()).unwrap_or(false),
+            Err(_) => {
+                let why = format!("it did not take a command for {bound:?}");
+                not_reading(inner, key, partitions, &why);
+                false
+            }
+        }
+    }
+}
+
+/// Ends the stream of a consumer that does not read it while `partitions` are given back;
+/// its registration is kept for the TTL ([`EndReason::Disconnected`]).
+fn not_reading(inner: &Fleet, key: &StreamKey, partitions: &[u32], why: &str) {
+    let (topic, consumer, _) = key;
+    tracing::warn!(
+        topic,
+        consumer,
+        ?partitions,
+        why,
+        "consumer does not read its stream while giving partitions back; ending it"
+    );
+    let error = CoordinatorError::ResourceExhausted(format!(
+        "consumer '{consumer}' of topic '{topic}' is not reading its stream ({why}) while it must be told to stop \
+         partitions {partitions:?}: the stream is ended; its partitions are kept for the session TTL, reconnect to resume"
+    ));
+    inner.core.streams.end(key, EndReason::Disconnected, Some(error));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+    use futures::{FutureExt, StreamExt};
+
+    use super::super::{FleetConfig, FleetCoordinator, LeaseRecord, MemberRecord};
+    use crate::coordinator::shared::outgoing::STREAM_BUFFER;
+    use crate::coordinator::shared::{records::decode, wire::update};
+    use crate::coordinator::{ConsumerGroupCoordinator, ErrorCode};
+    use crate::metrics::Metrics;
+    use crate::proto::v1::{AssignmentCommand, assignment_command::Command};
+    use crate::store::{LeaseStore, MemoryStore, SessionId};
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    async fn leases(store: &MemoryStore, fleet: &FleetCoordinator) -> BTreeMap<u32, String> {
+        let keys = &fleet.inner.core.keys;
+        let stored = store.get_prefix(&keys.leases("t")).await.expect("read");
+        let owner = |value: &[u8]| decode::<LeaseRecord>("lease", value).map(|l| l.owner).expect("lease");
+        stored
+            .kvs
+            .iter()
+            .map(|kv| (kv.key.rsplit('/').next().unwrap().parse().unwrap(), owner(&kv.value)))
+            .collect()
+    }
+
+    /// A giver whose buffer is full cannot be told `unassigned`: its stream ends at once
+    /// (`RESOURCE_EXHAUSTED`), it keeps its leases until its registration ends one TTL
+    /// later, and only then does the other consumer get them.
+    #[tokio::test(start_paused = true)]
+    async fn a_giver_whose_buffer_is_full_is_ended_and_keeps_its_leases_for_the_ttl() {
+        let store = MemoryStore::new();
+        let mut config = FleetConfig { lease_ttl: TTL, ..FleetConfig::default() };
+        config.topic_partitions.insert("t".into(), 4);
+        let fleet = FleetCoordinator::start(Arc::new(store.clone()), config, Arc::new(Metrics::new()))
+            .await
+            .expect("starts");
+        let mut giver = fleet.register("g", "t").await.expect("g registers");
+        while leases(&store, &fleet).await.len() < 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // g reads nothing: its channel fills up to the slots kept for the farewell and the error.
+        let member = store.get(&fleet.inner.core.keys.member("t", "g")).await.expect("read").expect("g");
+        let session = decode::<MemberRecord>("member", &member.value).expect("member").session;
+        let key = ("t".to_string(), "g".to_string(), SessionId(session));
+        let filled = fleet.inner.core.streams.with(&key, |stream| {
+            while stream.tx.capacity() > 2 {
+                stream.send([update("t", [], [])]);
+            }
+        });
+        assert!(filled.is_some(), "g's stream is held");
+
+        let mut other = fleet.register("c", "t").await.expect("c registers");
+        let snapshot = other.next().await.expect("snapshot").expect("not an error");
+        assert_eq!(snapshot, update("t", [], []), "g holds everything");
+        tokio::time::sleep(TTL / 2).await;
+        let held = leases(&store, &fleet).await;
+        assert!(held.values().all(|o| o == "g"), "g keeps its leases for the TTL: {held:?}");
+        assert!(other.next().now_or_never().is_none(), "c is told nothing while g's leases stand");
+        let assigned = tokio::time::timeout(TTL * 2, other.next()).await.expect("c gets them after the TTL");
+        let Some(Ok(command)) = assigned else { panic!("c: {assigned:?}") };
+        assert!(matches!(command.command, Some(Command::Assignment(u)) if !u.assigned.is_empty()));
+
+        // g's stream: what was queued, then why it ended; never an `unassigned` it missed.
+        let items: Vec<_> =
+            tokio::time::timeout(TTL, giver.by_ref().collect()).await.expect("g's stream ends");
+        let Some(Err(error)) = items.last() else {
+            panic!("g's stream ends with an error: {:?}", items.last())
+        };
+        assert_eq!(items.len(), STREAM_BUFFER + 1, "every command queued, then the error");
+        let unassigned = items.iter().any(|item| {
+            matches!(item, Ok(AssignmentCommand { command: Some(Command::Assignment(u)) }) if !u.unassigned.is_empty())
+        });
+        assert!(!unassigned, "no unassigned was queued");
+        assert_eq!(error.code(), ErrorCode::ResourceExhausted, "{error}");
+        assert!(error.to_string().contains("stream buffer is full"), "{error}");
+    }
 }

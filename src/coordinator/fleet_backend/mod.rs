@@ -15,8 +15,11 @@
 //!   they hold and what they were told, as `AssignmentUpdate{assigned, unassigned}`; the
 //!   first message is the snapshot.
 //! * A partition given back is first `unassigned` on the giver's stream, then its lease is
-//!   deleted: a consumer that is alive has always been told to stop before anyone else can
-//!   claim the partition. Without warm handoffs the new owner starts cold.
+//!   deleted once the stream's transport took that `unassigned`, which may wait behind
+//!   older unread commands: a consumer that is alive has always been told to stop before
+//!   anyone else can claim the partition. A giver that does not take it within one TTL has
+//!   its stream ended and keeps its leases until its registration ends, one TTL later
+//!   (`claim.rs`). Without warm handoffs the new owner starts cold.
 //! * `PartitionReady` / `PartitionReleased` are `FAILED_PRECONDITION` (no handoffs).
 //!   `Deregister` marks the member as leaving: the holding instance tells the consumer
 //!   `unassigned` for all its partitions, ends the stream cleanly and revokes the session,
@@ -160,6 +163,10 @@ impl ConsumerGroupCoordinator for FleetCoordinator {
 
     async fn status(&self) -> StatusView {
         status::status(&self.inner)
+    }
+
+    fn session_ttl(&self) -> Option<Duration> {
+        Some(self.inner.config.lease_ttl)
     }
 
     fn readiness(&self) -> watch::Receiver<bool> {

@@ -71,7 +71,17 @@ impl Registrar for Fleet {
         }
     }
 
-    async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError> {
+    fn registrations_of(&self, cache: &FleetCache, instance: &str) -> Vec<StreamKey> {
+        let mut found = Vec::new();
+        for (topic, entry) in &cache.topics {
+            for (consumer, record) in entry.members.iter().filter(|(_, r)| r.value.instance == instance) {
+                found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
+            }
+        }
+        found
+    }
+
+    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError> {
         unregister(self, key).await
     }
 
@@ -133,15 +143,18 @@ async fn write_registration(
 /// Deletes the member record `key` and every lease its consumer holds, in one transaction
 /// guarded by their mod revisions, if the record is still this registration: the leases
 /// are free at once.
-pub(super) async fn unregister(inner: &Fleet, key: &StreamKey) -> Result<(), StoreError> {
+/// Deletes the member record `key` (and its leases) if it is still this registration's;
+/// returns whether it did.
+pub(super) async fn unregister(inner: &Fleet, key: &StreamKey) -> Result<bool, StoreError> {
     let (topic, consumer, registration) = key;
     let store = &*inner.core.store;
     let member = inner.core.keys.member(topic, consumer);
     let held = |kv: &KeyValue| decode::<LeaseRecord>(&kv.key, &kv.value).is_ok_and(|l| l.owner == *consumer);
     let leases = inner.core.keys.leases(topic);
     let ours = |r: &MemberRecord| r.session == registration.0;
-    if delete_if(store, &member, ours, Some((&leases, &held))).await? {
+    let deleted = delete_if(store, &member, ours, Some((&leases, &held))).await?;
+    if deleted {
         tracing::info!(topic, consumer, "member left; its leases are free");
     }
-    Ok(())
+    Ok(deleted)
 }

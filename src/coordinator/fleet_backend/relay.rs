@@ -5,8 +5,8 @@
 //! Updates come from here, derived from the cache after a whole revision has been applied
 //! (so a consumer never sees half a transaction), with one exception: a partition the
 //! consumer's own claim step gives back is `unassigned` by the claim step *before* its
-//! lease is deleted (`claim.rs`), and kept out of the consumer's view meanwhile
-//! ([`FleetTold::releasing`]).
+//! lease is deleted, once the stream's transport took it (`claim.rs`), and kept out of the
+//! consumer's view meanwhile ([`FleetTold::releasing`]).
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -99,9 +99,7 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
         for consumer in names {
             let Some(record) = entry.members.get(consumer) else { continue };
             let key = (topic.clone(), consumer.clone(), SessionId(record.value.session));
-            if record.value.leaving
-                && record.value.instance == core.instance_id
-                && !core.streams.contains(&key)
+            if record.value.leaving && record.value.instance == core.instance_id && !core.streams.holds(&key)
             {
                 orphans.push(key);
             }

@@ -198,6 +198,10 @@ impl ConsumerGroupCoordinator for HandoffCoordinator {
         status::status(&self.inner)
     }
 
+    fn session_ttl(&self) -> Option<Duration> {
+        Some(self.inner.config.lease_ttl)
+    }
+
     fn readiness(&self) -> watch::Receiver<bool> {
         self.inner.core.readiness.subscribe()
     }

@@ -6,6 +6,7 @@
 //! {prefix}assignments/{topic}/{partition}  AssignmentRecord (durable)
 //! {prefix}handoffs/{topic}/{partition}     HandoffRecord    (durable)
 //! {prefix}leader                           the elected instance (bound to its session)
+//! {prefix}instances/{instance}             the instance's own record (bound to its lease)
 //! ```
 //!
 //! Records are versioned JSON ([`crate::coordinator::shared::records`]).
@@ -64,6 +65,8 @@ pub enum Key {
     Handoff(String, u32),
     /// The leader election key.
     Leader,
+    /// An instance's own record ([`crate::coordinator::shared::instance_record`]).
+    Instance(String),
 }
 
 /// Builds and parses keys under one prefix.
@@ -121,6 +124,7 @@ impl Keys {
         let (kind, rest) = rest.split_once('/')?;
         match kind {
             "topics" => Some(Key::Topic(rest.to_string())),
+            "instances" => Some(Key::Instance(rest.to_string())),
             "consumers" => {
                 let (topic, consumer) = rest.split_once('/')?;
                 Some(Key::Consumer(topic.to_string(), consumer.to_string()))
@@ -153,6 +157,7 @@ mod tests {
             Key::Assignment("events".into(), 7),
             Key::Handoff("events".into(), 3),
             Key::Leader,
+            Key::Instance("i-1".into()),
         ] {
             let text = match &key {
                 Key::Topic(t) => keys.topic(t),
@@ -160,6 +165,9 @@ mod tests {
                 Key::Assignment(t, p) => keys.assignment(t, *p),
                 Key::Handoff(t, p) => keys.handoff(t, *p),
                 Key::Leader => keys.leader(),
+                Key::Instance(i) => {
+                    crate::coordinator::shared::instance_record::instance_key(keys.prefix(), i)
+                }
             };
             assert_eq!(keys.parse(&text), Some(key));
         }

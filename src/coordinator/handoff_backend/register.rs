@@ -116,13 +116,24 @@ impl Registrar for Handoff {
         }
     }
 
-    async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError> {
+    fn registrations_of(&self, cache: &Cache, instance: &str) -> Vec<StreamKey> {
+        let mut found = Vec::new();
+        for (topic, entry) in &cache.topics {
+            for (consumer, record) in entry.consumers.iter().filter(|(_, r)| r.value.instance == instance) {
+                found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
+            }
+        }
+        found
+    }
+
+    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError> {
         let (topic, consumer, registration) = key;
         let record_key = self.core.keys.consumer(topic, consumer);
         let ours = |r: &ConsumerRecord| r.session == registration.0;
-        if delete_if(&*self.core.store, &record_key, ours, None).await? {
+        let deleted = delete_if(&*self.core.store, &record_key, ours, None).await?;
+        if deleted {
             tracing::info!(topic, consumer, "registration deleted; its partitions will be reassigned");
         }
-        Ok(())
+        Ok(deleted)
     }
 }

@@ -149,6 +149,10 @@ pub struct Cache {
     pub topics: BTreeMap<String, TopicEntry>,
     /// The leader key, if someone leads.
     pub leader: Option<KeyValue>,
+    /// How many instance records were deleted since this cache was loaded: each one an
+    /// instance lease that ended, taking that instance's registrations with it in the same
+    /// revision (the leader settles when it grows).
+    pub instance_losses: u64,
 }
 
 impl Cache {
@@ -160,6 +164,7 @@ impl Cache {
                 self.leader = Some(kv);
                 Ok(())
             }
+            Key::Instance(_) => Ok(()),
             Key::Topic(t) => decode::<TopicRecord>(&kv.key, &kv.value).map(|value| {
                 self.topic(t).config = Some(Versioned { value, mod_revision: rev });
                 changes.topic(t);
@@ -192,6 +197,7 @@ impl Cache {
         let Some(key) = keys.parse(key) else { return };
         match &key {
             Key::Leader => self.leader = None,
+            Key::Instance(_) => self.instance_losses += 1,
             Key::Topic(t) => {
                 self.topic(t).config = None;
                 changes.topic(t);

@@ -10,6 +10,10 @@
 //! * [`lease`]: the instance's one store session, kept on a thread of its own, and
 //!   self-fencing;
 //! * [`rebind`]: registrations the store lost while their streams are open are written again;
+//! * [`instance_record`]: this instance's own record, bound to its lease, whose deletion
+//!   tells the leader that an instance's lease ended (its consumers may be coming back);
+//! * [`relay_watch`]: an instance whose relay cannot follow the store fences its streams;
+//! * [`sweep`]: a safety net that ends registrations of this instance nobody streams for;
 //! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
 //! * readiness, shutdown and crash.
 //!
@@ -19,13 +23,16 @@
 
 pub mod batch;
 pub mod cas;
+pub mod instance_record;
 pub mod lease;
 pub mod mirror;
 pub mod outgoing;
 pub mod rebind;
 pub mod records;
 pub mod register;
+pub mod relay_watch;
 pub mod streams;
+pub mod sweep;
 #[cfg(test)]
 mod test_backend;
 pub mod topics;
@@ -138,6 +145,9 @@ pub struct Core<C: MirrorCache, T> {
     pub register_permits: tokio::sync::Semaphore,
     /// Writes registrations that arrive together in shared transactions.
     pub registrations: batch::Batcher,
+    /// Set while the relay has not followed the store for longer than the fencing margin
+    /// ([`relay_watch`]): every stream was fenced and none is admitted.
+    pub relay_fenced: std::sync::atomic::AtomicBool,
 }
 
 impl<C: MirrorCache, T: streams::Told> Core<C, T> {
@@ -167,6 +177,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             lease_check: tokio::sync::Notify::new(),
             register_permits: tokio::sync::Semaphore::new(REGISTRATIONS_IN_FLIGHT),
             registrations: batch::Batcher::default(),
+            relay_fenced: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -177,6 +188,24 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
                 "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
                 self.instance_id
             ))
+        })
+    }
+
+    /// Admits `stream`, registered on the instance lease `lease`, while that lease is still
+    /// the live one and the relay follows the store; hands it back otherwise. Checked under
+    /// the lock the fence takes ([`Streams::admit`]): no stream is admitted after a fence.
+    pub fn admit(
+        &self,
+        lease: crate::store::SessionId,
+        topic: &str,
+        consumer: &str,
+        stream: LocalStream<T>,
+    ) -> Result<(), LocalStream<T>> {
+        use std::sync::atomic::Ordering;
+        self.streams.admit(topic, consumer, stream, || {
+            !self.shutdown.is_cancelled()
+                && self.lease.borrow().live() == Some(lease)
+                && !self.relay_fenced.load(Ordering::SeqCst)
         })
     }
 
@@ -301,7 +330,8 @@ impl<C: MirrorCache + Send + Sync, T: streams::Told> LeaseHolder for Core<C, T> 
     }
 
     fn fence(&self) {
-        self.streams.fence_all(&self.instance_id);
+        self.streams
+            .fence_all(&format!("assigner instance '{}' lost contact with its store", self.instance_id));
     }
 
     fn check_now(&self) -> &tokio::sync::Notify {

@@ -14,6 +14,10 @@
 //! waits for gains of its own pass, which sit behind older commands only, so no two
 //! streams can wait for each other. A consumer that does not read its stream delays the
 //! other's release by at most [`GAINS_FIRST_WAIT`]: a longer overlap, never a gap.
+//!
+//! The fleet backend, which has no overlap, waits on a gate the other way round: a
+//! partition given back is freed only once [`PassGate::taken`] says the giver's transport
+//! took its `unassigned` (`fleet_backend/claim.rs`).
 
 use std::{sync::Arc, time::Duration};
 
@@ -78,6 +82,14 @@ impl PassGate {
         let deadline = tokio::time::Instant::now() + GAINS_FIRST_WAIT;
         Outgoing { item: Ok(command), order: Order::Loss(self.taken.clone(), deadline) }
     }
+
+    /// Resolves once every gain of this gate was taken from its channel, or dropped with
+    /// it: a sender that must know the consumer heard checks that its stream is still open.
+    pub fn taken(self) -> impl Future<Output = ()> + Send + 'static {
+        let Self { hold, taken } = self;
+        drop(hold);
+        taken.cancelled_owned()
+    }
 }
 
 impl Default for PassGate {
@@ -97,9 +109,10 @@ pub type CommandReceiver = mpsc::Receiver<Outgoing>;
 /// registration is kept for the TTL so it can reconnect (and get a fresh snapshot).
 pub const STREAM_BUFFER: usize = 1024;
 
-/// A new command channel of [`STREAM_BUFFER`] commands (and one slot for the last error).
+/// A new command channel of [`STREAM_BUFFER`] commands, and two slots beyond them: the
+/// farewell that tells a fenced or replaced consumer it owns nothing, and the last error.
 pub fn command_channel() -> (CommandSender, CommandReceiver) {
-    mpsc::channel(STREAM_BUFFER + 1)
+    mpsc::channel(STREAM_BUFFER + 2)
 }
 
 /// The stream the gRPC layer sends: the channel's items in order, each loss held until

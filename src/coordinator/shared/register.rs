@@ -84,8 +84,12 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     /// How long the registration `key` is kept after its stream ended.
     fn held(&self, cache: &Self::Cache, key: &StreamKey) -> Held;
 
-    /// Deletes the registration `key` (and what is bound to it) if it is still this one.
-    async fn unregister(&self, key: &StreamKey) -> Result<(), StoreError>;
+    /// Every registration in `cache` that names `instance` as the one holding its stream.
+    fn registrations_of(&self, cache: &Self::Cache, instance: &str) -> Vec<StreamKey>;
+
+    /// Deletes the registration `key` (and what is bound to it) if it is still this one;
+    /// returns whether it did.
+    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError>;
 
     /// Work that runs beside a stream until `done` is cancelled (the fleet's claim step).
     fn spawn_companion(
@@ -105,6 +109,11 @@ pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), Coordinat
     super::lease::spawn_keeper(backend.clone(), |backend| backend.core());
     tokio::spawn(async move { readiness.core().follow_readiness().await });
     tokio::spawn(super::rebind::rebind_lost(backend.clone()));
+    tokio::spawn(super::sweep::sweep_orphans(backend.clone()));
+    let relay = backend.clone();
+    tokio::spawn(async move { super::relay_watch::fence_while_not_following(relay.core()).await });
+    let record = backend.clone();
+    tokio::spawn(async move { super::instance_record::keep_instance_record(record.core()).await });
     let writer = backend.clone();
     tokio::spawn(async move {
         let core = writer.core();
@@ -129,6 +138,10 @@ pub fn new_registration_id() -> SessionId {
 
 /// Registers `consumer` for `topic` through `backend` and returns its command stream, whose
 /// first item is the snapshot.
+///
+/// The work runs in a task of its own, so a caller that goes away (a cancelled `Register`)
+/// cannot stop it between the store write and the stream's admission: the stream is then
+/// admitted, its receiver dropped, and its registration settled as after any disconnect.
 pub async fn register<R: Registrar>(
     backend: &Arc<R>,
     consumer: &str,
@@ -136,36 +149,95 @@ pub async fn register<R: Registrar>(
 ) -> Result<CommandStream, CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
-    let core = backend.core();
-    if core.shutdown.is_cancelled() {
+    if backend.core().shutdown.is_cancelled() {
         return Err(shutting_down());
     }
+    let (backend, consumer, topic) = (backend.clone(), consumer.to_string(), topic.to_string());
+    match tokio::spawn(async move { register_to_the_end(&backend, &consumer, &topic).await }).await {
+        Ok(result) => result,
+        // The task can only fail to finish when the runtime stops under it.
+        Err(_) => Err(shutting_down()),
+    }
+}
+
+/// [`register`], once the names are valid: writes the registration, then admits its
+/// stream only while the instance lease it was written on is live and the relay follows
+/// the store ([`Core::admit`]). A registration written but not admitted (its answer lost,
+/// or the instance fenced meanwhile) is settled as after a disconnect: it ends after the
+/// TTL unless the consumer comes back.
+async fn register_to_the_end<R: Registrar>(
+    backend: &Arc<R>,
+    consumer: &str,
+    topic: &str,
+) -> Result<CommandStream, CoordinatorError> {
+    let core = backend.core();
     let permit = core.register_permits.acquire().await.map_err(|_| shutting_down())?;
     core.ensure_topic(topic).await?;
     let lease = core.live_lease()?;
     let registration = new_registration_id();
-    let registered_at = backend.write_registration(consumer, topic, registration, lease).await?;
+    let key = (topic.to_string(), consumer.to_string(), registration);
+    let registered_at = match backend.write_registration(consumer, topic, registration, lease).await {
+        Ok(revision) => revision,
+        Err(error) => {
+            // The write may have been applied although its answer was lost: a record left
+            // behind must end like one whose stream went away.
+            let (backend, key) = (backend.clone(), key);
+            tokio::spawn(async move { settle_unanswered(&*backend, &key).await });
+            return Err(error);
+        }
+    };
     drop(permit);
-    tracing::info!(topic, consumer, %registration, "consumer registered");
 
     let (tx, rx) = command_channel();
     let (mut stream, end_rx) = LocalStream::new(registration, registered_at, tx.clone());
-    let key = (topic.to_string(), consumer.to_string(), registration);
     {
-        // Relay and insert under one read of the cache: the watcher applies the next
+        // Relay and admit under one read of the cache: the watcher applies the next
         // revision only after, and its relay then finds the stream.
         let cache = core.mirror.read();
         let ended = backend.relay_one(&cache, topic, consumer, &mut stream);
         stream.flush();
-        core.streams.insert(topic, consumer, stream);
+        if core.admit(lease, topic, consumer, stream).is_err() {
+            // Fenced (or the relay stopped) since the write: the consumer never sees the
+            // snapshot, which may already be stale.
+            drop(cache);
+            tracing::warn!(
+                topic,
+                consumer,
+                "registration written, but this instance fenced itself meanwhile"
+            );
+            let backend = backend.clone();
+            tokio::spawn(async move { after_disconnect(&*backend, &key, registered_at).await });
+            return Err(CoordinatorError::Unavailable(format!(
+                "assigner instance '{}' lost contact with its store while registering consumer '{consumer}'; \
+                 reconnect to another instance",
+                core.instance_id
+            )));
+        }
         if let Some((reason, last)) = ended {
             core.streams.end(&key, reason, last);
         }
     }
+    tracing::info!(topic, consumer, %registration, "consumer registered");
     let done = CancellationToken::new();
     backend.spawn_companion(key.clone(), registered_at, done.clone());
     tokio::spawn(stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
     Ok(command_stream(rx))
+}
+
+/// After a registration write whose answer did not come: once the TTL has passed (by then
+/// the cache has seen the write, if it was applied), deletes the record if it is this
+/// registration's. A write that was never applied leaves nothing to do.
+async fn settle_unanswered<R: Registrar>(backend: &R, key: &StreamKey) {
+    let core = backend.core();
+    tokio::select! {
+        _ = core.shutdown.cancelled() => return,
+        _ = tokio::time::sleep(core.lease_ttl) => {}
+    }
+    let held = backend.held(&core.mirror.read(), key);
+    if held != Held::NotOurs && !core.streams.holds(key) {
+        tracing::info!(topic = %key.0, consumer = %key.1, "a registration whose answer was lost ends");
+        unregister(backend, key).await;
+    }
 }
 
 fn shutting_down() -> CoordinatorError {
@@ -191,10 +263,20 @@ async fn stream_task<R: Registrar>(
             EndReason::Disconnected
         }
     };
-    drop(tx);
     done.cancel();
+    if reason == EndReason::Left {
+        // The consumer hears that it owns nothing before anyone can be given what it
+        // owned: its registration (on the fleet, with its leases) goes once the transport
+        // took everything queued for it, or after one TTL for a consumer that does not read.
+        let everything = tx.max_capacity();
+        let _ = tokio::time::timeout(core.lease_ttl, tx.reserve_many(everything)).await;
+    }
+    drop(tx);
     match reason {
-        EndReason::Left => unregister(&*backend, &key).await,
+        EndReason::Left => {
+            unregister(&*backend, &key).await;
+            core.streams.set_departing(&key, false);
+        }
         EndReason::Disconnected => after_disconnect(&*backend, &key, registered_at).await,
         EndReason::Replaced | EndReason::Expired | EndReason::Shutdown => {}
     }
@@ -208,7 +290,7 @@ async fn unregister<R: Registrar>(backend: &R, key: &StreamKey) {
     let mut backoff = std::time::Duration::from_millis(50);
     loop {
         match backend.unregister(key).await {
-            Ok(()) => return,
+            Ok(_) => return,
             Err(error) => {
                 tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot delete the registration; retrying")
             }
@@ -367,6 +449,75 @@ mod tests {
         assert!(backend.core.streams.lost().is_empty(), "no stream is left lost");
         let kept = store.get(&registration("events", "a")).await.expect("read").expect("kept alive");
         assert_eq!(kept.session, after.session, "kept alive on the new lease");
+    }
+
+    /// Waits (on paused time) until the registration of `a` is gone from `store`, up to
+    /// `within`, then one more second for the answer of the delete that removed it to
+    /// arrive (so the sweep's count, if it deleted it, is up to date); returns whether it
+    /// went.
+    async fn gone_within(store: &crate::store::MemoryStore, within: Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < until {
+            if store.get(&registration("events", "a")).await.expect("read").is_none() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_register_cancelled_after_its_write_leaves_no_registration_behind() {
+        let memory = crate::store::MemoryStore::new();
+        let (backend, faults) = TestBackend::start_faulty(TTL, memory.clone()).await;
+        // Another consumer first: the topic's record is written, only `a`'s write is left.
+        let _b = register(&backend, "b", "events").await.expect("registers");
+        // Every answer takes 100 ms: 50 ms to reach the store, 50 ms back.
+        faults.delay(Duration::from_millis(100), Duration::from_millis(100));
+        let mut call = Box::pin(register(&backend, "a", "events"));
+        // The caller goes away once the write was applied, before its answer came.
+        loop {
+            tokio::select! {
+                _ = &mut call => panic!("answered before the write could be seen"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            if memory.get(&registration("events", "a")).await.expect("read").is_some() {
+                break;
+            }
+        }
+        drop(call);
+        assert!(gone_within(&memory, TTL * 2).await, "the registration of a cancelled Register must end");
+        assert_eq!(backend.core.metrics.registrations_swept.get(), 0, "ended by its own path, not the sweep");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registration_whose_answer_was_lost_ends_after_the_ttl() {
+        let memory = crate::store::MemoryStore::new();
+        let (backend, faults) = TestBackend::start_faulty(TTL, memory.clone()).await;
+        let _b = register(&backend, "b", "events").await.expect("registers");
+        faults.lose_next_txn_answers(1);
+        let error = register(&backend, "a", "events").await.err().expect("the answer was lost");
+        assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
+        assert!(
+            memory.get(&registration("events", "a")).await.expect("read").is_some(),
+            "written all the same"
+        );
+        assert!(gone_within(&memory, TTL * 2).await, "a registration nobody streams for must end");
+        assert_eq!(backend.core.metrics.registrations_swept.get(), 0, "ended by its own path, not the sweep");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_ends_a_registration_no_stream_holds_and_counts_it() {
+        let memory = crate::store::MemoryStore::new();
+        let (backend, _faults) = TestBackend::start_faulty(TTL, memory.clone()).await;
+        let lease = backend.core.live_lease().expect("live");
+        // A record of this instance that no path of this instance wrote, so none settles it.
+        let orphan = crate::store::Op::put_in(registration("events", "a"), "42", lease);
+        memory.txn(crate::store::Txn::new().then(orphan)).await.expect("written");
+        assert!(!gone_within(&memory, TTL / 2).await, "not before a whole TTL without a stream");
+        assert!(gone_within(&memory, TTL * 2).await, "swept");
+        assert_eq!(backend.core.metrics.registrations_swept.get(), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -48,7 +48,8 @@ pub type Ending = (EndReason, Option<CoordinatorError>);
 /// What a backend's stream remembers having told its consumer.
 pub trait Told: Default + Send + Sync + 'static {
     /// The commands that tell the consumer it owns nothing any more (sent before a
-    /// stream ends because it was replaced or its session is gone).
+    /// stream ends because it was replaced, fenced or its session is gone). At most one
+    /// command: the channel keeps one slot for it ([`LocalStream::farewell`]).
     fn farewell(&self, topic: &str) -> Vec<AssignmentCommand>;
 }
 
@@ -109,8 +110,8 @@ impl<T: Told> LocalStream<T> {
     }
 
     /// Sends commands; a closed receiver means the client is gone, which its stream task
-    /// notices. The last slot of the buffer is kept for the error that ends an overflowing
-    /// stream ([`STREAM_BUFFER`]).
+    /// notices. Beyond [`STREAM_BUFFER`] commands nothing is sent: the last two slots are
+    /// kept for the farewell and the error that ends an overflowing stream.
     pub fn send(&mut self, commands: impl IntoIterator<Item = AssignmentCommand>) {
         for command in commands {
             let outgoing = match &self.pass {
@@ -121,10 +122,24 @@ impl<T: Told> LocalStream<T> {
         }
     }
 
-    /// Puts one item in the channel, unless the consumer stopped reading: the last slot is
-    /// kept for the error that ends an overflowing stream.
+    /// Sends `commands` as gains of `gate`, outside any relay pass: [`PassGate::taken`]
+    /// then tells when the transport took them. False if the consumer stopped reading and
+    /// they were not queued.
+    pub fn send_held(
+        &mut self,
+        gate: &PassGate,
+        commands: impl IntoIterator<Item = AssignmentCommand>,
+    ) -> bool {
+        for command in commands {
+            self.push(gate.gain(command));
+        }
+        !self.overflowed
+    }
+
+    /// Puts one item in the channel, unless the consumer stopped reading: the last two
+    /// slots are kept, for the farewell and for the error that ends the stream.
     fn push(&mut self, outgoing: Outgoing) {
-        if self.overflowed || self.tx.capacity() <= 1 {
+        if self.overflowed || self.tx.capacity() <= 2 {
             self.overflowed = true;
             return;
         }
@@ -162,10 +177,21 @@ impl<T: Told> LocalStream<T> {
         })
     }
 
-    /// Tells the consumer it owns nothing any more ([`Told::farewell`]).
+    /// Tells the consumer it owns nothing any more ([`Told::farewell`]). Unlike
+    /// [`send`](Self::send), this takes the slot `push` keeps for it, even when the buffer
+    /// is full or overflowed: a consumer that is behind hears it (after its backlog) before
+    /// the error that ends the stream, which keeps the last slot.
     pub fn farewell(&mut self, topic: &str) {
         if self.activated {
-            self.send(self.told.farewell(topic));
+            for command in self.told.farewell(topic) {
+                let outgoing = match &self.pass {
+                    Some(gate) => gate.gain(command),
+                    None => Outgoing::free(Ok(command)),
+                };
+                if self.tx.capacity() >= 2 {
+                    let _ = self.tx.try_send(outgoing);
+                }
+            }
         }
         self.told = T::default();
     }
@@ -226,12 +252,25 @@ pub struct Streams<S> {
     metrics: Arc<Metrics>,
     /// Woken when a relay pass found a stream whose registration the store lost.
     lost: tokio::sync::Notify,
+    /// Held while a stream is admitted ([`Streams::admit`]) and while every stream is
+    /// fenced ([`Streams::fence_all`]): a registration answered late (a slow store answer,
+    /// a busy runtime) can then never slip its stream in after the fence ran.
+    gate: std::sync::Mutex<()>,
+    /// Streams that ended because their consumer left, whose last commands are still on
+    /// their way (`register.rs`): their registrations are their stream task's to delete.
+    departing: std::sync::Mutex<std::collections::HashSet<StreamKey>>,
 }
 
 impl<T: Told> Streams<LocalStream<T>> {
     /// An empty registry that keeps the `streams` gauge.
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        Self { map: DashMap::new(), metrics, lost: tokio::sync::Notify::new() }
+        Self {
+            map: DashMap::new(),
+            metrics,
+            lost: tokio::sync::Notify::new(),
+            gate: std::sync::Mutex::new(()),
+            departing: Default::default(),
+        }
     }
 
     /// Waits until a relay pass finds a stream whose registration the store lost.
@@ -252,6 +291,25 @@ impl<T: Told> Streams<LocalStream<T>> {
 
     fn gauge(&self) {
         self.metrics.streams.set(self.map.len() as i64);
+    }
+
+    /// Adds a stream if `open()` says the instance may still serve it, checked under the
+    /// same lock [`fence_all`](Self::fence_all) takes: either the stream is in before a
+    /// fence removes every stream, or `open()` already sees the fence and the stream is
+    /// handed back, never relayed. `open()` must not block.
+    pub fn admit(
+        &self,
+        topic: &str,
+        consumer: &str,
+        stream: LocalStream<T>,
+        open: impl FnOnce() -> bool,
+    ) -> Result<(), LocalStream<T>> {
+        let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !open() {
+            return Err(stream);
+        }
+        self.insert(topic, consumer, stream);
+        Ok(())
     }
 
     /// Adds a stream. Of two streams of one (topic, consumer), the one registered later
@@ -286,10 +344,34 @@ impl<T: Told> Streams<LocalStream<T>> {
         let (topic, consumer, session) = key;
         let removed = self.map.remove_if(&(topic.clone(), consumer.clone()), |_, s| s.session == *session);
         if let Some((_, stream)) = removed {
+            if reason == EndReason::Left {
+                // Marked before anyone can see the stream gone: its stream task settles it.
+                self.set_departing(key, true);
+            }
             tracing::info!(topic = %topic, consumer = %consumer, ?reason, "consumer stream ended");
             stream.finish(reason, last);
             self.gauge();
         }
+    }
+
+    /// Marks the stream `key`, which ended because its consumer left, as departing ([`end`]
+    /// does), or no longer once its registration was settled (its stream task does).
+    ///
+    /// [`end`]: Self::end
+    pub fn set_departing(&self, key: &StreamKey, departing: bool) {
+        let mut set = self.departing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if departing {
+            set.insert(key.clone());
+        } else {
+            set.remove(key);
+        }
+    }
+
+    /// Whether the registration `key` is this instance's to settle: its stream is held, or
+    /// departing.
+    pub fn holds(&self, key: &StreamKey) -> bool {
+        self.contains(key)
+            || self.departing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(key)
     }
 
     /// Whether the stream `key` is held.
@@ -385,18 +467,17 @@ impl<T: Told> Streams<LocalStream<T>> {
     }
 
     /// Fences every stream: each consumer is told it owns nothing, then its stream ends
-    /// with `UNAVAILABLE`; registrations are kept for the TTL (the instance lost its
-    /// store session, see `lease.rs`).
-    pub fn fence_all(&self, instance_id: &str) {
+    /// with `UNAVAILABLE` saying `why` (the instance lost its store session, see
+    /// `lease.rs`, or cannot relay, see `relay_watch.rs`); registrations are kept for the
+    /// TTL.
+    pub fn fence_all(&self, why: &str) {
+        let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (topic, consumer) in self.names() {
             if let Some((_, mut stream)) = self.map.remove(&(topic.clone(), consumer)) {
                 stream.farewell(&topic);
                 let error = CoordinatorError::StreamEnded(
                     StreamEnd::Fenced,
-                    format!(
-                        "assigner instance '{instance_id}' lost contact with its store; stop processing and \
-                     reconnect to another instance"
-                    ),
+                    format!("{why}; stop processing and reconnect to another instance"),
                 );
                 stream.finish(EndReason::Disconnected, Some(error));
             }
@@ -586,12 +667,53 @@ mod tests {
         assert_eq!(last.code(), ErrorCode::ResourceExhausted, "{last}");
     }
 
+    /// What a test stream was told: whether it owns partition 0 (its farewell unassigns it).
+    #[derive(Default)]
+    struct OwnsZero(bool);
+
+    impl super::Told for OwnsZero {
+        fn farewell(&self, topic: &str) -> Vec<AssignmentCommand> {
+            if self.0 { vec![update(topic, [], [0])] } else { Vec::new() }
+        }
+    }
+
+    #[test]
+    fn a_fenced_consumer_with_a_full_buffer_still_hears_its_farewell_before_the_end() {
+        let streams: Streams<LocalStream<OwnsZero>> = Streams::new(Arc::new(Metrics::new()));
+        let (tx, mut rx) = command_channel();
+        let (mut a, _end) = LocalStream::new(SessionId(1), 1, tx);
+        a.activated = true;
+        a.told = OwnsZero(true);
+        streams.insert("t", "a", a);
+        let key = ("t".to_string(), "a".to_string(), SessionId(1));
+        // The consumer is a whole buffer behind: every command fits, none was dropped.
+        for _ in 0..STREAM_BUFFER {
+            streams.with(&key, |s| s.send([update("t", [0], [])]));
+        }
+        streams.fence_all("i1");
+        let mut items = Vec::new();
+        while let Ok(outgoing) = rx.try_recv() {
+            items.push(outgoing.item);
+        }
+        let n = items.len();
+        assert!(n >= 2, "{n} items");
+        assert!(
+            matches!(&items[n - 2], Ok(c) if *c == update("t", [], [0])),
+            "the farewell (unassigned 0) comes right before the end, got {:?}",
+            items[n - 2]
+        );
+        assert!(items[..n - 2].iter().all(|i| matches!(i, Ok(c) if *c == update("t", [0], []))));
+        assert_eq!(n - 2, STREAM_BUFFER, "the backlog is kept whole");
+        let fenced = matches!(items[n - 1], Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _)));
+        assert!(fenced, "then the stream ends as fenced: {:?}", items[n - 1]);
+    }
+
     #[test]
     fn fencing_ends_streams_saying_so_for_the_metric() {
         let (streams, _metrics) = registry();
         let (a, mut a_rx, mut a_end) = stream(1, 1);
         streams.insert("t", "a", a);
-        streams.fence_all("i1");
+        streams.fence_all("assigner instance 'i1' lost contact with its store");
         let ended =
             matches!(a_rx.try_recv(), Ok(Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _))));
         assert!(ended, "the stream ends as fenced");

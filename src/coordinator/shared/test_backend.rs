@@ -170,8 +170,31 @@ impl Registrar for TestBackend {
         }
     }
 
-    async fn unregister(&self, key: &(String, String, SessionId)) -> Result<(), StoreError> {
-        self.core.store.delete(&registration(&key.0, &key.1)).await.map(|_| ())
+    fn registrations_of(&self, cache: &Records, _instance: &str) -> Vec<(String, String, SessionId)> {
+        // One instance only: every registration is its own.
+        cache
+            .kvs
+            .iter()
+            .filter_map(|(key, kv)| {
+                let (topic, consumer) = key.strip_prefix(PREFIX)?.split_once("/consumers/")?;
+                let id = std::str::from_utf8(&kv.value).ok()?.parse().ok()?;
+                Some((topic.to_string(), consumer.to_string(), SessionId(id)))
+            })
+            .collect()
+    }
+
+    async fn unregister(&self, key: &(String, String, SessionId)) -> Result<bool, StoreError> {
+        let record = registration(&key.0, &key.1);
+        let ours = self
+            .core
+            .store
+            .get(&record)
+            .await?
+            .is_some_and(|kv| kv.value == key.2.0.to_string().into_bytes());
+        if ours {
+            self.core.store.delete(&record).await?;
+        }
+        Ok(ours)
     }
 
     fn relay_one(

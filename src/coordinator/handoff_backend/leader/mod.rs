@@ -49,6 +49,8 @@ struct Leadership {
     settle_until: Option<tokio::time::Instant>,
     /// The mirror's interruption count last seen.
     interruptions: u64,
+    /// The cache's count of ended instance leases last seen.
+    instance_losses: u64,
     /// Per topic, who has been arriving (see [`HandoffConfig::rebalance_delay`]).
     ///
     /// [`HandoffConfig::rebalance_delay`]: super::HandoffConfig::rebalance_delay

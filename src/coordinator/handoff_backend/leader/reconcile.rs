@@ -126,7 +126,8 @@ fn rollout_of(inner: &Handoff, state: &TopicState) -> Option<Rollout> {
 
 /// Plans and writes every topic (see the module docs). While `settling`, a topic with a
 /// partition whose owner's registration is gone is left alone: that consumer may be about
-/// to come back (DESIGN.md §6, "settle after an interruption"). Returns how long planning
+/// to come back (DESIGN.md §6, "settle after an interruption"). An instance lease that
+/// ended since the last pass starts a settle period too. Returns how long planning
 /// (the work under the cache lock, not the writes) took.
 ///
 /// A topic's batches are written one after another: a scale-out of 10,000 partitions
@@ -141,9 +142,19 @@ pub(super) async fn reconcile_all(
     let now = now_ms();
     let instant = tokio::time::Instant::now();
     let delay = inner.config.rebalance_delay;
+    let mut settling = settling;
     // Plan every topic from one consistent cache read.
     let plans: Vec<TopicPlan> = {
         let cache = inner.core.mirror.read();
+        // An instance lease ended in this read (revoked, or outlived by a store outage
+        // this leader did not notice): its registrations vanished with it, but their
+        // streams may still be open and are being written again. They are interrupted,
+        // not departed: settle before moving their partitions.
+        if cache.instance_losses != me.instance_losses {
+            me.instance_losses = cache.instance_losses;
+            super::settle(inner, me, "an instance's lease ended; its consumers may be coming back");
+            settling = true;
+        }
         cache
             .topics
             .iter()
