@@ -17,6 +17,13 @@
 //!   [`cut_off_for`](FaultyStore::cut_off_for), [`restore`](FaultyStore::restore)): every
 //!   call fails `Unavailable` without reaching the store, a call in flight loses its answer,
 //!   and every open watch ends with an `Unavailable` item;
+//! * **stalls** the connection ([`stall`](FaultyStore::stall), or from the next
+//!   transaction a test picks, [`stall_at_txn`](FaultyStore::stall_at_txn)), as a hung
+//!   TCP connection or a paused network path does: requests wait at the door and answers
+//!   and watch batches on the way back until it ends. Then the held requests reach the
+//!   store *late* (a write sent before a session expired lands after), and their answers
+//!   either arrive late ([`AfterStall::Deliver`]) or are lost after the wait, with every
+//!   open watch broken ([`AfterStall::Lose`]: the connection reset);
 //! * **expires sessions** on demand ([`expire_session`](FaultyStore::expire_session),
 //!   [`expire_all_sessions`](FaultyStore::expire_all_sessions)), as a store does when it
 //!   has not heard from the session's holder for its TTL (even while cut off).
@@ -27,6 +34,11 @@
 //!
 //! Clones share the wrapped store and the fault settings: keep one to steer the faults while
 //! the code under test uses another.
+//!
+//! **Who wrote what.** With [`record_writes`](FaultyStore::record_writes) on, it logs every
+//! transaction the wrapped store applied through it (answer lost or not): the revision and
+//! the keys written ([`take_writes`](FaultyStore::take_writes)). A simulation with one
+//! wrapper per instance can then tell which instance wrote a revision.
 
 use std::{
     collections::BTreeSet,
@@ -44,7 +56,7 @@ use tokio::{
 };
 
 use super::{
-    KeyValue, LeaseStore, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome, WatchStream,
+    KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome, WatchStream,
 };
 
 /// A [`LeaseStore`] that injects faults into calls to the store it wraps (see the module docs).
@@ -65,6 +77,17 @@ pub struct FaultStats {
     pub broken_watches: u64,
     /// Sessions expired on demand.
     pub expired_sessions: u64,
+    /// Calls (and watch batches) a stall held.
+    pub stalled_calls: u64,
+}
+
+/// A transaction the wrapped store applied through this wrapper.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrittenTxn {
+    /// The revision it committed at.
+    pub revision: Revision,
+    /// The keys it wrote (put or deleted).
+    pub keys: Vec<String>,
 }
 
 struct Shared {
@@ -73,6 +96,8 @@ struct Shared {
     cuts: watch::Sender<u64>,
     /// While `true`, transaction answers are held back ([`FaultyStore::hold_txn_answers`]).
     holding: watch::Sender<bool>,
+    /// Moves whenever a stall starts or ends early: calls held by one look again.
+    stalls: watch::Sender<u64>,
 }
 
 struct State {
@@ -92,6 +117,12 @@ struct State {
     /// Sessions granted through this wrapper and not revoked or expired through it.
     sessions: BTreeSet<SessionId>,
     stats: FaultStats,
+    /// The latest stall (in force while `now < until`).
+    stall: Option<Stall>,
+    /// A stall that starts with the next transaction it picks.
+    armed: Option<Armed>,
+    /// Applied transactions, while recording.
+    written: Option<Vec<WrittenTxn>>,
 }
 
 impl State {
@@ -167,10 +198,14 @@ impl FaultyStore {
             reads_cut: false,
             sessions: BTreeSet::new(),
             stats: FaultStats::default(),
+            stall: None,
+            armed: None,
+            written: None,
         };
         let (cuts, _) = watch::channel(0);
         let (holding, _) = watch::channel(false);
-        FaultyStore { inner, shared: Arc::new(Shared { state: Mutex::new(state), cuts, holding }) }
+        let (stalls, _) = watch::channel(0);
+        FaultyStore { inner, shared: Arc::new(Shared { state: Mutex::new(state), cuts, holding, stalls }) }
     }
 
     /// The wrapped store (calls on it bypass every fault).
@@ -259,6 +294,16 @@ impl FaultyStore {
         self.state().is_cut_off()
     }
 
+    /// Starts (`true`) or stops logging the transactions applied through this wrapper.
+    pub fn record_writes(&self, on: bool) {
+        self.state().written = on.then(Vec::new);
+    }
+
+    /// The transactions applied through this wrapper since the last call (while recording).
+    pub fn take_writes(&self) -> Vec<WrittenTxn> {
+        self.state().written.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// Ends `session` in the wrapped store now (its records go), as an expiry would.
     pub async fn expire_session(&self, session: SessionId) -> Result<(), StoreError> {
         self.inner.revoke_session(session).await?;
@@ -305,6 +350,7 @@ impl FaultyStore {
         if !before.is_zero() {
             tokio::time::sleep(before).await;
         }
+        let held_going = self.wait_out_stall().await;
         let refused = {
             let mut state = self.state();
             state.is_cut_off() || (kind == Kind::Read && state.reads_cut)
@@ -322,7 +368,14 @@ impl FaultyStore {
         if !(delay - before).is_zero() {
             tokio::time::sleep(delay - before).await;
         }
+        let stalled = self.wait_out_stall().await.or(held_going);
         let mut state = self.state();
+        if stalled.is_some_and(|stall| stall.then == AfterStall::Lose) {
+            state.stats.lost_answers += 1;
+            return Err(StoreError::Unavailable(format!(
+                "{what}: the connection reset after a stall; the answer was lost (injected fault)"
+            )));
+        }
         let lost = if state.is_cut_off() { true } else { kind != Kind::Read && state.draw_loss(kind) };
         if lost {
             state.stats.lost_answers += 1;
@@ -340,6 +393,7 @@ impl fmt::Debug for FaultyStore {
             .field("lose_next", &state.lose_next)
             .field("delay", &state.delay)
             .field("cut", &state.cut)
+            .field("stall", &state.stall)
             .field("stats", &state.stats)
             .finish_non_exhaustive()
     }
@@ -390,7 +444,27 @@ impl LeaseStore for FaultyStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
-        self.call("txn", Kind::Txn, self.inner.txn(txn)).await
+        self.trigger(&txn);
+        let keys: Vec<String> = txn
+            .ops
+            .iter()
+            .map(|op| match op {
+                Op::Put { key, .. } | Op::Delete { key } => key.clone(),
+            })
+            .collect();
+        let inner = self.inner.clone();
+        let shared = self.shared.clone();
+        self.call("txn", Kind::Txn, async move {
+            let outcome = inner.txn(txn).await?;
+            if outcome.succeeded {
+                let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(log) = state.written.as_mut() {
+                    log.push(WrittenTxn { revision: outcome.revision, keys });
+                }
+            }
+            Ok(outcome)
+        })
+        .await
     }
 
     async fn watch_prefix(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError> {
@@ -442,6 +516,17 @@ fn faulty_watch(store: FaultyStore, mut stream: WatchStream, cuts: watch::Receiv
                        None => return None,
                    },
                };
+        // A stall holds the batch; one that ended by resetting the connection broke the watch.
+        let item = match item {
+            Some(item) => tokio::select! {
+                biased;
+                _ = cuts.changed() => None,
+                held = store.wait_out_stall() => {
+                    held.is_none_or(|stall| stall.then == AfterStall::Deliver).then_some(item)
+                }
+            },
+            None => None,
+        };
         let Some(item) = item else {
             store.state().stats.broken_watches += 1;
             let error = StoreError::Unavailable("watch: cut off from the store (injected fault)".into());
@@ -452,6 +537,11 @@ fn faulty_watch(store: FaultyStore, mut stream: WatchStream, cuts: watch::Receiv
     })
     .boxed()
 }
+
+#[path = "faulty_stall.rs"]
+mod stall;
+use stall::Armed;
+pub use stall::{AfterStall, Stall};
 
 #[cfg(test)]
 #[path = "faulty_tests.rs"]

@@ -175,3 +175,132 @@ async fn txn_losses_skip_session_calls() {
     assert!(memory.get("k").await.unwrap().is_some());
     store.put("k", b"2".to_vec(), None).await.unwrap();
 }
+
+/// Whether `memory` holds `key` now.
+async fn holds(memory: &MemoryStore, key: &str) -> bool {
+    memory.get(key).await.unwrap().is_some()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stall_holds_requests_and_answers_then_delivers_them_late() {
+    let (store, memory) = wrapped(7);
+    let mut watch = store.watch_prefix("", 0).await.unwrap();
+    let start = Instant::now();
+    store.stall(Duration::from_secs(5), AfterStall::Deliver);
+    let writer = store.clone();
+    let put = tokio::spawn(async move { writer.put("k", b"1".to_vec(), None).await });
+    // Written by someone else meanwhile: its batch is held too.
+    let other = memory.put("other", b"1".to_vec(), None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(4_999)).await;
+    assert!(!holds(&memory, "k").await, "the request waits at the door");
+    let revision = put.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    assert!(revision > other, "it reached the store after the other write: late");
+    // Batches come after the stall, in order.
+    assert_eq!(next_batch(&mut watch).await.unwrap().revision, other);
+    assert_eq!(next_batch(&mut watch).await.unwrap().revision, revision);
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    let stall = store.last_stall().unwrap();
+    assert_eq!((stall.id, stall.since, stall.until), (1, start, start + Duration::from_secs(5)));
+    assert_eq!(store.stats().lost_answers, 0);
+    assert!(store.stats().stalled_calls >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stall_that_resets_applies_the_held_write_late_and_loses_its_answer() {
+    let (store, memory) = wrapped(8);
+    let mut watch = store.watch_prefix("", 0).await.unwrap();
+    // An answer on its way back (delayed) when the stall begins is lost too.
+    store.delay(Duration::from_millis(100), Duration::from_millis(100));
+    let writer = store.clone();
+    let early = tokio::spawn(async move { writer.put("early", b"1".to_vec(), None).await });
+    tokio::time::sleep(Duration::from_millis(75)).await;
+    assert!(holds(&memory, "early").await, "applied at +50 ms, answer due at +100 ms");
+    store.stall(Duration::from_secs(2), AfterStall::Lose);
+    store.delay(Duration::ZERO, Duration::ZERO);
+    let late = store.put("late", b"1".to_vec(), None).await;
+    assert!(unavailable(late).contains("reset after a stall"));
+    assert!(unavailable(early.await.unwrap()).contains("reset after a stall"));
+    assert!(holds(&memory, "late").await, "the held write reached the store, late");
+    // Reads held by it fail as well; the watch open across it broke.
+    assert!(unavailable(next_batch(&mut watch).await).contains("injected"));
+    assert_eq!(store.stats().lost_answers, 2);
+    // After it, everything works again.
+    assert!(store.get("late").await.unwrap().is_some());
+    store.put("after", b"1".to_vec(), None).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_armed_stall_starts_at_the_transaction_it_picks() {
+    let (store, memory) = wrapped(9);
+    store.stall_at_txn(Duration::from_secs(3), AfterStall::Deliver, |txn: &Txn| {
+        txn.ops.iter().any(|op| matches!(op, Op::Put { key, .. } if key.starts_with("plan/")))
+    });
+    // Reads and other writes go through.
+    store.put("other", b"1".to_vec(), None).await.unwrap();
+    assert!(store.get("other").await.unwrap().is_some());
+    assert_eq!(store.last_stall(), None);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let picked_at = Instant::now();
+    let writer = store.clone();
+    let plan = tokio::spawn(async move { writer.put("plan/1", b"1".to_vec(), None).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let stall = store.last_stall().expect("the picked transaction started it");
+    assert_eq!((stall.since, stall.until), (picked_at, picked_at + Duration::from_secs(3)));
+    assert!(!holds(&memory, "plan/1").await, "the picked transaction is the first one held");
+    // Everything else waits with it; ending it early lets all go.
+    let reader = store.clone();
+    let read = tokio::spawn(async move { reader.get("other").await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!read.is_finished());
+    store.end_stall();
+    plan.await.unwrap().unwrap();
+    assert!(read.await.unwrap().unwrap().is_some());
+    assert_eq!(Instant::now(), picked_at + Duration::from_millis(20));
+    // Armed once: the next plan write passes.
+    store.put("plan/2", b"1".to_vec(), None).await.unwrap();
+    assert_eq!(store.last_stall().unwrap().id, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn applied_transactions_are_logged_with_their_keys_while_recording() {
+    let (store, _) = wrapped(10);
+    store.put("before", b"1".to_vec(), None).await.unwrap();
+    store.record_writes(true);
+    let first = store.put("a", b"1".to_vec(), None).await.unwrap();
+    store.lose_next_answers(1);
+    unavailable(store.delete("a").await);
+    // A refused compare writes nothing.
+    let refused = Txn::new().when(Compare::ModRevision("a".into(), 1)).then(Op::put("b", "1"));
+    assert!(!store.txn(refused).await.unwrap().succeeded);
+    let writes = store.take_writes();
+    assert_eq!(writes.len(), 2);
+    assert_eq!(writes[0], WrittenTxn { revision: first, keys: vec!["a".into()] });
+    assert_eq!((writes[1].revision, writes[1].keys.clone()), (first + 1, vec!["a".to_string()]));
+    assert!(store.take_writes().is_empty(), "taken");
+    store.record_writes(false);
+    store.put("c", b"1".to_vec(), None).await.unwrap();
+    assert!(store.take_writes().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_stall_extends_the_first_and_never_shortens_it() {
+    let (store, _) = wrapped(11);
+    let start = Instant::now();
+    store.stall(Duration::from_secs(3), AfterStall::Deliver);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.stall(Duration::from_millis(500), AfterStall::Lose);
+    let stall = store.last_stall().unwrap();
+    assert_eq!((stall.id, stall.since, stall.until), (2, start, start + Duration::from_secs(3)));
+    assert_eq!(stall.then, AfterStall::Lose, "its answers are lost if either stall's are");
+    store.stall(Duration::from_secs(4), AfterStall::Deliver);
+    let stall = store.last_stall().unwrap();
+    assert_eq!(
+        (stall.since, stall.until, stall.then),
+        (start, start + Duration::from_secs(5), AfterStall::Lose)
+    );
+    // A call held through it all is applied when the last one ends, and its answer lost.
+    unavailable(store.put("k", b"1".to_vec(), None).await);
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    assert!(store.get("k").await.unwrap().is_some());
+}

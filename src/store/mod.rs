@@ -22,7 +22,7 @@ mod metered;
 
 pub use etcd::{EtcdStore, EtcdStoreConfig};
 pub use etcd_tls::EtcdSecurity;
-pub use faulty::{FaultStats, FaultyStore};
+pub use faulty::{AfterStall, FaultStats, FaultyStore, Stall, WrittenTxn};
 pub use memory::MemoryStore;
 pub use metered::MeteredStore;
 

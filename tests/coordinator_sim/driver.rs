@@ -8,15 +8,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use kafka_assigner::coordinator::{CommandStream, CoordinatorError, HandoffCoordinator, records::Keys};
+use kafka_assigner::coordinator::{
+    CommandStream, CoordinatorError, ErrorCode, HandoffCoordinator, records::Keys,
+};
 use kafka_assigner::proto::v1::{AssignmentCommand, DeregisterAction};
-use kafka_assigner::store::{FaultyStore, LeaseStore, MemoryStore, WatchStream};
+use kafka_assigner::store::{FaultyStore, LeaseStore, MemoryStore, Revision, WatchStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::invariants;
 use crate::model::{Belief, Todo, Truth};
-use crate::schedules::{Action, Rng, Shape};
+use crate::schedules::{Action, Kind, Rng, Shape};
 
 pub const TOPIC: &str = "events";
 pub const PREFIX: &str = "/sim/";
@@ -100,6 +102,15 @@ pub enum Agenda {
     Restart {
         instance: usize,
     },
+    /// A stall the sim treats as a cut-off (`cut`) is over.
+    Unstalled {
+        instance: usize,
+        cut: u64,
+    },
+    /// The instance notices that the half-open stream `inc`'s connection is dead.
+    DropZombie {
+        inc: u64,
+    },
     Quiesce,
     CheckSettled,
 }
@@ -109,8 +120,10 @@ pub struct Instance {
     pub faulty: FaultyStore,
     pub coordinator: Option<HandoffCoordinator>,
     pub starting: bool,
-    /// The cut-off in force: (id, since).
+    /// The cut-off (or stall) in force: (id, since).
     pub cut: Option<(u64, Instant)>,
+    /// The id of the last stall of its connection the sim has seen begin.
+    pub stall_seen: u64,
     /// When a stream it held last ended (its registration is then deleted a TTL later).
     pub dropped_at: Option<Instant>,
     /// Counts crashes: an answer from an earlier generation never reached its client.
@@ -148,6 +161,16 @@ pub struct Outcome {
     /// Instants at which two consumers believed they owned a partition, one of them in a
     /// handoff's release window (allowed; counted so the check is seen not to be vacuous).
     pub overlaps_in_window: u64,
+    /// Partition moves by plan, each checked to be the leader's.
+    pub plan_moves: u64,
+    /// Stalls that began, early expiries, restarts with the old stream left open.
+    pub stalls: u64,
+    pub revokes: u64,
+    pub half_open: u64,
+    /// Readies held while a burst of joins went on.
+    pub ready_races: u64,
+    /// Half-open streams their instance ended as replaced by the new registration.
+    pub zombies_replaced: u64,
 }
 
 pub struct Sim {
@@ -155,12 +178,19 @@ pub struct Sim {
     /// Whether the schedules may trigger the bugs this simulation found (fixed; the
     /// default, see `main.rs`); `COORD_SIM_STRICT=0` steers around them.
     pub strict: bool,
+    /// Whether the schedules may run into the open bugs this simulation found (see
+    /// `main.rs`; `COORD_SIM_OPEN=1`); by default they steer around them.
+    pub open_bugs: bool,
     pub shape: Shape,
     pub keys: Keys,
     pub instances: Vec<Instance>,
     pub consumers: Vec<Consumer>,
     /// Open streams, by incarnation id, polled in this order.
     pub open: Vec<(u64, usize, CommandStream)>,
+    /// Half-open streams: their consumer restarted; read (and ignored) until they end.
+    pub zombies: Vec<(u64, usize, CommandStream)>,
+    /// Transactions the instances applied, by revision: (instance, keys written).
+    writes: BTreeMap<Revision, Vec<(usize, Vec<String>)>>,
     pub agenda: BTreeMap<(Instant, u64), Agenda>,
     pub seq: u64,
     pub next_inc: u64,
@@ -179,13 +209,14 @@ enum Woke {
     Truth(Option<kafka_assigner::store::WatchBatch>),
     Reply(Reply),
     Item(u64, usize, Option<Result<AssignmentCommand, CoordinatorError>>),
+    Zombie(u64, usize, Option<Result<AssignmentCommand, CoordinatorError>>),
     Agenda,
 }
 
 impl Sim {
-    /// Sets up the store, the instances and the agenda of schedule `seed`.
-    pub async fn new(seed: u64, strict: bool) -> Result<Sim, String> {
-        let shape = Shape::draw(seed);
+    /// Sets up the store, the instances and the agenda of schedule `seed` of `kind`.
+    pub async fn new(seed: u64, kind: Kind, strict: bool) -> Result<Sim, String> {
+        let shape = Shape::draw(seed, kind);
         let store = MemoryStore::new();
         let keys = Keys::new(PREFIX);
         let snapshot = store.get_prefix(PREFIX).await.map_err(|e| e.to_string())?;
@@ -194,6 +225,7 @@ impl Sim {
         let mut sim = Sim {
             seed,
             strict,
+            open_bugs: std::env::var("COORD_SIM_OPEN").is_ok_and(|v| v == "1"),
             keys,
             instances: Vec::new(),
             consumers: (0..shape.pool)
@@ -206,6 +238,8 @@ impl Sim {
                 })
                 .collect(),
             open: Vec::new(),
+            zombies: Vec::new(),
+            writes: BTreeMap::new(),
             agenda: BTreeMap::new(),
             seq: 0,
             next_inc: 0,
@@ -223,12 +257,14 @@ impl Sim {
         for i in 0..sim.shape.instances {
             let faulty =
                 FaultyStore::new(Arc::new(store.clone()), seed.wrapping_mul(31).wrapping_add(i as u64));
+            faulty.record_writes(true);
             let coordinator = crate::fleet::start(&faulty, &sim.shape, i).await.map_err(|e| e.to_string())?;
             sim.instances.push(Instance {
                 faulty,
                 coordinator: Some(coordinator),
                 starting: false,
                 cut: None,
+                stall_seen: 0,
                 dropped_at: None,
                 generation: 0,
             });
@@ -274,10 +310,12 @@ impl Sim {
                 batch = self.god.next() => Woke::Truth(batch.map(|b| b.map_err(|e| e.to_string())).transpose().map_err(|e| format!("the fault-free watch failed: {e}"))?),
                 Some(reply) = self.replies.recv() => Woke::Reply(reply),
                 (inc, consumer, item) = poll_fn(|cx| poll_streams(&mut self.open, cx)) => Woke::Item(inc, consumer, item),
+                (inc, consumer, item) = poll_fn(|cx| poll_streams(&mut self.zombies, cx)) => Woke::Zombie(inc, consumer, item),
                 () = tokio::time::sleep_until(next) => Woke::Agenda,
             };
             self.handle(woke).await?;
             self.settle().await?;
+            self.observe_stalls();
             let beliefs = self.consumers.iter().filter_map(|c| match &c.phase {
                 Phase::Online { belief, .. } => Some((c.name.as_str(), belief)),
                 _ => None,
@@ -290,10 +328,15 @@ impl Sim {
 
     async fn handle(&mut self, woke: Woke) -> Result<(), String> {
         match woke {
-            Woke::Truth(Some(batch)) => self.truth.apply(&self.keys, &batch, self.strict)?,
+            Woke::Truth(Some(batch)) => {
+                let writers = self.writers(batch.revision);
+                self.truth.apply(&self.keys, &batch, self.strict, &writers)?;
+                self.outcome.plan_moves = self.truth.plan_moves;
+            }
             Woke::Truth(None) => return Err("the fault-free watch ended".into()),
             Woke::Reply(reply) => self.reply(reply),
             Woke::Item(inc, consumer, item) => self.item(inc, consumer, item)?,
+            Woke::Zombie(inc, consumer, item) => self.zombie_item(inc, consumer, item),
             Woke::Agenda => {
                 let now = Instant::now();
                 while let Some(entry) = self.agenda.first_entry() {
@@ -330,10 +373,44 @@ impl Sim {
                 any = true;
                 self.item(inc, consumer, item)?;
             }
+            while let Some((inc, consumer, item)) =
+                poll_fn(|cx| poll_streams(&mut self.zombies, cx)).now_or_never()
+            {
+                any = true;
+                self.zombie_item(inc, consumer, item);
+            }
             if !any {
                 return Ok(());
             }
         }
+    }
+
+    /// Which instances wrote what at `revision` (from their fault wrappers' logs).
+    fn writers(&mut self, revision: Revision) -> Vec<(usize, Vec<String>)> {
+        for (i, instance) in self.instances.iter().enumerate() {
+            for written in instance.faulty.take_writes() {
+                self.writes.entry(written.revision).or_default().push((i, written.keys));
+            }
+        }
+        let later = self.writes.split_off(&(revision + 1));
+        let at = std::mem::replace(&mut self.writes, later).remove(&revision);
+        at.unwrap_or_default()
+    }
+
+    /// An item of a half-open stream: nobody acts on it; its end is noted.
+    fn zombie_item(&mut self, inc: u64, c: usize, item: Option<Result<AssignmentCommand, CoordinatorError>>) {
+        let ended = match item {
+            Some(Ok(_)) => return,
+            Some(Err(error)) => {
+                if error.code() == ErrorCode::Aborted {
+                    self.outcome.zombies_replaced += 1;
+                }
+                format!("{:?} {error}", error.code())
+            }
+            None => "cleanly".to_string(),
+        };
+        self.zombies.retain(|(i, _, _)| *i != inc);
+        self.note(format!("{}#{inc} (half-open) ended: {ended}", self.consumers[c].name));
     }
 
     /// The consumers with an open stream, and their beliefs.

@@ -88,6 +88,8 @@ impl Sim {
             }
             Agenda::FenceDeadline { instance, cut } => self.fence_deadline(instance, cut)?,
             Agenda::Restart { instance } => self.restart(instance),
+            Agenda::Unstalled { instance, cut } => self.unstalled(instance, cut),
+            Agenda::DropZombie { inc } => self.drop_zombie(inc),
             Agenda::Quiesce => self.quiesce(),
             Agenda::CheckSettled => self.check_settled().await?,
         }
@@ -145,6 +147,13 @@ impl Sim {
                 for i in 0..self.instances.len() {
                     self.cut_off(i, period, true);
                 }
+            }
+            Action::Stall { instance, leader, period, at_write, lose } => {
+                self.stall(instance, leader, period, at_write, lose);
+            }
+            Action::Revoke { delay, restart } => self.revoke(delay, restart).await,
+            Action::RestartConsumer { consumer, instance } => {
+                self.restart_consumer(consumer % pool, instance)
             }
             Action::CrashInstance { instance, restart } => {
                 let i = instance % self.instances.len();
@@ -206,7 +215,7 @@ impl Sim {
                 ensure!(
                     *i != instance,
                     "{}#{inc} still has an open stream on i{instance} (believing it owns {:?}) a whole TTL \
-                     after i{instance} was cut off from the store",
+                     after i{instance} was cut off from (or stalled on) the store",
                     c.name,
                     belief.owned
                 );
@@ -239,8 +248,13 @@ impl Sim {
             faulty.lose_answers(0.0);
             faulty.lose_next_answers(0);
             faulty.delay(Duration::ZERO, Duration::ZERO);
+            faulty.end_stall();
             self.instances[i].cut = None;
             self.restart(i);
+        }
+        // The instances notice every half-open connection is dead.
+        for (inc, _, _) in std::mem::take(&mut self.zombies) {
+            self.note(format!("#{inc} (half-open): its connection is found dead"));
         }
         self.keep_someone();
         for c in 0..self.consumers.len() {

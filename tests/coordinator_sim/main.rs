@@ -1,4 +1,4 @@
-//! Coordinator-level simulation (issue 9, "How it is shown", item 1): two or three
+//! Coordinator-level simulation: two or three
 //! [`HandoffCoordinator`](kafka_assigner::coordinator::HandoffCoordinator) instances over
 //! ONE [`MemoryStore`](kafka_assigner::store::MemoryStore), each behind its own
 //! [`FaultyStore`](kafka_assigner::store::FaultyStore), on paused tokio time, driven by
@@ -18,6 +18,15 @@
 //!   outage. A call already running on an instance that crashes still completes on its
 //!   frozen cache, as on a process that stalled mid-call and resumed; its answer counts
 //!   only for `PartitionReady` / `PartitionReleased` (a `Register` answer is lost).
+//! * **Targeted families** (`families.rs`) aim at what random schedules reach too rarely:
+//!   `Stalls` (an instance's connection hangs, often from its next write of ownership —
+//!   a leader's plan, a consumer's call — so that write lands late, after a session expired
+//!   and another instance won; when the connection then resets, the answers it held are
+//!   lost: delayed answers lost, not only those in flight at a cut), `Revokes` (the store
+//!   expires the leader's session early while its streams are open; its answers slowed,
+//!   one of its consumers restarting elsewhere meanwhile), `ReadyRaces` (a `PartitionReady`
+//!   held on its way to the store while a burst of consumers joins). Consumers there also
+//!   restart while their old stream stays open (a half-open connection).
 //! * **Consumers** (`consumers.rs`, `replies.rs`) act only on what they were told: a warm is
 //!   answered with `PartitionReady` and a release with `PartitionReleased` after 0–1.5 s
 //!   (one in eight never, until the faults stop), retried on `UNAVAILABLE` / `ABORTED`; a
@@ -33,6 +42,8 @@
 //!   owner; its instance may relay that later than the new owner's does).
 //! * Commands never contradict the stream: the snapshot first, no warm of a partition owned
 //!   outright, partitions in range.
+//! * A live consumer's stream is never ended as replaced (`ABORTED`): it registers again
+//!   only once it has no stream, so an older registration took its name back.
 //! * An instance cut off from the store for a TTL (its session could have expired) holds no
 //!   open stream any more: its consumers were told `unassigned` and their streams ended;
 //!   and every stream it ends while cut off ends within 0.8 TTL of the cut (the fence is
@@ -41,7 +52,11 @@
 //!   owner only through a `PartitionReady` flip of a warming handoff to its target, a
 //!   partition whose owner is gone is assigned directly, a warm starts from the owner, only
 //!   a flip makes a handoff `Releasing`; a flip gives the partition only to a registered,
-//!   `Active` consumer (in strict mode: every assignment does).
+//!   `Active` consumer (in strict mode: every assignment does). A move by plan (a warm
+//!   started or cancelled, a direct assignment) is written by the instance that holds the
+//!   leader key at that revision (each instance's `FaultyStore` logs what it wrote): a
+//!   deposed leader's late write changes nothing. A registration id that was replaced never
+//!   comes back over the registration that replaced it (a rebind finds the name free).
 //! * After the faults stop: within 20 TTL + 10 s, every partition is owned exactly once by
 //!   an online consumer, balanced (⌊P/N⌋ or ⌈P/N⌉), no handoff left in the store nor in
 //!   any instance's `status()`, the registrations are exactly the online consumers, and
@@ -65,21 +80,37 @@
 //!   cache can give a partition to a consumer that just went away (a gap until the next
 //!   reconcile). Fixed: the leader's batch compares the new owner's registration.
 //!
+//! # Open bugs it found, steered around until fixed (`COORD_SIM_OPEN=1` runs into them)
+//!
+//! * **F**: a registration the store expired early is written again as `Active`
+//!   (`rewrite_lost` writes a fresh active record), so a draining consumer's drain is
+//!   forgotten: it is never drained, its stream never ends and its registration stays.
+//!   Steered: the store does not expire a session that holds a draining stream.
+//! * **G**: while such a registration is being written again, `PartitionReady` and
+//!   `PartitionReleased` are refused `NOT_FOUND`, which a client takes as final; the
+//!   handoff then waits for its (wall-clock) time limit. Steered: a consumer whose stream
+//!   is open tries again.
+//!
 //! # Running
 //!
-//! Six tests, one per schedule kind (`schedules::Kind`); seed `s` runs kind `s % 6`. CI runs
-//! 60 seeds per kind (360 schedules). `COORD_SIM_SCHEDULES=N` runs N schedules in all,
-//! `COORD_SIM_SEED=S` replays seed S (only its kind's test runs it), `COORD_SIM_BASE=B`
-//! starts the seeds at B, `COORD_SIM_STRICT=0` steers around the bugs above. A failure prints the
-//! seed, the fleet's shape, the last steps and every instance's status. Replays are
-//! deterministic up to the coordinator's own randomness (`tokio::select!` branch order,
-//! hash seeds): the schedule and the consumers' draws are fixed by the seed.
+//! Nine tests, one per schedule kind (`schedules::Kind`): six random kinds, where seed `s`
+//! runs kind `KINDS[s % 6]`, and three targeted families with seeds of their own, where seed
+//! `s` runs `FAMILIES[s % 3]`. `COORD_SIM_SCHEDULES=N` runs N schedules of the random kinds
+//! in all (default 360), `COORD_SIM_FAMILY_SCHEDULES=N` N of each family (default 60);
+//! `scripts/test` (CI) sets both higher. `COORD_SIM_SEED=S` replays seed S (in the random
+//! kind and the family it belongs to), `COORD_SIM_BASE=B` starts the seeds at B,
+//! `COORD_SIM_STRICT=0` steers around the fixed bugs above, `COORD_SIM_OPEN=1` runs into
+//! the open ones, `COORD_SIM_SURVEY=1` runs every seed and lists the failures at the end. A
+//! failure prints the seed, the fleet's shape, the last steps and every instance's status.
+//! Replays are deterministic up to the coordinator's own randomness (`tokio::select!`
+//! branch order, hash seeds): the schedule and the consumers' draws are fixed by the seed.
 //!
 //! # Layout
 //!
-//! `schedules.rs` (shapes, actions, draws), `driver.rs` (the loop and the checks per
-//! instant), `fleet.rs` (actions, faults, the quiet phase), `consumers.rs` (consumer calls),
-//! `replies.rs` (commands and answers), `model.rs` (beliefs, truth), `invariants.rs`.
+//! `schedules.rs` (shapes, actions, draws), `families.rs` (the targeted families),
+//! `driver.rs` (the loop and the checks per instant), `fleet.rs` (actions, faults, the
+//! quiet phase), `consumers.rs` (consumer calls), `replies.rs` (commands and answers),
+//! `model.rs` (beliefs, truth), `invariants.rs`.
 
 #![forbid(unsafe_code)]
 
@@ -94,6 +125,7 @@ macro_rules! ensure {
 
 mod consumers;
 mod driver;
+mod families;
 mod fleet;
 mod invariants;
 mod model;
@@ -102,10 +134,12 @@ mod schedules;
 
 use driver::{Outcome, Sim};
 use kafka_assigner::coordinator::ConsumerGroupCoordinator;
-use schedules::{KINDS, Kind};
+use schedules::{FAMILIES, KINDS, Kind};
 
-/// Schedules per run of the whole suite when no variable says otherwise.
+/// Schedules of the random kinds, in all, when no variable says otherwise.
 const DEFAULT_SCHEDULES: u64 = 360;
+/// Schedules of each targeted family when no variable says otherwise.
+const DEFAULT_FAMILY_SCHEDULES: u64 = 60;
 
 fn env_u64(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
@@ -113,14 +147,15 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Runs one schedule on its own paused current-thread runtime.
-fn run_one(seed: u64, strict: bool) -> Result<Outcome, String> {
+fn run_one(seed: u64, kind: Kind, strict: bool) -> Result<Outcome, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async move {
-        let mut sim = Sim::new(seed, strict).await.map_err(|e| format!("seed {seed}: setup failed: {e}"))?;
+        let mut sim =
+            Sim::new(seed, kind, strict).await.map_err(|e| format!("seed {seed}: setup failed: {e}"))?;
         match sim.run().await {
             Ok(()) => Ok(sim.outcome.clone()),
             Err(why) => {
@@ -157,25 +192,40 @@ fn run_one(seed: u64, strict: bool) -> Result<Outcome, String> {
     })
 }
 
-/// Runs this kind's share of the seeds; panics with the first failure's report.
-fn run_kind(kind: Kind) {
-    let index = KINDS.iter().position(|k| *k == kind).expect("a known kind") as u64;
-    let kinds = KINDS.len() as u64;
-    let seeds: Vec<u64> = if let Some(seed) = env_u64("COORD_SIM_SEED") {
-        if seed % kinds != index {
-            return;
-        }
-        vec![seed]
-    } else {
-        let total = env_u64("COORD_SIM_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES);
-        let base = env_u64("COORD_SIM_BASE").unwrap_or(0) / kinds * kinds;
-        (0..total.div_ceil(kinds)).map(|k| base + k * kinds + index).collect()
+/// The seeds this kind's test runs: its share of `COORD_SIM_SCHEDULES` (random kinds, in
+/// all) or `COORD_SIM_FAMILY_SCHEDULES` (each targeted family) from `COORD_SIM_BASE`, or
+/// only `COORD_SIM_SEED` if it is one of its seeds.
+fn seeds_of(kind: Kind) -> Vec<u64> {
+    let (group, total): (&[Kind], u64) = match KINDS.iter().position(|k| *k == kind) {
+        Some(_) => (&KINDS, env_u64("COORD_SIM_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES)),
+        None => (
+            &FAMILIES,
+            env_u64("COORD_SIM_FAMILY_SCHEDULES").unwrap_or(DEFAULT_FAMILY_SCHEDULES) * FAMILIES.len() as u64,
+        ),
     };
+    let index = group.iter().position(|k| *k == kind).expect("a known kind") as u64;
+    let kinds = group.len() as u64;
+    if let Some(seed) = env_u64("COORD_SIM_SEED") {
+        return if seed % kinds == index { vec![seed] } else { Vec::new() };
+    }
+    let base = env_u64("COORD_SIM_BASE").unwrap_or(0) / kinds * kinds;
+    (0..total.div_ceil(kinds)).map(|k| base + k * kinds + index).collect()
+}
+
+/// Runs this kind's seeds; panics with the first failure's report.
+fn run_kind(kind: Kind) {
+    let seeds = seeds_of(kind);
+    if seeds.is_empty() {
+        return;
+    }
     let strict = env_u64("COORD_SIM_STRICT").is_none_or(|v| v != 0);
+    // A survey: every seed runs, the failures are listed at the end.
+    let survey = env_u64("COORD_SIM_SURVEY").is_some_and(|v| v != 0);
+    let mut failed = Vec::new();
     let started = std::time::Instant::now();
     let mut total = Outcome::default();
     for seed in &seeds {
-        match run_one(*seed, strict) {
+        match run_one(*seed, kind, strict) {
             Ok(outcome) => {
                 total.commands += outcome.commands;
                 total.streams_opened += outcome.streams_opened;
@@ -183,13 +233,31 @@ fn run_kind(kind: Kind) {
                 total.max_fence_ttl = total.max_fence_ttl.max(outcome.max_fence_ttl);
                 total.settled_after = total.settled_after.max(outcome.settled_after);
                 total.overlaps_in_window += outcome.overlaps_in_window;
+                total.plan_moves += outcome.plan_moves;
+                total.stalls += outcome.stalls;
+                total.revokes += outcome.revokes;
+                total.half_open += outcome.half_open;
+                total.zombies_replaced += outcome.zombies_replaced;
+                total.ready_races += outcome.ready_races;
+            }
+            Err(report) if survey => {
+                let why = report.lines().nth(1).unwrap_or_default().trim().to_string();
+                eprintln!("{kind:?}: seed {seed} failed after {:?}: {why}", started.elapsed());
+                failed.push(*seed);
             }
             Err(report) => panic!("{report}"),
         }
     }
+    assert!(
+        failed.is_empty(),
+        "{kind:?}: {} of {} schedules failed: seeds {failed:?}",
+        failed.len(),
+        seeds.len()
+    );
     eprintln!(
         "{kind:?}: {} schedules in {:?}: {} commands, {} streams, {} ended while cut off (latest at {:.2} TTL), \
-         slowest settle {:?}, {} overlaps inside release windows",
+         slowest settle {:?}, {} overlaps inside release windows, {} moves by plan; {} stalls, {} early \
+         expiries, {} restarts with the old stream open ({} of those replaced), {} readies raced by joins",
         seeds.len(),
         started.elapsed(),
         total.commands,
@@ -197,12 +265,34 @@ fn run_kind(kind: Kind) {
         total.fenced,
         total.max_fence_ttl,
         total.settled_after,
-        total.overlaps_in_window
+        total.overlaps_in_window,
+        total.plan_moves,
+        total.stalls,
+        total.revokes,
+        total.half_open,
+        total.zombies_replaced,
+        total.ready_races
     );
-    // Not vacuous: consumers were told things, and fenced where instances were cut off.
+    // Not vacuous: consumers were told things, and fenced where instances were cut off;
+    // the targeted faults happened.
     assert!(total.commands > seeds.len() as u64, "{kind:?}: hardly any command was delivered");
-    if seeds.len() >= 10 && matches!(kind, Kind::CutOff | Kind::Crashes) {
-        assert!(total.fenced > 0, "{kind:?}: no stream was ever ended by a cut-off");
+    assert!(total.plan_moves > 0, "{kind:?}: no partition was ever moved by plan");
+    if seeds.len() >= 10 {
+        match kind {
+            Kind::CutOff | Kind::Crashes => {
+                assert!(total.fenced > 0, "{kind:?}: no stream was ever ended by a cut-off")
+            }
+            Kind::Stalls => {
+                assert!(total.stalls > 0 && total.fenced > 0, "{kind:?}: no stall fenced anything")
+            }
+            Kind::Revokes => {
+                assert!(
+                    total.revokes > 0 && total.zombies_replaced > 0,
+                    "{kind:?}: no early expiry, or no restart"
+                )
+            }
+            _ => {}
+        }
     }
 }
 
@@ -234,4 +324,19 @@ fn crashes() {
 #[test]
 fn mixed() {
     run_kind(Kind::Mixed);
+}
+
+#[test]
+fn stalls() {
+    run_kind(Kind::Stalls);
+}
+
+#[test]
+fn revokes() {
+    run_kind(Kind::Revokes);
+}
+
+#[test]
+fn ready_races() {
+    run_kind(Kind::ReadyRaces);
 }

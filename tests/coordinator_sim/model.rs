@@ -112,15 +112,28 @@ pub struct Truth {
     owner_since: BTreeMap<(u32, String), Revision>,
     /// (partition, consumer) → last revision with a `Releasing` handoff from it.
     released_from: BTreeMap<(u32, String), Revision>,
+    /// Every (consumer, registration id) the store has held.
+    registrations_seen: BTreeSet<(String, i64)>,
+    /// Revisions at which a partition moved by plan (counted: the check is not vacuous).
+    pub plan_moves: u64,
 }
 
 impl Truth {
     /// Applies one watch batch of the shared store. `Err` when the revision gives a
     /// partition to a consumer that is not registered and active (DESIGN.md §4, §5: only
     /// active consumers get partitions, and a `PartitionReady` flips ownership only to a
-    /// live one).
-    pub fn apply(&mut self, keys: &Keys, batch: &WatchBatch, strict: bool) -> Result<(), String> {
+    /// live one), moves a partition by plan without holding the leader key, or brings a
+    /// registration back over another one. `writers`: which instance (by index) wrote
+    /// which keys at this revision.
+    pub fn apply(
+        &mut self,
+        keys: &Keys,
+        batch: &WatchBatch,
+        strict: bool,
+        writers: &[(usize, Vec<String>)],
+    ) -> Result<(), String> {
         self.revision = batch.revision;
+        let leader = self.leader.clone();
         let mut given = Vec::new();
         let before: BTreeMap<u32, (Option<String>, Option<Handoff>)> = batch
             .events
@@ -161,7 +174,9 @@ impl Truth {
                     self.handoffs.remove(&p);
                 }
                 (Key::Consumer(_, name), Some(v)) => {
-                    self.consumers.insert(name, decode::<ConsumerRecord>(&event.key, v).map_err(bad)?);
+                    let record = decode::<ConsumerRecord>(&event.key, v).map_err(bad)?;
+                    self.no_comeback(&name, &record)?;
+                    self.consumers.insert(name, record);
                 }
                 (Key::Consumer(_, name), None) => {
                     self.consumers.remove(&name);
@@ -172,8 +187,14 @@ impl Truth {
         }
         for (p, (owner, handoff)) in before {
             let after = (self.owners.get(&p).cloned(), self.handoffs.get(&p).cloned());
+            let by_plan = plan_move(&(owner.clone(), handoff.clone()), &after);
             self.legal_move(p, (owner, handoff), after)
                 .map_err(|e| format!("revision {}: {e}", batch.revision))?;
+            if by_plan {
+                self.plan_moves += 1;
+                self.by_the_leader(keys, p, leader.as_deref(), writers)
+                    .map_err(|e| format!("revision {}: {e}", batch.revision))?;
+            }
         }
         for (p, owner) in given {
             // Known bug E (see `main.rs`): a direct assignment does not guard the new owner's
@@ -229,6 +250,48 @@ impl Truth {
         Ok(())
     }
 
+    /// A registration id the store held once may come back only where the name is free (a
+    /// lost registration written again, compare-and-swap on absence); over another
+    /// registration it would take the name back from a newer one (DESIGN.md §6).
+    fn no_comeback(&mut self, name: &str, record: &ConsumerRecord) -> Result<(), String> {
+        let id = record.session;
+        let over = self.consumers.get(name).map(|r| r.session).filter(|held| *held != id);
+        let known = self.registrations_seen.contains(&(name.to_string(), id));
+        if let (Some(held), true) = (over, known) {
+            return Err(format!(
+                "revision {}: registration {id} of {name} came back over registration {held}, which replaced it \
+                 (a rebind must find the name free)",
+                self.revision
+            ));
+        }
+        self.registrations_seen.insert((name.to_string(), id));
+        Ok(())
+    }
+
+    /// A move by plan (a warm started or cancelled, a direct assignment) is the leader's
+    /// alone: the instance that wrote it held the leader key when it landed (DESIGN.md §3,
+    /// every leader write is fenced). A deposed leader's late write must change nothing.
+    fn by_the_leader(
+        &self,
+        keys: &Keys,
+        p: u32,
+        leader: Option<&str>,
+        writers: &[(usize, Vec<String>)],
+    ) -> Result<(), String> {
+        let ours =
+            |k: &String| matches!(keys.parse(k), Some(Key::Assignment(_, q) | Key::Handoff(_, q)) if q == p);
+        let writer =
+            writers.iter().find(|(_, written)| written.iter().any(ours)).map(|(w, _)| format!("i{w}"));
+        ensure!(
+            writer.is_some() && writer.as_deref() == leader,
+            "partition {p} was moved by plan by {writer:?}, but the leader key was held by {leader:?} (owner {:?}, \
+             handoff {:?})",
+            self.owners.get(&p),
+            self.handoffs.get(&p)
+        );
+        Ok(())
+    }
+
     /// Whether `consumer`'s ownership of `p` ended through a handoff's flip since it last
     /// became the owner: it is in that handoff's release window until it is told.
     pub fn in_release_window(&self, p: u32, consumer: &str) -> bool {
@@ -236,4 +299,23 @@ impl Truth {
         let since = self.owner_since.get(&key).copied().unwrap_or(0);
         self.released_from.get(&key).is_some_and(|r| *r > since)
     }
+}
+
+/// Whether a change of one partition (owner, handoff) is the leader's doing: anything but
+/// a consumer's flip (`PartitionReady`) or the end of a release (`PartitionReleased`, or a
+/// release the leader completed: both look alike, so neither is counted).
+fn plan_move(
+    (o0, h0): &(Option<String>, Option<Handoff>),
+    (o1, h1): &(Option<String>, Option<Handoff>),
+) -> bool {
+    if o0 == o1 && h0 == h1 {
+        return false;
+    }
+    let flip = matches!((h0, h1), (Some(w), Some(r))
+        if w.phase == Phase::Warming && r.phase == Phase::Releasing && w.from == r.from && w.to == r.to)
+        && o1.as_ref() == h1.as_ref().map(|h| &h.to);
+    let released = o0 == o1 && h0.as_ref().is_some_and(|h| h.phase == Phase::Releasing) && h1.is_none();
+    let releasing = matches!((h0, h1), (Some(a), Some(b))
+        if a.phase == Phase::Releasing && b.phase == Phase::Releasing && a.from == b.from && a.to == b.to);
+    !(flip || released || (o0 == o1 && releasing))
 }

@@ -41,6 +41,14 @@ impl Sim {
             }
             Some(Err(error)) => {
                 self.note(format!("{name}#{inc}@i{instance} stream ended: {:?} {error}", error.code()));
+                // Only a later registration of the same name replaces a stream, and a live
+                // consumer registers only once it has no stream: an older registration (a
+                // half-open stream's, written again) took the name back.
+                ensure!(
+                    error.code() != ErrorCode::Aborted,
+                    "{name}#{inc}: its stream on i{instance} was ended as replaced, but {name} made no later \
+                     registration: {error}"
+                );
                 self.drop_stream(c, inc);
                 if let Some((_, since)) = self.instances[instance].cut {
                     let fraction = (Instant::now() - since).as_secs_f64() / ttl.as_secs_f64();

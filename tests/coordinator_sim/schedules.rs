@@ -19,11 +19,28 @@ pub enum Kind {
     Crashes,
     /// All of the above at once.
     Mixed,
+    /// Targeted (`families.rs`): instances' connections stall, often from the next write of
+    /// ownership (a leader's plan, a consumer's ready), the held writes landing late and
+    /// their answers sometimes lost; consumers restart while their old stream stays open.
+    Stalls,
+    /// Targeted (`families.rs`): the store expires the leader's session early while its
+    /// streams are open (an operator's revoke), often with its answers slowed and one of
+    /// its consumers restarting on another instance meanwhile.
+    Revokes,
+    /// Targeted (`families.rs`): a consumer's `PartitionReady` is held on its way to the
+    /// store while a burst of consumers joins, so the leader may give the warm's partition
+    /// another target before the ready lands.
+    ReadyRaces,
 }
 
-/// Every kind, in seed order: seed `s` runs `KINDS[s % KINDS.len()]`.
+/// The random kinds, in seed order: seed `s` runs `KINDS[s % KINDS.len()]` in its kind's
+/// test.
 pub const KINDS: [Kind; 6] =
     [Kind::Calm, Kind::LostAnswers, Kind::Delays, Kind::CutOff, Kind::Crashes, Kind::Mixed];
+
+/// The targeted families, with seeds of their own: seed `s` runs
+/// `FAMILIES[s % FAMILIES.len()]` in its family's test.
+pub const FAMILIES: [Kind; 3] = [Kind::Stalls, Kind::Revokes, Kind::ReadyRaces];
 
 /// One timed action of a schedule. Indices are taken modulo the pool / fleet size; an
 /// action that does not fit the current state (joining a consumer that is online) does
@@ -49,6 +66,17 @@ pub enum Action {
     CrashInstance { instance: usize, restart: Duration },
     /// Every instance is cut off from the store (a store outage) for `period`.
     Outage { period: Duration },
+    /// The connection of the instance (of the leader, with `leader`) stalls for `period`:
+    /// from now, or from its next write of an assignment or a handoff (`at_write`). With
+    /// `lose`, the held calls lose their answers when it ends (the connection resets).
+    Stall { instance: usize, leader: bool, period: Duration, at_write: bool, lose: bool },
+    /// The store expires the leader's session early (an operator's revoke) while it is in
+    /// touch: its calls and watch batches are first slowed by up to `delay` for a TTL, and
+    /// with `restart`, one of its consumers restarts on another instance after the wait.
+    Revoke { delay: Duration, restart: Option<(usize, Duration)> },
+    /// The consumer process restarts and registers on this instance while its old stream
+    /// stays open (its instance has not noticed the old connection is dead yet).
+    RestartConsumer { consumer: usize, instance: usize },
 }
 
 /// The shape of one run.
@@ -113,34 +141,74 @@ impl Rng {
 }
 
 impl Shape {
-    /// Draws the shape and the actions of schedule `seed`.
-    pub fn draw(seed: u64) -> Shape {
-        let kind = KINDS[(seed % KINDS.len() as u64) as usize];
+    /// Draws the shape and the actions of schedule `seed` of `kind`.
+    pub fn draw(seed: u64, kind: Kind) -> Shape {
         let mut rng = Rng::new(seed);
         let instances = 2 + rng.below(2) as usize;
-        let pool = 2 + rng.below(4) as usize;
-        let partitions = 1 + rng.below(12) as u32;
+        let mut pool = 2 + rng.below(4) as usize;
+        let mut partitions = 1 + rng.below(12) as u32;
         let ttl = Duration::from_secs(1 + rng.below(3));
         let reconcile = rng.millis(100, 300);
-        let max_warming = 1 + rng.below(4) as usize;
+        let mut max_warming = 1 + rng.below(4) as usize;
         let active = Duration::from_secs(15 + rng.below(10));
         let mut actions = Vec::new();
         let mut at = Duration::ZERO;
+        let mut early = pool;
+        if kind == Kind::ReadyRaces {
+            // Room for bursts: a small group first, whose newcomers warm many partitions,
+            // and consumers left to join in a burst.
+            pool = 4 + rng.below(3) as usize;
+            partitions = 6 + rng.below(7) as u32;
+            max_warming = 2 + rng.below(3) as usize;
+            early = 2;
+        }
         // Every consumer joins early, so each run starts from a populated fleet.
-        for consumer in 0..pool {
+        for consumer in 0..early {
             at += rng.millis(0, 300);
             actions.push((at, Action::Join { consumer, instance: rng.below(8) as usize }));
         }
+        let mut last_revoke: Option<Duration> = None;
         loop {
             at += rng.millis(50, 700);
             if at >= active {
                 break;
             }
-            if let Some(action) = draw_action(kind, ttl, &mut rng) {
+            let action = match kind {
+                Kind::Stalls | Kind::Revokes | Kind::ReadyRaces => {
+                    crate::families::draw_action(kind, ttl, &mut rng)
+                }
+                _ => draw_action(kind, ttl, &mut rng),
+            };
+            // One revoke at a time: the next comes once the last one's rebinds are over.
+            if let Some(Action::Revoke { .. }) = action {
+                if last_revoke.is_some_and(|last| at < last + 3 * ttl) {
+                    continue;
+                }
+                last_revoke = Some(at);
+            }
+            if let Some(action) = action {
                 actions.push((at, action));
             }
         }
         Shape { kind, instances, pool, partitions, ttl, reconcile, max_warming, active, actions }
+    }
+}
+
+/// Consumer churn: joins, crashes (back within the TTL, after it, or never) and
+/// deregistrations.
+pub fn churn(consumer: usize, instance: usize, ttl: Duration, rng: &mut Rng) -> Action {
+    let ttl_ms = ttl.as_millis() as u64;
+    match rng.below(6) {
+        0..=2 => Action::Join { consumer, instance },
+        3 | 4 => {
+            let rejoin = match rng.below(3) {
+                0 => Some(rng.millis(50, ttl_ms / 2)),
+                1 => Some(rng.millis(ttl_ms, 3 * ttl_ms)),
+                _ => None,
+            };
+            Action::CrashConsumer { consumer, rejoin }
+        }
+        _ => Action::Deregister { consumer, instance },
     }
 }
 
@@ -151,19 +219,7 @@ fn draw_action(kind: Kind, ttl: Duration, rng: &mut Rng) -> Option<Action> {
     // Consumer churn: 6 in 10 actions in every kind.
     let roll = rng.below(10);
     if roll < 6 {
-        return Some(match rng.below(6) {
-            0..=2 => Action::Join { consumer, instance },
-            3 | 4 => {
-                // Back within the TTL, after it, or never.
-                let rejoin = match rng.below(3) {
-                    0 => Some(rng.millis(50, ttl_ms / 2)),
-                    1 => Some(rng.millis(ttl_ms, 3 * ttl_ms)),
-                    _ => None,
-                };
-                Action::CrashConsumer { consumer, rejoin }
-            }
-            _ => Action::Deregister { consumer, instance },
-        });
+        return Some(churn(consumer, instance, ttl, rng));
     }
     let lost = |rng: &mut Rng| match rng.below(2) {
         0 => Action::LoseNext { instance, count: 1 + rng.below(3) as u32 },
@@ -192,5 +248,6 @@ fn draw_action(kind: Kind, ttl: Duration, rng: &mut Rng) -> Option<Action> {
             2 => cut(rng),
             _ => crash(rng),
         }),
+        Kind::Stalls | Kind::Revokes | Kind::ReadyRaces => None,
     }
 }
