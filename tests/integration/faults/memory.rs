@@ -32,11 +32,13 @@ async fn cluster_with_faulty_leader() -> (TestCluster, FaultyStore) {
 async fn lost_campaign_answer_still_elects_a_leader() {
     let memory = MemoryStore::new();
     let faulty = FaultyStore::new(Arc::new(memory.clone()), 1);
-    // The first transaction of a fresh instance is its campaign.
-    faulty.lose_next_txn_answers(1);
+    // The first two transactions of a fresh instance are its campaign and the write of its
+    // instance record, in either order (both wait for the instance lease): both answers are
+    // lost, the record's write is simply retried.
+    faulty.lose_next_txn_answers(2);
     let mut cluster = TestCluster::with_store(Backend::Memory, Arc::new(memory.clone()), "/kat-faults/");
     cluster.add_instance_on(Arc::new(faulty.clone())).await;
-    wait_until(PROMPT, "the campaign's answer is lost", || async { faulty.stats().lost_answers == 1 }).await;
+    wait_until(PROMPT, "the campaign's answer is lost", || async { faulty.stats().lost_answers == 2 }).await;
     let leader_key = memory.get("/kat-faults/leader").await.expect("read the leader key");
     assert!(leader_key.is_some(), "the lost campaign was applied: the key holds our session");
 
