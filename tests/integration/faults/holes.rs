@@ -11,7 +11,7 @@ use std::{
 };
 
 use kafka_assigner::proto::v1::RegisterRequest;
-use kafka_assigner::store::{EtcdStore, EtcdStoreConfig, FaultyStore};
+use kafka_assigner::store::{EtcdStore, EtcdStoreConfig, FaultyStore, LeaseStore};
 
 use super::views::{Fleet, moved};
 use super::{Findings, RECOVERY};
@@ -21,12 +21,27 @@ use crate::support::{
     proxy::Proxy,
 };
 
-/// A cluster with no instance yet on a fresh etcd, and a store connection to that etcd
-/// for an instance to be added on.
-async fn etcd_cluster() -> (TestCluster, EtcdStoreConfig) {
-    let cluster = TestCluster::start(Backend::Etcd, 0, |_| {}).await;
+/// Two instances on a fresh etcd: instance 0 leads; instance 1 reaches etcd through the
+/// store `second` builds from the etcd's settings (a fault wrapper, a proxy), with what
+/// the test steers it by.
+async fn leader_and_second<T>(
+    second: impl AsyncFnOnce(EtcdStoreConfig) -> (Arc<dyn LeaseStore>, T),
+) -> (TestCluster, T) {
+    let mut cluster = TestCluster::start(Backend::Etcd, 1, |_| {}).await;
+    assert_eq!(cluster.wait_leader(PROMPT).await, 0, "the first instance leads");
     let config = cluster.etcd.as_ref().expect("an etcd").store_config();
-    (cluster, config)
+    let (store, steer) = second(config).await;
+    cluster.add_instance_on(store).await;
+    (cluster, steer)
+}
+
+/// [`leader_and_second`] with instance 1 behind a [`FaultyStore`] (seeded by `seed`).
+async fn leader_and_faulty(seed: u64) -> (TestCluster, FaultyStore) {
+    leader_and_second(async |config| {
+        let store = faulty(&config, seed).await;
+        (Arc::new(store.clone()) as Arc<dyn LeaseStore>, store)
+    })
+    .await
 }
 
 /// An instance's own connection to the cluster's etcd behind a fault wrapper the test
@@ -138,12 +153,7 @@ async fn swept(cluster: &TestCluster, i: usize) -> u64 {
 /// about to give away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_register_answered_after_the_fence_admits_no_stream() {
-    let (mut cluster, config) = etcd_cluster().await;
-    cluster.add_instance().await;
-    assert_eq!(cluster.wait_leader(PROMPT).await, 0, "the first instance leads");
-    let store = faulty(&config, 7).await;
-    let steer = store.clone();
-    cluster.add_instance_on(Arc::new(store)).await;
+    let (cluster, steer) = leader_and_faulty(7).await;
     // `a` owns the whole topic through instance 1, then its client crashes.
     let mut a = cluster.sole_owner(1, "a", WIDE).await;
     let owned = a.owned.clone();
@@ -198,12 +208,8 @@ async fn a_register_answered_after_the_fence_admits_no_stream() {
 /// sees them gone at once. They are written again, and nothing moves meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_leaders_lease_expired_early_moves_nothing() {
-    let (mut cluster, config) = etcd_cluster().await;
-    cluster.add_instance().await;
-    assert_eq!(cluster.wait_leader(PROMPT).await, 0, "the first instance leads");
-    let slow = faulty(&config, 5).await;
+    let (cluster, slow) = leader_and_faulty(5).await;
     slow.delay(Duration::from_millis(30), Duration::from_millis(60));
-    cluster.add_instance_on(Arc::new(slow)).await;
     super::lease_expired_early(cluster, 1).await;
 }
 
@@ -213,12 +219,7 @@ async fn a_non_leaders_lease_expired_early_moves_nothing() {
 /// owns the partitions that moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_that_cannot_relay_fences_its_consumers() {
-    let (mut cluster, config) = etcd_cluster().await;
-    cluster.add_instance().await;
-    assert_eq!(cluster.wait_leader(PROMPT).await, 0, "the first instance leads");
-    let store = faulty(&config, 11).await;
-    let steer = store.clone();
-    cluster.add_instance_on(Arc::new(store)).await;
+    let (cluster, steer) = leader_and_faulty(11).await;
     let mut a = cluster.sole_owner(1, "a", WIDE).await;
     let mut b = cluster.consumer_on(0, "b", WIDE).await;
     b.expect_snapshot().await;
@@ -253,14 +254,14 @@ async fn an_instance_that_cannot_relay_fences_its_consumers() {
 /// back they register again: nothing moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_that_outlives_one_instances_lease_moves_nothing() {
-    let (mut cluster, config) = etcd_cluster().await;
-    cluster.add_instance().await;
-    assert_eq!(cluster.wait_leader(PROMPT).await, 0, "the first instance leads");
-    let proxy = Proxy::in_front_of(&config.endpoints[0]).await;
-    let behind = EtcdStore::connect(EtcdStoreConfig { endpoints: vec![proxy.url()], ..config.clone() })
-        .await
-        .expect("connect through the proxy");
-    cluster.add_instance_on(Arc::new(behind)).await;
+    let (cluster, proxy) = leader_and_second(async |config| {
+        let proxy = Proxy::in_front_of(&config.endpoints[0]).await;
+        let behind = EtcdStore::connect(EtcdStoreConfig { endpoints: vec![proxy.url()], ..config })
+            .await
+            .expect("connect through the proxy");
+        (Arc::new(behind) as Arc<dyn LeaseStore>, proxy)
+    })
+    .await;
     let c = cluster.consumer_on(0, "c", WIDE).await;
     let d = cluster.consumer_on(1, "d", WIDE).await;
     let e = cluster.consumer_on(1, "e", WIDE).await;
