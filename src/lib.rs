@@ -24,6 +24,8 @@
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
 //! * [`metrics`] — Prometheus metrics.
 //! * [`signal`] — SIGTERM / Ctrl-C, for the binary and the example consumer.
+//! * [`status`] — the read-only status view (`/status`, the fleet gauges).
+//! * [`duration`] — durations on the command line (`500ms`, `10s`).
 //! * [`drain`] — what `Deregister` answers (fixed, or from the Kubernetes API).
 //! * [`cli`] — client subcommands (`kafka-assigner status`).
 //! * [`client`] — the consumer side: a client that drives a handler (warm / assigned /
@@ -39,11 +41,13 @@ pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod drain;
+pub mod duration;
 pub mod handoff;
 pub mod kafka;
 pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod signal;
+pub mod status;
 pub mod store;
 pub mod testing;

@@ -24,7 +24,7 @@ pub struct StatusArgs {
     pub json: bool,
 
     /// Give up when the admin server does not answer within this.
-    #[arg(long, env = "KAFKA_ASSIGNER_STATUS_TIMEOUT", value_parser = crate::config::parse_duration, default_value = "5s")]
+    #[arg(long, env = "KAFKA_ASSIGNER_STATUS_TIMEOUT", value_parser = crate::duration::parse_duration, default_value = "5s")]
     pub timeout: Duration,
 }
 

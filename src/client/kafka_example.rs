@@ -86,7 +86,7 @@ pub struct ConsumerArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_GROUP_ID", default_value = "kafka-assigner-example")]
     pub group_id: String,
     /// The assigner's `--lease-ttl`: the client-side lease is set a margin below it.
-    #[arg(long, env = "KAFKA_ASSIGNER_LEASE_TTL", value_parser = crate::config::parse_duration, default_value = "10s")]
+    #[arg(long, env = "KAFKA_ASSIGNER_LEASE_TTL", value_parser = crate::duration::parse_duration, default_value = "10s")]
     pub lease_ttl: Duration,
 }
 

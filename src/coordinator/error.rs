@@ -1,34 +1,49 @@
-//! [`CoordinatorError`]: what a coordinator call can fail with, one gRPC status code each.
+//! [`CoordinatorError`]: what a coordinator call can fail with, named by cause. The gRPC
+//! layer (`server::grpc`) decides which status code each cause is answered with.
 
 use crate::handoff::HandoffError;
 use crate::kafka::KafkaError;
 use crate::store::StoreError;
 
-/// Errors of a coordinator, each mapping to one gRPC status code ([`CoordinatorError::code`]).
+/// Why a coordinator call failed. Each variant is one cause; the message is what the
+/// consumer is shown ([`CoordinatorError::public_message`]).
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorError {
-    /// The request is malformed (empty or invalid name, partition out of range).
+    /// A consumer or topic name in the request is empty or malformed.
     #[error("{0}")]
-    InvalidArgument(String),
-    /// A named thing does not exist (unknown topic, unknown consumer).
+    InvalidName(String),
+    /// No partition count is known for the topic (none stored, configured, or in Kafka).
     #[error("{0}")]
-    NotFound(String),
-    /// The call is valid but not in the current state (not warming, not releasing).
+    UnknownTopic(String),
+    /// The consumer is not registered (or not covered by the static assignment).
     #[error("{0}")]
-    FailedPrecondition(String),
-    /// The operation lost a race with a concurrent change; retrying may succeed.
+    UnknownConsumer(String),
+    /// The backend moves no partitions by handoff, so there is nothing to be ready for or
+    /// to release.
     #[error("{0}")]
-    Aborted(String),
-    /// This instance cannot serve the call right now (shutting down, fenced, stream ended).
+    NoHandoffs(String),
+    /// A concurrent change kept winning the race for the same records; retrying may
+    /// succeed.
     #[error("{0}")]
-    Unavailable(String),
-    /// This instance ended a consumer's stream (`UNAVAILABLE`): why, and the message the
-    /// consumer is shown.
+    Contended(String),
+    /// The consumer registered again, and this stream was replaced by the newer one.
+    #[error("{0}")]
+    Replaced(String),
+    /// This instance has no live session with its store right now (not granted yet, lost,
+    /// or fenced): it serves no registrations until it has one again.
+    #[error("{0}")]
+    NoSession(String),
+    /// This instance is shutting down.
+    #[error("this assigner instance is shutting down")]
+    ShuttingDown,
+    /// This instance ended a consumer's stream: why, and the message the consumer is
+    /// shown.
     #[error("{1}")]
     StreamEnded(StreamEnd, String),
-    /// A limit was hit (a consumer not reading its stream).
+    /// The consumer stopped reading its stream while commands waited, so the stream was
+    /// ended (its partitions are kept for the session TTL).
     #[error("{0}")]
-    ResourceExhausted(String),
+    NotReading(String),
     /// A refused handoff call, with the topic it was about.
     #[error("topic '{topic}': {source}")]
     Handoff {
@@ -38,7 +53,7 @@ pub enum CoordinatorError {
         #[source]
         source: HandoffError,
     },
-    /// The store failed: unreachable (`UNAVAILABLE`) or answered something unexpected.
+    /// The store failed: unreachable, or answered something unexpected.
     #[error("store: {0}")]
     Store(#[from] StoreError),
     /// Kafka could not tell a topic's partition count.
@@ -52,7 +67,7 @@ pub enum CoordinatorError {
     },
 }
 
-/// Why an instance ended a consumer's stream with `UNAVAILABLE` (the `reason` label of
+/// Why an instance ended a consumer's stream (the `reason` label of
 /// `streams_ended_total`, so the metric needs no message text).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamEnd {
@@ -78,51 +93,7 @@ impl StreamEnd {
     }
 }
 
-/// The gRPC status code class of a [`CoordinatorError`], without depending on tonic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorCode {
-    /// `INVALID_ARGUMENT`.
-    InvalidArgument,
-    /// `NOT_FOUND`.
-    NotFound,
-    /// `FAILED_PRECONDITION`.
-    FailedPrecondition,
-    /// `ABORTED`.
-    Aborted,
-    /// `UNAVAILABLE`.
-    Unavailable,
-    /// `RESOURCE_EXHAUSTED`.
-    ResourceExhausted,
-    /// `INTERNAL`.
-    Internal,
-}
-
 impl CoordinatorError {
-    /// The status code this error is answered with.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            CoordinatorError::InvalidArgument(_) => ErrorCode::InvalidArgument,
-            CoordinatorError::NotFound(_) => ErrorCode::NotFound,
-            CoordinatorError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
-            CoordinatorError::Aborted(_) => ErrorCode::Aborted,
-            CoordinatorError::Unavailable(_) | CoordinatorError::StreamEnded(..) => ErrorCode::Unavailable,
-            CoordinatorError::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
-            CoordinatorError::Handoff { source, .. } => match source {
-                HandoffError::PartitionOutOfRange { .. } => ErrorCode::InvalidArgument,
-                HandoffError::UnknownConsumer(_) => ErrorCode::NotFound,
-                HandoffError::NotWarmingTarget { .. } | HandoffError::NotReleasing { .. } => {
-                    ErrorCode::FailedPrecondition
-                }
-            },
-            CoordinatorError::Store(StoreError::Unavailable(_) | StoreError::Closed) => {
-                ErrorCode::Unavailable
-            }
-            CoordinatorError::Store(_) => ErrorCode::Internal,
-            CoordinatorError::Kafka { source: KafkaError::UnknownTopic(_), .. } => ErrorCode::NotFound,
-            CoordinatorError::Kafka { .. } => ErrorCode::Unavailable,
-        }
-    }
-
     /// The message a consumer is shown. Store failures name the problem, not the transport
     /// (no endpoint addresses or client internals); the full error is logged instead.
     pub fn public_message(&self) -> String {

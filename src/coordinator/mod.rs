@@ -25,15 +25,14 @@ pub mod fleet_backend;
 pub mod handoff_backend;
 mod shared;
 pub mod static_backend;
-mod status;
 
-pub use error::{CoordinatorError, ErrorCode, StreamEnd};
+pub use crate::status::{ConsumerStatusView, HandoffStatusView, StatusView, TopicStatus};
+pub use error::{CoordinatorError, StreamEnd};
 pub use fleet_backend::{FleetConfig, FleetCoordinator};
 pub use handoff_backend::{HandoffConfig, HandoffCoordinator, records};
 pub use shared::topics::PartitionCounts;
 pub use shared::validate::{validate_consumer_name, validate_topic_name};
 pub use static_backend::{StaticAssignment, StaticConfig, StaticCoordinator};
-pub use status::{ConsumerStatusView, HandoffStatusView, StatusView, TopicStatus};
 
 use std::{pin::Pin, time::Duration};
 

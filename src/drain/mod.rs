@@ -24,7 +24,6 @@ pub use rollout::{K8sRolloutView, RolloutView};
 
 use async_trait::async_trait;
 
-use crate::config::DrainPolicy;
 use crate::metrics::Metrics;
 
 /// Why a decision was taken (the `reason` label of `drain_decisions_total`).
@@ -116,6 +115,19 @@ impl DrainDecision {
 pub trait DrainDecider: Send + Sync + std::fmt::Debug + 'static {
     /// The decision for `consumer` (a pod name under `--drain-policy k8s`).
     async fn decide(&self, consumer: &str) -> DrainDecision;
+}
+
+/// What `Deregister` answers (DESIGN.md §6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DrainPolicy {
+    /// `WAIT_FOR_DRAIN`: hand every partition off, then end the stream.
+    Drain,
+    /// `SHUTDOWN_NOW`: the consumer comes back under the same name; hold its partitions
+    /// for the restart grace (the proto's default, with no Kubernetes awareness).
+    ShutdownNow,
+    /// Ask the Kubernetes API about the consumer's pod (`--k8s-namespace`): a StatefulSet
+    /// pod that comes back is held, anything else drains; unknown is `SHUTDOWN_NOW`.
+    K8s,
 }
 
 /// The same answer for every consumer (`--drain-policy drain` / `shutdown-now`).

@@ -9,8 +9,6 @@ use std::{
 use futures::{Stream, StreamExt};
 use tonic::{Code, Status};
 
-use crate::coordinator::{CoordinatorError, ErrorCode};
-
 use super::{
     Metrics,
     labels::{GrpcLabels, ReasonLabels},
@@ -39,19 +37,6 @@ pub fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// Why a stream ended with `error`: the coordinators say why they end a stream
-/// ([`StreamEnd`]); no message text is read.
-pub fn end_reason(error: &CoordinatorError) -> &'static str {
-    match error {
-        CoordinatorError::StreamEnded(why, _) => why.as_str(),
-        other => match other.code() {
-            ErrorCode::Aborted => "replaced",
-            ErrorCode::Unavailable => "unavailable",
-            _ => "error",
-        },
-    }
-}
-
 impl Metrics {
     /// Counts one finished call of `method` with the outcome `result`.
     pub fn observe_grpc<T>(&self, method: &'static str, result: &Result<T, Status>) {
@@ -68,34 +53,35 @@ impl Metrics {
     }
 }
 
-/// A `Register` response stream (the coordinator's, before its errors become statuses)
-/// that records why it ended: a clean end (`drained`), an error item ([`end_reason`]), or
-/// the client going away (`client_gone`: dropped before either).
-pub struct MeteredStream<S> {
+/// A `Register` response stream (before its errors become statuses) that records why it
+/// ended: a clean end (`drained`), an error item (the label `reason` gives it), or the
+/// client going away (`client_gone`: dropped before either).
+pub struct MeteredStream<S, E> {
     inner: S,
     metrics: Arc<Metrics>,
+    reason: fn(&E) -> &'static str,
     ended: bool,
 }
 
-impl<S> MeteredStream<S> {
-    /// Meters `inner` into `metrics`.
-    pub fn new(inner: S, metrics: Arc<Metrics>) -> Self {
-        Self { inner, metrics, ended: false }
+impl<S, E> MeteredStream<S, E> {
+    /// Meters `inner` into `metrics`; `reason` names why an error item ended it.
+    pub fn new(inner: S, metrics: Arc<Metrics>, reason: fn(&E) -> &'static str) -> Self {
+        Self { inner, metrics, reason, ended: false }
     }
 }
 
-impl<S, T> Stream for MeteredStream<S>
+impl<S, T, E> Stream for MeteredStream<S, E>
 where
-    S: Stream<Item = Result<T, CoordinatorError>> + Unpin,
+    S: Stream<Item = Result<T, E>> + Unpin,
 {
-    type Item = Result<T, CoordinatorError>;
+    type Item = Result<T, E>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let item = self.inner.poll_next_unpin(cx);
         if !self.ended {
             let reason = match &item {
                 Poll::Ready(None) => Some("drained"),
-                Poll::Ready(Some(Err(error))) => Some(end_reason(error)),
+                Poll::Ready(Some(Err(error))) => Some((self.reason)(error)),
                 _ => None,
             };
             if let Some(reason) = reason {
@@ -107,30 +93,10 @@ where
     }
 }
 
-impl<S> Drop for MeteredStream<S> {
+impl<S, E> Drop for MeteredStream<S, E> {
     fn drop(&mut self) {
         if !self.ended {
             self.metrics.observe_stream_end("client_gone");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::coordinator::StreamEnd;
-
-    #[test]
-    fn stream_ends_are_told_apart_by_kind_not_by_message() {
-        let ended = |why, text: &str| end_reason(&CoordinatorError::StreamEnded(why, text.into()));
-        // The fenced end's message mentions neither "expired" nor "shutting down".
-        assert_eq!(ended(StreamEnd::Fenced, "lost contact with its store"), "fenced");
-        assert_eq!(ended(StreamEnd::Shutdown, "x"), "shutdown");
-        assert_eq!(ended(StreamEnd::Expired, "x"), "expired");
-        assert_eq!(ended(StreamEnd::Crashed, "x"), "crashed");
-        // A message alone decides nothing.
-        assert_eq!(end_reason(&CoordinatorError::Unavailable("session expired".into())), "unavailable");
-        assert_eq!(end_reason(&CoordinatorError::Aborted("replaced".into())), "replaced");
-        assert_eq!(end_reason(&CoordinatorError::ResourceExhausted("slow".into())), "error");
     }
 }

@@ -14,7 +14,7 @@ use std::{
 };
 
 use super::Metrics;
-use crate::coordinator::StatusView;
+use crate::status::StatusView;
 
 /// At most this many remembered warm starts: a bound even if scrapes never come.
 const MAX_REMEMBERED: usize = 100_000;

@@ -238,7 +238,7 @@ impl Metrics {
 
     /// Rebuilds the fleet gauges from `status`, then encodes everything: what `/metrics`
     /// serves.
-    pub fn render(&self, status: &crate::coordinator::StatusView) -> String {
+    pub fn render(&self, status: &crate::status::StatusView) -> String {
         let _guard = self.scrape_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         self.fleet.refresh(status);
         self.warm_starts.retain_in_flight(status);

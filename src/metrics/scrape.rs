@@ -10,8 +10,8 @@ use prometheus_client::{
 };
 
 use super::labels::{ConsumerLabels, PhaseLabels, StatusLabels, TopicLabels};
-use crate::coordinator::StatusView;
 use crate::handoff::Phase;
+use crate::status::StatusView;
 
 /// Gauges describing the fleet as this instance's cache sees it.
 #[derive(Debug)]

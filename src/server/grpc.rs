@@ -2,7 +2,7 @@
 //!
 //! This layer checks what the server enforces (the caller's identity, stream limits, the
 //! unary deadline), validates the shape of requests (required fields), maps
-//! [`CoordinatorError`]s to gRPC status codes, counts calls, and talks to nothing but the
+//! coordinator errors to gRPC statuses ([`super::status`]), counts calls, and talks to nothing but the
 //! coordinator.
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
@@ -10,7 +10,8 @@ use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, ErrorCode};
+use super::status::{stream_end_reason, to_status};
+use crate::coordinator::ConsumerGroupCoordinator;
 use crate::metrics::{Metrics, grpc::MeteredStream};
 use crate::proto::v1::{
     AssignmentCommand, DeregisterRequest, DeregisterResponse, PartitionReadyRequest, PartitionReadyResponse,
@@ -106,24 +107,6 @@ impl AssignerService {
     }
 }
 
-/// Maps a coordinator error to its gRPC status. Store failures are logged in full and
-/// shown to the consumer without transport internals ([`CoordinatorError::public_message`]).
-pub fn to_status(error: CoordinatorError) -> Status {
-    let message = error.public_message();
-    if matches!(error, CoordinatorError::Store(_) | CoordinatorError::Kafka { .. }) {
-        tracing::warn!(%error, "call failed");
-    }
-    match error.code() {
-        ErrorCode::InvalidArgument => Status::invalid_argument(message),
-        ErrorCode::NotFound => Status::not_found(message),
-        ErrorCode::FailedPrecondition => Status::failed_precondition(message),
-        ErrorCode::Aborted => Status::aborted(message),
-        ErrorCode::Unavailable => Status::unavailable(message),
-        ErrorCode::ResourceExhausted => Status::resource_exhausted(message),
-        ErrorCode::Internal => Status::internal(message),
-    }
-}
-
 fn required(partition: Option<TopicPartition>) -> Result<TopicPartition, Status> {
     partition.ok_or_else(|| Status::invalid_argument("partition is required (topic and partition number)"))
 }
@@ -145,7 +128,7 @@ impl KafkaAssigner for AssignerService {
             Ok((stream, permit))
         };
         let (stream, permit) = self.counted("Register", register).await?;
-        let stream = MeteredStream::new(stream, self.metrics.clone()).map(move |item| {
+        let stream = MeteredStream::new(stream, self.metrics.clone(), stream_end_reason).map(move |item| {
             let _held = &permit;
             item.map_err(to_status)
         });

@@ -10,10 +10,10 @@
 
 pub mod admin;
 pub mod codec;
-pub mod flags;
 pub mod grpc;
 pub mod identity;
 pub mod limits;
+pub mod status;
 pub mod tls;
 
 use std::{net::SocketAddr, sync::Arc};

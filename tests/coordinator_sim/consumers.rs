@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use kafka_assigner::coordinator::{ConsumerGroupCoordinator, ErrorCode};
+use kafka_assigner::coordinator::ConsumerGroupCoordinator;
+use kafka_assigner::server::status::code_of;
+use tonic::Code;
 
 use crate::driver::{Agenda, Phase, Reply, Sim, TOPIC};
 use crate::model::Todo;
@@ -153,14 +155,14 @@ impl Sim {
                 ("released", coordinator.partition_released(&name, TOPIC, p).await)
             };
             // A client tries again when the store was out of reach or the call lost a race.
-            let retry = result.as_ref().is_err_and(|e| match e.code() {
-                ErrorCode::Unavailable | ErrorCode::Aborted => true,
-                ErrorCode::NotFound => retry_not_found,
+            let retry = result.as_ref().is_err_and(|e| match code_of(e) {
+                Code::Unavailable | Code::Aborted => true,
+                Code::NotFound => retry_not_found,
                 _ => false,
             });
             let outcome = match result {
                 Ok(()) => "ok".to_string(),
-                Err(e) => format!("{:?} {e}", e.code()),
+                Err(e) => format!("{:?} {e}", code_of(&e)),
             };
             let line = format!("{name}#{inc} {what} {p} via i{i}: {outcome}");
             let _ = replies.send(Reply::Called { consumer: c, inc, ready, partition: p, line, retry });

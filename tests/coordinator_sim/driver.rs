@@ -8,13 +8,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use kafka_assigner::coordinator::{
-    CommandStream, CoordinatorError, ErrorCode, HandoffCoordinator, records::Keys,
-};
+use kafka_assigner::coordinator::{CommandStream, CoordinatorError, HandoffCoordinator, records::Keys};
 use kafka_assigner::proto::v1::{AssignmentCommand, DeregisterAction};
+use kafka_assigner::server::status::code_of;
 use kafka_assigner::store::{FaultyStore, LeaseStore, MemoryStore, Revision, WatchStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tonic::Code;
 
 use crate::invariants;
 use crate::model::{Belief, Todo, Truth};
@@ -402,10 +402,10 @@ impl Sim {
         let ended = match item {
             Some(Ok(_)) => return,
             Some(Err(error)) => {
-                if error.code() == ErrorCode::Aborted {
+                if code_of(&error) == Code::Aborted {
                     self.outcome.zombies_replaced += 1;
                 }
-                format!("{:?} {error}", error.code())
+                format!("{:?} {error}", code_of(&error))
             }
             None => "cleanly".to_string(),
         };

@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
-use kafka_assigner::coordinator::{CommandStream, CoordinatorError, ErrorCode, HandoffCoordinator};
+use kafka_assigner::coordinator::{CommandStream, CoordinatorError, HandoffCoordinator, StreamEnd};
 use kafka_assigner::proto::v1::{AssignmentCommand, DeregisterAction};
+use kafka_assigner::server::status::code_of;
 use tokio::time::Instant;
+use tonic::Code;
 
 use crate::driver::{Agenda, Phase, Reply, Sim, TOPIC};
 use crate::model::Belief;
@@ -40,12 +42,12 @@ impl Sim {
                 }
             }
             Some(Err(error)) => {
-                self.note(format!("{name}#{inc}@i{instance} stream ended: {:?} {error}", error.code()));
+                self.note(format!("{name}#{inc}@i{instance} stream ended: {:?} {error}", code_of(&error)));
                 // Only a later registration of the same name replaces a stream, and a live
                 // consumer registers only once it has no stream: an older registration (a
                 // half-open stream's, written again) took the name back.
                 ensure!(
-                    error.code() != ErrorCode::Aborted,
+                    code_of(&error) != Code::Aborted,
                     "{name}#{inc}: its stream on i{instance} was ended as replaced, but {name} made no later \
                      registration: {error}"
                 );
@@ -95,7 +97,10 @@ impl Sim {
                     result
                 } else {
                     // The instance crashed while the call ran: the client's connection broke.
-                    Err(CoordinatorError::Unavailable("the connection to the instance broke".into()))
+                    Err(CoordinatorError::StreamEnded(
+                        StreamEnd::Crashed,
+                        "the connection to the instance broke".into(),
+                    ))
                 };
                 self.registered(consumer, attempt, result)
             }
@@ -138,7 +143,7 @@ impl Sim {
                 }
             }
             Err(error) => {
-                self.note(format!("{name}: register failed: {:?} {error}", error.code()));
+                self.note(format!("{name}: register failed: {:?} {error}", code_of(&error)));
                 if current {
                     self.consumers[c].phase = Phase::Offline;
                     if self.consumers[c].want {
@@ -159,8 +164,8 @@ impl Sim {
                 self.drop_stream(c, inc);
             }
             Err(error) => {
-                self.note(format!("{name}#{inc}: deregister failed: {:?} {error}", error.code()));
-                if error.code() == ErrorCode::NotFound {
+                self.note(format!("{name}#{inc}: deregister failed: {:?} {error}", code_of(&error)));
+                if code_of(&error) == Code::NotFound {
                     // It believes it is not registered: it exits.
                     self.drop_stream(c, inc);
                 } else {

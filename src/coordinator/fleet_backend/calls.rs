@@ -12,7 +12,7 @@ use crate::store::StoreError;
 pub(super) fn no_handoffs(consumer: &str, topic: &str, _partition: u32) -> Result<(), CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
-    Err(CoordinatorError::FailedPrecondition(
+    Err(CoordinatorError::NoHandoffs(
         "fleet backend performs no handoffs: partitions are claimed and given back directly \
          (AssignmentUpdate), so there is nothing to be ready for or to release"
             .into(),
@@ -36,7 +36,7 @@ pub(super) async fn deregister(inner: &Fleet, consumer: &str) -> Result<Deregist
         })
         .collect();
     if registrations.is_empty() {
-        return Err(CoordinatorError::NotFound(format!("consumer '{consumer}' is not registered")));
+        return Err(CoordinatorError::UnknownConsumer(format!("consumer '{consumer}' is not registered")));
     }
     for key in registrations {
         mark_leaving(inner, &key, consumer).await?;
@@ -51,7 +51,7 @@ async fn mark_leaving(inner: &Fleet, key: &str, consumer: &str) -> Result<(), Co
     match rewrite_bound(&*inner.core.store, key, leave).await {
         Ok(Rewrite::Written(_) | Rewrite::Unchanged | Rewrite::Gone) => Ok(()),
         Ok(Rewrite::Contended) => {
-            Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))
+            Err(CoordinatorError::Contended(format!("consumer '{consumer}' kept changing; retry")))
         }
         // The instance lease ended meanwhile: the record and leases are gone already.
         Err(StoreError::SessionExpired(_)) => Ok(()),

@@ -233,7 +233,7 @@ fn not_reading(inner: &Fleet, key: &StreamKey, partitions: &[u32], why: &str) {
         why,
         "consumer does not read its stream while giving partitions back; ending it"
     );
-    let error = CoordinatorError::ResourceExhausted(format!(
+    let error = CoordinatorError::NotReading(format!(
         "consumer '{consumer}' of topic '{topic}' is not reading its stream ({why}) while it must be told to stop \
          partitions {partitions:?}: the stream is ended; its partitions are kept for the session TTL, reconnect to resume"
     ));
@@ -249,7 +249,7 @@ mod tests {
     use super::super::{FleetConfig, FleetCoordinator, LeaseRecord, MemberRecord};
     use crate::coordinator::shared::outgoing::STREAM_BUFFER;
     use crate::coordinator::shared::{records::decode, wire::update};
-    use crate::coordinator::{ConsumerGroupCoordinator, ErrorCode};
+    use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError};
     use crate::metrics::Metrics;
     use crate::proto::v1::{AssignmentCommand, assignment_command::Command};
     use crate::store::{LeaseStore, MemoryStore, SessionId};
@@ -315,7 +315,7 @@ mod tests {
             matches!(item, Ok(AssignmentCommand { command: Some(Command::Assignment(u)) }) if !u.unassigned.is_empty())
         });
         assert!(!unassigned, "no unassigned was queued");
-        assert_eq!(error.code(), ErrorCode::ResourceExhausted, "{error}");
+        assert!(matches!(error, CoordinatorError::NotReading(_)), "{error}");
         assert!(error.to_string().contains("stream buffer is full"), "{error}");
     }
 }

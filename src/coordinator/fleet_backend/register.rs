@@ -135,7 +135,7 @@ async fn write_registration(
             return Ok(outcome.revision);
         }
     }
-    Err(CoordinatorError::Aborted(format!(
+    Err(CoordinatorError::Contended(format!(
         "consumer '{consumer}' is being registered concurrently elsewhere; retry"
     )))
 }

@@ -52,7 +52,7 @@ async fn from_store(
     let keys = &inner.core.keys;
     let topic_key = keys.topic(topic);
     let Some(config) = inner.core.store.get(&topic_key).await? else {
-        return Err(CoordinatorError::NotFound(format!(
+        return Err(CoordinatorError::UnknownTopic(format!(
             "topic '{topic}' is unknown: no consumer registered for it"
         )));
     };
@@ -161,7 +161,7 @@ async fn apply_call(
             return Ok(Some(Applied { phase_since }));
         }
     }
-    Err(CoordinatorError::Aborted(format!(
+    Err(CoordinatorError::Contended(format!(
         "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
     )))
 }
@@ -229,7 +229,7 @@ pub(super) async fn deregister(
             .collect()
     };
     if registrations.is_empty() {
-        return Err(CoordinatorError::NotFound(format!("consumer '{consumer}' is not registered")));
+        return Err(CoordinatorError::UnknownConsumer(format!("consumer '{consumer}' is not registered")));
     }
     let mut action = DeregisterAction::ShutdownNow;
     let decider = inner.config.drain_decider.as_deref();
@@ -277,7 +277,7 @@ async fn update_consumer(
         Rewrite::Written(record) => Ok(Some(record)),
         Rewrite::Gone | Rewrite::Unchanged => Ok(None),
         Rewrite::Contended => {
-            Err(CoordinatorError::Aborted(format!("consumer '{consumer}' kept changing; retry")))
+            Err(CoordinatorError::Contended(format!("consumer '{consumer}' kept changing; retry")))
         }
     }
 }
@@ -289,9 +289,9 @@ mod tests {
     use futures::StreamExt;
 
     use crate::coordinator::{
-        CommandStream, ConsumerGroupCoordinator, ErrorCode, HandoffConfig, HandoffCoordinator,
+        CommandStream, ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator,
     };
-    use crate::handoff::Phase;
+    use crate::handoff::{HandoffError, Phase};
     use crate::metrics::Metrics;
     use crate::proto::v1::assignment_command::Command;
     use crate::store::MemoryStore;
@@ -373,22 +373,42 @@ mod tests {
     async fn refused_calls_name_the_problem_and_change_nothing() {
         let (coordinator, store, _a, _b, p) = warming().await;
         let before = store.revision();
-        let cases = [
-            ("a", "t", p, ErrorCode::FailedPrecondition, true), // the source is not the target
-            ("b", "t", 7, ErrorCode::InvalidArgument, true),    // out of range
-            ("ghost", "t", p, ErrorCode::NotFound, true),       // unknown consumer
-            ("b", "nope", p, ErrorCode::NotFound, true),        // unknown topic
-            ("", "t", p, ErrorCode::InvalidArgument, true),     // empty name
-            ("b", "t", p, ErrorCode::FailedPrecondition, false), // released while warming
+        use CoordinatorError::{Handoff, InvalidName, UnknownTopic};
+        type Cause = fn(&CoordinatorError) -> bool;
+        let cases: [(&str, &str, u32, Cause, bool); 6] = [
+            (
+                "a",
+                "t",
+                p,
+                |e| matches!(e, Handoff { source: HandoffError::NotWarmingTarget { .. }, .. }),
+                true,
+            ),
+            (
+                "b",
+                "t",
+                7,
+                |e| matches!(e, Handoff { source: HandoffError::PartitionOutOfRange { .. }, .. }),
+                true,
+            ),
+            (
+                "ghost",
+                "t",
+                p,
+                |e| matches!(e, Handoff { source: HandoffError::UnknownConsumer(_), .. }),
+                true,
+            ),
+            ("b", "nope", p, |e| matches!(e, UnknownTopic(_)), true),
+            ("", "t", p, |e| matches!(e, InvalidName(_)), true),
+            ("b", "t", p, |e| matches!(e, Handoff { source: HandoffError::NotReleasing { .. }, .. }), false),
         ];
-        for (consumer, topic, partition, code, ready) in cases {
+        for (consumer, topic, partition, cause, ready) in cases {
             let result = if ready {
                 coordinator.partition_ready(consumer, topic, partition).await
             } else {
                 coordinator.partition_released(consumer, topic, partition).await
             };
             let error = result.expect_err("refused");
-            assert_eq!(error.code(), code, "{consumer}/{topic}/{partition}: {error}");
+            assert!(cause(&error), "{consumer}/{topic}/{partition}: {error}");
         }
         assert_eq!(store.revision(), before, "a refused call writes nothing");
     }
@@ -416,7 +436,10 @@ mod tests {
         assert_eq!(status.topics[0].owners[p as usize].as_deref(), Some("b"));
         coordinator.partition_released("a", "t", p).await.expect("released");
         let error = coordinator.partition_released("a", "t", p).await.expect_err("the handoff is gone");
-        assert_eq!(error.code(), ErrorCode::FailedPrecondition);
+        assert!(
+            matches!(error, CoordinatorError::Handoff { source: HandoffError::NotReleasing { .. }, .. }),
+            "{error}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(coordinator.status().await.topics[0].handoffs.is_empty());
     }

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use super::shared::{Core, CoreSettings, batch::Batcher, topics::Topics};
 use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
-use crate::config::DrainPolicy;
+use crate::drain::DrainPolicy;
 use crate::handoff::{ConsumerView, PlanConfig};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;

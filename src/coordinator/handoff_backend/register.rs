@@ -79,7 +79,7 @@ impl Registrar for Handoff {
                 return Ok(outcome.revision);
             }
         }
-        Err(CoordinatorError::Aborted(format!(
+        Err(CoordinatorError::Contended(format!(
             "consumer '{consumer}' is being registered concurrently elsewhere; retry"
         )))
     }

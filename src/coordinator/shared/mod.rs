@@ -184,7 +184,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     /// The instance session, while it may be acted on (`UNAVAILABLE` otherwise).
     pub fn live_lease(&self) -> Result<crate::store::SessionId, crate::coordinator::CoordinatorError> {
         self.lease.borrow().live().ok_or_else(|| {
-            crate::coordinator::CoordinatorError::Unavailable(format!(
+            crate::coordinator::CoordinatorError::NoSession(format!(
                 "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
                 self.instance_id
             ))
@@ -215,7 +215,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         let mut lease = self.lease.subscribe();
         match tokio::time::timeout(self.lease_ttl, lease.wait_for(|s| s.live().is_some())).await {
             Ok(Ok(_)) => Ok(()),
-            _ => Err(crate::coordinator::CoordinatorError::Unavailable(
+            _ => Err(crate::coordinator::CoordinatorError::NoSession(
                 "the store did not grant this instance a session within one TTL".into(),
             )),
         }

@@ -207,7 +207,7 @@ async fn register_to_the_end<R: Registrar>(
             );
             let backend = backend.clone();
             tokio::spawn(async move { after_disconnect(&*backend, &key, registered_at).await });
-            return Err(CoordinatorError::Unavailable(format!(
+            return Err(CoordinatorError::NoSession(format!(
                 "assigner instance '{}' lost contact with its store while registering consumer '{consumer}'; \
                  reconnect to another instance",
                 core.instance_id
@@ -241,7 +241,7 @@ async fn settle_unanswered<R: Registrar>(backend: &R, key: &StreamKey) {
 }
 
 fn shutting_down() -> CoordinatorError {
-    CoordinatorError::Unavailable("this assigner instance is shutting down".into())
+    CoordinatorError::ShuttingDown
 }
 
 /// Waits for the stream to end, then settles its registration (see the module docs).
@@ -344,10 +344,11 @@ mod tests {
     use futures::StreamExt;
 
     use super::register;
-    use crate::coordinator::ErrorCode;
     use crate::coordinator::shared::test_backend::{TestBackend, registration};
+    use crate::coordinator::{CoordinatorError, StreamEnd};
     use crate::proto::v1::assignment_command::Command;
     use crate::store::LeaseStore;
+    use crate::store::StoreError;
 
     const TTL: Duration = Duration::from_secs(3);
 
@@ -384,7 +385,7 @@ mod tests {
         let mut second = register(&backend, "a", "events").await.expect("registers again");
         second.next().await.expect("snapshot").expect("not an error");
         let error = first.next().await.expect("an error item").expect_err("replaced");
-        assert_eq!(error.code(), ErrorCode::Aborted, "{error}");
+        assert!(matches!(error, CoordinatorError::Replaced(_)), "{error}");
         assert!(first.next().await.is_none(), "then the stream ends");
         tokio::time::sleep(TTL * 2).await;
         let record =
@@ -401,7 +402,7 @@ mod tests {
         cut.cut_off();
         let error = stream.next().await.expect("an error item").expect_err("fenced");
         let fenced_after = cut_at.elapsed();
-        assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
+        assert!(matches!(error, CoordinatorError::StreamEnded(StreamEnd::Fenced, _)), "{error}");
         assert!(error.to_string().contains("lost contact with its store"), "{error}");
         // The last renewal was before the cut: the fence came at most 3/4 TTL after it, a
         // quarter TTL before the lease could expire.
@@ -498,7 +499,7 @@ mod tests {
         let _b = register(&backend, "b", "events").await.expect("registers");
         faults.lose_next_txn_answers(1);
         let error = register(&backend, "a", "events").await.err().expect("the answer was lost");
-        assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
+        assert!(matches!(error, CoordinatorError::Store(StoreError::Unavailable(_))), "{error}");
         assert!(
             memory.get(&registration("events", "a")).await.expect("read").is_some(),
             "written all the same"
@@ -524,14 +525,16 @@ mod tests {
     async fn bad_names_and_unknown_topics_are_refused_and_store_nothing() {
         let (backend, store) = TestBackend::start(TTL).await;
         let before = store.revision();
-        for (consumer, topic, code) in [
-            ("", "events", ErrorCode::InvalidArgument),
-            ("a/b", "events", ErrorCode::InvalidArgument),
-            ("a", "", ErrorCode::InvalidArgument),
-            ("a", "unknown", ErrorCode::NotFound),
-        ] {
+        for (consumer, topic, bad_name) in
+            [("", "events", true), ("a/b", "events", true), ("a", "", true), ("a", "unknown", false)]
+        {
             let error = register(&backend, consumer, topic).await.err().expect("refused");
-            assert_eq!(error.code(), code, "{consumer:?}/{topic:?}: {error}");
+            let expected = if bad_name {
+                matches!(error, CoordinatorError::InvalidName(_))
+            } else {
+                matches!(error, CoordinatorError::UnknownTopic(_))
+            };
+            assert!(expected, "{consumer:?}/{topic:?}: {error}");
         }
         assert_eq!(store.revision(), before, "nothing written");
     }
@@ -545,8 +548,8 @@ mod tests {
         assert!(!backend.core.begin_shutdown(), "a second shutdown does nothing");
         assert!(!backend.core.readiness.get());
         let error = stream.next().await.expect("an error item").expect_err("shutting down");
-        assert_eq!(error.code(), ErrorCode::Unavailable);
+        assert!(matches!(error, CoordinatorError::StreamEnded(StreamEnd::Shutdown, _)), "{error}");
         let error = register(&backend, "b", "events").await.err().expect("refused");
-        assert_eq!(error.code(), ErrorCode::Unavailable);
+        assert!(matches!(error, CoordinatorError::ShuttingDown), "{error}");
     }
 }

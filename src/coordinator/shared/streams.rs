@@ -169,7 +169,7 @@ impl<T: Told> LocalStream<T> {
     /// The ending of a stream whose consumer stopped reading, if it did.
     fn overflow(&self, topic: &str, consumer: &str) -> Option<Ending> {
         self.overflowed.then(|| {
-            let error = CoordinatorError::ResourceExhausted(format!(
+            let error = CoordinatorError::NotReading(format!(
                 "consumer '{consumer}' of topic '{topic}' is not reading its stream ({STREAM_BUFFER} commands \
                  waiting): the stream is ended; its partitions are kept for the session TTL, reconnect to resume"
             ));
@@ -241,7 +241,7 @@ impl<T: Told> LocalStream<T> {
 
 /// The error that ends a stream replaced by a newer registration of its name.
 pub fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
-    CoordinatorError::Aborted(format!(
+    CoordinatorError::Replaced(format!(
         "consumer '{consumer}' registered again for topic '{topic}'; this stream was replaced"
     ))
 }
@@ -512,7 +512,7 @@ mod tests {
     use super::{Changes, EndReason, LocalStream, STREAM_BUFFER, Streams};
     use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel, command_stream};
     use crate::coordinator::shared::wire::update;
-    use crate::coordinator::{CoordinatorError, ErrorCode};
+    use crate::coordinator::{CoordinatorError, StreamEnd};
     use crate::metrics::Metrics;
     use crate::proto::v1::AssignmentCommand;
     use crate::store::SessionId;
@@ -537,11 +537,8 @@ mod tests {
         (Streams::new(metrics.clone()), metrics)
     }
 
-    fn error_code(rx: &mut Rx) -> Option<ErrorCode> {
-        match rx.try_recv() {
-            Ok(Err(error)) => Some(error.code()),
-            _ => None,
-        }
+    fn error_item(rx: &mut Rx) -> Option<CoordinatorError> {
+        rx.try_recv().ok().and_then(Result::err)
     }
 
     #[test]
@@ -551,14 +548,14 @@ mod tests {
         let (new, mut new_rx, _new_end) = stream(2, 11);
         streams.insert("t", "a", old);
         streams.insert("t", "a", new);
-        assert_eq!(error_code(&mut old_rx), Some(ErrorCode::Aborted));
+        assert!(matches!(error_item(&mut old_rx), Some(CoordinatorError::Replaced(_))));
         assert_eq!(old_end.try_recv(), Ok(EndReason::Replaced), "its session is revoked");
         assert!(new_rx.try_recv().is_err(), "the newer stream hears nothing");
         assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))));
         // A registration that arrives late but was written earlier loses.
         let (stale, mut stale_rx, _stale_end) = stream(3, 5);
         streams.insert("t", "a", stale);
-        assert_eq!(error_code(&mut stale_rx), Some(ErrorCode::Aborted));
+        assert!(matches!(error_item(&mut stale_rx), Some(CoordinatorError::Replaced(_))));
         assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))));
         assert_eq!(metrics.streams.get(), 1);
     }
@@ -628,13 +625,13 @@ mod tests {
         let (a, mut a_rx, mut a_end) = stream(1, 1);
         streams.insert("t", "a", a);
         streams.crash_all();
-        assert_eq!(error_code(&mut a_rx), Some(ErrorCode::Unavailable));
+        assert!(matches!(error_item(&mut a_rx), Some(CoordinatorError::StreamEnded(StreamEnd::Crashed, _))));
         assert!(a_end.try_recv().is_err(), "no reason: the session is left to expire");
         assert_eq!(metrics.streams.get(), 0);
         let (b, mut b_rx, mut b_end) = stream(2, 2);
         streams.insert("t", "b", b);
         streams.end_all("i-1");
-        assert_eq!(error_code(&mut b_rx), Some(ErrorCode::Unavailable));
+        assert!(matches!(error_item(&mut b_rx), Some(CoordinatorError::StreamEnded(StreamEnd::Shutdown, _))));
         assert_eq!(b_end.try_recv(), Ok(EndReason::Shutdown));
         assert!(streams.names().is_empty());
     }
@@ -664,7 +661,7 @@ mod tests {
             }
         };
         assert_eq!(items, STREAM_BUFFER, "the buffer is bounded");
-        assert_eq!(last.code(), ErrorCode::ResourceExhausted, "{last}");
+        assert!(matches!(last, CoordinatorError::NotReading(_)), "{last}");
     }
 
     /// What a test stream was told: whether it owns partition 0 (its farewell unassigns it).

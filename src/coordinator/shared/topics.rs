@@ -96,18 +96,18 @@ impl Topics {
                 return Ok(count);
             }
         }
-        Err(CoordinatorError::Aborted(format!("topic '{topic}' config kept changing; retry")))
+        Err(CoordinatorError::Contended(format!("topic '{topic}' config kept changing; retry")))
     }
 
     async fn ask_source(&self, topic: &str) -> Result<u32, CoordinatorError> {
         let Some(source) = &self.source else {
-            return Err(CoordinatorError::NotFound(format!(
+            return Err(CoordinatorError::UnknownTopic(format!(
                 "topic '{topic}' is unknown: no partition count is stored or configured for it \
                  (configure it with --topic-partitions {topic}=<count>, or set --kafka-brokers)"
             )));
         };
         source.partition_count(topic).await.map_err(|error| match error {
-            KafkaError::UnknownTopic(_) => CoordinatorError::NotFound(format!(
+            KafkaError::UnknownTopic(_) => CoordinatorError::UnknownTopic(format!(
                 "topic '{topic}' is unknown: it does not exist in {}",
                 source.describe()
             )),
@@ -209,7 +209,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::{PartitionCounts, Topics};
-    use crate::coordinator::ErrorCode;
+    use crate::coordinator::CoordinatorError;
     use crate::coordinator::shared::records::{TopicRecord, decode};
     use crate::kafka::KafkaError;
     use crate::store::{Compare, LeaseStore, MemoryStore};
@@ -265,9 +265,9 @@ mod tests {
         assert_eq!(topics.ensure(&store, "/t/asked", "asked", None).await.expect("stored"), 6);
         assert_eq!(answers.asked.load(Ordering::SeqCst), 1, "a stored count is not asked again");
         let unknown = topics.ensure(&store, "/t/unknown", "unknown", None).await.expect_err("unknown");
-        assert_eq!(unknown.code(), ErrorCode::NotFound, "{unknown}");
+        assert!(matches!(unknown, CoordinatorError::UnknownTopic(_)), "{unknown}");
         let down = topics.ensure(&store, "/t/down", "down", None).await.expect_err("source down");
-        assert_eq!(down.code(), ErrorCode::Unavailable, "{down}");
+        assert!(matches!(down, CoordinatorError::Kafka { .. }), "{down}");
         assert_eq!(stored(&store, "/t/down").await, None, "nothing stored when the source cannot answer");
         let nowhere = Topics::default().ensure(&store, "/t/x", "x", None).await.expect_err("no source");
         assert!(nowhere.to_string().contains("--topic-partitions x="), "{nowhere}");

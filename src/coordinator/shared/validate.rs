@@ -5,19 +5,19 @@ use crate::coordinator::CoordinatorError;
 /// Kafka's own rules: 1..=249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
 pub fn validate_topic_name(topic: &str) -> Result<(), CoordinatorError> {
     if topic.is_empty() {
-        return Err(CoordinatorError::InvalidArgument("topic must not be empty".into()));
+        return Err(CoordinatorError::InvalidName("topic must not be empty".into()));
     }
     if topic.len() > 249 {
-        return Err(CoordinatorError::InvalidArgument(format!(
+        return Err(CoordinatorError::InvalidName(format!(
             "topic name is {} characters long; Kafka allows at most 249",
             topic.len()
         )));
     }
     if topic == "." || topic == ".." {
-        return Err(CoordinatorError::InvalidArgument(format!("'{topic}' is not a valid Kafka topic name")));
+        return Err(CoordinatorError::InvalidName(format!("'{topic}' is not a valid Kafka topic name")));
     }
     if let Some(bad) = topic.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(CoordinatorError::InvalidArgument(format!(
+        return Err(CoordinatorError::InvalidName(format!(
             "topic '{topic}' contains {bad:?}; Kafka topic names use only letters, digits, '.', '_' and '-'"
         )));
     }
@@ -28,16 +28,16 @@ pub fn validate_topic_name(topic: &str) -> Result<(), CoordinatorError> {
 /// (a Kubernetes pod name fits), printable, no `/`.
 pub fn validate_consumer_name(name: &str) -> Result<(), CoordinatorError> {
     if name.is_empty() {
-        return Err(CoordinatorError::InvalidArgument("consumer_name must not be empty".into()));
+        return Err(CoordinatorError::InvalidName("consumer_name must not be empty".into()));
     }
     if name.len() > 253 {
-        return Err(CoordinatorError::InvalidArgument(format!(
+        return Err(CoordinatorError::InvalidName(format!(
             "consumer_name is {} characters long; at most 253 are allowed",
             name.len()
         )));
     }
     if let Some(bad) = name.chars().find(|c| *c == '/' || c.is_control() || c.is_whitespace()) {
-        return Err(CoordinatorError::InvalidArgument(format!(
+        return Err(CoordinatorError::InvalidName(format!(
             "consumer_name {name:?} contains {bad:?}; use a name without '/', spaces or control characters"
         )));
     }

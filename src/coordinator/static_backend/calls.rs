@@ -9,7 +9,7 @@ use crate::proto::v1::DeregisterAction;
 pub(super) fn no_handoffs(consumer: &str, topic: &str) -> Result<(), CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
-    Err(CoordinatorError::FailedPrecondition(
+    Err(CoordinatorError::NoHandoffs(
         "static backend performs no handoffs: partitions never move, so there is nothing to be ready \
          for or to release"
             .into(),
@@ -22,7 +22,7 @@ pub(super) fn deregister(inner: &Static, consumer: &str) -> Result<DeregisterAct
     validate_consumer_name(consumer)?;
     let registered = inner.streams.names().iter().any(|(_, c)| c == consumer);
     if !registered && !inner.config.assignment.covers(consumer) {
-        return Err(CoordinatorError::NotFound(format!(
+        return Err(CoordinatorError::UnknownConsumer(format!(
             "consumer '{consumer}' is not covered by the static assignment"
         )));
     }

@@ -87,14 +87,14 @@ impl StaticAssignment {
         match self {
             StaticAssignment::Explicit(topics) => {
                 topics.get(topic).and_then(|c| c.get(consumer)).cloned().ok_or_else(|| {
-                    CoordinatorError::NotFound(format!(
+                    CoordinatorError::UnknownConsumer(format!(
                         "consumer '{consumer}' has no partitions of topic '{topic}' in {ASSIGNMENT_VAR}"
                     ))
                 })
             }
             StaticAssignment::RoundRobin { members } => {
                 let Some(member) = ordinal(consumer) else {
-                    return Err(CoordinatorError::NotFound(format!(
+                    return Err(CoordinatorError::UnknownConsumer(format!(
                         "consumer '{consumer}' has no number at the end of its name, so it is no member \
                          of the round-robin assignment ({MEMBERS_VAR}={members}); name consumers \
                          like pod-0 .. pod-{}",
@@ -102,7 +102,7 @@ impl StaticAssignment {
                     )));
                 };
                 if member >= *members {
-                    return Err(CoordinatorError::NotFound(format!(
+                    return Err(CoordinatorError::UnknownConsumer(format!(
                         "consumer '{consumer}' is member {member}, but {MEMBERS_VAR}={members} \
                          (members 0 to {})",
                         members - 1
@@ -300,7 +300,7 @@ mod tests {
         // A consumer with partitions of one topic only is not found on the other.
         let parsed = explicit("a=events:0-11;b=orders:0-1", &spec).unwrap();
         let err = parsed.partitions("orders", "a", 2).unwrap_err();
-        assert!(matches!(err, CoordinatorError::NotFound(_)), "{err:?}");
+        assert!(matches!(err, CoordinatorError::UnknownConsumer(_)), "{err:?}");
         assert!(err.to_string().contains("'a'") && err.to_string().contains("'orders'"), "{err}");
         // With one topic configured, the prefix is optional.
         assert_eq!(explicit("a=events:0-1", &[("events", 2)]), explicit("a=0-1", &[("events", 2)]));
@@ -352,7 +352,7 @@ mod tests {
         // Beyond the member count, and no ordinal at all: NOT_FOUND naming the consumer.
         for name in ["pod-3", "pod", "pod-99999999999"] {
             let err = parsed.partitions("events", name, 12).unwrap_err();
-            assert!(matches!(err, CoordinatorError::NotFound(_)), "{name}: {err:?}");
+            assert!(matches!(err, CoordinatorError::UnknownConsumer(_)), "{name}: {err:?}");
             assert!(err.to_string().contains(&format!("'{name}'")), "{err}");
         }
         assert!(parsed.covers("pod-2") && !parsed.covers("pod-3") && !parsed.covers("pod"));

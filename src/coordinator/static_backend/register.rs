@@ -22,10 +22,10 @@ pub(super) fn register(
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
     if inner.shutdown.is_cancelled() {
-        return Err(CoordinatorError::Unavailable("this assigner instance is shutting down".into()));
+        return Err(CoordinatorError::ShuttingDown);
     }
     let count = inner.config.topic_partitions.get(topic).copied().ok_or_else(|| {
-        CoordinatorError::NotFound(format!(
+        CoordinatorError::UnknownTopic(format!(
             "topic '{topic}' is unknown to the static backend: configure its partition count with \
              --topic-partitions {topic}=<count>"
         ))

@@ -1,11 +1,16 @@
-//! The `serve` flags of security and limits, flattened into [`crate::config::ServeArgs`]:
+//! The `serve` flags of security and limits, flattened into [`super::ServeArgs`]:
 //! the gRPC server's TLS, identity binding and limits, and TLS and credentials to etcd.
 //! See the README's "Security" section.
 
 use std::{path::PathBuf, time::Duration};
 
-use super::{ServerOptions, identity::IdentityRule, limits::Limits, tls::TlsSettings};
-use crate::config::parse_duration;
+use crate::duration::parse_duration;
+use crate::server::{
+    ServerOptions,
+    identity::IdentityRule,
+    limits::Limits,
+    tls::{ReloadingTls, TlsSettings},
+};
 
 /// TLS, identity binding and limits of the gRPC server.
 #[derive(Clone, Debug, clap::Args)]
@@ -92,7 +97,7 @@ impl ServerSecurityArgs {
         limits.validate().map_err(|e| e.to_string())?;
         if let Some(settings) = &tls {
             // Unreadable or mismatched files stop the start before anything connects.
-            super::tls::ReloadingTls::load(settings.clone()).map_err(|e| e.to_string())?;
+            ReloadingTls::load(settings.clone()).map_err(|e| e.to_string())?;
         }
         Ok(ServerOptions { tls, bind_identity, limits })
     }

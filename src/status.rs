@@ -1,4 +1,6 @@
-//! [`StatusView`]: the read-only state a coordinator shows the admin surface (`/status`).
+//! [`StatusView`]: the read-only state a coordinator shows the admin surface (`/status`),
+//! and that the fleet gauges are rebuilt from at every scrape. Plain data, below both the
+//! coordinator and the metrics.
 
 use serde::Serialize;
 

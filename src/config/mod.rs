@@ -8,6 +8,11 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub mod security;
+
+pub use crate::drain::DrainPolicy;
+use crate::duration::{humantime_or_zero, parse_duration};
+
 /// Top-level command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -67,19 +72,6 @@ pub enum StoreKind {
     Memory,
     /// etcd (`--etcd-endpoints`; many instances).
     Etcd,
-}
-
-/// What `Deregister` answers (DESIGN.md §6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DrainPolicy {
-    /// `WAIT_FOR_DRAIN`: hand every partition off, then end the stream.
-    Drain,
-    /// `SHUTDOWN_NOW`: the consumer comes back under the same name; hold its partitions
-    /// for the restart grace (the proto's default, with no Kubernetes awareness).
-    ShutdownNow,
-    /// Ask the Kubernetes API about the consumer's pod (`--k8s-namespace`): a StatefulSet
-    /// pod that comes back is held, anything else drains; unknown is `SHUTDOWN_NOW`.
-    K8s,
 }
 
 /// `kafka-assigner serve` flags.
@@ -202,11 +194,11 @@ pub struct ServeArgs {
 
     /// TLS and credentials to etcd.
     #[command(flatten)]
-    pub etcd_security: crate::server::flags::EtcdSecurityArgs,
+    pub etcd_security: security::EtcdSecurityArgs,
 
     /// gRPC server TLS, consumer identity binding and limits.
     #[command(flatten)]
-    pub security: crate::server::flags::ServerSecurityArgs,
+    pub security: security::ServerSecurityArgs,
 }
 
 impl ServeArgs {
@@ -230,22 +222,6 @@ impl std::fmt::Debug for KafkaConfig {
 /// Partition counts by topic.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TopicPartitions(pub BTreeMap<String, u32>);
-
-/// Parses `500ms`, `10s`, `5m`, `1h` (humantime syntax); zero is refused.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("'{text}' is not a duration ({e}); use e.g. 500ms, 10s, 5m"))?;
-    if d.is_zero() {
-        return Err(format!("'{text}' must be greater than zero"));
-    }
-    Ok(d)
-}
-
-/// Parses a duration like [`parse_duration`], where zero is allowed (`0s`: off).
-pub fn humantime_or_zero(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("'{text}' is not a duration ({e}); use e.g. 0s, 300ms, 1s"))
-}
 
 /// Parses `events=12,orders=4` (empty: none).
 pub fn parse_topic_partitions(text: &str) -> Result<TopicPartitions, String> {
@@ -311,15 +287,6 @@ pub fn default_instance_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("ten").unwrap_err().contains("'ten' is not a duration"));
-    }
 
     #[test]
     fn topic_partitions() {
