@@ -14,7 +14,7 @@
 //! at most 2×, the goal 1.5×). The last row, handoff − raw − floor, is what the
 //! instance's own work (batching, cache, relay, stream order) adds.
 //! Run: `cargo bench --bench handoff` (starts etcd itself; needs the `etcd` binary). Writes
-//! `target/bench-handoff.md`, and with `-- --write-docs` (or `BENCH_DOCS=1`)
+//! `bench-handoff.md` under the target directory, and with `-- --write-docs` (or `BENCH_DOCS=1`)
 //! `docs/benchmarks/handoff.md`.
 
 #[path = "support/docs.rs"]
@@ -219,7 +219,12 @@ async fn main() -> Result<(), BoxError> {
         ratio(raw50 + floor50, raw50),
     );
     println!("{table}");
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-handoff.md");
+    // Under the target directory in use (CARGO_TARGET_DIR when set), created if missing.
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    std::fs::create_dir_all(&dir)?;
+    let out = dir.join("bench-handoff.md");
     std::fs::write(&out, &table)?;
     println!("wrote {}", out.display());
     if docs::wanted() {

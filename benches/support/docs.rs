@@ -37,10 +37,13 @@ pub fn write(name: &str, title: &str, command: &str, body: &str) -> std::io::Res
     std::fs::create_dir_all(&dir)?;
     let path = dir.join(format!("{name}.md"));
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // `cargo bench` builds with the bench profile; a run built otherwise (`--profile dev`)
+    // says so, since its times are not comparable.
+    let build = if cfg!(debug_assertions) { ", a debug build (times not comparable)" } else { "" };
     let text = format!(
         "<!-- Written by `{command}`; run it again to update this file. -->\n\n\
          # {title}\n\n\
-         Run on {date} (UTC), commit `{commit}`, {cpus} CPUs, by `{command}`.\n\n\
+         Run on {date} (UTC), commit `{commit}`, {cpus} CPUs{build}, by `{command}`.\n\n\
          {body}",
         date = today(),
         commit = commit(),
