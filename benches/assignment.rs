@@ -4,10 +4,14 @@
 //! produces from nothing, it reports the moves `assign` makes (partitions taken from live
 //! owners), the proven minimum, the moves the seed's contiguous `range_assign` would make for
 //! the same change, and the median compute time of `assign`. The table is printed and written
-//! as markdown to `target/bench-assignment.md`. Exits non-zero if any row's moves differ from
-//! the minimum or a target is unbalanced: those are correctness failures, not slowness.
+//! as markdown to `target/bench-assignment.md`, and with `--write-docs` (or `BENCH_DOCS=1`)
+//! to `docs/benchmarks/assignment.md`. Exits non-zero if any row's moves differ from the
+//! minimum or a target is unbalanced: those are correctness failures, not slowness.
 //!
-//! Run with `cargo bench --bench assignment`.
+//! Run with `cargo bench --bench assignment` (`-- --write-docs` to update the docs).
+
+#[path = "support/docs.rs"]
+mod docs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -16,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use kafka_assigner::assignment::{assign, minimum_moves, moves};
 
-/// Compute-time target for the 100k/1000 rows (DESIGN.md-style budget for one rebalance).
+/// Compute-time budget of one rebalance's plan for the 100k/1000 rows.
 const BUDGET: Duration = Duration::from_millis(50);
 
 fn name(i: usize) -> String {
@@ -274,7 +278,7 @@ fn main() {
     println!("{target_line}");
     println!("{scattered_line}");
 
-    // Markdown copy for the README.
+    // The Markdown copy: under target/, and in docs/benchmarks/ when asked.
     let mut md = String::new();
     let _ = writeln!(md, "| {} |", header.join(" | "));
     let _ = writeln!(md, "|{}", " --- |".repeat(header.len()));
@@ -300,9 +304,16 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
     let path = dir.join("bench-assignment.md");
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, md)) {
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &md)) {
         Ok(()) => println!("wrote {}", path.display()),
         Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    }
+    if docs::wanted() {
+        let command = docs::command("assignment", &[]);
+        match docs::write("assignment", "Assignment: moves and compute time", &command, &md) {
+            Ok(path) => println!("wrote {}", path.display()),
+            Err(e) => eprintln!("could not write docs/benchmarks/assignment.md: {e}"),
+        }
     }
 
     if !all_minimal || !all_balanced {

@@ -10,10 +10,15 @@
 //!   (B → instance, instance → A) cost on top of the raw chain.
 //!
 //! All run in the same process against the same etcd, interleaved sample by sample, so
-//! the machine's noise hits them alike; the ratio is the number to read (DESIGN.md §9 aims
-//! for ≤ 2×, issue 13 for ≤ 1.5×). The last row, handoff − raw − floor, is what the
+//! the machine's noise hits them alike; the ratio is the number to read (docs/design.md §9:
+//! at most 2×, the goal 1.5×). The last row, handoff − raw − floor, is what the
 //! instance's own work (batching, cache, relay, stream order) adds.
-//! Run: `cargo bench --bench handoff` (starts etcd itself; needs the `etcd` binary).
+//! Run: `cargo bench --bench handoff` (starts etcd itself; needs the `etcd` binary). Writes
+//! `bench-handoff.md` under the target directory, and with `-- --write-docs` (or `BENCH_DOCS=1`)
+//! `docs/benchmarks/handoff.md`.
+
+#[path = "support/docs.rs"]
+mod docs;
 
 #[allow(dead_code)]
 #[path = "../tests/integration/support/etcd.rs"]
@@ -214,8 +219,18 @@ async fn main() -> Result<(), BoxError> {
         ratio(raw50 + floor50, raw50),
     );
     println!("{table}");
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-handoff.md");
+    // Under the target directory in use (CARGO_TARGET_DIR when set), created if missing.
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    std::fs::create_dir_all(&dir)?;
+    let out = dir.join("bench-handoff.md");
     std::fs::write(&out, &table)?;
     println!("wrote {}", out.display());
+    if docs::wanted() {
+        let command = docs::command("handoff", &["KAT_ETCD_TLS"]);
+        let path = docs::write("handoff", "Handoff fast path on etcd", &command, &table)?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }

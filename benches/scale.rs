@@ -1,6 +1,7 @@
-//! Scale benchmark (issue 13): scale-out, fan-out and a `Register` storm against the release
+//! Scale benchmark: scale-out, fan-out and a `Register` storm against the release
 //! server binary as a child process, on the memory and etcd backends, with the raw etcd
-//! reference measured in the same run. Writes `target/bench-scale.md` and `.json`.
+//! reference measured in the same run. Writes `target/bench-scale.md` and `.json`, and with
+//! `-- --write-docs` (or `BENCH_DOCS=1`) the Markdown to `docs/benchmarks/scale.md`.
 //!
 //! Run: `cargo bench --bench scale` (full sizes; starts etcd itself, needs the `etcd`
 //! binary). `SCALE_SIZES=smoke|full`, `SCALE_SCENARIOS=scaleout,fanout-1000,...`,
@@ -23,6 +24,9 @@ mod etcd_tls;
 #[path = "scale/mod.rs"]
 mod scale;
 
+#[path = "support/docs.rs"]
+mod docs;
+
 use std::path::PathBuf;
 
 // One thread: its consumers' tasks run in the order their messages arrived (a multi-thread
@@ -35,7 +39,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_kafka-assigner"));
     let config = scale::Config::from_env("full", binary, root.join("target/bench-scale"))?;
     let report = scale::run(&config).await?;
-    println!("{}", report.markdown());
+    let markdown = report.markdown();
+    println!("{markdown}");
     println!("wrote {}.{{md,json}}", config.out.display());
+    if docs::wanted() {
+        let command = docs::command("scale", &["SCALE_", "KAT_ETCD_TLS"]);
+        let path = docs::write("scale", "Performance at scale", &command, &markdown)?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The smallest complete consumer: the README's "Writing a consumer" example.
+//! The smallest complete consumer: the example of docs/protocol.md, "Writing a consumer".
 //!
 //! ```text
 //! cargo run --example minimal_consumer   # needs assigners at the endpoints below

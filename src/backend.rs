@@ -1,5 +1,5 @@
 //! The backend factory: builds the coordinator (and its store) that `kafka-assigner serve`'s
-//! flags ask for (DESIGN.md §2). The server only serves what this returns.
+//! flags ask for (docs/design.md §2). The server only serves what this returns.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Partition counts from Kafka: topic metadata through librdkafka (DESIGN.md §3).
+//! Partition counts from Kafka: topic metadata through librdkafka (docs/design.md §3).
 //!
 //! [`KafkaMetadata`] holds one long-lived librdkafka client (a producer that never
 //! produces: its polling thread serves librdkafka's log and error events). librdkafka's

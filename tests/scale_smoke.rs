@@ -40,7 +40,7 @@ async fn smoke_sizes_settle_with_minimum_moves() {
         assert_eq!((row.stream_errors, row.rpc_errors), (0, 0), "{name} had errors:\n{markdown}");
         assert!(row.server_alive && row.rss_mib > 0.0, "{name}: server gone or no RSS:\n{markdown}");
         if row.kind != "storm" {
-            // A storm may retarget warms (issue 13); a planned scale-out or join must not.
+            // A storm may retarget warms; a planned scale-out or join must not.
             assert_eq!(row.ready_refused, 0, "{name}: PartitionReady refused:\n{markdown}");
             assert_eq!(row.moves, row.moves_min, "{name} moved more than needed:\n{markdown}");
             assert!(row.moves > 0 && row.delivery_samples > 0, "{name} measured nothing:\n{markdown}");

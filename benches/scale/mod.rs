@@ -1,4 +1,4 @@
-//! The scale benchmark (issue 13), black-box over gRPC and the admin port: the server runs
+//! The scale benchmark, black-box over gRPC and the admin port: the server runs
 //! as a child process, etcd as another, and the benchmark's own consumers share a few HTTP/2
 //! connections. Shared by `benches/scale.rs` (full sizes) and `tests/scale_smoke.rs` (the
 //! smallest size, in CI).

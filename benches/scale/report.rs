@@ -278,7 +278,7 @@ impl Report {
         );
         let targets = self.targets();
         if !targets.is_empty() {
-            out.push_str("\nissue 13 targets:\n");
+            out.push_str("\ntargets (docs/design.md §9):\n");
             for (what, measured, pass) in targets {
                 out.push_str(&format!("- {what}: {measured}: {}\n", if pass { "PASS" } else { "**FAIL**" }));
             }
@@ -307,7 +307,7 @@ impl Report {
         self.rows.iter().find(|r| r.backend == backend && r.scenario == scenario)
     }
 
-    /// The targets that this run's rows can check: (target, measured, met).
+    /// The targets of docs/design.md §9 that this run's rows can check: (target, measured, met).
     pub fn targets(&self) -> Vec<(String, String, bool)> {
         let mut out = Vec::new();
         for backend in ["memory", "etcd"] {

@@ -20,8 +20,9 @@ use crate::server::grpc::SESSION_TTL_HEADER;
 /// A gRPC client on one connection.
 pub type Rpc = KafkaAssignerClient<Channel>;
 
-/// Whether a status is worth retrying (the issue: `UNAVAILABLE`, `ABORTED`; a call cut by
-/// a connection that died shows up as `UNKNOWN` or `CANCELLED` in tonic).
+/// Whether a status is worth retrying (the server's transient answers, `UNAVAILABLE` and
+/// `ABORTED`; a call cut by a connection that died shows up as `UNKNOWN` or `CANCELLED` in
+/// tonic).
 pub fn is_transient(status: &Status) -> bool {
     matches!(
         status.code(),

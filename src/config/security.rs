@@ -1,6 +1,6 @@
 //! The `serve` flags of security and limits, flattened into [`super::ServeArgs`]:
 //! the gRPC server's TLS, identity binding and limits, and TLS and credentials to etcd.
-//! See the README's "Security" section.
+//! See docs/operating.md, "Security" and "Limits".
 
 use std::{path::PathBuf, time::Duration};
 

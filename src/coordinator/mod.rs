@@ -46,7 +46,7 @@ use crate::proto::v1::{AssignmentCommand, DeregisterAction};
 /// (drained: cleanly; replaced, expired or shutting down: with an error item).
 pub type CommandStream = Pin<Box<dyn Stream<Item = Result<AssignmentCommand, CoordinatorError>> + Send>>;
 
-/// What a backend provides to the gRPC layer (DESIGN.md §2).
+/// What a backend provides to the gRPC layer (docs/design.md §2).
 #[async_trait]
 pub trait ConsumerGroupCoordinator: Send + Sync + 'static {
     /// Registers `consumer` for `topic` and returns its command stream; the first item is

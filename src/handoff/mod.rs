@@ -9,7 +9,7 @@
 //! * [`step`] applies an event and returns the new state plus the [`Write`]s that persist it.
 //! * [`plan`] (the `Tick` event) is the leader's decision: targets from
 //!   [`crate::assignment::assign`], handoffs started, cancelled, timed out and completed
-//!   (DESIGN.md §5); [`plan_with`] plans during a rollout of the consumers
+//!   (docs/design.md §5); [`plan_with`] plans during a rollout of the consumers
 //!   ([`crate::assignment::assign_rollout`]).
 //! * [`ConsumerView`] and [`diff_views`] derive the commands a consumer must be sent from
 //!   what it was told before and the state now.

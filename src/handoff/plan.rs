@@ -1,6 +1,6 @@
 //! The leader's reconcile step: from the stored state and `now`, decide what moves.
 //!
-//! Per partition, in this order (DESIGN.md §5):
+//! Per partition, in this order (docs/design.md §5):
 //! 1. settle handoffs whose participants died, whose target is no longer the target, or
 //!    whose time limit passed (a warm that never got ready is cancelled and the partition
 //!    cools down before it is retried; a release never acknowledged is completed anyway);

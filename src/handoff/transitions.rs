@@ -66,7 +66,7 @@ fn check_common(state: &TopicState, consumer: &str, partition: u32) -> Result<()
 }
 
 /// `PartitionReady(consumer, partition)`: the target of a warming handoff is ready, so in
-/// one step it becomes the owner and the handoff moves to `Releasing` (DESIGN.md §5.3).
+/// one step it becomes the owner and the handoff moves to `Releasing` (docs/design.md §5.3).
 ///
 /// A repeated call from the consumer that already owns the partition (the handoff is
 /// releasing or done) succeeds without change, so a client may retry a call whose
@@ -101,7 +101,7 @@ pub fn apply_ready(
 }
 
 /// `PartitionReleased(consumer, partition)`: the old owner has stopped; the handoff is
-/// removed (DESIGN.md §5.4).
+/// removed (docs/design.md §5.4).
 pub fn apply_released(state: &mut TopicState, consumer: &str, partition: u32) -> Result<(), HandoffError> {
     check_common(state, consumer, partition)?;
     match state.handoffs.get(&partition) {

@@ -84,7 +84,7 @@ impl Belief {
                 let tp = release.partition.as_ref().ok_or("a release without a partition")?;
                 let p = check(tp.partition, &tp.topic)?;
                 // A stream that starts while a release of the consumer's is pending gets
-                // the snapshot without the partition, then the release (DESIGN.md §3): the
+                // the snapshot without the partition, then the release (docs/design.md §3): the
                 // consumer only acknowledges it.
                 self.releasing.insert(p, release.new_owner.clone());
                 todo.push(Todo::Release(p));
@@ -120,7 +120,7 @@ pub struct Truth {
 
 impl Truth {
     /// Applies one watch batch of the shared store. `Err` when the revision gives a
-    /// partition to a consumer that is not registered and active (DESIGN.md §4, §5: only
+    /// partition to a consumer that is not registered and active (docs/design.md §4, §5: only
     /// active consumers get partitions, and a `PartitionReady` flips ownership only to a
     /// live one), moves a partition by plan without holding the leader key, or brings a
     /// registration back over another one. `writers`: which instance (by index) wrote
@@ -214,7 +214,7 @@ impl Truth {
     }
 
     /// Whether one revision's change of partition `p` (owner, handoff) is a step of the
-    /// handoff rules (DESIGN.md §5): ownership moves from a registered owner only by a
+    /// handoff rules (docs/design.md §5): ownership moves from a registered owner only by a
     /// `PartitionReady` flip of a warming handoff to its target; a partition whose owner
     /// is gone (or that has none) is assigned directly; a handoff starts from the owner,
     /// and only a flip makes one `Releasing`.
@@ -252,7 +252,7 @@ impl Truth {
 
     /// A registration id the store held once may come back only where the name is free (a
     /// lost registration written again, compare-and-swap on absence); over another
-    /// registration it would take the name back from a newer one (DESIGN.md §6).
+    /// registration it would take the name back from a newer one (docs/design.md §6).
     fn no_comeback(&mut self, name: &str, record: &ConsumerRecord) -> Result<(), String> {
         let id = record.session;
         let over = self.consumers.get(name).map(|r| r.session).filter(|held| *held != id);
@@ -269,7 +269,7 @@ impl Truth {
     }
 
     /// A move by plan (a warm started or cancelled, a direct assignment) is the leader's
-    /// alone: the instance that wrote it held the leader key when it landed (DESIGN.md §3,
+    /// alone: the instance that wrote it held the leader key when it landed (docs/design.md §3,
     /// every leader write is fenced). A deposed leader's late write must change nothing.
     fn by_the_leader(
         &self,

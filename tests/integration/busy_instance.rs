@@ -1,5 +1,5 @@
 //! A busy instance delivers late; it never loses its session or its leadership because it
-//! was busy (issue 13, "Nothing starves the keep-alive").
+//! was busy (docs/design.md §9: nothing starves the keep-alive).
 //!
 //! The fault injected is the worst case of being busy: every worker thread of the runtime
 //! that serves the instance (and its consumers' connections) is blocked for twice the

@@ -1,4 +1,4 @@
-//! Fault scenarios on real processes (issue 9, "How it is shown" 2): etcd stopped and
+//! Fault scenarios on real processes (docs/reliability.md has their table): etcd stopped and
 //! restarted, etcd frozen, the etcd raft leader killed mid-handoff (3 members), one instance
 //! cut off from etcd by a proxy, the leader instance killed mid-handoff, 1,000 concurrent
 //! `Register`s of one name. `memory.rs` adds the memory backend behind a `FaultyStore`: a

@@ -64,7 +64,8 @@ on_both_backends!(
 
 /// Partitions of [`WIDE`].
 const WIDE_PARTITIONS: u32 = 12;
-/// The bound the issue sets for a crashed consumer's leases to be taken.
+/// The bound for a crashed consumer's leases to be taken: its session's TTL, plus the
+/// second between two claiming rounds.
 const TAKEOVER: Duration = Duration::from_secs(TTL.as_secs() + 1);
 
 /// One assigner instance serving a [`FleetCoordinator`].

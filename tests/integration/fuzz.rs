@@ -1,4 +1,4 @@
-//! Fuzzing through the real gRPC layer (issue 12): arbitrary request bytes and arbitrary
+//! Fuzzing through the real gRPC layer: arbitrary request bytes and arbitrary
 //! structured requests, on all four RPCs, against a served assigner whose consumer `a`
 //! owns every partition. For every call: the server keeps serving (no panic), a refusal
 //! has a precise status, and a refused call changes nothing (store records, revision,

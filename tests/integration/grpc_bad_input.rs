@@ -1,4 +1,4 @@
-//! Refused calls (DESIGN.md §5.7): each gets its exact gRPC status code and a message
+//! Refused calls (docs/design.md §5.7): each gets its exact gRPC status code and a message
 //! naming what was wrong, and changes nothing — neither the store (records and revision)
 //! nor any instance's status view — nor tells any consumer anything. On both backends.
 //!

@@ -1,4 +1,4 @@
-//! The consumer-facing scenarios of DESIGN.md §5 and §6 over real gRPC, each run on the
+//! The consumer-facing scenarios of docs/design.md §5 and §6 over real gRPC, each run on the
 //! memory backend and on a real etcd (`grpc_scenarios::memory::*`, `grpc_scenarios::etcd::*`).
 
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Partition counts from Kafka (DESIGN.md §3), against librdkafka's mock cluster: a real
+//! Partition counts from Kafka (docs/design.md §3), against librdkafka's mock cluster: a real
 //! Kafka protocol endpoint on loopback (`rdkafka::mocking::MockCluster`).
 //!
 //! * the count is fetched and stored on the first `Register`, and `--topic-partitions`

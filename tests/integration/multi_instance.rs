@@ -1,4 +1,4 @@
-//! Several assigner instances on one etcd under one prefix (DESIGN.md §3, §9): handoffs
+//! Several assigner instances on one etcd under one prefix (docs/design.md §3, §9): handoffs
 //! across instances, leader failover mid-handoff, a restart of every instance, a crashed
 //! leader that does not resign, fenced writes of a deposed leader, and a measurement of
 //! the handoff fast path.

@@ -1,4 +1,4 @@
-//! gRPC over TLS and mTLS (issue 12): consumer identity bound to the client certificate,
+//! gRPC over TLS and mTLS: consumer identity bound to the client certificate,
 //! the SPIFFE mapping, and a server certificate rotated while a stream stays open.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! `--kafka-config` TLS / SASL settings (issue 12): with the `kafka-tls` feature librdkafka
+//! `--kafka-config` TLS / SASL settings: with the `kafka-tls` feature librdkafka
 //! accepts `SSL` / `SASL_SSL` and SCRAM (and a broker that does not speak TLS is
 //! `UNAVAILABLE` within the timeout, not a hang); without it, asking for them stops the
 //! start with librdkafka's reason.

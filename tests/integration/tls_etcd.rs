@@ -1,4 +1,4 @@
-//! etcd with TLS, client-certificate auth and users (issue 12): the store works through it,
+//! etcd with TLS, client-certificate auth and users: the store works through it,
 //! every misconfiguration stops the start naming the flag and carrying etcd's reason
 //! (promptly, never a hang), and an expired auth token is refreshed.
 

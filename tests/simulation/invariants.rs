@@ -182,13 +182,13 @@ impl Sim {
         Ok(())
     }
 
-    /// No name that never joins has a view, and the ownership invariant of DESIGN.md §5:
+    /// No name that never joins has a view, and the ownership invariant of docs/design.md §5:
     /// every partition is believed owned by at most one live consumer.
     pub(crate) fn check_ownership(&self) -> Result<(), String> {
         for name in UNKNOWN {
             ensure!(ConsumerView::of(&self.state, name) == ConsumerView::default(), "'{name}' has a view");
         }
-        // The ownership invariant of DESIGN.md §5.
+        // The ownership invariant of docs/design.md §5.
         let mut believer: Vec<Option<&str>> = vec![None; self.p() as usize];
         for (name, client) in self.clients.iter().filter(|(_, c)| c.live) {
             for &p in &client.belief {
@@ -250,7 +250,7 @@ impl Sim {
         Ok(())
     }
 
-    /// What the leader's reconcile at `at` must have done (DESIGN.md §5.1, §5.5, §5.6).
+    /// What the leader's reconcile at `at` must have done (docs/design.md §5.1, §5.5, §5.6).
     pub(crate) fn check_tick(&mut self, before: &TopicState, at: Millis) -> Result<(), String> {
         let s = &self.state;
         let any_active = s.consumers.values().any(|st| *st == ConsumerStatus::Active);

@@ -1,4 +1,4 @@
-//! Simulation of the handoff state machine (DESIGN.md §5, §8): seeded random schedules of
+//! Simulation of the handoff state machine (docs/design.md §5, §8): seeded random schedules of
 //! joins, crashes, drains, `PartitionReady` / `PartitionReleased` calls (right and wrong)
 //! and leader ticks, driving [`kafka_assigner::handoff::step`] with the invariants checked
 //! after every step.

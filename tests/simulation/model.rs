@@ -1,5 +1,5 @@
 //! The model the simulation checks `step` against: a reference model of the calls
-//! (DESIGN.md §5.3, §5.4, §5.7) and of membership events, how persisted writes apply, and
+//! (docs/design.md §5.3, §5.4, §5.7) and of membership events, how persisted writes apply, and
 //! what a consumer knows as a client (only what it was sent).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,7 +29,7 @@ pub(crate) fn apply(state: &mut TopicState, write: &Write) {
     }
 }
 
-/// Why the reference model refuses a call (DESIGN.md §5.7).
+/// Why the reference model refuses a call (docs/design.md §5.7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
     OutOfRange,

@@ -1,6 +1,6 @@
 //! `PartitionReady`, `PartitionReleased`, `Deregister` and the status view.
 //!
-//! Ready and released are the fast path of a handoff (DESIGN.md §9): the receiving
+//! Ready and released are the fast path of a handoff (docs/design.md §9): the receiving
 //! instance validates the call against its cache and applies it with one transaction
 //! guarded by the mod revisions of the partition's assignment and handoff records. Only
 //! when the cache disagrees (it may lag the store by a watch delivery) or the transaction

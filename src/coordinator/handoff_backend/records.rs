@@ -1,4 +1,4 @@
-//! The stored records and their key layout (DESIGN.md §3).
+//! The stored records and their key layout (docs/design.md §3).
 //!
 //! ```text
 //! {prefix}topics/{topic}                   TopicRecord

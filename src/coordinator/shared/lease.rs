@@ -1,5 +1,5 @@
 //! This instance's lease: one store session for every registration the instance holds,
-//! so keep-alive traffic grows with instances, not consumers (DESIGN.md §6).
+//! so keep-alive traffic grows with instances, not consumers (docs/design.md §6).
 //!
 //! [`keep_lease`] grants the session, keeps it alive every third of the TTL, and retries a
 //! failed keep-alive at once with backoff. **Self-fencing:** when the session has not been

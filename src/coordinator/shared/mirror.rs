@@ -210,7 +210,7 @@ impl<C: MirrorCache> Mirror<C> {
     }
 
     /// Offers a write this instance committed, so the cache and the relay need not wait
-    /// for the watch to bring it back (a handoff's fast path, DESIGN.md §9). The watcher
+    /// for the watch to bring it back (a handoff's fast path, docs/design.md §9). The watcher
     /// applies it as soon as the cache is at the revision just before it, which proves
     /// that nothing else happened in between; otherwise the watch delivers it as usual,
     /// and the watch's own copy of an applied revision is skipped. `batch` must hold every

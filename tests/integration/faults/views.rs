@@ -24,7 +24,7 @@ use crate::support::{
 };
 
 /// Skew allowed between the new owner hearing `assigned` and the old owner hearing
-/// `ReleasePartition` / `unassigned` (DESIGN §5: "in the same step"; the two may be on
+/// `ReleasePartition` / `unassigned` (docs/design.md §5: "in the same step"; the two may be on
 /// different instances, each relaying from its own watch).
 pub const SAME_STEP: Duration = Duration::from_millis(300);
 

@@ -9,7 +9,7 @@
 //!   auth is enabled. The store connects with the `assigner` certificate **and** password,
 //!   so it gets an auth token, which etcd expires after `--auth-token-ttl` of disuse.
 //! * `KAT_ETCD_TLS=1` makes every [`super::EtcdServer::start`] one of these, so the
-//!   existing etcd scenario tests run over TLS unchanged (see the README's Security section).
+//!   existing etcd scenario tests run over TLS unchanged (see docs/layout.md, "Tests").
 
 use std::{path::PathBuf, time::Duration};
 

@@ -126,7 +126,7 @@ fn rollout_of(inner: &Handoff, state: &TopicState) -> Option<Rollout> {
 
 /// Plans and writes every topic (see the module docs). While `settling`, a topic with a
 /// partition whose owner's registration is gone is left alone: that consumer may be about
-/// to come back (DESIGN.md §6, "settle after an interruption"). An instance lease that
+/// to come back (docs/design.md §6, "settle after an interruption"). An instance lease that
 /// ended since the last pass starts a settle period too. Returns how long planning
 /// (the work under the cache lock, not the writes) took.
 ///
