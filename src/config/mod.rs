@@ -51,7 +51,7 @@ pub enum Command {
     Status(crate::cli::status::StatusArgs),
 }
 
-/// Which coordinator and store to run (DESIGN.md §2).
+/// Which coordinator and store to run (docs/design.md §2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
     /// Warm-handoff coordinator over the in-process store (one node).

@@ -77,7 +77,7 @@ pub enum StreamEnd {
     Expired,
     /// The instance stopped as if it had crashed (tests, failover drills).
     Crashed,
-    /// The instance lost contact with its store and fenced itself (DESIGN.md §6).
+    /// The instance lost contact with its store and fenced itself (docs/design.md §6).
     Fenced,
 }
 

@@ -117,7 +117,7 @@ pub trait DrainDecider: Send + Sync + std::fmt::Debug + 'static {
     async fn decide(&self, consumer: &str) -> DrainDecision;
 }
 
-/// What `Deregister` answers (DESIGN.md §6).
+/// What `Deregister` answers (docs/design.md §6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DrainPolicy {
     /// `WAIT_FOR_DRAIN`: hand every partition off, then end the stream.
