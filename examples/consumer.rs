@@ -6,17 +6,12 @@
 //!     --consumer-name pod-0 --topic events --kafka-brokers 127.0.0.1:9092
 //! ```
 //!
-//! The logic lives in `kafka_assigner::client::kafka_example` (tests run it in-process).
+//! The logic lives in the client crate, `kafka_assigner_client::kafka_example` (cargo
+//! feature `kafka-example`; tests run it in-process). This file only sets up logging.
 #![forbid(unsafe_code)]
 
-use std::{sync::Arc, time::Duration};
-
 use clap::Parser;
-use kafka_assigner::client::{
-    AssignerClient, ClientConfig,
-    kafka_example::{ConsumerArgs, KafkaHandler, KafkaSettings},
-};
-use kafka_assigner::config::default_instance_id;
+use kafka_assigner_client::kafka_example::{ConsumerArgs, run};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -24,52 +19,5 @@ async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .init();
-    let args = ConsumerArgs::parse();
-    let name = args.consumer_name.clone().unwrap_or_else(default_instance_id);
-    let settings = KafkaSettings {
-        brokers: args.kafka_brokers.clone(),
-        topic: args.topic.clone(),
-        group_id: args.group_id.clone(),
-        timeout: Duration::from_secs(30),
-    };
-    let on_message = Arc::new(|partition: i32, offset: i64, payload: &[u8]| {
-        tracing::debug!(partition, offset, bytes = payload.len(), "processed");
-    });
-    let handler = match KafkaHandler::start(settings, on_message) {
-        Ok(handler) => handler,
-        Err(error) => {
-            eprintln!("consumer: {error}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let config = ClientConfig::new(args.endpoints.clone(), name.clone(), args.topic.clone())
-        .with_server_lease_ttl(args.lease_ttl);
-    let client = match AssignerClient::start(config, Arc::new(handler.clone()), None) {
-        Ok(client) => client,
-        Err(error) => {
-            eprintln!("consumer: {error}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let mut owned = client.owned();
-    let log_owned = tokio::spawn(async move {
-        while owned.changed().await.is_ok() {
-            tracing::info!(partitions = ?*owned.borrow(), "owned partitions");
-        }
-    });
-    kafka_assigner::signal::shutdown_signal().await;
-    tracing::info!(consumer = %name, "shutting down");
-    let outcome = client.shutdown().await;
-    log_owned.abort();
-    handler.stop();
-    match outcome {
-        Ok(outcome) => {
-            tracing::info!(?outcome, "stopped");
-            std::process::ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("consumer: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    run(ConsumerArgs::parse()).await
 }

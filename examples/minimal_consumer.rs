@@ -5,7 +5,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
-use kafka_assigner::client::{AssignerClient, ClientConfig, Handler, Partition, WarmError};
+use kafka_assigner_client::{AssignerClient, ClientConfig, Handler, Partition, WarmError};
 use std::sync::Arc;
 
 /// Prints what it is told.

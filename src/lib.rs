@@ -7,7 +7,7 @@
 //!
 //! ## Layout
 //!
-//! * [`proto`] — the generated wire contract.
+//! * [`proto`] — the generated wire contract (from the `kafka-assigner-client` crate).
 //! * [`assignment`] — pure: the sticky, balanced target assignment.
 //! * [`handoff`] — pure: the warm / ready / release state machine (`state + event → state
 //!   + writes`), and the commands each consumer is sent, derived from state.
@@ -23,13 +23,16 @@
 //! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
 //! * [`metrics`] — Prometheus metrics.
-//! * [`signal`] — SIGTERM / Ctrl-C, for the binary and the example consumer.
+//! * [`signal`] — SIGTERM / Ctrl-C, for the binary and the example consumer (from the
+//!   client crate).
 //! * [`status`] — the read-only status view (`/status`, the fleet gauges).
 //! * [`duration`] — durations on the command line (`500ms`, `10s`).
 //! * [`drain`] — what `Deregister` answers (fixed, or from the Kubernetes API).
 //! * [`cli`] — client subcommands (`kafka-assigner status`).
 //! * [`client`] — the consumer side: a client that drives a handler (warm / assigned /
-//!   release / unassigned), and the rdkafka example consumer.
+//!   release / unassigned), and the rdkafka example consumer. It is the
+//!   `kafka-assigner-client` crate, re-exported here for the server's own tests: consumers
+//!   depend on `kafka-assigner-client`, which builds none of the server.
 //! * [`testing`] — the assigner in-process for users' integration tests.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -37,7 +40,6 @@
 pub mod assignment;
 pub mod backend;
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod drain;
@@ -45,9 +47,15 @@ pub mod duration;
 pub mod handoff;
 pub mod kafka;
 pub mod metrics;
-pub mod proto;
 pub mod server;
-pub mod signal;
 pub mod status;
 pub mod store;
 pub mod testing;
+
+/// The consumer side (the `kafka-assigner-client` crate): a consumer's service depends on
+/// that crate directly, not on this one.
+pub use kafka_assigner_client as client;
+/// The generated wire contract, `kafka_assigner.v1` (one copy, in the client crate).
+pub use kafka_assigner_client::proto;
+/// SIGTERM / Ctrl-C, for the binary (in the client crate: the example consumer uses it).
+pub use kafka_assigner_client::signal;

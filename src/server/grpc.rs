@@ -19,10 +19,9 @@ use crate::proto::v1::{
     kafka_assigner_server::KafkaAssigner,
 };
 
-/// Response header of `Register`: how long, in milliseconds, the server keeps a consumer's
-/// session after its stream is gone (the coordinator's session TTL; absent when sessions
-/// never expire). The wire contract has no field for it, so it rides in the metadata.
-pub const SESSION_TTL_HEADER: &str = "x-kafka-assigner-session-ttl-ms";
+/// Response header of `Register` with the session TTL (defined beside the contract, for
+/// the client to read).
+pub use crate::proto::SESSION_TTL_HEADER;
 
 /// The gRPC service.
 #[derive(Clone)]

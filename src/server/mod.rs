@@ -9,7 +9,6 @@
 //! ([`limits`]); the admin server stays plaintext on its own address and only reads.
 
 pub mod admin;
-pub mod codec;
 pub mod grpc;
 pub mod identity;
 pub mod limits;

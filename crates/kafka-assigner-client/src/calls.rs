@@ -11,11 +11,11 @@ use tonic::{
 };
 
 use super::Backoff;
+use crate::proto::SESSION_TTL_HEADER;
 use crate::proto::v1::{
     AssignmentCommand, DeregisterAction, DeregisterRequest, PartitionReadyRequest, PartitionReleasedRequest,
     RegisterRequest, TopicPartition, kafka_assigner_client::KafkaAssignerClient,
 };
-use crate::server::grpc::SESSION_TTL_HEADER;
 
 /// A gRPC client on one connection.
 pub type Rpc = KafkaAssignerClient<Channel>;
@@ -212,9 +212,10 @@ async fn current_rpc(rpc: &mut watch::Receiver<Option<Rpc>>, give_up: tokio::tim
 
 #[cfg(test)]
 mod tests {
+    // The real assigner, in-process: the server crate is a dev-dependency of this one.
     use super::*;
-    use crate::coordinator::HandoffConfig;
-    use crate::server::AssignerServer;
+    use kafka_assigner::coordinator::HandoffConfig;
+    use kafka_assigner::server::AssignerServer;
 
     fn settings(limit: Duration) -> CallSettings {
         CallSettings {

@@ -1,6 +1,6 @@
-//! The example consumer (`examples/consumer.rs`), as a library so tests run it too: a
-//! real Kafka consumer whose partitions come from the assigner, not from Kafka's
-//! consumer-group rebalancing.
+//! The example consumer (the repository's `examples/consumer.rs`, cargo feature
+//! `kafka-example`), as a library so tests run it too: a real Kafka consumer whose
+//! partitions come from the assigner, not from Kafka's consumer-group rebalancing.
 //!
 //! * `assigned(p)`: `incremental_assign(p)` from the group's committed offset (or the
 //!   beginning).
@@ -29,7 +29,10 @@ use rdkafka::{
     consumer::{BaseConsumer, CommitMode, Consumer},
 };
 
-use super::{Handler, Partition, WarmError};
+use crate::{Handler, Partition, WarmError};
+
+mod run;
+pub use run::{ConsumerArgs, run};
 
 /// Errors of the example consumer.
 #[derive(Debug, thiserror::Error)]
@@ -63,31 +66,6 @@ pub struct KafkaSettings {
     pub group_id: String,
     /// Bound of one metadata / offset request, and of a warm.
     pub timeout: Duration,
-}
-
-/// Flags of `examples/consumer.rs` (each also `KAFKA_ASSIGNER_<FLAG>` in the environment);
-/// here so tests (and `docker-compose.yml`'s check) parse them with the same parser.
-#[derive(Clone, Debug, clap::Parser)]
-#[command(name = "consumer", about = "Example Kafka consumer driven by kafka-assigner")]
-pub struct ConsumerArgs {
-    /// Assigner gRPC endpoints, comma-separated.
-    #[arg(long, env = "KAFKA_ASSIGNER_ENDPOINTS", value_delimiter = ',', required = true)]
-    pub endpoints: Vec<String>,
-    /// This consumer's name (stable across restarts); default: host name and pid.
-    #[arg(long, env = "KAFKA_ASSIGNER_CONSUMER_NAME")]
-    pub consumer_name: Option<String>,
-    /// The topic to consume.
-    #[arg(long, env = "KAFKA_ASSIGNER_TOPIC")]
-    pub topic: String,
-    /// Kafka bootstrap brokers (`host:port,...`).
-    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS")]
-    pub kafka_brokers: String,
-    /// Kafka group id for offset commits (no group rebalancing is used).
-    #[arg(long, env = "KAFKA_ASSIGNER_GROUP_ID", default_value = "kafka-assigner-example")]
-    pub group_id: String,
-    /// The assigner's `--lease-ttl`: the client-side lease is set a margin below it.
-    #[arg(long, env = "KAFKA_ASSIGNER_LEASE_TTL", value_parser = crate::duration::parse_duration, default_value = "10s")]
-    pub lease_ttl: Duration,
 }
 
 /// Called for every message processed: partition, offset, payload.

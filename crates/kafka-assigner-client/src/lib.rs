@@ -1,9 +1,13 @@
-//! The consumer's side of the protocol: a client that drives a [`Handler`], so consumer
-//! code never sees the wire.
+//! # kafka-assigner-client
+//!
+//! The consumer's side of kafka-assigner: a client that drives a [`Handler`], so consumer
+//! code never sees the wire, and the wire contract itself ([`proto`]). A service that
+//! consumes partitions depends on this crate, not on the server (`kafka-assigner`): its
+//! build compiles no etcd, Kubernetes, HTTP server or Kafka client code.
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kafka_assigner::client::{AssignerClient, ClientConfig, Handler, Partition, WarmError};
+//! use kafka_assigner_client::{AssignerClient, ClientConfig, Handler, Partition, WarmError};
 //!
 //! struct Printer;
 //!
@@ -15,7 +19,7 @@
 //!     async fn unassigned(&self, p: Partition) { println!("unassigned {p}") }
 //! }
 //!
-//! # async fn run() -> Result<(), kafka_assigner::client::ClientError> {
+//! # async fn run() -> Result<(), kafka_assigner_client::ClientError> {
 //! let config = ClientConfig::new(["http://assigner-0:50051", "http://assigner-1:50051"], "pod-0", "events");
 //! let client = AssignerClient::start(config, Arc::new(Printer), None)?;
 //! let mut owned = client.owned();
@@ -25,19 +29,28 @@
 //! # Ok(()) }
 //! ```
 //!
+//! * [`proto`]: the generated `kafka_assigner.v1` messages, client and server trait (the
+//!   server crate uses these too: one copy of the generated code).
 //! * [`state`]: pure — what the client owns and what it must do on each command.
 //! * `driver`: the task that holds the stream, reconnects with backoff and jitter across
 //!   the endpoints, runs the client-side lease and the shutdown (`Deregister`, drain).
 //! * `calls`: the RPCs, retrying `UNAVAILABLE` / `ABORTED`.
 //! * `workers`: one queue per partition, so handler calls for a partition never overlap.
-//! * [`kafka_example`]: the rdkafka consumer of `examples/consumer.rs` (also used by tests).
+//! * [`signal`]: SIGTERM / Ctrl-C, for a consumer's `main` (and the assigner's).
+//! * `kafka_example` (cargo feature `kafka-example`): the rdkafka consumer of the
+//!   repository's `examples/consumer.rs` (also used by its tests).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod backoff;
 mod calls;
 mod driver;
 mod handler;
+#[cfg(feature = "kafka-example")]
 pub mod kafka_example;
 mod metrics;
+pub mod proto;
+pub mod signal;
 pub mod state;
 mod workers;
 

@@ -1,6 +1,8 @@
 //! The protobuf codec of the generated service (set in `build.rs` with `codec_path`):
-//! tonic's own, except that a request body that is not a valid message of its RPC is
-//! `INVALID_ARGUMENT` (the client sent bad input) instead of tonic's `INTERNAL`.
+//! tonic's own, except that a body that is not a valid message of its RPC is
+//! `INVALID_ARGUMENT` (on the server: the client sent bad input) instead of tonic's
+//! `INTERNAL`. It lives here, beside the generated code that names it, so the server and
+//! the client share it.
 
 use std::marker::PhantomData;
 
