@@ -15,7 +15,7 @@ use crate::coordinator::shared::{
     Core,
     batch::{Batched, KeyWrite},
     cas::{CAS_ATTEMPTS, create_bound, delete_if},
-    register::{Held, Registrar},
+    registrar::{Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
