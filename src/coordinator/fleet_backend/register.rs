@@ -7,6 +7,7 @@
 
 use super::Fleet;
 use super::records::{LeaseRecord, MemberRecord};
+use crate::assignment::ConsumerInfo;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     cas::{CAS_ATTEMPTS, delete_if},
@@ -22,6 +23,7 @@ pub(super) fn member_record(instance: &str, registration: SessionId) -> MemberRe
         session: registration.0,
         instance: instance.to_string(),
         leaving: false,
+        info: ConsumerInfo::default(),
     }
 }
 
