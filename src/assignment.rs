@@ -43,8 +43,10 @@
 //! the old generation from receiving partitions and fills the others only up to their final
 //! share, so each partition moves once (see [`rollout`]).
 
+pub mod assignor;
 pub mod rollout;
 
+pub use assignor::{Assignor, Balanced, ConsumerInfo, Placement, RolloutRule};
 pub use rollout::{Rollout, assign_rollout};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

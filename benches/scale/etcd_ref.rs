@@ -136,6 +136,11 @@ pub async fn raw_reference(
     })
 }
 
+/// Milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 /// The `p` quantile of `samples` in milliseconds (nearest rank); `None` without samples.
 pub fn percentile_ms(samples: &mut [Duration], p: f64) -> Option<f64> {
     if samples.is_empty() {

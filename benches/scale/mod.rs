@@ -3,6 +3,7 @@
 //! connections. Shared by `benches/scale.rs` (full sizes) and `tests/scale_smoke.rs` (the
 //! smallest size, in CI).
 
+pub mod backend;
 pub mod error;
 pub mod etcd_ref;
 pub mod fleet;
@@ -13,9 +14,10 @@ pub mod world;
 
 use std::{path::PathBuf, time::Duration};
 
+pub use backend::Backend;
 use error::BenchError;
 pub use report::Report;
-pub use scenarios::{Backend, Scenario};
+pub use scenarios::Scenario;
 
 /// What to run (from `SCALE_*` environment variables, see [`Config::from_env`]).
 #[derive(Clone, Debug)]

@@ -6,9 +6,9 @@ use serde::Serialize;
 
 use super::{
     Config,
+    backend::Backend,
     error::BenchError,
-    etcd_ref::{EtcdRates, RawEtcd, percentile_ms},
-    scenarios::{Backend, ms},
+    etcd_ref::{EtcdRates, RawEtcd, ms, percentile_ms},
     world::PhaseStats,
 };
 

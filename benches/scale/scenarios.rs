@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    Config,
+    Backend, Config,
     error::BenchError,
-    etcd_ref::{self, EtcdCounters, EtcdRates, RawEtcd},
+    etcd_ref::{self, EtcdCounters, EtcdRates, RawEtcd, ms},
     fleet::Fleet,
     report::Row,
     server::{ServerProcess, ServerSpec, Store},
@@ -27,34 +27,6 @@ const STREAMS_PER_CONNECTION: u32 = 500;
 /// before the next, so the storm (a scenario of its own) does not decide whether fan-out
 /// can be measured at all.
 const WAVE: u32 = 1_000;
-
-/// Which store the server runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// `--backend memory`.
-    Memory,
-    /// `--backend etcd` on an etcd the benchmark starts.
-    Etcd,
-}
-
-impl Backend {
-    /// Parses `memory` / `etcd`.
-    pub fn parse(text: &str) -> Result<Self, BenchError> {
-        match text {
-            "memory" => Ok(Self::Memory),
-            "etcd" => Ok(Self::Etcd),
-            other => Err(BenchError::Config(format!("backend {other}: use memory or etcd"))),
-        }
-    }
-
-    /// The name in reports.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Memory => "memory",
-            Self::Etcd => "etcd",
-        }
-    }
-}
 
 /// One scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -394,9 +366,4 @@ pub fn min_moves(loads: &[u32], partitions: u32, members: u32) -> u64 {
         .map(|(i, load)| u64::from(*load.min(&if i < extra { share + 1 } else { share })))
         .sum();
     u64::from(partitions).saturating_sub(kept)
-}
-
-/// Milliseconds.
-pub fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

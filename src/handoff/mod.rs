@@ -24,6 +24,8 @@ pub use view::{Command, ConsumerView, diff_views};
 
 use std::collections::BTreeMap;
 
+use crate::assignment::ConsumerInfo;
+
 /// Milliseconds since the Unix epoch: the only notion of time this module knows.
 pub type Millis = u64;
 
@@ -69,6 +71,10 @@ pub struct TopicState {
     pub owners: BTreeMap<u32, String>,
     /// In-flight handoffs by partition.
     pub handoffs: BTreeMap<u32, Handoff>,
+    /// What placement knows of each live consumer that has more than the defaults.
+    pub info: BTreeMap<String, ConsumerInfo>,
+    /// Weights of the partitions that have one (the default weight otherwise).
+    pub weights: BTreeMap<u32, u64>,
 }
 
 impl TopicState {

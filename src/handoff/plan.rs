@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Handoff, Millis, Phase, TopicState};
-use crate::assignment::{self, Rollout};
+use crate::assignment::{Assignor, Balanced, ConsumerInfo, Placement, Rollout, RolloutRule};
 
 /// Limits the leader applies to handoffs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,11 +66,18 @@ impl PlanReport {
 /// Target owner of each partition: the assignment, computed as if every warming handoff
 /// to an active consumer had already completed (so it counts towards its target's load),
 /// and keeping those warms with their target first, so an in-flight move keeps its target.
-/// During a `rollout`, the rollout assignment ([`assignment::assign_rollout`]): outgoing
-/// consumers receive nothing, the others are filled up to their final share, and a
-/// draining consumer's partitions may wait (their target is then their owner).
+/// During a `rollout`, the rollout rule ([`RolloutRule`]): outgoing consumers receive
+/// nothing, the others are filled up to their final share, and a draining consumer's
+/// partitions may wait (their target is then their owner). Otherwise [`Balanced`].
 fn targets(state: &TopicState, rollout: Option<&Rollout>) -> BTreeMap<u32, String> {
-    let active: BTreeSet<String> = state.consumers.keys().filter(|c| state.is_active(c)).cloned().collect();
+    let active: BTreeMap<String, ConsumerInfo> = state
+        .consumers
+        .keys()
+        .filter(|c| state.is_active(c))
+        .map(|c| (c.clone(), state.info.get(c).cloned().unwrap_or_default()))
+        .collect();
+    let draining: BTreeSet<String> =
+        state.consumers.keys().filter(|c| !state.is_active(c)).cloned().collect();
     let mut planned = state.owners.clone();
     let mut warming = BTreeSet::new();
     for (partition, handoff) in &state.handoffs {
@@ -79,14 +86,18 @@ fn targets(state: &TopicState, rollout: Option<&Rollout>) -> BTreeMap<u32, Strin
             warming.insert(*partition);
         }
     }
+    // A started warm is kept: its target gives it up last.
+    let topic = Placement {
+        partition_count: state.partition_count,
+        weights: &state.weights,
+        active: &active,
+        draining: &draining,
+        current: &planned,
+        keep_first: &warming,
+    };
     match rollout {
-        // A started warm is kept: its target gives it up last.
-        None => assignment::assign_keeping(state.partition_count, &planned, &active, &warming),
-        Some(rollout) => {
-            let draining: BTreeSet<String> =
-                state.consumers.keys().filter(|c| !state.is_active(c)).cloned().collect();
-            assignment::assign_rollout(state.partition_count, &planned, &active, &draining, &warming, rollout)
-        }
+        None => Balanced.assign(&topic),
+        Some(rollout) => RolloutRule(rollout).assign(&topic),
     }
 }
 
@@ -101,7 +112,7 @@ pub fn plan(
 }
 
 /// [`plan`], during a `rollout` of the topic's consumers when one is given: the targets are
-/// then [`assignment::assign_rollout`]'s, so each partition moves once.
+/// then the [`RolloutRule`]'s, so each partition moves once.
 pub fn plan_with(
     state: &mut TopicState,
     now: Millis,

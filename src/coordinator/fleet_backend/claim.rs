@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::Fleet;
 use super::records::LeaseRecord;
 use super::share;
+use crate::assignment::Balanced;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     outgoing::PassGate,
@@ -94,7 +95,8 @@ async fn claim_step(
         let owners = entry.leases.iter().map(|(p, o)| (*p, o.value.as_str())).collect();
         let live = entry.live();
         let registered = |name: &str| entry.members.contains_key(name);
-        let Some(plan) = share::share_of(entry.partition_count(), &live, registered, consumer, &owners)
+        let Some(plan) =
+            share::share_of(&Balanced, entry.partition_count(), &live, registered, consumer, &owners)
         else {
             return Ok(());
         };

@@ -32,6 +32,7 @@ mod calls;
 mod claim;
 pub mod records;
 mod register;
+mod registrar;
 mod relay;
 pub mod share;
 pub mod state;

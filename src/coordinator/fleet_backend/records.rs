@@ -13,6 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::assignment::ConsumerInfo;
+
 /// `{prefix}fleet/members/{topic}/{consumer}`: a live registration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberRecord {
@@ -28,6 +30,9 @@ pub struct MemberRecord {
     /// instance holding its stream ends it and deletes the record and its leases.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub leaving: bool,
+    /// What placement knows of the consumer (nothing stored while all defaults).
+    #[serde(default, skip_serializing_if = "ConsumerInfo::is_default")]
+    pub info: ConsumerInfo,
 }
 
 /// `{prefix}fleet/leases/{topic}/{partition}`: the partition's owner.

@@ -2,108 +2,35 @@
 //!
 //! The shared registration ([`crate::coordinator::shared::register`]) gives each stream its
 //! own session; the member record and every lease the consumer holds are bound to it.
-//! Beside each stream runs its claim step (`claim.rs`).
+//! Beside each stream runs its claim step (`claim.rs`); `registrar.rs` plugs these into the
+//! shared registration.
 
-use std::sync::Arc;
-
-use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
-
+use super::Fleet;
 use super::records::{LeaseRecord, MemberRecord};
-use super::relay::{FleetTold, relay_one};
-use super::{Fleet, claim, state::FleetCache};
+use crate::assignment::ConsumerInfo;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
-    Core,
-    cas::{CAS_ATTEMPTS, create_bound, delete_if},
+    cas::{CAS_ATTEMPTS, delete_if},
     records::{RECORD_VERSION, decode, encode},
-    register::{Held, Registrar},
-    streams::{Ending, LocalStream, StreamKey},
+    streams::StreamKey,
 };
 use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn};
 
-#[async_trait]
-impl Registrar for Fleet {
-    type Cache = FleetCache;
-    type Told = FleetTold;
-
-    fn core(&self) -> &Core<FleetCache, FleetTold> {
-        &self.core
-    }
-
-    async fn write_registration(
-        &self,
-        consumer: &str,
-        topic: &str,
-        registration: SessionId,
-        instance_lease: SessionId,
-    ) -> Result<Revision, CoordinatorError> {
-        write_registration(self, consumer, topic, registration, instance_lease).await
-    }
-
-    async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError> {
-        // The leases the consumer held went with the lost lease: its claim step claims
-        // again, so only the member record is written.
-        let (topic, consumer, registration) = key;
-        let record_key = self.core.keys.member(topic, consumer);
-        let ours = |bytes: &[u8]| {
-            decode::<MemberRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
-        };
-        let record = encode(&member_record(&self.core.instance_id, *registration));
-        create_bound(&*self.core.store, &record_key, record, lease, ours).await
-    }
-
-    fn relay_one(
-        &self,
-        cache: &FleetCache,
-        topic: &str,
-        consumer: &str,
-        stream: &mut LocalStream<FleetTold>,
-    ) -> Option<Ending> {
-        relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision)
-    }
-
-    fn held(&self, cache: &FleetCache, key: &StreamKey) -> Held {
-        let (topic, consumer, registration) = key;
-        match cache.topics.get(topic).and_then(|t| t.members.get(consumer)) {
-            Some(r) if r.value.session == registration.0 => Held::ForTtl,
-            _ => Held::NotOurs,
-        }
-    }
-
-    fn registrations_of(&self, cache: &FleetCache, instance: &str) -> Vec<StreamKey> {
-        let mut found = Vec::new();
-        for (topic, entry) in &cache.topics {
-            for (consumer, record) in entry.members.iter().filter(|(_, r)| r.value.instance == instance) {
-                found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
-            }
-        }
-        found
-    }
-
-    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError> {
-        unregister(self, key).await
-    }
-
-    fn spawn_companion(self: &Arc<Self>, key: StreamKey, registered_at: Revision, done: CancellationToken) {
-        tokio::spawn(claim::claim_task(self.clone(), key, registered_at, done));
-    }
-}
-
 /// The member record of a registration with id `registration` on `instance`.
-fn member_record(instance: &str, registration: SessionId) -> MemberRecord {
+pub(super) fn member_record(instance: &str, registration: SessionId) -> MemberRecord {
     MemberRecord {
         v: RECORD_VERSION,
         session: registration.0,
         instance: instance.to_string(),
         leaving: false,
+        info: ConsumerInfo::default(),
     }
 }
 
 /// Writes the member record (id `registration`) bound to the instance `lease` and, in the
 /// same transaction, re-binds every lease the consumer already holds (a reconnect within
 /// the TTL) to it, each guarded by its mod revision. Returns the write's revision.
-async fn write_registration(
+pub(super) async fn write_registration(
     inner: &Fleet,
     consumer: &str,
     topic: &str,

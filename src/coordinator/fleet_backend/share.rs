@@ -1,6 +1,7 @@
 //! The fair share: what one consumer should claim or give back. Pure, no I/O.
 //!
-//! With `P` partitions and `N` live members (registered, not leaving) in name order, the
+//! The quota comes from the [`Assignor`] (today [`Balanced`](crate::assignment::Balanced)):
+//! with `P` partitions and `N` live members (registered, not leaving) in name order, the
 //! member of rank `i` has the quota `⌊P/N⌋ + (i < P mod N)`: the quotas sum to exactly `P`
 //! and every member gets `⌊P/N⌋` or `⌈P/N⌉`. The extra partitions go to the first names,
 //! so every instance computes the same quotas from the same membership and the quotas do
@@ -15,6 +16,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::assignment::{Assignor, ConsumerInfo, Placement};
+
 /// What one consumer should do now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Share {
@@ -26,30 +29,32 @@ pub struct Share {
     pub claim: Vec<u32>,
 }
 
-/// The quota of the member of rank `rank` among `members` sharing `count` partitions.
-pub fn quota(count: u32, members: usize, rank: usize) -> usize {
-    if members == 0 {
-        return 0;
-    }
-    let count = count as usize;
-    count / members + usize::from(rank < count % members)
-}
-
 /// The share of consumer `me` (see the module docs); `None` when it is not live.
 ///
-/// * `live`: the live members, in name order;
+/// * `assignor`: gives the quota ([`Assignor::quota`]), from the live members alone;
+/// * `live`: the live members with their info;
 /// * `registered`: whether a name has a member record (live or leaving); a lease whose
 ///   owner has none is free to take;
 /// * `owners`: the lease owner of each leased partition.
 pub fn share_of(
+    assignor: &dyn Assignor,
     count: u32,
-    live: &[&str],
+    live: &BTreeMap<String, ConsumerInfo>,
     registered: impl Fn(&str) -> bool,
     me: &str,
     owners: &BTreeMap<u32, &str>,
 ) -> Option<Share> {
-    let rank = live.iter().position(|m| *m == me)?;
-    let quota = quota(count, live.len(), rank);
+    let rank = live.keys().position(|m| m == me)?;
+    let (weights, draining, current, keep_first) = Default::default();
+    let topic = Placement {
+        partition_count: count,
+        weights: &weights,
+        active: live,
+        draining: &draining,
+        current: &current,
+        keep_first: &keep_first,
+    };
+    let quota = assignor.quota(&topic, me);
     let held: Vec<u32> = owners.range(..count).filter(|(_, o)| **o == me).map(|(p, _)| *p).collect();
     let mut share = Share { quota, ..Share::default() };
     if held.len() > quota {
@@ -71,6 +76,11 @@ mod tests {
     use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
 
     use super::*;
+    use crate::assignment::{Balanced, assignor::quota_by_rank as quota};
+
+    fn infos<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> BTreeMap<String, ConsumerInfo> {
+        names.into_iter().map(|n| (n.as_ref().to_string(), ConsumerInfo::default())).collect()
+    }
 
     #[test]
     fn quotas_are_balanced_and_sum_to_the_count() {
@@ -91,18 +101,18 @@ mod tests {
         // a alone holds all 4; b joins: a gives back its two highest, b claims them.
         let live = ["a", "b"];
         let registered = |n: &str| n == "a" || n == "b";
-        let a = share_of(4, &live, registered, "a", &owners).unwrap();
+        let a = share_of(&Balanced, 4, &infos(live), registered, "a", &owners).unwrap();
         assert_eq!(a, Share { quota: 2, give_back: vec![3, 2], claim: vec![] });
-        let b = share_of(4, &live, registered, "b", &owners).unwrap();
+        let b = share_of(&Balanced, 4, &infos(live), registered, "b", &owners).unwrap();
         assert_eq!(b, Share { quota: 2, give_back: vec![], claim: vec![] });
         let after: BTreeMap<u32, &str> = [(0, "a"), (1, "a")].into();
-        let b = share_of(4, &live, registered, "b", &after).unwrap();
+        let b = share_of(&Balanced, 4, &infos(live), registered, "b", &after).unwrap();
         assert_eq!(b.claim, vec![2, 3]);
         // A lease of a consumer with no member record is free to take.
         let stale: BTreeMap<u32, &str> = [(0, "a"), (1, "a"), (2, "gone"), (3, "gone")].into();
-        assert_eq!(share_of(4, &live, registered, "b", &stale).unwrap().claim, vec![2, 3]);
+        assert_eq!(share_of(&Balanced, 4, &infos(live), registered, "b", &stale).unwrap().claim, vec![2, 3]);
         // Not live: no plan.
-        assert_eq!(share_of(4, &live, registered, "c", &owners), None);
+        assert_eq!(share_of(&Balanced, 4, &infos(live), registered, "c", &owners), None);
     }
 
     /// Consumers acting in random order on views that lag the store, with
@@ -135,8 +145,8 @@ mod tests {
                 let lag = rng.random_range(0..history.len().min(4));
                 let view = &history[history.len() - 1 - lag];
                 let view: BTreeMap<u32, &str> = view.iter().map(|(p, o)| (*p, o.as_str())).collect();
-                let members: Vec<&str> = live.iter().map(String::as_str).collect();
-                let share = share_of(count, &members, |n| live.contains(n), &me, &view).unwrap();
+                let share =
+                    share_of(&Balanced, count, &infos(&live), |n| live.contains(n), &me, &view).unwrap();
                 for p in share.give_back {
                     if store.get(&p) == Some(&me) {
                         store.remove(&p);
@@ -154,8 +164,8 @@ mod tests {
             for _ in 0..2 * members.len() + 2 {
                 for me in &members {
                     let view: BTreeMap<u32, &str> = store.iter().map(|(p, o)| (*p, o.as_str())).collect();
-                    let refs: Vec<&str> = members.iter().map(String::as_str).collect();
-                    let share = share_of(count, &refs, |n| live.contains(n), me, &view).unwrap();
+                    let share =
+                        share_of(&Balanced, count, &infos(&live), |n| live.contains(n), me, &view).unwrap();
                     let store_next = {
                         let mut s = store.clone();
                         for p in share.give_back {

@@ -1,5 +1,6 @@
 //! The fleet backend's cache of the store: per topic, the count, members and leases.
 
+use crate::assignment::ConsumerInfo;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::records::{FleetKey, FleetKeys, LeaseRecord, MemberRecord};
@@ -25,8 +26,12 @@ impl FleetTopic {
     }
 
     /// Members taking part in the fair share (registered and not leaving), in name order.
-    pub fn live(&self) -> Vec<&str> {
-        self.members.iter().filter(|(_, r)| !r.value.leaving).map(|(n, _)| n.as_str()).collect()
+    pub fn live(&self) -> BTreeMap<String, ConsumerInfo> {
+        self.members
+            .iter()
+            .filter(|(_, r)| !r.value.leaving)
+            .map(|(n, r)| (n.clone(), r.value.info.clone()))
+            .collect()
     }
 
     /// Partitions (below the count) whose lease `consumer` holds.

@@ -13,6 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::assignment::ConsumerInfo;
 pub use crate::coordinator::shared::records::{RECORD_VERSION, TopicRecord, decode, encode};
 use crate::handoff::{ConsumerStatus, Handoff, Millis};
 
@@ -31,6 +32,9 @@ pub struct ConsumerRecord {
     /// (and so the partitions) alive until this time, waiting for the consumer's return.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_until: Option<Millis>,
+    /// What placement knows of the consumer (nothing stored while all defaults).
+    #[serde(default, skip_serializing_if = "ConsumerInfo::is_default")]
+    pub info: ConsumerInfo,
 }
 
 /// `{prefix}assignments/{topic}/{partition}`: the partition's owner.

@@ -10,12 +10,13 @@ use async_trait::async_trait;
 
 use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
 use super::{Handoff, relay, state::Cache};
+use crate::assignment::ConsumerInfo;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
     batch::{Batched, KeyWrite},
     cas::{CAS_ATTEMPTS, create_bound, delete_if},
-    register::{Held, Registrar},
+    registrar::{Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
@@ -30,6 +31,7 @@ impl Handoff {
             session: registration.0,
             instance: self.core.instance_id.clone(),
             hold_until: None,
+            info: ConsumerInfo::default(),
         }
     }
 }

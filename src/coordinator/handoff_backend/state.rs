@@ -37,6 +37,13 @@ impl TopicEntry {
             consumers: self.consumers.iter().map(|(n, r)| (n.clone(), r.value.status)).collect(),
             owners: self.owners.iter().map(|(p, o)| (*p, o.value.clone())).collect(),
             handoffs: self.handoffs.iter().map(|(p, h)| (*p, h.value.clone())).collect(),
+            info: self
+                .consumers
+                .iter()
+                .filter(|(_, r)| !r.value.info.is_default())
+                .map(|(n, r)| (n.clone(), r.value.info.clone()))
+                .collect(),
+            weights: self.config.as_ref().map(|c| c.value.weights.clone()).unwrap_or_default(),
         }
     }
 

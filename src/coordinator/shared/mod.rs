@@ -30,6 +30,7 @@ pub mod outgoing;
 pub mod rebind;
 pub mod records;
 pub mod register;
+pub mod registrar;
 pub mod relay_watch;
 pub mod streams;
 pub mod sweep;

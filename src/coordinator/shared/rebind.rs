@@ -20,7 +20,7 @@ use futures::{StreamExt, stream};
 
 use super::Core;
 use super::mirror::MirrorCache;
-use super::register::{Registrar, after_disconnect};
+use super::registrar::{Registrar, after_disconnect};
 use super::streams::{EndReason, StreamKey, replaced_error};
 use crate::coordinator::CoordinatorError;
 use crate::store::{SessionId, StoreError};

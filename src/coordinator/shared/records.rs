@@ -2,6 +2,8 @@
 //! encoding. Records are JSON with a version field `v`, so a later release can read (and
 //! migrate) what an earlier one wrote. Unknown fields are ignored; a newer `v` is refused.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::store::StoreError;
@@ -16,6 +18,17 @@ pub struct TopicRecord {
     pub v: u32,
     /// Partition count.
     pub partition_count: u32,
+    /// Weights of the partitions that have one (the default weight otherwise): stored with
+    /// the topic, so a new leader starts from them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub weights: BTreeMap<u32, u64>,
+}
+
+impl TopicRecord {
+    /// The record of a topic of `partition_count` partitions, with no weights.
+    pub fn new(partition_count: u32) -> Self {
+        Self { v: RECORD_VERSION, partition_count, weights: BTreeMap::new() }
+    }
 }
 
 /// Encodes a record.

@@ -13,7 +13,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use tokio::time::Instant;
 
-use super::register::{Held, Registrar};
+use super::registrar::{Held, Registrar};
 use super::streams::StreamKey;
 
 /// Sweeps `backend`'s orphaned registrations until the instance stops (module docs).

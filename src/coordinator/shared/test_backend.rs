@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use super::cas::create_bound;
 use super::mirror::{Changes, MirrorCache};
-use super::register::{Held, Registrar};
+use super::registrar::{Held, Registrar};
 use super::streams::{Ending, LocalStream};
 use super::topics::Topics;
 use super::wire::update;

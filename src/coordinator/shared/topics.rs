@@ -12,7 +12,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use async_trait::async_trait;
 
 use super::cas::CAS_ATTEMPTS;
-use super::records::{RECORD_VERSION, TopicRecord, decode, encode};
+use super::records::{TopicRecord, decode, encode};
 use crate::coordinator::CoordinatorError;
 use crate::kafka::{KafkaError, KafkaMetadata};
 use crate::store::{Compare, LeaseStore, Op, Revision, Txn};
@@ -86,7 +86,13 @@ impl Topics {
                     None => (*from_source.insert(self.ask_source(topic).await?), 0),
                 },
             };
-            let record = TopicRecord { v: RECORD_VERSION, partition_count: count };
+            // A grown count keeps what else the stored record holds (its weights).
+            let kept = match revision {
+                0 => None,
+                _ => store.get(key).await?.map(|kv| decode::<TopicRecord>(key, &kv.value)).transpose()?,
+            };
+            let record =
+                TopicRecord { partition_count: count, ..kept.unwrap_or_else(|| TopicRecord::new(count)) };
             let txn = Txn::new()
                 .when(Compare::ModRevision(key.to_string(), revision))
                 .then(Op::put(key, encode(&record)));
@@ -156,14 +162,15 @@ impl Topics {
 /// Stores `count` for `topic` if it is larger than the stored one (compare-and-swap on
 /// the record). A smaller count is logged and ignored: Kafka cannot shrink a topic.
 async fn grow_one(store: &dyn LeaseStore, key: &str, topic: &str, count: u32, guard: Option<Compare>) {
-    let (stored, revision) = match store.get(key).await {
+    let (stored_record, revision) = match store.get(key).await {
         Ok(Some(kv)) => match decode::<TopicRecord>(key, &kv.value) {
-            Ok(record) => (record.partition_count, kv.mod_revision),
+            Ok(record) => (record, kv.mod_revision),
             Err(error) => return tracing::warn!(%error, topic, "topic refresh: unreadable topic record"),
         },
         Ok(None) => return,
         Err(error) => return tracing::warn!(%error, topic, "topic refresh: cannot read the topic record"),
     };
+    let stored = stored_record.partition_count;
     if count < stored {
         tracing::warn!(
             topic,
@@ -176,7 +183,7 @@ async fn grow_one(store: &dyn LeaseStore, key: &str, topic: &str, count: u32, gu
     if count == stored {
         return;
     }
-    let record = TopicRecord { v: RECORD_VERSION, partition_count: count };
+    let record = TopicRecord { partition_count: count, ..stored_record };
     let mut txn =
         Txn::new().when(Compare::ModRevision(key.to_string(), revision)).then(Op::put(key, encode(&record)));
     if let Some(guard) = guard {

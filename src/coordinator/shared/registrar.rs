@@ -1,0 +1,139 @@
+//! [`Registrar`]: what a store-backed backend plugs into the shared registration, and how
+//! a registration whose stream is gone is settled ([`after_disconnect`]): kept as long as
+//! the backend says, then deleted if it is still this one. Used by `register.rs` (streams
+//! that end), `rebind.rs` (registrations written again) and `sweep.rs` (orphans).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use super::Core;
+use super::mirror::MirrorCache;
+use super::streams::{Ending, LocalStream, StreamKey, Told};
+use crate::coordinator::CoordinatorError;
+use crate::handoff::Millis;
+use crate::store::{Revision, SessionId, StoreError};
+
+/// How long a registration whose stream is gone is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// It is not this stream's any more (replaced or gone): nothing to do.
+    NotOurs,
+    /// For the consumer TTL after the stream ended.
+    ForTtl,
+    /// Until this wall-clock time (a `SHUTDOWN_NOW` hold for the consumer's restart).
+    Until(Millis),
+}
+
+/// What a store-backed backend plugs into the shared registration.
+#[async_trait]
+pub trait Registrar: Send + Sync + Sized + 'static {
+    /// The backend's cache of the store.
+    type Cache: MirrorCache + Send + Sync + 'static;
+    /// What each of its streams remembers having told its consumer.
+    type Told: Told;
+
+    /// The shared core.
+    fn core(&self) -> &Core<Self::Cache, Self::Told>;
+
+    /// Writes the consumer's registration with id `registration`, bound to the instance
+    /// `lease`, replacing any earlier one of the same name with compare-and-swap; returns
+    /// the write's revision.
+    async fn write_registration(
+        &self,
+        consumer: &str,
+        topic: &str,
+        registration: SessionId,
+        lease: SessionId,
+    ) -> Result<Revision, CoordinatorError>;
+
+    /// Writes the registration `key` again, bound to the instance `lease`, after the store
+    /// lost it (the previous lease expired before this instance fenced itself), only where
+    /// no other registration took the name ([`super::cas::create_bound`]). Returns the
+    /// revision of the record, or `None` if another registration has the name.
+    async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError>;
+
+    /// Brings one stream up to date with the cache; returns why it must end, if it must.
+    fn relay_one(
+        &self,
+        cache: &Self::Cache,
+        topic: &str,
+        consumer: &str,
+        stream: &mut LocalStream<Self::Told>,
+    ) -> Option<Ending>;
+
+    /// How long the registration `key` is kept after its stream ended.
+    fn held(&self, cache: &Self::Cache, key: &StreamKey) -> Held;
+
+    /// Every registration in `cache` that names `instance` as the one holding its stream.
+    fn registrations_of(&self, cache: &Self::Cache, instance: &str) -> Vec<StreamKey>;
+
+    /// Deletes the registration `key` (and what is bound to it) if it is still this one;
+    /// returns whether it did.
+    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError>;
+
+    /// Work that runs beside a stream until `done` is cancelled (the fleet's claim step).
+    fn spawn_companion(
+        self: &Arc<Self>,
+        _key: StreamKey,
+        _registered_at: Revision,
+        _done: CancellationToken,
+    ) {
+    }
+}
+
+/// Deletes the registration `key` if it is still this one, retrying while the store is out
+/// of reach (a registration left behind would keep its partitions until the instance
+/// restarts); gives up when the instance stops.
+pub async fn unregister_retrying<R: Registrar>(backend: &R, key: &StreamKey) {
+    let core = backend.core();
+    let mut backoff = std::time::Duration::from_millis(50);
+    loop {
+        match backend.unregister(key).await {
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot delete the registration; retrying")
+            }
+        }
+        tokio::select! {
+            _ = core.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(core.lease_ttl);
+    }
+}
+
+/// Keeps the registration `key` (written at `registered_at`) as long as the backend says
+/// ([`Registrar::held`]), then deletes it if it is still this one. A reconnect (here or
+/// elsewhere) replaces it, which ends the wait. Before the cache has seen the registration,
+/// it counts as held for the TTL.
+pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey, registered_at: Revision) {
+    let core = backend.core();
+    let disconnected_at = tokio::time::Instant::now();
+    let mut changed = core.mirror.subscribe();
+    loop {
+        let held = {
+            let cache = core.mirror.read();
+            if cache.revision() < registered_at { Held::ForTtl } else { backend.held(&cache, key) }
+        };
+        let deadline = match held {
+            Held::NotOurs => return,
+            Held::ForTtl => disconnected_at + core.lease_ttl,
+            Held::Until(until) => {
+                let left = until.saturating_sub(crate::coordinator::shared::now_ms());
+                tokio::time::Instant::now() + std::time::Duration::from_millis(left)
+            }
+        };
+        if tokio::time::Instant::now() >= deadline {
+            tracing::info!(topic = %key.0, consumer = %key.1, ?held, "consumer did not come back; its registration ends");
+            unregister_retrying(backend, key).await;
+            return;
+        }
+        tokio::select! {
+            _ = core.shutdown.cancelled() => return,
+            _ = changed.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
