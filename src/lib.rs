@@ -25,7 +25,7 @@
 //! * [`metrics`] — Prometheus metrics.
 //! * [`signal`] — SIGTERM / Ctrl-C, for the binary and the example consumer.
 //! * [`drain`] — what `Deregister` answers (fixed, or from the Kubernetes API).
-//! * [`cli`] — client subcommands (`kafka-assigner status`).
+//! * [`cli`] — client subcommands (`kafka-assigner status`, `kafka-assigner probe`).
 //! * [`client`] — the consumer side: a client that drives a handler (warm / assigned /
 //!   release / unassigned), and the rdkafka example consumer.
 //! * [`testing`] — the assigner in-process for users' integration tests.

@@ -24,6 +24,7 @@ mod log_format;
 mod manifests;
 mod metrics;
 mod multi_instance;
+mod probe_cli;
 mod reflection;
 mod security;
 mod security_kafka;
