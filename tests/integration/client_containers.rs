@@ -53,12 +53,16 @@ fn quick(mut config: ClientConfig) -> ClientConfig {
 
 /// Starts the memory-backend image with the test topic, its logs copied to stderr.
 async fn memory_assigner(name: &str) -> ContainerAsync<AssignerImage> {
-    AssignerImage::default()
+    let started = std::time::Instant::now();
+    let container = AssignerImage::default()
         .with_topics(&[(TOPIC, 4)])
         .with_log_consumer(log_to_stderr(name))
         .start()
         .await
-        .unwrap_or_else(|e| panic!("the {name} container starts: {e}"))
+        .unwrap_or_else(|e| panic!("the {name} container starts: {e}"));
+    // Reported in the README ("Testing with kafka-assigner"): start to ready.
+    println!("{name}: container ready {:?} after the start call", started.elapsed());
+    container
 }
 
 /// Two assigners on `etcd`'s network, instances `assigner-0` and `assigner-1`, started
