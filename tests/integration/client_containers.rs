@@ -273,3 +273,17 @@ async fn static_backend_from_environment_variables() {
     );
     assert_eq!(client_a.shutdown().await.expect("a"), ShutdownOutcome::ShutdownNow);
 }
+
+/// The README's container test is `readme_container.rs` as it stands (below its header).
+#[test]
+fn readme_shows_the_container_test_verbatim() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let read = |path: &str| std::fs::read_to_string(format!("{root}/{path}")).expect(path);
+    let source = read("tests/integration/readme_container.rs");
+    let body: Vec<&str> = source.lines().skip_while(|l| l.starts_with("//!") || l.is_empty()).collect();
+    let block = format!("```rust\n{}\n```", body.join("\n"));
+    assert!(
+        read("README.md").contains(&block),
+        "README's \"Testing with kafka-assigner\" must show tests/integration/readme_container.rs:\n{block}"
+    );
+}
