@@ -28,7 +28,7 @@
 //! * [`status`] — the read-only status view (`/status`, the fleet gauges).
 //! * [`duration`] — durations on the command line (`500ms`, `10s`).
 //! * [`drain`] — what `Deregister` answers (fixed, or from the Kubernetes API).
-//! * [`cli`] — client subcommands (`kafka-assigner status`).
+//! * [`cli`] — client subcommands (`kafka-assigner status`, `kafka-assigner probe`).
 //! * [`client`] — the consumer side: a client that drives a handler (warm / assigned /
 //!   release / unassigned), and the rdkafka example consumer. It is the
 //!   `kafka-assigner-client` crate, re-exported here for the server's own tests: consumers

@@ -1,5 +1,6 @@
 //! `kafka-assigner serve`: parse flags, start the backend, serve until SIGTERM / Ctrl-C.
 //! `kafka-assigner status`: print a running assigner's state.
+//! `kafka-assigner probe`: exit 0 when a running assigner is ready (the images' healthcheck).
 
 #![forbid(unsafe_code)]
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use clap::Parser;
 use kafka_assigner::{
     backend::coordinator_from_args,
-    cli::status::StatusArgs,
+    cli::{probe::ProbeArgs, status::StatusArgs},
     config::{Cli, Command, LogFormat},
     metrics::Metrics,
     server::AssignerServer,
@@ -22,6 +23,7 @@ async fn main() -> std::process::ExitCode {
     let args = match cli.command {
         Command::Serve(args) => args,
         Command::Status(args) => return status(&args).await,
+        Command::Probe(args) => return probe(&args).await,
     };
     let metrics = Arc::new(Metrics::new());
     let server = async {
@@ -71,6 +73,21 @@ async fn status(args: &StatusArgs) -> std::process::ExitCode {
         }
         Err(error) => {
             eprintln!("kafka-assigner status: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `kafka-assigner probe`: one line on stdout and exit 0 when ready; the reason on stderr
+/// and exit 1 otherwise (Docker keeps both in the container's health log).
+async fn probe(args: &ProbeArgs) -> std::process::ExitCode {
+    match kafka_assigner::cli::probe::run(args).await {
+        Ok(line) => {
+            println!("{line}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("kafka-assigner probe: {error}");
             std::process::ExitCode::FAILURE
         }
     }

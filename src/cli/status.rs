@@ -157,7 +157,7 @@ pub async fn fetch(args: &StatusArgs) -> Result<(serde_json::Value, Status), Sta
 }
 
 /// The error and its causes, joined (hyper's top-level message alone says little).
-fn source_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn source_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

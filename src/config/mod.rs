@@ -49,6 +49,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Show consumers, partitions, handoffs and the leader of a running assigner.
     Status(crate::cli::status::StatusArgs),
+    /// Check a running assigner's admin `/ready` (exit 0 when ready): the images' healthcheck.
+    Probe(crate::cli::probe::ProbeArgs),
 }
 
 /// Which coordinator and store to run (docs/design.md §2).

@@ -200,17 +200,27 @@ fn dockerfile_is_multi_stage_non_root_with_a_ready_healthcheck() {
     let dockerfile = root("Dockerfile");
     let lines: Vec<&str> = dockerfile.lines().map(str::trim).filter(|l| !l.starts_with('#')).collect();
     assert!(lines.iter().filter(|l| l.starts_with("FROM ")).count() >= 2, "multi-stage");
+    // scripts/images builds everything from this line down with its own `rootfs` stage.
+    let runtime = dockerfile.split("\n# ---- runtime").nth(1).expect("a '# ---- runtime' stage");
+    assert!(
+        runtime.contains("\nFROM scratch\nCOPY --from=rootfs / /\n"),
+        "the shared runtime stage: {runtime}"
+    );
     let user = lines.iter().rev().find_map(|l| l.strip_prefix("USER ")).expect("a USER");
     assert!(!["root", "0", "0:0"].contains(&user.trim()), "non-root: {user}");
     let at = lines.iter().position(|l| l.starts_with("HEALTHCHECK ")).expect("a HEALTHCHECK");
     let healthcheck = lines[at..].iter().take(2).copied().collect::<Vec<_>>().join(" ");
+    // The image has no shell and no curl: the binary's own probe, which reads the admin
+    // address from the same variable as `serve` and asks it on loopback.
+    assert!(healthcheck.contains(r#"CMD ["kafka-assigner", "probe"]"#), "HEALTHCHECK: {healthcheck}");
     let admin = dockerfile
         .split("KAFKA_ASSIGNER_ADMIN_ADDR=")
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
         .expect("the admin address in ENV");
+    let admin_addr = admin.parse().unwrap_or_else(|e| panic!("{admin}: {e}"));
     let probe = format!("http://127.0.0.1:{}/ready", host_port("Dockerfile", admin).1);
-    assert!(healthcheck.contains(&probe), "HEALTHCHECK probes {probe}: {healthcheck}");
+    assert_eq!(kafka_assigner::cli::probe::ready_url(admin_addr), probe, "the probe asks /ready");
     assert!(
         dockerfile.contains(r#"ENTRYPOINT ["kafka-assigner"]"#) && dockerfile.contains(r#"CMD ["serve"]"#)
     );

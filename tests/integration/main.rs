@@ -24,6 +24,9 @@ mod log_format;
 mod manifests;
 mod metrics;
 mod multi_instance;
+mod probe_cli;
+#[cfg(feature = "testcontainers")]
+mod readme_container;
 mod reflection;
 mod security;
 mod security_kafka;
