@@ -79,9 +79,13 @@ pub struct ConsumerArgs {
     /// The topic to consume.
     #[arg(long, env = "KAFKA_ASSIGNER_TOPIC")]
     pub topic: String,
-    /// Kafka bootstrap brokers (`host:port,...`).
-    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS")]
-    pub kafka_brokers: String,
+    /// Touch no broker: only log what the assigner says (warm, assigned, release,
+    /// unassigned), for a stack with no Kafka (`docker-compose.local.yml`).
+    #[arg(long, env = "KAFKA_ASSIGNER_LOG_ONLY", conflicts_with = "kafka_brokers")]
+    pub log_only: bool,
+    /// Kafka bootstrap brokers (`host:port,...`); needed unless `--log-only`.
+    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS", required_unless_present = "log_only")]
+    pub kafka_brokers: Option<String>,
     /// Kafka group id for offset commits (no group rebalancing is used).
     #[arg(long, env = "KAFKA_ASSIGNER_GROUP_ID", default_value = "kafka-assigner-example")]
     pub group_id: String,

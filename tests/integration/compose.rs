@@ -186,8 +186,10 @@ fn consumers_point_at_assigners_and_kafka() {
             seen.insert(host);
         }
         assert_eq!(seen.len(), 2, "{name}: both instances, to fail over");
-        let (host, port) = host_port(name, &args.kafka_brokers);
-        assert_eq!(port, listen_port(&compose, &host), "{name}: {}", args.kafka_brokers);
+        assert!(!args.log_only, "{name}: consumes Kafka");
+        let brokers = args.kafka_brokers.as_deref().unwrap_or_else(|| panic!("{name}: no --kafka-brokers"));
+        let (host, port) = host_port(name, brokers);
+        assert_eq!(port, listen_port(&compose, &host), "{name}: {brokers}");
         let consumer = args.consumer_name.unwrap_or_else(|| panic!("{name}: a stable --consumer-name"));
         assert!(names.insert(consumer.clone()), "{name}: consumer names differ ({consumer})");
         let init = &compose.services["kafka-init"].command;
