@@ -70,7 +70,16 @@ pub struct Fleet {
 impl Fleet {
     /// Starts one client per `(name, endpoints)`, for assigners with session TTL `ttl`.
     pub fn join(consumers: &[(&str, Vec<String>)], ttl: Duration) -> Fleet {
-        let members = consumers
+        let mut fleet = Fleet { members: Vec::new() };
+        for (name, endpoints) in consumers {
+            fleet.add(name, endpoints, ttl);
+        }
+        fleet
+    }
+
+    /// Starts one more client.
+    pub fn add(&mut self, name: &str, endpoints: &[String], ttl: Duration) {
+        let member = [(name, endpoints.to_vec())]
             .iter()
             .map(|(name, endpoints)| {
                 let mut config =
@@ -95,8 +104,8 @@ impl Fleet {
                 });
                 Member { name: name.to_string(), client: Some(client), recorder, connected, watcher }
             })
-            .collect();
-        Fleet { members }
+            .next();
+        self.members.extend(member);
     }
 
     fn events(&self, m: &Member) -> Vec<Event> {
@@ -292,6 +301,14 @@ impl Fleet {
 
     fn member(&self, name: &str) -> &Member {
         self.members.iter().find(|m| m.name == name).unwrap_or_else(|| panic!("no consumer {name}"))
+    }
+
+    /// How consumer `name`'s client ended, if it did (it only ends on a fatal error).
+    pub async fn ended(&mut self, name: &str) -> Option<String> {
+        let member = self.members.iter_mut().find(|m| m.name == name)?;
+        let client = member.client.as_mut()?;
+        let result = tokio::time::timeout(Duration::from_millis(10), client.join()).await.ok()?;
+        Some(format!("{result:?}"))
     }
 
     /// Whether consumer `name`'s stream is up now.
