@@ -14,7 +14,7 @@ use std::{
 };
 
 use crate::container_faults::SERIAL;
-use crate::support::docker::{ETCD_IMAGE, assigner_image, available, owners, ready, status, suffix};
+use crate::support::docker::{ETCD_IMAGE, assigner_image, available, docker, owners, ready, status, suffix};
 
 const FILES: [&str; 2] = ["docker-compose.yml", "docker-compose.local.yml"];
 const BOUND: Duration = Duration::from_secs(60);
@@ -144,6 +144,13 @@ async fn compose_stack_shares_and_hands_over() {
         return;
     }
     let _serial = SERIAL.lock().await;
+    let image = assigner_image();
+    let help =
+        docker(&["run", "--rm", "--entrypoint", "kafka-assigner-example-consumer", &image, "--help"]).await;
+    assert!(
+        help.contains("--log-only"),
+        "{image} predates the consumer's --log-only: rebuild it with scripts/images"
+    );
     let project = Project { name: format!("kat{}", suffix()), program: compose_program() };
     let started = Instant::now();
     // No Kafka here: the services that can run are started by name, without their
