@@ -65,12 +65,18 @@ struct Member {
 /// The consumers of a scenario.
 pub struct Fleet {
     members: Vec<Member>,
+    call_timeout: Duration,
 }
 
 impl Fleet {
     /// Starts one client per `(name, endpoints)`, for assigners with session TTL `ttl`.
     pub fn join(consumers: &[(&str, Vec<String>)], ttl: Duration) -> Fleet {
-        let mut fleet = Fleet { members: Vec::new() };
+        Fleet::join_with(consumers, ttl, Duration::from_secs(2))
+    }
+
+    /// [`join`](Self::join), with each client's connect and call timeout.
+    pub fn join_with(consumers: &[(&str, Vec<String>)], ttl: Duration, call_timeout: Duration) -> Fleet {
+        let mut fleet = Fleet { members: Vec::new(), call_timeout };
         for (name, endpoints) in consumers {
             fleet.add(name, endpoints, ttl);
         }
@@ -86,7 +92,7 @@ impl Fleet {
                     ClientConfig::new(endpoints.clone(), *name, TOPIC).with_server_lease_ttl(ttl);
                 config.backoff =
                     Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200) };
-                config.call_timeout = Duration::from_secs(2);
+                config.call_timeout = self.call_timeout;
                 let recorder = Arc::new(Recorder::default());
                 let client = AssignerClient::start(config, recorder.clone(), None)
                     .unwrap_or_else(|e| panic!("client {name}: {e}"));
