@@ -66,7 +66,7 @@ async fn eventually<F: AsyncFnMut() -> bool>(deadline: Duration, mut f: F) -> bo
     false
 }
 
-/// Two assigners (a0 first, so it leads) and `consumers`, each given `endpoints(i)`.
+/// Starts a0, waits until it leads, then starts a1.
 async fn two_assigners(stack: &mut Stack) {
     stack.start_assigner(0).await;
     assert_eq!(stack.wait_leader(&[0], START).await, "a0", "the first instance leads");

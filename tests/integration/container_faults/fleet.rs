@@ -124,8 +124,7 @@ impl Fleet {
             .iter()
             .map(|m| {
                 let mut set = BTreeSet::new();
-                for (t, p, gained) in self.events(m).into_iter().filter(|(t, ..)| *t <= at) {
-                    let _ = t;
+                for (_, p, gained) in self.events(m).into_iter().filter(|(t, ..)| *t <= at) {
                     if gained {
                         set.insert(p);
                     } else {

@@ -144,7 +144,7 @@ impl Container {
         docker(&[verb, &self.name]).await;
     }
 
-    /// `docker network disconnect` / `connect` (at `ip`).
+    /// `docker network disconnect`: cuts the container from `network`.
     pub async fn disconnect(&self, network: &Network) {
         docker(&["network", "disconnect", &network.name, &self.name]).await;
     }
