@@ -6,6 +6,10 @@
 //!     --consumer-name pod-0 --topic events --kafka-brokers 127.0.0.1:9092
 //! ```
 //!
+//! With `--log-only` it touches no broker and only logs what the assigner says (warm,
+//! assigned, release, unassigned): the protocol alone, for a stack with no Kafka
+//! (`docker-compose.local.yml`).
+//!
 //! The logic lives in the client crate, `kafka_assigner_client::kafka_example` (cargo
 //! feature `kafka-example`; tests run it in-process). This file only sets up logging.
 #![forbid(unsafe_code)]

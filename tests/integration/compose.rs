@@ -186,8 +186,10 @@ fn consumers_point_at_assigners_and_kafka() {
             seen.insert(host);
         }
         assert_eq!(seen.len(), 2, "{name}: both instances, to fail over");
-        let (host, port) = host_port(name, &args.kafka_brokers);
-        assert_eq!(port, listen_port(&compose, &host), "{name}: {}", args.kafka_brokers);
+        assert!(!args.log_only, "{name}: consumes Kafka");
+        let brokers = args.kafka_brokers.as_deref().unwrap_or_else(|| panic!("{name}: no --kafka-brokers"));
+        let (host, port) = host_port(name, brokers);
+        assert_eq!(port, listen_port(&compose, &host), "{name}: {brokers}");
         let consumer = args.consumer_name.unwrap_or_else(|| panic!("{name}: a stable --consumer-name"));
         assert!(names.insert(consumer.clone()), "{name}: consumer names differ ({consumer})");
         let init = &compose.services["kafka-init"].command;
@@ -230,4 +232,37 @@ fn dockerfile_is_multi_stage_non_root_with_a_ready_healthcheck() {
     let argv =
         ["kafka-assigner", "serve", "--grpc-addr", grpc.expect("gRPC address in ENV"), "--admin-addr", admin];
     assert!(Cli::try_parse_from(argv).is_ok(), "{argv:?}");
+}
+
+/// `docker-compose.local.yml` (what `compose_up` starts): the same two instances on etcd
+/// with partition counts from flags, consumers that need no broker; the example consumer
+/// still insists on brokers without `--log-only`.
+#[test]
+fn local_override_runs_without_kafka() {
+    let local: Compose = serde_saphyr::from_str(&root("docker-compose.local.yml"))
+        .unwrap_or_else(|e| panic!("docker-compose.local.yml: {e}"));
+    let production = compose();
+    for name in ["assigner-0", "assigner-1"] {
+        let args = serve_args(name, &local.services[name]);
+        assert_eq!(args.backend, Backend::Etcd, "{name}: etcd backend");
+        assert!(args.kafka_brokers.is_empty(), "{name}: asks no broker");
+        assert_eq!(args.topic_partitions.0.get("events"), Some(&6), "{name}: events has 6 partitions");
+        assert_eq!(
+            args.instance_id,
+            serve_args(name, &production.services[name]).instance_id,
+            "{name}: same instance"
+        );
+    }
+    for name in ["consumer-0", "consumer-1"] {
+        let args = consumer_args(name, &local.services[name]);
+        assert!(args.log_only && args.kafka_brokers.is_none(), "{name}: --log-only, no broker");
+        let same = consumer_args(name, &production.services[name]);
+        assert_eq!(
+            (args.endpoints, args.consumer_name),
+            (same.endpoints, same.consumer_name),
+            "{name}: same consumer"
+        );
+    }
+    let no_brokers = [CONSUMER_BINARY, "--endpoints=http://a:50051", "--topic=events"];
+    assert!(ConsumerArgs::try_parse_from(no_brokers).is_err(), "brokers are required without --log-only");
 }

@@ -7,6 +7,8 @@ mod client_containers;
 mod client_in_process;
 mod client_session;
 mod compose;
+mod compose_up;
+mod container_faults;
 mod every_backend;
 mod example_consumer;
 mod faults;

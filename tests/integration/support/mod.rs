@@ -8,6 +8,7 @@
 pub mod assigner;
 pub mod certs;
 pub mod cluster;
+pub mod docker;
 pub mod etcd;
 pub mod etcd_tls;
 pub mod proxy;

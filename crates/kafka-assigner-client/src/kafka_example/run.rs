@@ -2,8 +2,8 @@
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
-use super::{KafkaHandler, KafkaSettings};
-use crate::{AssignerClient, ClientConfig};
+use super::{ExampleError, KafkaHandler, KafkaSettings};
+use crate::{AssignerClient, ClientConfig, Handler, Partition, WarmError};
 
 /// Flags of `examples/consumer.rs` (each also `KAFKA_ASSIGNER_<FLAG>` in the environment);
 /// here so tests (and `docker-compose.yml`'s check) parse them with the same parser.
@@ -19,9 +19,13 @@ pub struct ConsumerArgs {
     /// The topic to consume.
     #[arg(long, env = "KAFKA_ASSIGNER_TOPIC")]
     pub topic: String,
-    /// Kafka bootstrap brokers (`host:port,...`).
-    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS")]
-    pub kafka_brokers: String,
+    /// Touch no broker: only log what the assigner says (warm, assigned, release,
+    /// unassigned), for a stack with no Kafka (`docker-compose.local.yml`).
+    #[arg(long, env = "KAFKA_ASSIGNER_LOG_ONLY", conflicts_with = "kafka_brokers")]
+    pub log_only: bool,
+    /// Kafka bootstrap brokers (`host:port,...`); needed unless `--log-only`.
+    #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS", required_unless_present = "log_only")]
+    pub kafka_brokers: Option<String>,
     /// Kafka group id for offset commits (no group rebalancing is used).
     #[arg(long, env = "KAFKA_ASSIGNER_GROUP_ID", default_value = "kafka-assigner-example")]
     pub group_id: String,
@@ -52,29 +56,29 @@ fn default_consumer_name() -> String {
 /// it started and stopped cleanly. Logging is the caller's (`examples/consumer.rs`).
 pub async fn run(args: ConsumerArgs) -> ExitCode {
     let name = args.consumer_name.clone().unwrap_or_else(default_consumer_name);
-    let settings = KafkaSettings {
-        brokers: args.kafka_brokers.clone(),
-        topic: args.topic.clone(),
-        group_id: args.group_id.clone(),
-        timeout: Duration::from_secs(30),
-    };
-    let on_message = Arc::new(|partition: i32, offset: i64, payload: &[u8]| {
-        tracing::debug!(partition, offset, bytes = payload.len(), "processed");
-    });
-    let handler = match KafkaHandler::start(settings, on_message) {
-        Ok(handler) => handler,
-        Err(error) => {
-            eprintln!("consumer: {error}");
-            return ExitCode::FAILURE;
-        }
+    let kafka = match args.kafka_brokers.clone().filter(|_| !args.log_only) {
+        Some(brokers) => match start_kafka(&args, brokers) {
+            Ok(kafka) => Some(kafka),
+            Err(error) => {
+                eprintln!("consumer: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
     };
     let config = ClientConfig::new(args.endpoints.clone(), name.clone(), args.topic.clone())
         .with_server_lease_ttl(args.lease_ttl);
-    let client = match AssignerClient::start(config, Arc::new(handler.clone()), None) {
+    let started = match &kafka {
+        Some(kafka) => AssignerClient::start(config, Arc::new(kafka.clone()), None),
+        None => AssignerClient::start(config, Arc::new(LogHandler), None),
+    };
+    let client = match started {
         Ok(client) => client,
         Err(error) => {
             eprintln!("consumer: {error}");
-            handler.stop();
+            if let Some(kafka) = &kafka {
+                kafka.stop();
+            }
             return ExitCode::FAILURE;
         }
     };
@@ -88,7 +92,9 @@ pub async fn run(args: ConsumerArgs) -> ExitCode {
     tracing::info!(consumer = %name, "shutting down");
     let outcome = client.shutdown().await;
     log_owned.abort();
-    handler.stop();
+    if let Some(kafka) = kafka {
+        kafka.stop();
+    }
     match outcome {
         Ok(outcome) => {
             tracing::info!(?outcome, "stopped");
@@ -98,6 +104,43 @@ pub async fn run(args: ConsumerArgs) -> ExitCode {
             eprintln!("consumer: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The Kafka consumer (without `--log-only`).
+fn start_kafka(args: &ConsumerArgs, brokers: String) -> Result<KafkaHandler, ExampleError> {
+    let settings = KafkaSettings {
+        brokers,
+        topic: args.topic.clone(),
+        group_id: args.group_id.clone(),
+        timeout: Duration::from_secs(30),
+    };
+    let on_message = Arc::new(|partition: i32, offset: i64, payload: &[u8]| {
+        tracing::debug!(partition, offset, bytes = payload.len(), "processed");
+    });
+    KafkaHandler::start(settings, on_message)
+}
+
+/// `--log-only`: every call logged, warms ready at once.
+struct LogHandler;
+
+#[async_trait::async_trait]
+impl Handler for LogHandler {
+    async fn warm(&self, p: Partition) -> Result<(), WarmError> {
+        tracing::info!(%p, "warm: ready at once (no state to build)");
+        Ok(())
+    }
+
+    async fn assigned(&self, p: Partition) {
+        tracing::info!(%p, "assigned: processing");
+    }
+
+    async fn release(&self, p: Partition) {
+        tracing::info!(%p, "release: stopped processing");
+    }
+
+    async fn unassigned(&self, p: Partition) {
+        tracing::info!(%p, "unassigned: stopped processing");
     }
 }
 
