@@ -13,6 +13,7 @@
 mod fleet;
 mod stack;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use self::{
@@ -20,6 +21,7 @@ use self::{
     stack::{PARTITIONS, START, Stack},
 };
 use crate::support::docker::{ETCD_IMAGE, assigner_image, available, leader, ready, status};
+use crate::support::findings::Findings;
 
 /// Session TTL of the scenarios that measure against it (etcd TTLs are whole seconds).
 const TTL: Duration = Duration::from_secs(2);
@@ -29,29 +31,32 @@ const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// One container scenario at a time, here and in `compose_up`.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The checks a fault that must move nothing ends with, from what the consumers were told:
+/// no partition moved since `from` (noted under `moved`) and none owned twice. Returns each
+/// consumer's longest processing pause since `from` and the longest assigned/release overlap,
+/// for the report.
+fn nothing_moved(
+    findings: &mut Findings,
+    fleet: &Fleet,
+    names: &[&str],
+    moved: &str,
+    from: Instant,
+    before: &BTreeMap<u32, String>,
+) -> (Vec<Duration>, Duration) {
+    findings.extend(moved, fleet.moved_since(from, before));
+    let (double, overlap) = fleet.double_owners();
+    findings.extend("double owner", double);
+    (pauses_since(fleet, names, from), overlap)
+}
+
+/// Each consumer's longest processing pause since `from`.
+fn pauses_since(fleet: &Fleet, names: &[&str], from: Instant) -> Vec<Duration> {
+    names.iter().map(|n| fleet.longest_pause(n, from)).collect()
+}
+
 /// Whether Docker and both images are there (see `support::docker::available`).
 fn can_run(test: &str) -> bool {
     available(test, &[ETCD_IMAGE, &assigner_image()])
-}
-
-/// Everything a scenario found wrong; fails the test with all of it.
-#[derive(Default)]
-struct Findings(Vec<String>);
-
-impl Findings {
-    fn check(&mut self, ok: bool, what: impl Into<String>) {
-        if !ok {
-            self.0.push(what.into());
-        }
-    }
-
-    fn all(&mut self, what: &str, found: Vec<String>) {
-        self.0.extend(found.into_iter().map(|f| format!("{what}: {f}")));
-    }
-
-    fn finish(self, scenario: &str) {
-        assert!(self.0.is_empty(), "{scenario}:\n  - {}", self.0.join("\n  - "));
-    }
 }
 
 /// Polls `f` every 20 ms until it holds; `false` if `deadline` passes first.
@@ -178,9 +183,9 @@ async fn isolation(old_consumers_come_back: bool) {
         );
     }
     let (double, overlap) = fleet.double_owners();
-    findings.all("double owner", double);
+    findings.extend("double owner", double);
     eprintln!("[container-faults] isolation: longest assigned/release overlap {overlap:?}");
-    if !findings.0.is_empty() {
+    if !findings.is_empty() {
         eprintln!("a0 logs:\n{}", stack.assigner(0).logs());
     }
     findings.finish("assigner cut from etcd");
@@ -222,10 +227,7 @@ async fn leader_assigner_killed_fails_over_within_the_ttl() {
         eventually(START, async || names.iter().all(|n| fleet.connected(n)) && fleet.owners() == before)
             .await;
     findings.check(whole, format!("the consumers do not own what they owned before: {:?}", fleet.owned()));
-    findings.all("moved", fleet.moved_since(killed, &before));
-    let (double, overlap) = fleet.double_owners();
-    findings.all("double owner", double);
-    let pauses: Vec<Duration> = names.iter().map(|n| fleet.longest_pause(n, killed)).collect();
+    let (pauses, overlap) = nothing_moved(&mut findings, &fleet, names, "moved", killed, &before);
     eprintln!(
         "[container-faults] leader kill: failover after {failover:?}; processing pauses {pauses:?}; longest assigned/release overlap {overlap:?}"
     );
@@ -271,14 +273,11 @@ async fn rolling_restart_moves_nothing() {
             stopping.elapsed()
         );
     }
-    findings.all("moved", fleet.moved_since(began, &before));
-    let (double, overlap) = fleet.double_owners();
-    findings.all("double owner", double);
+    let (pauses, overlap) = nothing_moved(&mut findings, &fleet, names, "moved", began, &before);
     eprintln!("[container-faults] rolling restart: longest assigned/release overlap {overlap:?}");
-    for n in names {
+    for (n, pause) in names.iter().zip(pauses) {
         eprintln!(
-            "[container-faults] rolling restart: {n} processing pause {:?}, longest stream outage {:?}",
-            fleet.longest_pause(n, began),
+            "[container-faults] rolling restart: {n} processing pause {pause:?}, longest stream outage {:?}",
             fleet.longest_disconnect(n, began)
         );
     }
@@ -327,10 +326,7 @@ async fn etcd_leader_killed_moves_nothing() {
     findings.check(settled, "an assigner is not ready after the etcd election");
     tokio::time::sleep(Duration::from_secs(3)).await;
     findings.check(fleet.owners() == before, format!("owners changed: {:?}", fleet.owned()));
-    findings.all("moved", fleet.moved_since(killed, &before));
-    let (double, overlap) = fleet.double_owners();
-    findings.all("double owner", double);
-    let pauses: Vec<Duration> = names.iter().map(|n| fleet.longest_pause(n, killed)).collect();
+    let (pauses, overlap) = nothing_moved(&mut findings, &fleet, names, "moved", killed, &before);
     eprintln!(
         "[container-faults] etcd leader e{old} killed: new leader {elected:?}; processing pauses {pauses:?}; longest assigned/release overlap {overlap:?}"
     );
@@ -363,10 +359,10 @@ async fn etcd_paused_past_the_ttl_moves_nothing_after() {
     })
     .await;
     findings.check(whole, format!("the consumers do not own what they owned before: {:?}", fleet.owned()));
-    findings.all("moved after etcd returned", fleet.moved_since(resumed, &before));
+    findings.extend("moved after etcd returned", fleet.moved_since(resumed, &before));
     let (double, overlap) = fleet.double_owners();
-    findings.all("double owner", double);
-    let pauses: Vec<Duration> = names.iter().map(|n| fleet.longest_pause(n, paused)).collect();
+    findings.extend("double owner", double);
+    let pauses = pauses_since(&fleet, names, paused);
     eprintln!(
         "[container-faults] etcd paused {:?}: all back {:?} after it resumed; processing pauses {pauses:?}; longest assigned/release overlap {overlap:?}",
         resumed - paused,

@@ -22,6 +22,7 @@ use std::{
 use kafka_assigner::store::LeaseStore;
 
 use self::views::{Fleet, double_ownership, grpc_serving, http_ready, moved};
+use crate::support::findings::Findings;
 use crate::support::{
     POLL_INTERVAL,
     assigner::{Backend, PARTITIONS, PROMPT, TOPIC, TTL, TestCluster, TestConsumer, WIDE, topic},
@@ -33,26 +34,6 @@ use crate::support::{
 const OUTAGE: Duration = Duration::from_secs(3);
 /// Bound for the fleet to settle after a fault ends.
 const RECOVERY: Duration = Duration::from_secs(20);
-
-/// Everything a scenario found wrong; fails the test with all of it.
-#[derive(Default)]
-struct Findings(Vec<String>);
-
-impl Findings {
-    fn check(&mut self, ok: bool, what: impl Into<String>) {
-        if !ok {
-            self.0.push(what.into());
-        }
-    }
-
-    fn extend(&mut self, what: &str, found: Vec<String>) {
-        self.0.extend(found.into_iter().map(|f| format!("{what}: {f}")));
-    }
-
-    fn finish(self, scenario: &str) {
-        assert!(self.0.is_empty(), "{scenario}:\n  - {}", self.0.join("\n  - "));
-    }
-}
 
 /// How etcd goes away.
 #[derive(Clone, Copy, Debug)]

@@ -13,8 +13,9 @@ use std::{
 use kafka_assigner::proto::v1::RegisterRequest;
 use kafka_assigner::store::{EtcdStore, EtcdStoreConfig, FaultyStore, LeaseStore};
 
+use super::RECOVERY;
 use super::views::{Fleet, moved};
-use super::{Findings, RECOVERY};
+use crate::support::findings::Findings;
 use crate::support::{
     POLL_INTERVAL,
     assigner::{Backend, PROMPT, SMALL, TTL, TestCluster, TestConsumer, WIDE, consumer_names, topic},

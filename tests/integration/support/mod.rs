@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod docker;
 pub mod etcd;
 pub mod etcd_tls;
+pub mod findings;
 pub mod proxy;
 pub mod secure;
 
