@@ -138,7 +138,8 @@ impl Served {
     async fn line(&self, deadline: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         let give_up = tokio::time::Instant::now() + deadline;
         loop {
-            let found = self.lines.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|l| pred(l)).cloned();
+            let found =
+                self.lines.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|l| pred(l)).cloned();
             if let Some(line) = found {
                 return line;
             }
@@ -150,7 +151,8 @@ impl Served {
     /// The addresses of the `serving` line: (gRPC URL, admin address).
     async fn addresses(&self) -> (String, std::net::SocketAddr) {
         let serving = self.line(Duration::from_secs(30), "serving", |l| l["message"] == "serving").await;
-        let field = |name: &str| serving[name].as_str().unwrap_or_else(|| panic!("{name}: {serving}")).to_string();
+        let field =
+            |name: &str| serving[name].as_str().unwrap_or_else(|| panic!("{name}: {serving}")).to_string();
         (format!("http://{}", field("grpc_addr")), field("admin_addr").parse().expect("admin address"))
     }
 }
