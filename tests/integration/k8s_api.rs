@@ -13,13 +13,15 @@ use std::{
 
 use axum::{Router, extract::State, http::StatusCode, http::Uri, response::IntoResponse};
 use kafka_assigner::assignment::{ConsumerInfo, Rollout};
+use kafka_assigner::config::DrainPolicy;
 use kafka_assigner::drain::generations::Generations;
 use kafka_assigner::drain::{
     DrainDecider, DrainDecision, K8sDrainDecider, K8sRolloutView, K8sSettings, Reason, RolloutView,
 };
 use tokio::task::JoinHandle;
 
-use crate::support::{POLL_INTERVAL, assigner::PROMPT};
+use crate::support::POLL_INTERVAL;
+use crate::support::assigner::{Backend, PROMPT, TestCluster};
 
 /// What the fake API answers on one path.
 #[derive(Clone, Debug)]
@@ -313,14 +315,36 @@ fn asked(api: &FakeApi, path: &str) -> usize {
     api.seen().iter().filter(|p| *p == path).count()
 }
 
-#[tokio::test]
-async fn the_view_knows_each_pods_zone_capacity_and_generation() {
-    let api = FakeApi::start(&[
+/// The fake API listing `podlist-attributes.json`, its ReplicaSets, and answering the node
+/// list with `nodes`.
+pub async fn attributes_api(nodes: Reply) -> FakeApi {
+    FakeApi::start(&[
         (POD_LIST, Reply::Fixture(200, "podlist-attributes.json")),
         (RS_LIST, Reply::Fixture(200, "replicasetlist-rollout.json")),
-        (NODE_LIST, Reply::Fixture(200, "nodelist-zones.json")),
+        (NODE_LIST, nodes),
     ])
-    .await;
+    .await
+}
+
+/// A cluster of one instance under `--drain-policy k8s`: `decider` answers `Deregister`,
+/// `view` tells the leader and `Register` about the consumers' pods.
+pub async fn k8s_cluster(
+    backend: Backend,
+    decider: K8sDrainDecider,
+    view: &Arc<K8sRolloutView>,
+) -> TestCluster {
+    let view: Arc<K8sRolloutView> = view.clone();
+    TestCluster::start(backend, 1, move |c| {
+        c.drain_policy = DrainPolicy::K8s;
+        c.drain_decider = Some(Arc::new(decider));
+        c.rollout = Some(view);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_view_knows_each_pods_zone_capacity_and_generation() {
+    let api = attributes_api(Reply::Fixture(200, "nodelist-zones.json")).await;
     let view = api.decider(TIMEOUT).rollout_view(REFRESH);
     wait_info(&view, "consumer-0", |i| i.zone.is_some()).await;
     // node-a has both zone labels; node-b only the older one; node-c neither.
@@ -335,12 +359,7 @@ async fn the_view_knows_each_pods_zone_capacity_and_generation() {
 
 #[tokio::test]
 async fn nodes_refused_leave_zones_unknown_and_the_rest_works() {
-    let api = FakeApi::start(&[
-        (POD_LIST, Reply::Fixture(200, "podlist-attributes.json")),
-        (RS_LIST, Reply::Fixture(200, "replicasetlist-rollout.json")),
-        (NODE_LIST, Reply::Fixture(403, "status-403-nodes.json")),
-    ])
-    .await;
+    let api = attributes_api(Reply::Fixture(403, "status-403-nodes.json")).await;
     let view = api.decider(TIMEOUT).rollout_view(REFRESH);
     wait_info(&view, RS_POD, |_| true).await;
     assert_eq!(view.info("consumer-0"), Some(info(None, 3, None)), "capacity known, zone not");

@@ -12,44 +12,24 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kafka_assigner::config::DrainPolicy;
 use kafka_assigner::coordinator::records::Keys;
-use kafka_assigner::drain::K8sRolloutView;
 use kafka_assigner::proto::v1::kafka_assigner_client::KafkaAssignerClient;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::k8s_api::{FakeApi, NODE_LIST, POD_LIST, RS_LIST, RS_POD, Reply, wait_info};
+use crate::k8s_api::{FakeApi, NODE_LIST, POD_LIST, RS_POD, Reply, attributes_api, k8s_cluster, wait_info};
 use crate::metrics::http_get;
-use crate::support::assigner::{Backend, PROMPT, TOPIC, TestCluster, TestConsumer, on_both_backends};
+use crate::support::assigner::{Backend, PROMPT, TOPIC, TestConsumer, on_both_backends};
 use crate::support::wait_until;
 
 on_both_backends!(the_consumer_record_holds_its_pods_zone_and_capacity);
 
-/// The fake API's namespace: pods with zones and capacities, their ReplicaSets, the nodes.
-async fn zoned_api() -> FakeApi {
-    FakeApi::start(&[
-        (POD_LIST, Reply::Fixture(200, "podlist-attributes.json")),
-        (RS_LIST, Reply::Fixture(200, "replicasetlist-rollout.json")),
-        (NODE_LIST, Reply::Fixture(200, "nodelist-zones.json")),
-    ])
-    .await
-}
-
 async fn the_consumer_record_holds_its_pods_zone_and_capacity(backend: Backend) {
-    let api = zoned_api().await;
+    let api = attributes_api(Reply::Fixture(200, "nodelist-zones.json")).await;
     let decider = api.decider(Duration::from_secs(5));
     let view = Arc::new(decider.rollout_view(Duration::from_millis(100)));
     wait_info(&view, "consumer-0", |i| i.zone.is_some()).await;
-    let cluster = {
-        let view: Arc<K8sRolloutView> = view.clone();
-        TestCluster::start(backend, 1, move |c| {
-            c.drain_policy = DrainPolicy::K8s;
-            c.drain_decider = Some(Arc::new(decider));
-            c.rollout = Some(view);
-        })
-        .await
-    };
+    let cluster = k8s_cluster(backend, decider, &view).await;
     let mut consumers = Vec::new();
     for name in ["consumer-0", RS_POD, "consumer-2", "not-a-pod"] {
         let mut consumer = cluster.consumer_on(0, name, TOPIC).await;
@@ -186,7 +166,7 @@ async fn consumers_shown(admin: std::net::SocketAddr, count: usize) -> Vec<Value
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_the_k8s_policy_stores_zone_and_capacity() {
     for flags in [&["--backend", "memory"][..], &["--backend", "fleet", "--store", "memory"][..]] {
-        let api = zoned_api().await;
+        let api = attributes_api(Reply::Fixture(200, "nodelist-zones.json")).await;
         let dir = tempfile::tempdir().expect("temp dir");
         let served = Served::start(flags, &kubeconfig(dir.path(), &api), dir.path()).await;
         let (grpc, admin) = served.addresses().await;
