@@ -148,14 +148,16 @@ async fn apply_call(
             Compare::ModRevision(inner.core.keys.handoff(topic, partition), current.handoff_revision),
         ];
         let ops = write_ops(inner, topic, &writes);
-        let written = if attempt == 0 {
-            // First with the calls that arrive with it; if that batch lost, alone.
+        // Alone when nothing else is queued (or after a batch lost), with the calls that
+        // arrive with it otherwise.
+        let direct = if attempt == 0 { inner.calls.direct() } else { None };
+        let written = if attempt == 0 && direct.is_none() {
             let key = inner.core.keys.handoff(topic, partition);
             inner.calls.write(KeyWrite { key, compares, ops }).await? != Batched::Lost
         } else {
-            // Owner and handoff records only: their cache reads no create revision.
-            inner.core.txn_own(Txn { compares, ops }).await?.succeeded
+            commit_and_tell(inner, Txn { compares, ops }).await?
         };
+        drop(direct);
         if written {
             let phase_since = current.state.handoffs.get(&partition).map(|h| h.since);
             return Ok(Some(Applied { phase_since }));
@@ -164,6 +166,21 @@ async fn apply_call(
     Err(CoordinatorError::Contended(format!(
         "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
     )))
+}
+
+/// Commits `txn` in this task and, if it succeeded, applies it to the mirror and tells the
+/// streams at once (owner and handoff records only: their cache reads no create revision):
+/// the handoff's fast path, with no task between the commit and the two streams
+/// (docs/design.md §9). Returns whether it was written.
+async fn commit_and_tell(inner: &Handoff, txn: Txn) -> Result<bool, crate::store::StoreError> {
+    let ops = txn.ops.clone();
+    let outcome = inner.core.store.txn(txn).await?;
+    if outcome.succeeded
+        && let Some(changes) = inner.core.apply_own_write(outcome.revision, &ops)
+    {
+        super::relay::tell(inner, &changes);
+    }
+    Ok(outcome.succeeded)
 }
 
 /// Writes the batched calls until shutdown. The task that committed a batch applies it to

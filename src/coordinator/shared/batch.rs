@@ -68,22 +68,53 @@ struct Pending {
 pub struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
     incoming: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
+    /// Transactions in flight, batches and [`Direct`] writes alike.
+    in_flight: Arc<Semaphore>,
+    /// Writes queued and not yet taken into a batch.
+    queued: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for Batcher {
     fn default() -> Self {
         let (queue, incoming) = mpsc::unbounded_channel();
-        Self { queue, incoming: std::sync::Mutex::new(Some(incoming)) }
+        Self {
+            queue,
+            incoming: std::sync::Mutex::new(Some(incoming)),
+            in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
+            queued: std::sync::atomic::AtomicUsize::new(0),
+        }
     }
 }
 
+/// Leave to write alone, in the caller's own task, while nothing waits to be batched
+/// ([`Batcher::direct`]). Holds a place among the transactions in flight until dropped.
+pub struct Direct {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
 impl Batcher {
+    /// Leave to commit one write directly, without the writer task's two hops, when no
+    /// write is queued and a transaction slot is free: a lone `PartitionReady` is then
+    /// committed, applied and relayed by the task that received it. `None` when writes are
+    /// arriving together: then they share transactions ([`Self::write`]).
+    pub fn direct(&self) -> Option<Direct> {
+        use std::sync::atomic::Ordering;
+        if self.queued.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        self.in_flight.clone().try_acquire_owned().ok().map(|slot| Direct { _slot: slot })
+    }
+
     /// Queues `write` for the next batch and waits for its outcome. `UNAVAILABLE` once the
     /// writer has stopped.
     pub async fn write(&self, write: KeyWrite) -> Result<Batched, StoreError> {
         let (reply, answer) = oneshot::channel();
         let stopped = || StoreError::Unavailable("the registration writer has stopped".into());
-        self.queue.send(Pending { write, reply }).map_err(|_| stopped())?;
+        self.queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.queue.send(Pending { write, reply }).is_err() {
+            self.queued.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(stopped());
+        }
         answer.await.map_err(|_| stopped())?
     }
 
@@ -92,7 +123,7 @@ impl Batcher {
     pub async fn run(&self, store: Arc<dyn LeaseStore>, stop: CancellationToken, written: OnWritten) {
         let written = Arc::new(written);
         let Some(mut incoming) = self.incoming.lock().ok().and_then(|mut slot| slot.take()) else { return };
-        let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+        let in_flight = self.in_flight.clone();
         let mut waiting: VecDeque<Pending> = VecDeque::new();
         loop {
             if waiting.is_empty() {
@@ -116,6 +147,7 @@ impl Batcher {
                 waiting.push_back(pending);
             }
             let batch = take_batch(&mut waiting);
+            self.queued.fetch_sub(batch.len(), std::sync::atomic::Ordering::SeqCst);
             let (store, written) = (store.clone(), written.clone());
             tokio::spawn(async move {
                 commit(&*store, batch, &**written).await;
