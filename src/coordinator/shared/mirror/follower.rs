@@ -95,13 +95,18 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                 Phase::Reread { interrupted } => match store.get_prefix(C::prefix(keys)).await {
                     Ok(snapshot) => {
                         let fresh = C::from_snapshot(keys, snapshot);
+                        let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
+                        if fresh.revision() < cache.revision() {
+                            // An own write was applied while the read was under way
+                            // (`Mirror::apply_own_now`): the snapshot is older than the
+                            // cache, and taking it would move the consumers back. Read again.
+                            self.phase = Phase::Reread { interrupted };
+                            continue;
+                        }
                         self.phase = Phase::Watch(fresh.revision() + 1);
-                        let changes = {
-                            let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
-                            let changes = cache.differing(&fresh);
-                            *cache = fresh;
-                            changes
-                        };
+                        let changes = cache.differing(&fresh);
+                        *cache = fresh;
+                        drop(cache);
                         mirror.set_following(true, interrupted);
                         return Some(changes);
                     }
