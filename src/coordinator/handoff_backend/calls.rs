@@ -166,11 +166,17 @@ async fn apply_call(
     )))
 }
 
-/// Writes the batched calls until shutdown; each batch written goes to the mirror at once
-/// (owner and handoff records only: their cache reads no create revision).
+/// Writes the batched calls until shutdown. The task that committed a batch applies it to
+/// the mirror and relays it itself (owner and handoff records only: their cache reads no
+/// create revision): a `PartitionReady`'s `assigned` and its `ReleasePartition` go to the
+/// two streams from the commit, without waiting for the watch or another task.
 pub(super) async fn write_calls(inner: std::sync::Arc<Handoff>) {
     let handoff = inner.clone();
-    let offer: batch::OnWritten = Box::new(move |revision, ops| handoff.core.offer_own_write(revision, ops));
+    let offer: batch::OnWritten = Box::new(move |revision, ops| {
+        if let Some(changes) = handoff.core.apply_own_write(revision, ops) {
+            super::relay::tell(&handoff, &changes);
+        }
+    });
     inner.calls.run(inner.core.store.clone(), inner.core.shutdown.clone(), offer).await
 }
 
