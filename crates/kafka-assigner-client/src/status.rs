@@ -95,6 +95,16 @@ pub struct Consumer {
     pub instance: String,
     /// How many partitions it owns.
     pub partitions: usize,
+    /// Its zone as recorded at registration, if known.
+    pub zone: Option<String>,
+    /// Its capacity as recorded at registration (1 when the server does not say: servers
+    /// from before capacities).
+    #[serde(default = "one")]
+    pub capacity: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A handoff of a [`Topic`].
