@@ -179,6 +179,14 @@ mod tests {
 
     #[test]
     fn table_shows_consumers_handoffs_unowned_and_leader() {
+        let consumer = |name: &str, status: &str, instance: &str, partitions| Consumer {
+            name: name.into(),
+            status: status.into(),
+            instance: instance.into(),
+            partitions,
+            zone: None,
+            capacity: 1,
+        };
         let status = Status {
             instance: "a-1".into(),
             backend: "etcd".into(),
@@ -187,20 +195,7 @@ mod tests {
             topics: vec![Topic {
                 topic: "events".into(),
                 partition_count: 6,
-                consumers: vec![
-                    Consumer {
-                        name: "c-0".into(),
-                        status: "Active".into(),
-                        instance: "a-1".into(),
-                        partitions: 3,
-                    },
-                    Consumer {
-                        name: "c-1".into(),
-                        status: "Draining".into(),
-                        instance: "a-2".into(),
-                        partitions: 1,
-                    },
-                ],
+                consumers: vec![consumer("c-0", "Active", "a-1", 3), consumer("c-1", "Draining", "a-2", 1)],
                 owners: vec![
                     Some("c-0".into()),
                     Some("c-0".into()),
