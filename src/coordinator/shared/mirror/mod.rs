@@ -25,9 +25,7 @@ use std::{
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{
-    KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind,
-};
+use crate::store::{KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind};
 
 /// How many of its own writes a mirror keeps waiting for their turn; older ones are
 /// dropped (the watch delivers them anyway).
