@@ -13,7 +13,7 @@ use super::records::{
     AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode,
 };
 use super::{Handoff, now_ms};
-use crate::coordinator::shared::batch::{self, Batched, KeyWrite};
+use crate::coordinator::shared::batch::{Batched, KeyWrite};
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, Write, step};
@@ -153,7 +153,14 @@ async fn apply_call(
         let direct = if attempt == 0 { inner.calls.direct() } else { None };
         let written = if attempt == 0 && direct.is_none() {
             let key = inner.core.keys.handoff(topic, partition);
-            inner.calls.write(KeyWrite { key, compares, ops }).await? != Batched::Lost
+            match inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await? {
+                (Batched::Written(revision), Some(batch)) => {
+                    tell_own_write(inner, revision, &batch);
+                    true
+                }
+                (Batched::Written(_), None) => true,
+                (Batched::Lost, _) => false,
+            }
         } else {
             commit_and_tell(inner, Txn { compares, ops }).await?
         };
@@ -175,26 +182,23 @@ async fn apply_call(
 async fn commit_and_tell(inner: &Handoff, txn: Txn) -> Result<bool, crate::store::StoreError> {
     let ops = txn.ops.clone();
     let outcome = inner.core.store.txn(txn).await?;
-    if outcome.succeeded
-        && let Some(changes) = inner.core.apply_own_write(outcome.revision, &ops)
-    {
-        super::relay::tell(inner, &changes);
+    if outcome.succeeded {
+        tell_own_write(inner, outcome.revision, &ops);
     }
     Ok(outcome.succeeded)
 }
 
-/// Writes the batched calls until shutdown. The task that committed a batch applies it to
-/// the mirror and relays it itself (owner and handoff records only: their cache reads no
-/// create revision): a `PartitionReady`'s `assigned` and its `ReleasePartition` go to the
-/// two streams from the commit, without waiting for the watch or another task.
+/// Applies `ops`, committed by this instance at `revision`, to the mirror and tells the
+/// streams, unless the mirror has them already or must first see revisions before them.
+fn tell_own_write(inner: &Handoff, revision: crate::store::Revision, ops: &[Op]) {
+    if let Some(changes) = inner.core.apply_own_write(revision, ops) {
+        super::relay::tell(inner, &changes);
+    }
+}
+
+/// Writes the batched calls until shutdown (each writer applies its batch itself).
 pub(super) async fn write_calls(inner: std::sync::Arc<Handoff>) {
-    let handoff = inner.clone();
-    let offer: batch::OnWritten = Box::new(move |revision, ops| {
-        if let Some(changes) = handoff.core.apply_own_write(revision, ops) {
-            super::relay::tell(&handoff, &changes);
-        }
-    });
-    inner.calls.run(inner.core.store.clone(), inner.core.shutdown.clone(), offer).await
+    inner.calls.run(inner.core.store.clone(), inner.core.shutdown.clone()).await
 }
 
 /// `PartitionReady`: flips ownership to the caller and starts the release.
