@@ -201,9 +201,10 @@ async fn commit(store: &dyn LeaseStore, batch: Vec<Pending>) {
         txn.ops.extend(pending.write.ops.iter().cloned());
     }
     let ops: BatchOps = txn.ops.clone().into();
-    let outcome = store.txn(txn).await.map(|o| {
-        if o.succeeded { (Batched::Written(o.revision), Some(ops)) } else { (Batched::Lost, None) }
-    });
+    let outcome = store
+        .txn(txn)
+        .await
+        .map(|o| if o.succeeded { (Batched::Written(o.revision), Some(ops)) } else { (Batched::Lost, None) });
     for pending in batch {
         let _ = pending.reply.send(outcome.clone());
     }
