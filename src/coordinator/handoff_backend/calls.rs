@@ -150,7 +150,7 @@ async fn apply_call(
         let ops = write_ops(inner, topic, &writes);
         // Alone when nothing else is queued (or after a batch lost), with the calls that
         // arrive with it otherwise.
-        let direct = if attempt == 0 { inner.calls.direct() } else { None };
+        let direct = if attempt == 0 { inner.calls.direct().await } else { None };
         let written = if attempt == 0 && direct.is_none() {
             let key = inner.core.keys.handoff(topic, partition);
             match inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await? {

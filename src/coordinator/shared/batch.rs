@@ -76,6 +76,8 @@ pub struct Batcher {
     in_flight: Arc<Semaphore>,
     /// Writes queued and not yet taken into a batch.
     queued: std::sync::atomic::AtomicUsize,
+    /// Writers deciding whether to write alone ([`Batcher::direct`]).
+    arriving: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for Batcher {
@@ -86,6 +88,7 @@ impl Default for Batcher {
             incoming: std::sync::Mutex::new(Some(incoming)),
             in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
             queued: std::sync::atomic::AtomicUsize::new(0),
+            arriving: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
@@ -97,13 +100,27 @@ pub struct Direct {
 }
 
 impl Batcher {
-    /// Leave to commit one write directly, without the writer task's two hops, when no
-    /// write is queued and a transaction slot is free: a lone `PartitionReady` is then
-    /// committed, applied and relayed by the task that received it. `None` when writes are
-    /// arriving together: then they share transactions ([`Self::write`]).
-    pub fn direct(&self) -> Option<Direct> {
+    /// Leave to commit one write directly, without the writer task's two hops, when it
+    /// arrived alone: a lone `PartitionReady` is then committed, applied and relayed by the
+    /// task that received it. `None` when writes arrive together (they share transactions,
+    /// [`Self::write`]) or every transaction slot is taken. "Together" is what is runnable
+    /// at once: the caller yields once, so that the calls woken with it count themselves
+    /// before any decides.
+    pub async fn direct(&self) -> Option<Direct> {
         use std::sync::atomic::Ordering;
-        if self.queued.load(Ordering::SeqCst) > 0 {
+        /// Counts a writer among those deciding, until it has decided or was dropped.
+        struct Arriving<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Arriving<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.arriving.fetch_add(1, Ordering::SeqCst);
+        let arriving = Arriving(&self.arriving);
+        tokio::task::yield_now().await;
+        let alone = self.arriving.load(Ordering::SeqCst) == 1 && self.queued.load(Ordering::SeqCst) == 0;
+        drop(arriving);
+        if !alone {
             return None;
         }
         self.in_flight.clone().try_acquire_owned().ok().map(|slot| Direct { _slot: slot })
