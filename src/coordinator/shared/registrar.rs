@@ -203,3 +203,28 @@ pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey, regist
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::metrics::gauge::Gauge;
+
+    use super::Caller;
+
+    #[test]
+    fn a_caller_is_gone_only_if_it_left_before_the_answer_and_is_counted_while_the_work_runs() {
+        let abandoned = Gauge::default();
+        let (caller, guard) = Caller::waiting(abandoned.clone());
+        assert!(!caller.is_gone());
+        drop(guard);
+        assert!(caller.is_gone());
+        assert_eq!(abandoned.get(), 1, "counted while its registration still runs");
+        caller.answered();
+        assert_eq!(abandoned.get(), 0, "no longer once it is over");
+
+        let (answered, guard) = Caller::waiting(abandoned.clone());
+        answered.answered();
+        drop(guard);
+        assert!(!answered.is_gone(), "leaving after the answer changes nothing");
+        assert_eq!(abandoned.get(), 0);
+    }
+}
