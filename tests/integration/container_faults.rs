@@ -170,9 +170,11 @@ async fn isolation(old_consumers_come_back: bool) {
         !owned["b0"].is_empty() && !owned["b1"].is_empty()
     })
     .await;
+    let back_after = joined.elapsed();
     let (ended0, ended1) = (fleet.ended("b0").await, fleet.ended("b1").await);
     eprintln!(
-        "[container-faults] isolation: b0 and b1 own partitions again: {back} (b0's client ended: {ended0:?}, b1's: {ended1:?})"
+        "[container-faults] isolation: b0 and b1 own partitions again: {back}, {back_after:?} after the connect \
+         (b0's client ended: {ended0:?}, b1's: {ended1:?})"
     );
     if old_consumers_come_back {
         findings.check(
