@@ -31,13 +31,13 @@ pub enum BackendError {
     Drain(#[from] crate::drain::DrainError),
 }
 
-/// What `--drain-policy` builds: the `Deregister` decider and, under `k8s`, the rollout
-/// view the leader plans with.
+/// What `--drain-policy` builds: the `Deregister` decider and, under `k8s`, the Kubernetes
+/// view (rollouts, and what is known of each consumer pod).
 pub struct DrainSetup {
     /// Decides `Deregister`.
     pub decider: Arc<dyn DrainDecider>,
-    /// Whether consumers are rolling out (`None`: not under `k8s`, or
-    /// `--k8s-rollout-refresh 0s`).
+    /// Whether consumers are rolling out, and their zone, capacity and generation (`None`:
+    /// not under `k8s`, or `--k8s-rollout-refresh 0s`).
     pub rollout: Option<Arc<dyn RolloutView>>,
 }
 
@@ -72,7 +72,9 @@ pub async fn coordinator_from_args(
     // Kafka settings first: a bad one stops the start before anything connects.
     let kafka = kafka_from_args(args)?;
     let drain = match args.backend {
-        Backend::Fleet => None, // the fleet drains nothing: Deregister is always SHUTDOWN_NOW
+        // The fleet drains nothing (Deregister is always SHUTDOWN_NOW), but under `k8s` its
+        // member records take the consumers' info from the Kubernetes view.
+        Backend::Fleet if args.drain_policy != DrainPolicy::K8s => None,
         _ => Some(drain_from_args(args).await?),
     };
     let store = open_store(store_kind, args, &metrics).await?;
@@ -86,6 +88,7 @@ pub async fn coordinator_from_args(
             topic_partitions: args.topic_partitions.0.clone(),
             kafka,
             topic_refresh_interval: args.topic_refresh_interval,
+            view: drain.and_then(|d| d.rollout),
             ..FleetConfig::default()
         };
         return Ok(Arc::new(FleetCoordinator::start(store, config, metrics).await?));

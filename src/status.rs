@@ -47,6 +47,11 @@ pub struct ConsumerStatusView {
     pub instance: String,
     /// Partitions it owns.
     pub partitions: usize,
+    /// Its zone as stored in its record at registration (its pod's node's, under the
+    /// Kubernetes integration), if known.
+    pub zone: Option<String>,
+    /// Its capacity as stored in its record at registration (default 1).
+    pub capacity: u32,
 }
 
 /// A handoff in the [`StatusView`].

@@ -10,11 +10,14 @@
 //! # }
 //! ```
 //!
-//! For a container instead (Docker), see the `testcontainers` cargo feature
-//! ([`crate::testing::containers`] when enabled).
+//! For a container instead (Docker): `kafka_assigner_client::testing::containers`, cargo
+//! feature `testcontainers` of the client crate; a consumer's suite needs only that crate.
+//! This crate's feature of the same name turns it on and re-exports it here.
 
+/// The client crate's `testing::containers` (the assigner and etcd images as
+/// testcontainers), re-exported for suites that already depend on the server.
 #[cfg(feature = "testcontainers")]
-pub mod containers;
+pub use kafka_assigner_client::testing::containers;
 
 use std::{net::SocketAddr, time::Duration};
 

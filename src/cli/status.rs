@@ -1,5 +1,7 @@
 //! `kafka-assigner status`: reads `/status` from a running assigner's admin port and
-//! prints it as a table (like `kafka-consumer-groups --describe`) or as JSON.
+//! prints it as a table (like `kafka-consumer-groups --describe`) or as JSON. The document
+//! and its HTTP fetch are the client crate's (`kafka_assigner_client::status`, one reader
+//! for this command and the container tests); here are the flags and the table.
 
 use std::{
     collections::BTreeMap,
@@ -7,10 +9,8 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use serde::{Deserialize, Serialize};
+pub(crate) use kafka_assigner_client::status::source_chain;
+pub use kafka_assigner_client::status::{Consumer, Handoff, Status, StatusError, Topic};
 
 /// `kafka-assigner status` flags.
 #[derive(Clone, Debug, clap::Args)]
@@ -28,148 +28,9 @@ pub struct StatusArgs {
     pub timeout: Duration,
 }
 
-/// Errors of `kafka-assigner status`.
-#[derive(Debug, thiserror::Error)]
-pub enum StatusError {
-    /// The address is not a usable URL.
-    #[error("--admin-addr '{0}' is not host:port or http://host:port")]
-    BadAddress(String),
-    /// Nothing answered at the address.
-    #[error("cannot reach the assigner's admin server at {url}: {reason}")]
-    Unreachable {
-        /// What was asked.
-        url: String,
-        /// Why it failed.
-        reason: String,
-    },
-    /// The server answered, but not with 200.
-    #[error("{url} answered HTTP {status}")]
-    Http {
-        /// What was asked.
-        url: String,
-        /// The HTTP status.
-        status: u16,
-    },
-    /// The answer is not the status JSON.
-    #[error("{url} did not answer with the assigner's status JSON: {reason}")]
-    BadAnswer {
-        /// What was asked.
-        url: String,
-        /// Why it could not be read.
-        reason: String,
-    },
-}
-
-/// The `/status` document, as the client reads it.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Status {
-    /// The instance that answered.
-    pub instance: String,
-    /// Its backend.
-    pub backend: String,
-    /// The leading instance, if known.
-    pub leader: Option<String>,
-    /// Whether the answering instance is ready.
-    pub ready: bool,
-    /// Per-topic state.
-    pub topics: Vec<Topic>,
-}
-
-/// One topic of [`Status`].
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Topic {
-    /// Topic name.
-    pub topic: String,
-    /// Partition count.
-    pub partition_count: u32,
-    /// Registered consumers.
-    pub consumers: Vec<Consumer>,
-    /// Owner by partition (`null`: unowned).
-    pub owners: Vec<Option<String>>,
-    /// Handoffs in flight.
-    pub handoffs: Vec<Handoff>,
-}
-
-/// A consumer of a [`Topic`].
-#[derive(Clone, Debug, Deserialize, Serialize)]
-pub struct Consumer {
-    /// Name.
-    pub name: String,
-    /// `Active` or `Draining`.
-    pub status: String,
-    /// Instance holding its stream.
-    pub instance: String,
-}
-
-/// A handoff of a [`Topic`].
-#[derive(Clone, Debug, Deserialize, Serialize)]
-pub struct Handoff {
-    /// Partition.
-    pub partition: u32,
-    /// Old owner.
-    pub from: String,
-    /// New owner.
-    pub to: String,
-    /// `Warming` or `Releasing`.
-    pub phase: String,
-    /// Unix ms when the phase began.
-    pub since: u64,
-}
-
-/// `http://host:port/status` from an `--admin-addr`.
-pub fn status_url(admin_addr: &str) -> Result<hyper::Uri, StatusError> {
-    let bad = || StatusError::BadAddress(admin_addr.to_string());
-    let trimmed = admin_addr.trim();
-    let (scheme, rest) = trimmed.split_once("://").unwrap_or(("http", trimmed));
-    let authority = rest.trim_end_matches('/');
-    if scheme != "http" || authority.is_empty() || authority.contains('/') {
-        return Err(bad());
-    }
-    let uri: hyper::Uri = format!("http://{authority}/status").parse().map_err(|_| bad())?;
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(bad());
-    }
-    Ok(uri)
-}
-
-/// Fetches the status document: as the server sent it, and as this client reads it.
-pub async fn fetch(args: &StatusArgs) -> Result<(serde_json::Value, Status), StatusError> {
-    let uri = status_url(&args.admin_addr)?;
-    let url = uri.to_string();
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let unreachable = |reason: String| StatusError::Unreachable { url: url.clone(), reason };
-    let request = async {
-        let response = client.get(uri.clone()).await.map_err(|e| unreachable(source_chain(&e)))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            return Err(StatusError::Http { url: url.clone(), status });
-        }
-        let body = response.into_body().collect().await.map_err(|e| unreachable(e.to_string()))?;
-        Ok(body.to_bytes())
-    };
-    let body = tokio::time::timeout(args.timeout, request)
-        .await
-        .map_err(|_| unreachable(format!("no answer within {:?}", args.timeout)))??;
-    let bad = |e: serde_json::Error| StatusError::BadAnswer { url: url.clone(), reason: e.to_string() };
-    let raw: serde_json::Value = serde_json::from_slice(&body).map_err(bad)?;
-    let status = Status::deserialize(&raw).map_err(bad)?;
-    Ok((raw, status))
-}
-
-/// The error and its causes, joined (hyper's top-level message alone says little).
-pub(crate) fn source_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let _ = write!(text, ": {cause}");
-        source = cause.source();
-    }
-    text
-}
-
 /// Runs the subcommand: the text to print.
 pub async fn run(args: &StatusArgs) -> Result<String, StatusError> {
-    let (raw, status) = fetch(args).await?;
+    let (raw, status) = kafka_assigner_client::status::fetch(&args.admin_addr, args.timeout).await?;
     if args.json {
         // The server's document, every field kept (checked above to be a status).
         // Serialising a JSON value into a String cannot fail.
@@ -317,16 +178,15 @@ mod tests {
     }
 
     #[test]
-    fn addresses() {
-        assert_eq!(status_url("127.0.0.1:9090").unwrap().to_string(), "http://127.0.0.1:9090/status");
-        assert_eq!(status_url("http://a:1/").unwrap().to_string(), "http://a:1/status");
-        for bad in ["", "https://a:1", "http://", "a b"] {
-            assert!(matches!(status_url(bad), Err(StatusError::BadAddress(_))), "{bad}");
-        }
-    }
-
-    #[test]
     fn table_shows_consumers_handoffs_unowned_and_leader() {
+        let consumer = |name: &str, status: &str, instance: &str, partitions| Consumer {
+            name: name.into(),
+            status: status.into(),
+            instance: instance.into(),
+            partitions,
+            zone: None,
+            capacity: 1,
+        };
         let status = Status {
             instance: "a-1".into(),
             backend: "etcd".into(),
@@ -335,10 +195,7 @@ mod tests {
             topics: vec![Topic {
                 topic: "events".into(),
                 partition_count: 6,
-                consumers: vec![
-                    Consumer { name: "c-0".into(), status: "Active".into(), instance: "a-1".into() },
-                    Consumer { name: "c-1".into(), status: "Draining".into(), instance: "a-2".into() },
-                ],
+                consumers: vec![consumer("c-0", "Active", "a-1", 3), consumer("c-1", "Draining", "a-2", 1)],
                 owners: vec![
                     Some("c-0".into()),
                     Some("c-0".into()),

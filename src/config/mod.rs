@@ -162,9 +162,10 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_K8S_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
     pub k8s_timeout: Duration,
 
-    /// `--drain-policy k8s`: how often the rollout view lists the consumers' pods and
+    /// `--drain-policy k8s`: how often the Kubernetes view lists the consumers' pods and
     /// ReplicaSets (while a Deployment rolls out, its old pods receive no partitions and
-    /// its new ones fill only to their final share). `0s`: no rollout awareness.
+    /// its new ones fill only to their final share; each pod's zone and capacity go into
+    /// its consumer record). `0s`: no rollout awareness, and no zones or capacities.
     #[arg(long, env = "KAFKA_ASSIGNER_K8S_ROLLOUT_REFRESH", value_parser = humantime_or_zero, default_value = "2s")]
     pub k8s_rollout_refresh: Duration,
 

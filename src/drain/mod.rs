@@ -12,10 +12,15 @@
 //! Under `k8s` the leader also plans with a [`RolloutView`] ([`K8sRolloutView`], from
 //! [`generations`]): while a Deployment of consumers rolls out, its old pods receive no
 //! partitions and its new ones are filled only up to their final share, so each partition
-//! moves once ([`crate::assignment::rollout`]).
+//! moves once ([`crate::assignment::rollout`]). The same view tells what placement knows of
+//! each consumer pod ([`info`]: its node's zone, its capacity annotation, its generation):
+//! `Register` stores it in the consumer's record, and the leader plans with the view's
+//! current info where it has the pod.
 
 pub mod generations;
+pub mod info;
 mod k8s;
+mod nodes;
 pub mod policy;
 mod rollout;
 

@@ -100,7 +100,8 @@
 //! `scripts/test` (CI) sets both higher. `COORD_SIM_SEED=S` replays seed S (in the random
 //! kind and the family it belongs to), `COORD_SIM_BASE=B` starts the seeds at B,
 //! `COORD_SIM_STRICT=0` steers around the fixed bugs above, `COORD_SIM_OPEN=1` runs into
-//! the open ones, `COORD_SIM_SURVEY=1` runs every seed and lists the failures at the end. A
+//! the open ones, `COORD_SIM_SCHEDULE_BUDGET_SECS` bounds one schedule's wall time (120 s;
+//! a schedule that spins past it fails the run, naming its seed), `COORD_SIM_SURVEY=1` runs every seed and lists the failures at the end. A
 //! failure prints the seed, the fleet's shape, the last steps and every instance's status.
 //! Replays are deterministic up to the coordinator's own randomness (`tokio::select!`
 //! branch order, hash seeds): the schedule and the consumers' draws are fixed by the seed.
@@ -146,8 +147,47 @@ fn env_u64(name: &str) -> Option<u64> {
     Some(value.parse().unwrap_or_else(|_| panic!("{name}={value} is not a number")))
 }
 
-/// Runs one schedule on its own paused current-thread runtime.
+/// Wall-clock seconds one schedule may take when no variable says otherwise. A schedule
+/// takes well under a second; one that spins without letting paused time advance (a
+/// livelock: a loop that never awaits a timer) would otherwise hang the test for good.
+const DEFAULT_SCHEDULE_BUDGET_SECS: u64 = 120;
+
+/// Ends the test binary, naming the seed, if the schedule it guards has not finished within
+/// its wall-clock budget (`COORD_SIM_SCHEDULE_BUDGET_SECS`). A stuck runtime cannot be
+/// interrupted from outside, so the watchdog, on a thread of its own, exits the process:
+/// the test fails instead of hanging CI.
+struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
+
+impl Watchdog {
+    fn start(seed: u64, kind: Kind) -> Self {
+        let budget = std::time::Duration::from_secs(
+            env_u64("COORD_SIM_SCHEDULE_BUDGET_SECS").unwrap_or(DEFAULT_SCHEDULE_BUDGET_SECS),
+        );
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(budget) {
+                eprintln!(
+                    "coordinator simulation failed: seed {seed} ({kind:?}) did not finish within {budget:?} of wall \
+                     time: the coordinator spins without letting time pass (replay: COORD_SIM_SEED={seed})"
+                );
+                std::process::exit(101);
+            }
+        });
+        Self(Some(done))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Runs one schedule on its own paused current-thread runtime, under a [`Watchdog`].
 fn run_one(seed: u64, kind: Kind, strict: bool) -> Result<Outcome, String> {
+    let _watchdog = Watchdog::start(seed, kind);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)

@@ -16,10 +16,11 @@ use kafka_assigner::cli::status::Status;
 use kafka_assigner::client::{AssignerClient, Backoff, ClientConfig, ShutdownOutcome};
 use kafka_assigner::testing::containers::{
     AssignerImage, EtcdNetwork, client_config, engine_available, images_available, kill, log_to_stderr,
-    status, unique_name,
+    status,
+    testcontainers::{ContainerAsync, ImageExt, runners::AsyncRunner},
+    unique_name,
 };
 use prometheus_client::registry::Registry;
-use testcontainers::{ContainerAsync, ImageExt, runners::AsyncRunner};
 
 use crate::client::{Call, Recorder, wait_owned};
 

@@ -1,7 +1,8 @@
 //! The `k8s` drain decider's Kubernetes client, run for real (kube-rs over HTTP) against
 //! a local server that serves recorded API responses (`tests/fixtures/k8s/`): a
 //! StatefulSet pod, a scale-down, a ReplicaSet pod, 403, 404, a timeout, and no server;
-//! and the rollout view's pod and ReplicaSet lists.
+//! the rollout view's pod and ReplicaSet lists; and what the view knows of each consumer
+//! pod from its node's zone labels and its capacity annotation (nodes listed, or refused).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,14 +12,16 @@ use std::{
 };
 
 use axum::{Router, extract::State, http::StatusCode, http::Uri, response::IntoResponse};
-use kafka_assigner::assignment::Rollout;
+use kafka_assigner::assignment::{ConsumerInfo, Rollout};
+use kafka_assigner::config::DrainPolicy;
 use kafka_assigner::drain::generations::Generations;
 use kafka_assigner::drain::{
     DrainDecider, DrainDecision, K8sDrainDecider, K8sRolloutView, K8sSettings, Reason, RolloutView,
 };
 use tokio::task::JoinHandle;
 
-use crate::support::{POLL_INTERVAL, assigner::PROMPT};
+use crate::support::POLL_INTERVAL;
+use crate::support::assigner::{Backend, PROMPT, TestCluster};
 
 /// What the fake API answers on one path.
 #[derive(Clone, Debug)]
@@ -121,6 +124,8 @@ pub const STS: &str = "/apis/apps/v1/namespaces/streams/statefulsets/consumer";
 pub const POD_LIST: &str = "/api/v1/namespaces/streams/pods";
 /// The ReplicaSet list of namespace `streams`.
 pub const RS_LIST: &str = "/apis/apps/v1/namespaces/streams/replicasets";
+/// The node list (cluster-scoped).
+pub const NODE_LIST: &str = "/api/v1/nodes";
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -286,4 +291,86 @@ async fn the_rollout_view_keeps_what_it_knew_when_the_api_refuses() {
         tokio::time::sleep(POLL_INTERVAL).await;
     }
     assert!(view.rollout(&consumers, &consumers).is_some(), "the last view stays while the API hangs");
+}
+
+/// The pod of `podlist-attributes.json` that a ReplicaSet owns.
+pub const RS_POD: &str = "consumer-5c4b8f7d9-m7wfn";
+
+/// Waits (up to [`PROMPT`]) until `view` has info on `consumer` that satisfies `pred`.
+pub async fn wait_info(view: &K8sRolloutView, consumer: &str, pred: impl Fn(&ConsumerInfo) -> bool) {
+    let give_up = Instant::now() + PROMPT;
+    while !view.info(consumer).is_some_and(|info| pred(&info)) {
+        assert!(Instant::now() < give_up, "the view never knew {consumer}: {:?}", view.info(consumer));
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// A consumer's info, briefly.
+pub fn info(zone: Option<&str>, capacity: u32, generation: Option<&str>) -> ConsumerInfo {
+    ConsumerInfo { zone: zone.map(String::from), capacity, generation: generation.map(String::from) }
+}
+
+/// How often the fake API was asked for `path`.
+fn asked(api: &FakeApi, path: &str) -> usize {
+    api.seen().iter().filter(|p| *p == path).count()
+}
+
+/// The fake API listing `podlist-attributes.json`, its ReplicaSets, and answering the node
+/// list with `nodes`.
+pub async fn attributes_api(nodes: Reply) -> FakeApi {
+    FakeApi::start(&[
+        (POD_LIST, Reply::Fixture(200, "podlist-attributes.json")),
+        (RS_LIST, Reply::Fixture(200, "replicasetlist-rollout.json")),
+        (NODE_LIST, nodes),
+    ])
+    .await
+}
+
+/// A cluster of one instance under `--drain-policy k8s`: `decider` answers `Deregister`,
+/// `view` tells the leader and `Register` about the consumers' pods.
+pub async fn k8s_cluster(
+    backend: Backend,
+    decider: K8sDrainDecider,
+    view: &Arc<K8sRolloutView>,
+) -> TestCluster {
+    let view: Arc<K8sRolloutView> = view.clone();
+    TestCluster::start(backend, 1, move |c| {
+        c.drain_policy = DrainPolicy::K8s;
+        c.drain_decider = Some(Arc::new(decider));
+        c.rollout = Some(view);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_view_knows_each_pods_zone_capacity_and_generation() {
+    let api = attributes_api(Reply::Fixture(200, "nodelist-zones.json")).await;
+    let view = api.decider(TIMEOUT).rollout_view(REFRESH);
+    wait_info(&view, "consumer-0", |i| i.zone.is_some()).await;
+    // node-a has both zone labels; node-b only the older one; node-c neither.
+    assert_eq!(view.info("consumer-0"), Some(info(Some("eu-west-1a"), 3, None)));
+    assert_eq!(view.info("consumer-1"), Some(info(Some("eu-west-1b"), 1, None)), "capacity \"0\" is 1");
+    assert_eq!(view.info("consumer-2"), Some(info(None, 1, None)), "no zone label, no annotation");
+    assert_eq!(view.info("consumer-3"), Some(info(None, 1, None)), "pending: no node; \"lots\" is 1");
+    assert_eq!(view.info(RS_POD), Some(info(Some("eu-west-1a"), 2, Some("5c4b8f7d9"))));
+    assert_eq!(view.info("not-a-pod"), None);
+    wait_view(&view, "the ReplicaSet pod", |g| g.knows(RS_POD)).await;
+}
+
+#[tokio::test]
+async fn nodes_refused_leave_zones_unknown_and_the_rest_works() {
+    let api = attributes_api(Reply::Fixture(403, "status-403-nodes.json")).await;
+    let view = api.decider(TIMEOUT).rollout_view(REFRESH);
+    wait_info(&view, RS_POD, |_| true).await;
+    assert_eq!(view.info("consumer-0"), Some(info(None, 3, None)), "capacity known, zone not");
+    assert_eq!(view.info(RS_POD), Some(info(None, 2, Some("5c4b8f7d9"))));
+    wait_view(&view, "the ReplicaSet pod", |g| g.knows(RS_POD)).await;
+    // Pods go on being listed; a refused node list is not asked again at every refresh.
+    let give_up = Instant::now() + PROMPT;
+    while asked(&api, POD_LIST) < 4 {
+        assert!(Instant::now() < give_up, "the view stopped listing pods: {:?}", api.seen());
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    assert_eq!(asked(&api, NODE_LIST), 1, "{:?}", api.seen());
+    assert_eq!(view.info("consumer-0").and_then(|i| i.zone), None);
 }

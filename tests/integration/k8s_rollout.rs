@@ -11,14 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka_assigner::config::DrainPolicy;
 use kafka_assigner::coordinator::TopicStatus;
-use kafka_assigner::drain::K8sRolloutView;
 use kafka_assigner::handoff::ConsumerStatus;
 use kafka_assigner::proto::v1::{DeregisterAction, assignment_command::Command};
 use serde_json::{Value, json};
 
-use crate::k8s_api::{FakeApi, POD_LIST, PODS, RS_LIST, Reply, fixture, wait_view};
+use crate::k8s_api::{FakeApi, POD_LIST, PODS, RS_LIST, Reply, fixture, k8s_cluster, wait_view};
 use crate::support::POLL_INTERVAL;
 use crate::support::assigner::{
     Backend, PROMPT, TestCluster, TestConsumer, WIDE, on_both_backends, owned_by, try_topic,
@@ -143,15 +141,7 @@ async fn each_partition_moves_exactly_once_during_a_rollout(backend: Backend) {
     let decider = ns.api.decider(Duration::from_secs(5));
     let view = Arc::new(decider.rollout_view(Duration::from_millis(100)));
     wait_view(&view, "the old pods", |g| old.iter().all(|n| g.knows(n))).await;
-    let cluster = {
-        let view: Arc<K8sRolloutView> = view.clone();
-        TestCluster::start(backend, 1, move |c| {
-            c.drain_policy = DrainPolicy::K8s;
-            c.drain_decider = Some(Arc::new(decider));
-            c.rollout = Some(view);
-        })
-        .await
-    };
+    let cluster = k8s_cluster(backend, decider, &view).await;
 
     // Before: three old pods, 4 partitions each.
     let mut a = cluster.consumer_on(0, &old[0], WIDE).await;

@@ -20,6 +20,7 @@ mod harness;
 mod http2_multiplexing;
 mod k8s_api;
 mod k8s_drain;
+mod k8s_info;
 mod k8s_rollout;
 mod kafka_metadata;
 mod log_format;

@@ -1,7 +1,8 @@
 //! The `deploy/` manifests: each parses (YAML, then the typed Kubernetes objects), the
 //! container args parse with the binary's own clap parser, the probes and the scrape
 //! annotation point at the admin server's port and at paths it serves, and the Service,
-//! PodDisruptionBudget and RBAC objects fit the Deployment.
+//! PodDisruptionBudget and RBAC objects (the namespace's Role, the nodes' ClusterRole) fit
+//! the Deployment.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -10,7 +11,7 @@ use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{Container, Service, ServiceAccount},
     policy::v1::PodDisruptionBudget,
-    rbac::v1::{Role, RoleBinding},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kafka_assigner::config::{Backend, Cli, Command, DrainPolicy, LogFormat, ServeArgs};
@@ -84,6 +85,15 @@ fn resolve(container: &Container, port: &IntOrString) -> i32 {
     }
 }
 
+/// Whether `rules` allow `verb` on `resource` of API group `group`.
+fn allowed(rules: &[PolicyRule], group: &str, resource: &str, verb: &str) -> bool {
+    rules.iter().any(|r| {
+        r.api_groups.iter().flatten().any(|g| g == group)
+            && r.resources.iter().flatten().any(|x| x == resource)
+            && r.verbs.iter().any(|v| v == verb)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_manifests_fit_the_binary_and_each_other() {
     let docs = documents();
@@ -93,6 +103,8 @@ async fn deploy_manifests_fit_the_binary_and_each_other() {
     let account: ServiceAccount = one(&docs, "ServiceAccount");
     let role: Role = one(&docs, "Role");
     let binding: RoleBinding = one(&docs, "RoleBinding");
+    let cluster_role: ClusterRole = one(&docs, "ClusterRole");
+    let cluster_binding: ClusterRoleBinding = one(&docs, "ClusterRoleBinding");
 
     let spec = deployment.spec.as_ref().expect("deployment spec");
     assert_eq!(spec.replicas, Some(3));
@@ -168,18 +180,28 @@ async fn deploy_manifests_fit_the_binary_and_each_other() {
     let subjects = binding.subjects.clone().unwrap_or_default();
     assert!(subjects.iter().any(|s| s.kind == "ServiceAccount" && s.name == account_name));
     let rules = role.rules.clone().unwrap_or_default();
-    let allows = |group: &str, resource: &str, verb: &str| {
-        rules.iter().any(|r| {
-            r.api_groups.iter().flatten().any(|g| g == group)
-                && r.resources.iter().flatten().any(|x| x == resource)
-                && r.verbs.iter().any(|v| v == verb)
-        })
-    };
+    let allows = |group: &str, resource: &str, verb: &str| allowed(&rules, group, resource, verb);
     for verb in ["get", "list", "watch"] {
         assert!(allows("", "pods", verb), "pods {verb}");
     }
     assert!(allows("apps", "replicasets", "get") && allows("apps", "statefulsets", "get"));
     assert!(allows("apps", "replicasets", "list"), "the rollout view lists ReplicaSets");
+    // Nodes are cluster-scoped: the consumers' zones need a ClusterRole, bound to the same
+    // account (its namespace in the subject: `default`, which a kustomization's namespace
+    // replaces).
+    let cluster_rules = cluster_role.rules.clone().unwrap_or_default();
+    for verb in ["get", "list"] {
+        assert!(allowed(&cluster_rules, "", "nodes", verb), "nodes {verb}");
+    }
+    assert_eq!(cluster_binding.role_ref.kind, "ClusterRole");
+    assert_eq!(Some(cluster_binding.role_ref.name.clone()), cluster_role.metadata.name);
+    let subjects = cluster_binding.subjects.clone().unwrap_or_default();
+    assert!(
+        subjects.iter().any(|s| s.kind == "ServiceAccount"
+            && s.name == account_name
+            && s.namespace.as_deref() == Some("default")),
+        "{subjects:?}"
+    );
 
     // kustomization.yaml lists every manifest.
     let kustomization =

@@ -1,12 +1,15 @@
 //! The README's container test ("Testing with kafka-assigner"), verbatim: everything
-//! below this header is copied there, and `client_containers::readme_shows_this_test`
-//! checks that the copy is still the same. Needs Docker and `kafka-assigner:local`.
+//! below this header is copied there, and
+//! `client_containers::readme_shows_the_container_test_verbatim` checks that the copy is
+//! still the same. A user's view: the client crate only (feature `testcontainers`), no
+//! server. Needs Docker and `kafka-assigner:local`.
 
 use std::{sync::Arc, time::Duration};
 
-use kafka_assigner::client::{AssignerClient, Handler, Partition, WarmError};
-use kafka_assigner::testing::containers::{AssignerImage, client_config, engine_available};
-use testcontainers::runners::AsyncRunner;
+use kafka_assigner_client::testing::containers::{
+    AssignerImage, client_config, engine_available, testcontainers::runners::AsyncRunner,
+};
+use kafka_assigner_client::{AssignerClient, Handler, Partition, WarmError};
 
 /// Your consumer's handler (here: one that does nothing).
 struct Worker;

@@ -39,6 +39,9 @@
 //! * [`signal`]: SIGTERM / Ctrl-C, for a consumer's `main` (and the assigner's).
 //! * `kafka_example` (cargo feature `kafka-example`): the rdkafka consumer of the
 //!   repository's `examples/consumer.rs` (also used by its tests).
+//! * `status` (cargo feature `status`): an assigner's admin `/status`, read over HTTP.
+//! * `testing::containers` (cargo feature `testcontainers`): the assigner and etcd images
+//!   as containers, for a consumer's integration tests (needs Docker).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -52,6 +55,10 @@ mod metrics;
 pub mod proto;
 pub mod signal;
 pub mod state;
+#[cfg(feature = "status")]
+pub mod status;
+#[cfg(feature = "testcontainers")]
+pub mod testing;
 mod workers;
 
 pub use backoff::Backoff;

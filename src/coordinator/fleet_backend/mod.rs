@@ -76,6 +76,9 @@ pub struct FleetConfig {
     pub claim_interval: Duration,
     /// How often the watcher re-reads the whole prefix as a safety net.
     pub resync_interval: Duration,
+    /// The Kubernetes view (`--drain-policy k8s`): what it knows of a consumer when it
+    /// registers (zone, capacity, generation) goes into its member record.
+    pub view: Option<Arc<dyn crate::drain::RolloutView>>,
 }
 
 impl Default for FleetConfig {
@@ -90,6 +93,7 @@ impl Default for FleetConfig {
             topic_refresh_interval: Duration::from_secs(60),
             claim_interval: Duration::from_secs(1),
             resync_interval: Duration::from_secs(300),
+            view: None,
         }
     }
 }

@@ -7,7 +7,6 @@
 
 use super::Fleet;
 use super::records::{LeaseRecord, MemberRecord};
-use crate::assignment::ConsumerInfo;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     cas::{CAS_ATTEMPTS, delete_if},
@@ -17,14 +16,17 @@ use crate::coordinator::shared::{
 };
 use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn};
 
-/// The member record of a registration with id `registration` on `instance`.
-pub(super) fn member_record(instance: &str, registration: SessionId) -> MemberRecord {
+/// The member record of `consumer`'s registration with id `registration` on this
+/// instance, with what the Kubernetes view knows of it at this moment (from memory: never
+/// waits on the API). Unlike the leader, claiming reads only the stored info, so that
+/// every instance computes the same quotas.
+pub(super) fn member_record(inner: &Fleet, consumer: &str, registration: SessionId) -> MemberRecord {
     MemberRecord {
         v: RECORD_VERSION,
         session: registration.0,
-        instance: instance.to_string(),
+        instance: inner.core.instance_id.clone(),
         leaving: false,
-        info: ConsumerInfo::default(),
+        info: inner.config.view.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
     }
 }
 
@@ -44,7 +46,7 @@ pub(super) async fn write_registration(
     caller: &Caller,
 ) -> Result<Option<Revision>, CoordinatorError> {
     let key = inner.core.keys.member(topic, consumer);
-    let record = member_record(&inner.core.instance_id, registration);
+    let record = member_record(inner, consumer, registration);
     for _ in 0..CAS_ATTEMPTS {
         let existing = inner.core.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
         let leases = inner.core.store.get_prefix(&inner.core.keys.leases(topic)).await?;

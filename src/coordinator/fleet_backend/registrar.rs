@@ -49,7 +49,7 @@ impl Registrar for Fleet {
         let ours = |bytes: &[u8]| {
             decode::<MemberRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
         };
-        let record = encode(&member_record(&self.core.instance_id, *registration));
+        let record = encode(&member_record(self, consumer, *registration));
         create_bound(&*self.core.store, &record_key, record, lease, ours).await
     }
 

@@ -115,8 +115,13 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
     }
 }
 
-/// Keeps the cache equal to the store and relays every change. Runs until shutdown.
+/// Keeps the cache equal to the store and tells the consumers every change, then announces
+/// the revision. Runs until shutdown.
 pub(super) async fn watch_loop(inner: Arc<Fleet>) {
-    let resync = inner.config.resync_interval;
-    inner.core.run_mirror(resync, |cache, changes| relay(&inner, cache, changes)).await;
+    let mut follower = inner.core.follower(inner.config.resync_interval);
+    while let Some(changes) = follower.next().await {
+        let cache = inner.core.mirror.read();
+        relay(&inner, &cache, &changes);
+        inner.core.mirror.announce(&cache);
+    }
 }

@@ -28,6 +28,8 @@ pub(super) fn status(inner: &Fleet) -> StatusView {
                         },
                         instance: r.value.instance.clone(),
                         partitions: entry.held_by(name).len(),
+                        zone: r.value.info.zone.clone(),
+                        capacity: r.value.info.capacity,
                     })
                     .collect(),
                 owners: (0..count).map(|p| entry.leases.get(&p).map(|o| o.value.clone())).collect(),

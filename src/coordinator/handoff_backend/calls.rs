@@ -13,7 +13,7 @@ use super::records::{
     AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode,
 };
 use super::{Handoff, now_ms};
-use crate::coordinator::shared::batch::{self, Batched, KeyWrite};
+use crate::coordinator::shared::batch::{Batched, KeyWrite};
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, Write, step};
@@ -148,14 +148,23 @@ async fn apply_call(
             Compare::ModRevision(inner.core.keys.handoff(topic, partition), current.handoff_revision),
         ];
         let ops = write_ops(inner, topic, &writes);
-        let written = if attempt == 0 {
-            // First with the calls that arrive with it; if that batch lost, alone.
+        // Alone when nothing else is queued (or after a batch lost), with the calls that
+        // arrive with it otherwise.
+        let direct = if attempt == 0 { inner.calls.direct() } else { None };
+        let written = if attempt == 0 && direct.is_none() {
             let key = inner.core.keys.handoff(topic, partition);
-            inner.calls.write(KeyWrite { key, compares, ops }).await? != Batched::Lost
+            match inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await? {
+                (Batched::Written(revision), Some(batch)) => {
+                    tell_own_write(inner, revision, &batch);
+                    true
+                }
+                (Batched::Written(_), None) => true,
+                (Batched::Lost, _) => false,
+            }
         } else {
-            // Owner and handoff records only: their cache reads no create revision.
-            inner.core.txn_own(Txn { compares, ops }).await?.succeeded
+            commit_and_tell(inner, Txn { compares, ops }).await?
         };
+        drop(direct);
         if written {
             let phase_since = current.state.handoffs.get(&partition).map(|h| h.since);
             return Ok(Some(Applied { phase_since }));
@@ -166,12 +175,30 @@ async fn apply_call(
     )))
 }
 
-/// Writes the batched calls until shutdown; each batch written goes to the mirror at once
-/// (owner and handoff records only: their cache reads no create revision).
+/// Commits `txn` in this task and, if it succeeded, applies it to the mirror and tells the
+/// streams at once (owner and handoff records only: their cache reads no create revision):
+/// the handoff's fast path, with no task between the commit and the two streams
+/// (docs/design.md §9). Returns whether it was written.
+async fn commit_and_tell(inner: &Handoff, txn: Txn) -> Result<bool, crate::store::StoreError> {
+    let ops = txn.ops.clone();
+    let outcome = inner.core.store.txn(txn).await?;
+    if outcome.succeeded {
+        tell_own_write(inner, outcome.revision, &ops);
+    }
+    Ok(outcome.succeeded)
+}
+
+/// Applies `ops`, committed by this instance at `revision`, to the mirror and tells the
+/// streams, unless the mirror has them already or must first see revisions before them.
+fn tell_own_write(inner: &Handoff, revision: crate::store::Revision, ops: &[Op]) {
+    if let Some(changes) = inner.core.apply_own_write(revision, ops) {
+        super::relay::tell(inner, &changes);
+    }
+}
+
+/// Writes the batched calls until shutdown (each writer applies its batch itself).
 pub(super) async fn write_calls(inner: std::sync::Arc<Handoff>) {
-    let handoff = inner.clone();
-    let offer: batch::OnWritten = Box::new(move |revision, ops| handoff.core.offer_own_write(revision, ops));
-    inner.calls.run(inner.core.store.clone(), inner.core.shutdown.clone(), offer).await
+    inner.calls.run(inner.core.store.clone(), inner.core.shutdown.clone()).await
 }
 
 /// `PartitionReady`: flips ownership to the caller and starts the release.

@@ -10,7 +10,6 @@ use async_trait::async_trait;
 
 use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
 use super::{Handoff, relay, state::Cache};
-use crate::assignment::ConsumerInfo;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
@@ -23,15 +22,17 @@ use crate::handoff::{ConsumerStatus, ConsumerView};
 use crate::store::{Compare, Op, Revision, SessionId, StoreError, Txn};
 
 impl Handoff {
-    /// The record of an active registration with id `registration` on this instance.
-    fn active_record(&self, registration: SessionId) -> ConsumerRecord {
+    /// The record of `consumer`'s active registration with id `registration` on this
+    /// instance, with what the Kubernetes view knows of it at this moment (from memory:
+    /// never waits on the API; the leader plans with the view's later info anyway).
+    fn active_record(&self, consumer: &str, registration: SessionId) -> ConsumerRecord {
         ConsumerRecord {
             v: RECORD_VERSION,
             status: ConsumerStatus::Active,
             session: registration.0,
             instance: self.core.instance_id.clone(),
             hold_until: None,
-            info: ConsumerInfo::default(),
+            info: self.config.rollout.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
         }
     }
 }
@@ -55,7 +56,7 @@ impl Registrar for Handoff {
     ) -> Result<Option<Revision>, CoordinatorError> {
         let core = &self.core;
         let key = core.keys.consumer(topic, consumer);
-        let record = self.active_record(registration);
+        let record = self.active_record(consumer, registration);
         // First in a shared transaction, decided from the cache; if that lost, alone,
         // decided from a fresh read. Each decision is made after its read, and only while
         // the caller waits: a caller gone by then has sent its next attempt, which a write
@@ -101,7 +102,7 @@ impl Registrar for Handoff {
         let ours = |bytes: &[u8]| {
             decode::<ConsumerRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
         };
-        let record = encode(&self.active_record(*registration));
+        let record = encode(&self.active_record(consumer, *registration));
         create_bound(&*self.core.store, &record_key, record, lease, ours).await
     }
 

@@ -1,6 +1,6 @@
 //! The relay: turn every change into commands for the consumers connected to this
-//! instance. The shared [`Mirror`](crate::coordinator::shared::mirror::Mirror) keeps the
-//! cache equal to the store and calls the relay after every change.
+//! instance. The shared [`Follower`](crate::coordinator::shared::mirror::Follower) keeps the
+//! cache equal to the store; the loop here tells the consumers after every change.
 //!
 //! Commands come only from here, derived from the cache after a whole revision has been
 //! applied, so a consumer never sees a half-applied transaction, and every instance derives
@@ -103,8 +103,19 @@ fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
     });
 }
 
-/// Keeps the cache equal to the store and relays every change. Runs until shutdown.
+/// Tells the local streams what `changes` changed for them, then announces the revision
+/// (registrations waiting for it go on).
+pub(super) fn tell(inner: &Handoff, changes: &Changes) {
+    let cache = inner.core.mirror.read();
+    relay(inner, &cache, changes);
+    inner.core.mirror.announce(&cache);
+}
+
+/// Keeps the cache equal to the store and tells the consumers every change. Runs until
+/// shutdown.
 pub(super) async fn watch_loop(inner: Arc<Handoff>) {
-    let resync = inner.config.resync_interval;
-    inner.core.run_mirror(resync, |cache, changes| relay(&inner, cache, changes)).await;
+    let mut follower = inner.core.follower(inner.config.resync_interval);
+    while let Some(changes) = follower.next().await {
+        tell(&inner, &changes);
+    }
 }

@@ -23,6 +23,8 @@ pub(super) fn status(inner: &Handoff) -> StatusView {
                         status: r.value.status,
                         instance: r.value.instance.clone(),
                         partitions: state.owners.values().filter(|o| *o == name).count(),
+                        zone: r.value.info.zone.clone(),
+                        capacity: r.value.info.capacity,
                     })
                     .collect(),
                 owners: (0..state.partition_count).map(|p| state.owners.get(&p).cloned()).collect(),

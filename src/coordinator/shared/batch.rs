@@ -56,43 +56,84 @@ pub struct KeyWrite {
     pub ops: Vec<Op>,
 }
 
-/// Called with every batch written: its revision and all its operations.
-pub type OnWritten = Box<dyn Fn(Revision, &[Op]) + Send + Sync>;
+/// Every operation of a batch that was written: what the watch will deliver at its
+/// revision, for a writer that applies its own writes at once.
+pub type BatchOps = Arc<[Op]>;
+
+/// How a batch ended, as each of its writers hears it.
+type Answer = Result<(Batched, Option<BatchOps>), StoreError>;
 
 struct Pending {
     write: KeyWrite,
-    reply: oneshot::Sender<Result<Batched, StoreError>>,
+    reply: oneshot::Sender<Answer>,
 }
 
 /// A queue of writes of one instance, and its writer.
 pub struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
     incoming: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
+    /// Transactions in flight, batches and [`Direct`] writes alike.
+    in_flight: Arc<Semaphore>,
+    /// Writes queued and not yet taken into a batch.
+    queued: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for Batcher {
     fn default() -> Self {
         let (queue, incoming) = mpsc::unbounded_channel();
-        Self { queue, incoming: std::sync::Mutex::new(Some(incoming)) }
+        Self {
+            queue,
+            incoming: std::sync::Mutex::new(Some(incoming)),
+            in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
+            queued: std::sync::atomic::AtomicUsize::new(0),
+        }
     }
 }
 
+/// Leave to write alone, in the caller's own task, while nothing waits to be batched
+/// ([`Batcher::direct`]). Holds a place among the transactions in flight until dropped.
+pub struct Direct {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
 impl Batcher {
+    /// Leave to commit one write directly, without the writer task's two hops, when no
+    /// write is queued and a transaction slot is free: a lone `PartitionReady` is then
+    /// committed, applied and relayed by the task that received it. `None` when writes are
+    /// arriving together: then they share transactions ([`Self::write`]).
+    pub fn direct(&self) -> Option<Direct> {
+        use std::sync::atomic::Ordering;
+        if self.queued.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        self.in_flight.clone().try_acquire_owned().ok().map(|slot| Direct { _slot: slot })
+    }
+
     /// Queues `write` for the next batch and waits for its outcome. `UNAVAILABLE` once the
     /// writer has stopped.
     pub async fn write(&self, write: KeyWrite) -> Result<Batched, StoreError> {
+        Ok(self.write_with_batch(write).await?.0)
+    }
+
+    /// [`write`](Self::write), and when written, every operation of the batch it was written
+    /// in: the caller may apply them to its mirror at once (each writer of the batch gets
+    /// them; the first to apply them does, the others find the revision already there).
+    pub async fn write_with_batch(&self, write: KeyWrite) -> Result<(Batched, Option<BatchOps>), StoreError> {
         let (reply, answer) = oneshot::channel();
         let stopped = || StoreError::Unavailable("the registration writer has stopped".into());
-        self.queue.send(Pending { write, reply }).map_err(|_| stopped())?;
+        self.queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.queue.send(Pending { write, reply }).is_err() {
+            self.queued.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(stopped());
+        }
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Writes the queued writes in batches until `stop` is cancelled, telling `written`
-    /// about each batch written. Runs once: a second call returns at once.
-    pub async fn run(&self, store: Arc<dyn LeaseStore>, stop: CancellationToken, written: OnWritten) {
-        let written = Arc::new(written);
+    /// Writes the queued writes in batches until `stop` is cancelled. Runs once: a second
+    /// call returns at once.
+    pub async fn run(&self, store: Arc<dyn LeaseStore>, stop: CancellationToken) {
         let Some(mut incoming) = self.incoming.lock().ok().and_then(|mut slot| slot.take()) else { return };
-        let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+        let in_flight = self.in_flight.clone();
         let mut waiting: VecDeque<Pending> = VecDeque::new();
         loop {
             if waiting.is_empty() {
@@ -116,9 +157,10 @@ impl Batcher {
                 waiting.push_back(pending);
             }
             let batch = take_batch(&mut waiting);
-            let (store, written) = (store.clone(), written.clone());
+            self.queued.fetch_sub(batch.len(), std::sync::atomic::Ordering::SeqCst);
+            let store = store.clone();
             tokio::spawn(async move {
-                commit(&*store, batch, &**written).await;
+                commit(&*store, batch).await;
                 drop(permit);
             });
         }
@@ -152,25 +194,17 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
 }
 
 /// Commits `batch` in one transaction and answers each of its writes.
-async fn commit(
-    store: &dyn LeaseStore,
-    batch: Vec<Pending>,
-    written: &(dyn Fn(Revision, &[Op]) + Send + Sync),
-) {
+async fn commit(store: &dyn LeaseStore, batch: Vec<Pending>) {
     let mut txn = Txn::new();
     for pending in &batch {
         txn.compares.extend(pending.write.compares.iter().cloned());
         txn.ops.extend(pending.write.ops.iter().cloned());
     }
-    let ops = txn.ops.clone();
-    let outcome = store.txn(txn).await.map(|o| {
-        if o.succeeded {
-            written(o.revision, &ops);
-            Batched::Written(o.revision)
-        } else {
-            Batched::Lost
-        }
-    });
+    let ops: BatchOps = txn.ops.clone().into();
+    let outcome = store
+        .txn(txn)
+        .await
+        .map(|o| if o.succeeded { (Batched::Written(o.revision), Some(ops)) } else { (Batched::Lost, None) });
     for pending in batch {
         let _ = pending.reply.send(outcome.clone());
     }
@@ -196,7 +230,7 @@ mod tests {
         let batcher = Arc::new(Batcher::default());
         let stop = tokio_util::sync::CancellationToken::new();
         let (runner, store, token) = (batcher.clone(), Arc::new(memory.clone()), stop.clone());
-        tokio::spawn(async move { runner.run(store, token, Box::new(|_, _| {})).await });
+        tokio::spawn(async move { runner.run(store, token).await });
         (batcher, memory, stop)
     }
 

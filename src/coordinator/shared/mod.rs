@@ -272,6 +272,19 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         }
     }
 
+    /// Applies `ops`, which this instance committed at `revision`, to the mirror at once if
+    /// nothing else happened in between, and returns what changed for the caller to tell
+    /// its consumers ([`Mirror::apply_own_now`]); offers them otherwise. See
+    /// [`mirror::own_batch`] for which records may be given.
+    pub fn apply_own_write(
+        &self,
+        revision: crate::store::Revision,
+        ops: &[crate::store::Op],
+    ) -> Option<mirror::Changes> {
+        let batch = mirror::own_batch(C::prefix(&self.keys), revision, ops)?;
+        self.mirror.apply_own_now(&self.keys, batch)
+    }
+
     /// Commits `txn` and, if it succeeded, offers its operations to the mirror
     /// ([`Self::offer_own_write`]: only for records whose cache reads no create revision).
     pub async fn txn_own(
@@ -286,12 +299,12 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         Ok(outcome)
     }
 
-    /// Keeps the cache equal to the store, calling `relay` with the topics each change
-    /// touched. Runs until shutdown.
-    pub async fn run_mirror(&self, resync_interval: Duration, relay: impl Fn(&C, &mirror::Changes)) {
+    /// Follows the store into the mirror ([`mirror::Follower`]), re-reading the whole
+    /// prefix every `resync_interval` as a safety net, until shutdown.
+    pub fn follower(&self, resync_interval: Duration) -> mirror::Follower<'_, C> {
         let source =
             Source { store: &*self.store, keys: &self.keys, resync_interval, shutdown: &self.shutdown };
-        self.mirror.run(source, relay).await;
+        self.mirror.follower(source)
     }
 
     /// Starts a graceful stop: not ready, every task stops, every stream ends with

@@ -49,7 +49,7 @@ pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), Coordinat
         let core = writer.core();
         // Registration records are read with their create revision, which a batch's
         // operations do not carry: the watch brings them to the mirror.
-        core.registrations.run(core.store.clone(), core.shutdown.clone(), Box::new(|_, _| {})).await
+        core.registrations.run(core.store.clone(), core.shutdown.clone()).await
     });
     if let Err(error) = backend.core().lease_granted().await {
         backend.core().shutdown.cancel();

@@ -119,12 +119,14 @@ impl TestBackend {
         let backend = Arc::new(TestBackend { core });
         let watcher = backend.clone();
         tokio::spawn(async move {
-            let relay = |cache: &Records, changes: &Changes| {
-                watcher.core.streams.relay(changes, |topic, consumer, stream| {
-                    watcher.relay_one(cache, topic, consumer, stream)
-                })
-            };
-            watcher.core.run_mirror(Duration::from_secs(300), relay).await;
+            let mut follower = watcher.core.follower(Duration::from_secs(300));
+            while let Some(changes) = follower.next().await {
+                let cache = watcher.core.mirror.read();
+                watcher.core.streams.relay(&changes, |topic, consumer, stream| {
+                    watcher.relay_one(&cache, topic, consumer, stream)
+                });
+                watcher.core.mirror.announce(&cache);
+            }
         });
         super::register::start_lease(&backend).await.expect("the store grants a lease");
         let mut readiness = backend.core.readiness.subscribe();

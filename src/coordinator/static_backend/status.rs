@@ -39,6 +39,9 @@ pub(super) fn status(inner: &Static) -> StatusView {
                     status: ConsumerStatus::Active,
                     instance: config.instance_id.clone(),
                     partitions: config.assignment.partitions(topic, consumer, count).map_or(0, |p| p.len()),
+                    // No records, so no attributes.
+                    zone: None,
+                    capacity: 1,
                 })
                 .collect();
             TopicStatus { topic: topic.clone(), partition_count: count, consumers, owners, handoffs: vec![] }

@@ -57,6 +57,19 @@ impl Process {
             .status()
             .unwrap_or_else(|e| panic!("cannot run kill -{signal} {pid}: {e}"));
         assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+        if signal == "STOP" {
+            // `kill` returns once the signal is queued; a thread of etcd's that is running on
+            // the other core may still answer a request before it stops. Frozen means every
+            // thread of it shows the stopped state.
+            let deadline = Instant::now() + STOP_DEADLINE;
+            while !all_threads_stopped(&pid) {
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd {pid} did not stop within {STOP_DEADLINE:?} of SIGSTOP"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// Kills etcd at once (SIGKILL, like a crash), then reaps the watchdog.
@@ -185,4 +198,16 @@ pub fn log_tail(log: &Path, from: u64) -> String {
     }
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc/PID/task/*/stat`).
+fn all_threads_stopped(pid: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            // The state follows the command name, which is in parentheses.
+            .is_ok_and(|stat| {
+                stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+            })
+    })
 }

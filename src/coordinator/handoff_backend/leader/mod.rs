@@ -1,4 +1,5 @@
-//! The leader: [`election`], [`reconcile`] and the topic refresh.
+//! The leader: [`election`], [`reconcile`] (with what it takes from the Kubernetes
+//! [`view`]) and the topic refresh.
 //!
 //! Leadership is one `watch` value, `Some(Fence)` while this instance leads: `is_leader`,
 //! the leader gauge and this loop read it, and only the election writes it. The leader key
@@ -13,6 +14,7 @@
 
 mod election;
 mod reconcile;
+mod view;
 
 pub(super) use election::resign;
 

@@ -6,9 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::election::still_leading;
 use super::{Fence, Leadership};
-use crate::assignment::Rollout;
 use crate::coordinator::handoff_backend::{Handoff, calls::write_ops, now_ms};
-use crate::handoff::{PlanReport, TopicState, Write, diff_writes, plan_with};
+use crate::handoff::{PlanReport, Write, diff_writes, plan_with};
 use crate::store::{Compare, Revision, Txn};
 
 /// etcd refuses transactions with more than 128 compares (or operations) by default; a
@@ -116,14 +115,6 @@ struct TopicPlan {
     rollout: bool,
 }
 
-/// The rollout among `state`'s consumers, from the view (in memory: never waits).
-fn rollout_of(inner: &Handoff, state: &TopicState) -> Option<Rollout> {
-    let view = inner.config.rollout.as_ref()?;
-    let live: BTreeSet<String> = state.consumers.keys().cloned().collect();
-    let active: BTreeSet<String> = live.iter().filter(|c| state.is_active(c)).cloned().collect();
-    view.rollout(&live, &active)
-}
-
 /// Plans and writes every topic (see the module docs). While `settling`, a topic with a
 /// partition whose owner's registration is gone is left alone: that consumer may be about
 /// to come back (docs/design.md §6, "settle after an interruption"). An instance lease that
@@ -175,10 +166,10 @@ pub(super) async fn reconcile_all(
                 wait.is_none()
             })
             .filter_map(|(topic, entry)| {
-                let before = entry.state();
+                let mut before = entry.state();
+                let rollout = super::view::from_view(inner, &mut before);
                 let mut after = before.clone();
                 let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
-                let rollout = rollout_of(inner, &before);
                 let report = plan_with(&mut after, now, &inner.config.plan, cooldowns, rollout.as_ref());
                 let writes = diff_writes(&before, &after);
                 if writes.is_empty() {

@@ -1,14 +1,20 @@
 //! A cache kept equal to a store prefix, shared by the store-backed coordinators.
 //!
-//! The mirror loads a snapshot of the prefix, then follows a prefix watch from the
-//! snapshot's revision + 1. Events that are ready together (one revision at least) are
-//! applied before the coordinator's relay runs, so a consumer never sees part of a
-//! transaction. On a watch error, and every resync interval as a safety net, it re-reads
-//! the whole prefix and relays only the topics that differ: nothing is missed across the
-//! gap. After every applied batch the `changed` channel is bumped with the cache revision.
+//! The mirror loads a snapshot of the prefix; its [`Follower`] then follows a prefix watch
+//! from the snapshot's revision + 1. Events that are ready together (one revision at least)
+//! are applied before the follower hands their [`Changes`] to the backend, so a consumer
+//! never sees part of a transaction. On a watch error, and every resync interval as a
+//! safety net, it re-reads the whole prefix and hands over only the topics that differ:
+//! nothing is missed across the gap.
 //!
-//! What the cache holds, and what the relay tells the consumers, is the coordinator's own
-//! business ([`MirrorCache`] and the relay callback).
+//! The mirror never calls the backend: the backend's own loop asks the follower for the
+//! next changes, reads the cache, tells its consumers, and then [`Mirror::announce`]s the
+//! revision to whoever waits for it. What the cache holds, and what the consumers are told,
+//! is the backend's business ([`MirrorCache`]).
+
+mod follower;
+
+pub use follower::Follower;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -16,13 +22,11 @@ use std::{
     time::Duration,
 };
 
-use futures::{FutureExt, StreamExt};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{
     KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind,
-    WatchStream,
 };
 
 /// How many of its own writes a mirror keeps waiting for their turn; older ones are
@@ -36,14 +40,6 @@ pub struct Versioned<T> {
     pub value: T,
     /// Its mod revision.
     pub mod_revision: Revision,
-}
-
-/// `interval` ± 25 %, at random: the periodic resync (O(all records)) must not run at the
-/// same moment on every instance.
-fn jittered(interval: Duration) -> Duration {
-    use std::hash::BuildHasher;
-    let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
-    interval.mul_f64(0.75 + (random % 1_000) as f64 / 2_000.0)
 }
 
 /// What the watch will deliver for a transaction of `ops` that this instance committed at
@@ -173,9 +169,9 @@ pub struct MirrorHealth {
 
 /// A cache kept equal to a store prefix, and the channel that announces its revisions.
 pub struct Mirror<C> {
-    /// The store's state as last seen by the watcher.
+    /// The store's state as last seen by the follower (or this instance's own writes).
     cache: RwLock<C>,
-    /// Bumped (with the cache revision) after every applied revision.
+    /// The cache revision whose changes the consumers were told ([`Mirror::announce`]).
     changed: watch::Sender<Revision>,
     /// Names this mirror in its logs.
     name: &'static str,
@@ -184,7 +180,7 @@ pub struct Mirror<C> {
     /// This instance's own committed writes, by revision, waiting to be applied ahead of
     /// their watch delivery ([`Mirror::offer`]).
     own: Mutex<BTreeMap<Revision, Vec<WatchEvent>>>,
-    /// Wakes the watcher when an own write is offered.
+    /// Wakes the follower when an own write is offered.
     own_offered: Notify,
 }
 
@@ -209,9 +205,9 @@ impl<C: MirrorCache> Mirror<C> {
         })
     }
 
-    /// Offers a write this instance committed, so the cache and the relay need not wait
-    /// for the watch to bring it back (a handoff's fast path, docs/design.md §9). The watcher
-    /// applies it as soon as the cache is at the revision just before it, which proves
+    /// Offers a write this instance committed, so the cache and the consumers need not
+    /// wait for the watch to bring it back (docs/design.md §9). The [`Follower`] applies it
+    /// as soon as the cache is at the revision just before it, which proves
     /// that nothing else happened in between; otherwise the watch delivers it as usual,
     /// and the watch's own copy of an applied revision is skipped. `batch` must hold every
     /// change of its revision under the prefix, as the watch would deliver them.
@@ -226,6 +222,28 @@ impl<C: MirrorCache> Mirror<C> {
         }
         drop(own);
         self.own_offered.notify_one();
+    }
+
+    /// Applies a write this instance committed right away, in the committing task, if the
+    /// cache is at the revision just before it (nothing else happened in between), and
+    /// returns what it changed, for the caller to tell its consumers and then
+    /// [`announce`](Self::announce): the fast path of a handoff, with no task between the
+    /// commit and the streams (docs/design.md §9). Otherwise it is offered
+    /// ([`Self::offer`]), the follower applies it in turn, and `None` is returned.
+    pub fn apply_own_now(&self, keys: &C::Keys, batch: WatchBatch) -> Option<Changes> {
+        let mut changes = Changes::default();
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        if batch.revision != cache.revision() + 1 {
+            drop(cache);
+            self.offer(batch);
+            return None;
+        }
+        for event in batch.events {
+            cache.apply(keys, event, &mut changes);
+        }
+        // Own writes offered meanwhile that now follow without a gap.
+        self.apply_own(&mut cache, keys, &mut changes);
+        Some(changes)
     }
 
     /// Applies the offered own writes that follow the cache's revision without a gap,
@@ -266,131 +284,21 @@ impl<C: MirrorCache> Mirror<C> {
         });
     }
 
-    /// A receiver woken after every applied revision.
+    /// A receiver woken after every announced revision.
     pub fn subscribe(&self) -> watch::Receiver<Revision> {
         self.changed.subscribe()
     }
 
-    /// Keeps the cache equal to the store and calls `relay` with the topics each change
-    /// touched, under the read lock of the updated cache. Runs until shutdown.
-    pub async fn run(&self, source: Source<'_, C::Keys>, relay: impl Fn(&C, &Changes)) {
-        let Source { store, keys, shutdown, .. } = source;
-        let name = self.name;
-        let mut from = self.read().revision() + 1;
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let watch = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                w = store.watch_prefix(C::prefix(keys), from) => w,
-            };
-            let interrupted = match watch {
-                Ok(stream) => {
-                    backoff = Duration::from_millis(50);
-                    self.set_following(true, false);
-                    self.follow(&source, stream, &relay).await
-                }
-                Err(error) => {
-                    tracing::warn!(%error, mirror = name, "watch failed; re-reading state");
-                    true
-                }
-            };
-            if shutdown.is_cancelled() {
-                return;
-            }
-            // Re-read everything, then relay what differs: nothing is missed across the gap.
-            loop {
-                match store.get_prefix(C::prefix(keys)).await {
-                    Ok(snapshot) => {
-                        let fresh = C::from_snapshot(keys, snapshot);
-                        from = fresh.revision() + 1;
-                        let changes = {
-                            let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
-                            let changes = cache.differing(&fresh);
-                            *cache = fresh;
-                            changes
-                        };
-                        self.set_following(true, interrupted);
-                        self.publish(&changes, &relay);
-                        break;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, mirror = name, "cannot re-read state; retrying");
-                        self.set_following(false, false);
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return,
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
-                    }
-                }
-            }
-        }
+    /// Follows the store from the cache's revision ([`Follower`]).
+    pub fn follower<'a>(&'a self, source: Source<'a, C::Keys>) -> Follower<'a, C> {
+        Follower::new(self, source)
     }
 
-    /// Applies a watch stream to the cache until it fails (returns `true`), the resync
-    /// interval passes, or shutdown. Events that are ready together (one revision at least)
-    /// are applied before relaying, so consumers never see part of a transaction.
-    async fn follow(
-        &self,
-        source: &Source<'_, C::Keys>,
-        mut stream: WatchStream,
-        relay: &impl Fn(&C, &Changes),
-    ) -> bool {
-        let resync = tokio::time::sleep(jittered(source.resync_interval));
-        tokio::pin!(resync);
-        loop {
-            // `None`: an own write was offered, no watch item is at hand.
-            let mut item = tokio::select! {
-                _ = source.shutdown.cancelled() => return false,
-                _ = &mut resync => return false,
-                item = stream.next() => Some(item),
-                _ = self.own_offered.notified() => None,
-            };
-            let mut changes = Changes::default();
-            let mut failed = false;
-            let advanced = {
-                let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
-                let before = cache.revision();
-                while let Some(next) = item {
-                    match next {
-                        // A revision already applied as an own write: skip the copy.
-                        Some(Ok(batch)) if batch.revision <= cache.revision() => {}
-                        Some(Ok(batch)) => {
-                            for event in batch.events {
-                                cache.apply(source.keys, event, &mut changes);
-                            }
-                        }
-                        Some(Err(error)) => {
-                            tracing::warn!(%error, mirror = self.name, "watch ended");
-                            failed = true;
-                            break;
-                        }
-                        None => {
-                            failed = true;
-                            break;
-                        }
-                    }
-                    item = stream.next().now_or_never();
-                }
-                if !failed {
-                    self.apply_own(&mut cache, source.keys, &mut changes);
-                }
-                cache.revision() != before
-            };
-            if advanced || failed {
-                self.publish(&changes, relay);
-            }
-            if failed {
-                return true;
-            }
-        }
-    }
-
-    /// Relays the changed topics, then announces the new revision, under one read of the
-    /// cache: both are about the same revision.
-    fn publish(&self, changes: &Changes, relay: &impl Fn(&C, &Changes)) {
-        let cache = self.read();
-        relay(&cache, changes);
+    /// Announces the revision of `cache` (a read of this mirror) to
+    /// [`subscribe`](Self::subscribe)rs, once the consumers were told what it changed. Called
+    /// with the read still held, so the announced revision never goes back: a cache update
+    /// (the follower's, or [`Self::apply_own_now`]) waits for that read to end.
+    pub fn announce(&self, cache: &C) {
         self.changed.send_replace(cache.revision());
     }
 }
@@ -420,7 +328,12 @@ mod tests {
         let (seen, token) = (relayed.clone(), stop.clone());
         tokio::spawn(async move {
             let source = Source { store: &store, keys: &(), resync_interval: resync, shutdown: &token };
-            mirror.run(source, |_, changes| seen.lock().expect("lock").push(changes.topics())).await;
+            let mut follower = mirror.follower(source);
+            while let Some(changes) = follower.next().await {
+                let cache = mirror.read();
+                seen.lock().expect("lock").push(changes.topics());
+                mirror.announce(&cache);
+            }
         });
         (relayed, stop)
     }

@@ -1,13 +1,15 @@
-//! The assigner as a container for users' integration tests (cargo feature
-//! `testcontainers`, the `testcontainers` crate). **Needs a Docker engine** and the images
-//! (`scripts/images` builds both from a checkout, no registry needed; or
+//! The assigner as a container for a consumer's integration tests (cargo feature
+//! `testcontainers` of this crate, the `testcontainers` crate, re-exported here so its
+//! version always matches). **Needs a Docker engine** and the images (`scripts/images`
+//! builds both from a checkout of the repository, no registry needed; or
 //! `docker build -t kafka-assigner:local .`). Containers, and the networks they were
 //! started on, are removed when their handles drop, a failing test's included.
 //!
 //! ```no_run
 //! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
-//! use kafka_assigner::testing::containers::{AssignerImage, client_config};
-//! use testcontainers::runners::AsyncRunner;
+//! use kafka_assigner_client::testing::containers::{
+//!     AssignerImage, client_config, testcontainers::runners::AsyncRunner,
+//! };
 //!
 //! let assigner = AssignerImage::default().with_topics(&[("payments", 4)]).start().await?;
 //! let config = client_config(&[&assigner], "worker-a", "payments").await?;
@@ -40,8 +42,12 @@ use testcontainers::{
     runners::AsyncRunner,
 };
 
-use crate::cli::status::{Status, StatusArgs, StatusError};
-use crate::client::ClientConfig;
+use crate::ClientConfig;
+use crate::status::{Status, StatusError};
+
+/// The `testcontainers` crate this module is built on (`runners::AsyncRunner` starts an
+/// image, `ImageExt` names it or puts it on a network).
+pub use testcontainers;
 
 /// The gRPC port inside the assigner container.
 pub const GRPC_PORT: ContainerPort = ContainerPort::Tcp(50051);
@@ -148,7 +154,7 @@ impl AssignerImage {
     pub fn lease_ttl(&self) -> Duration {
         self.env
             .get("KAFKA_ASSIGNER_LEASE_TTL")
-            .and_then(|ttl| crate::duration::parse_duration(ttl).ok())
+            .and_then(|ttl| humantime::parse_duration(ttl.trim()).ok())
             .unwrap_or(Duration::from_secs(10))
     }
 }
@@ -347,9 +353,7 @@ pub async fn client_config(
 
 /// The assigner's `/status` (consumers, owners, handoffs, leader), read from its admin port.
 pub async fn status(container: &ContainerAsync<AssignerImage>) -> Result<Status, ContainersError> {
-    let args =
-        StatusArgs { admin_addr: admin_url(container).await?, json: false, timeout: Duration::from_secs(5) };
-    Ok(crate::cli::status::fetch(&args).await?.1)
+    Ok(crate::status::fetch(&admin_url(container).await?, Duration::from_secs(5)).await?.1)
 }
 
 /// A log consumer (`ImageExt::with_log_consumer`) that copies a container's output to

@@ -1,0 +1,169 @@
+//! Following the store: the watch, the re-reads that close its gaps, and the periodic
+//! resync, as one step at a time that the backend's own loop asks for.
+
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use tokio::time::Sleep;
+
+use super::{Changes, Mirror, MirrorCache, Source};
+use crate::store::{Revision, WatchStream};
+
+/// The first pause before re-reading after a failed read; doubled up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// `interval` ± 25 %, at random: the periodic resync (O(all records)) must not run at the
+/// same moment on every instance.
+fn jittered(interval: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    interval.mul_f64(0.75 + (random % 1_000) as f64 / 2_000.0)
+}
+
+/// Where the follower is: watching, or due to re-read the whole prefix.
+enum Phase {
+    /// Open a watch from this revision.
+    Watch(Revision),
+    /// Following this watch until the resync is due.
+    Following(WatchStream, std::pin::Pin<Box<Sleep>>),
+    /// Re-read everything; `interrupted` says whether the watch broke (a gap in the view).
+    Reread { interrupted: bool },
+}
+
+/// Keeps a [`Mirror`]'s cache equal to the store, one step at a time: each
+/// [`next`](Self::next) applies at least one revision and returns what it changed.
+pub struct Follower<'a, C: MirrorCache> {
+    mirror: &'a Mirror<C>,
+    source: Source<'a, C::Keys>,
+    phase: Phase,
+    backoff: Duration,
+}
+
+impl<'a, C: MirrorCache> Follower<'a, C> {
+    pub(super) fn new(mirror: &'a Mirror<C>, source: Source<'a, C::Keys>) -> Self {
+        let from = mirror.read().revision() + 1;
+        Self { mirror, source, phase: Phase::Watch(from), backoff: FIRST_BACKOFF }
+    }
+
+    /// Waits until the cache has advanced (a watched revision, an own write, a re-read
+    /// after a gap or the periodic resync) and returns what changed, for the caller to tell
+    /// its consumers and then [`Mirror::announce`]. After a broken watch the changes may be
+    /// empty: the re-read that follows brings what differs. `None` once the instance stops.
+    pub async fn next(&mut self) -> Option<Changes> {
+        let Source { store, keys, shutdown, resync_interval } = self.source;
+        let (mirror, name) = (self.mirror, self.mirror.name);
+        loop {
+            if shutdown.is_cancelled() {
+                return None;
+            }
+            match std::mem::replace(&mut self.phase, Phase::Reread { interrupted: true }) {
+                Phase::Watch(from) => {
+                    let watch = tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        w = store.watch_prefix(C::prefix(keys), from) => w,
+                    };
+                    match watch {
+                        Ok(stream) => {
+                            self.backoff = FIRST_BACKOFF;
+                            mirror.set_following(true, false);
+                            let resync = Box::pin(tokio::time::sleep(jittered(resync_interval)));
+                            self.phase = Phase::Following(stream, resync);
+                        }
+                        Err(error) => tracing::warn!(%error, mirror = name, "watch failed; re-reading state"),
+                    }
+                }
+                Phase::Following(mut stream, mut resync) => {
+                    // `None`: an own write was offered, no watch item is at hand.
+                    let item = tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        _ = &mut resync => {
+                            self.phase = Phase::Reread { interrupted: false };
+                            continue;
+                        }
+                        item = stream.next() => Some(item),
+                        _ = mirror.own_offered.notified() => None,
+                    };
+                    let (changes, advanced, failed) = self.apply(&mut stream, item);
+                    if !failed {
+                        self.phase = Phase::Following(stream, resync);
+                    }
+                    if advanced || failed {
+                        return Some(changes);
+                    }
+                }
+                Phase::Reread { interrupted } => match store.get_prefix(C::prefix(keys)).await {
+                    Ok(snapshot) => {
+                        let fresh = C::from_snapshot(keys, snapshot);
+                        let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
+                        if fresh.revision() < cache.revision() {
+                            // An own write was applied while the read was under way
+                            // (`Mirror::apply_own_now`): the snapshot is older than the
+                            // cache, and taking it would move the consumers back. Read again.
+                            self.phase = Phase::Reread { interrupted };
+                            continue;
+                        }
+                        self.phase = Phase::Watch(fresh.revision() + 1);
+                        let changes = cache.differing(&fresh);
+                        *cache = fresh;
+                        drop(cache);
+                        mirror.set_following(true, interrupted);
+                        return Some(changes);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, mirror = name, "cannot re-read state; retrying");
+                        mirror.set_following(false, false);
+                        self.phase = Phase::Reread { interrupted };
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return None,
+                            _ = tokio::time::sleep(self.backoff) => {}
+                        }
+                        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Applies `item` and every watch item ready with it, then the own writes that follow
+    /// without a gap: whole revisions, so consumers never see part of a transaction.
+    /// Returns the changes, whether the cache advanced, and whether the watch failed (then
+    /// the phase is left at [`Phase::Reread`]).
+    fn apply(
+        &mut self,
+        stream: &mut WatchStream,
+        mut item: Option<Option<Result<crate::store::WatchBatch, crate::store::StoreError>>>,
+    ) -> (Changes, bool, bool) {
+        let (mirror, keys) = (self.mirror, self.source.keys);
+        let mut changes = Changes::default();
+        let mut failed = false;
+        let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
+        let before = cache.revision();
+        while let Some(next) = item {
+            match next {
+                // A revision already applied as an own write: skip the copy.
+                Some(Ok(batch)) if batch.revision <= cache.revision() => {}
+                Some(Ok(batch)) => {
+                    for event in batch.events {
+                        cache.apply(keys, event, &mut changes);
+                    }
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(%error, mirror = mirror.name, "watch ended");
+                    failed = true;
+                    break;
+                }
+                None => {
+                    failed = true;
+                    break;
+                }
+            }
+            item = stream.next().now_or_never();
+        }
+        if !failed {
+            mirror.apply_own(&mut cache, keys, &mut changes);
+        }
+        let advanced = cache.revision() != before;
+        (changes, advanced, failed)
+    }
+}
