@@ -29,6 +29,10 @@ pub enum CoordinatorError {
     /// The consumer registered again, and this stream was replaced by the newer one.
     #[error("{0}")]
     Replaced(String),
+    /// The caller of a `Register` went away before its registration was written, so none
+    /// was (docs/design.md §6). Nobody waits for this answer.
+    #[error("{0}")]
+    Abandoned(String),
     /// This instance has no live session with its store right now (not granted yet, lost,
     /// or fenced): it serves no registrations until it has one again.
     #[error("{0}")]

@@ -52,6 +52,9 @@ pub struct Metrics {
     /// Registrations of this instance that no stream held for a TTL, ended by the sweep
     /// (a safety net: every other path settles its own registrations).
     pub registrations_swept: Counter,
+    /// `Register` calls whose caller went away while they still run (each ends without
+    /// replacing anyone's registration: docs/design.md §6).
+    pub registers_abandoned: Gauge,
     /// 1 while this instance leads.
     pub is_leader: Gauge,
     /// Consumer streams held by this instance.
@@ -155,6 +158,12 @@ impl Metrics {
             "registrations_swept",
             "Registrations of this instance no stream held for a TTL, ended by the sweep",
         );
+        let registers_abandoned = Gauge::default();
+        r.register(
+            "registers_abandoned",
+            "Register calls whose caller went away, still being carried out",
+            registers_abandoned.clone(),
+        );
         let is_leader = Gauge::default();
         r.register("is_leader", "1 while this instance leads", is_leader.clone());
         let streams = Gauge::default();
@@ -207,6 +216,7 @@ impl Metrics {
             direct_assignments,
             reconcile_conflicts,
             registrations_swept,
+            registers_abandoned,
             is_leader,
             streams,
             streams_refused,

@@ -23,6 +23,8 @@ pub fn code_of(error: &CoordinatorError) -> Code {
         | CoordinatorError::ShuttingDown
         | CoordinatorError::StreamEnded(..) => Code::Unavailable,
         CoordinatorError::NotReading(_) => Code::ResourceExhausted,
+        // Its caller is gone; the code says so should anything still read it.
+        CoordinatorError::Abandoned(_) => Code::Cancelled,
         CoordinatorError::Handoff { source, .. } => match source {
             HandoffError::PartitionOutOfRange { .. } => Code::InvalidArgument,
             HandoffError::UnknownConsumer(_) => Code::NotFound,

@@ -104,12 +104,10 @@ async fn assigner_cut_from_etcd_fences_its_consumers() {
 }
 
 /// The same, with clients that give up on a call after 500 ms, and b0 and b1 (which kept
-/// retrying a0) are given partitions again too. Fails: a `Register` a client gave up on is
-/// carried out once etcd is back, and when its write lands after that of the client's next
-/// attempt, its stream (which nobody reads) replaces the live one; the client takes the
-/// `ABORTED` for another consumer of its name and stops for good (docs/containers-faults.md).
+/// retrying a0) are given partitions again too: the `Register`s they gave up on, carried
+/// out once etcd is back, must not replace their live attempts (docs/containers-faults.md,
+/// docs/design.md §6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: a Register the client gave up on replaces its next one (docs/containers-faults.md)"]
 async fn consumers_of_a_reconnected_assigner_come_back() {
     if can_run("consumers_of_a_reconnected_assigner_come_back") {
         isolation(true).await;
@@ -172,9 +170,11 @@ async fn isolation(old_consumers_come_back: bool) {
         !owned["b0"].is_empty() && !owned["b1"].is_empty()
     })
     .await;
+    let back_after = joined.elapsed();
     let (ended0, ended1) = (fleet.ended("b0").await, fleet.ended("b1").await);
     eprintln!(
-        "[container-faults] isolation: b0 and b1 own partitions again: {back} (b0's client ended: {ended0:?}, b1's: {ended1:?})"
+        "[container-faults] isolation: b0 and b1 own partitions again: {back}, {back_after:?} after the connect \
+         (b0's client ended: {ended0:?}, b1's: {ended1:?})"
     );
     if old_consumers_come_back {
         findings.check(

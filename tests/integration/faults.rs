@@ -3,6 +3,7 @@
 //! cut off from etcd by a proxy, the leader instance killed mid-handoff, 1,000 concurrent
 //! `Register`s of one name. `memory.rs` adds the memory backend behind a `FaultyStore`: a
 //! lost answer to the election transaction, and the cut-off scenario without etcd.
+//! `abandoned.rs`: a `Register` its caller gave up on never replaces the live one.
 //!
 //! Each asserts from the consumers' views (`views.rs`): no double ownership outside a
 //! handoff's release window; readiness following the store; after a stopped or frozen etcd,
@@ -10,6 +11,7 @@
 //! scenario collects every finding and fails with all of them, so one run shows the whole
 //! picture. Recovery times are printed (`[faults] ...`, run with `--nocapture`).
 
+mod abandoned;
 mod holes;
 mod memory;
 mod views;

@@ -11,6 +11,7 @@ use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     cas::{CAS_ATTEMPTS, delete_if},
     records::{RECORD_VERSION, decode, encode},
+    registrar::Caller,
     streams::StreamKey,
 };
 use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn};
@@ -31,19 +32,27 @@ pub(super) fn member_record(inner: &Fleet, consumer: &str, registration: Session
 
 /// Writes the member record (id `registration`) bound to the instance `lease` and, in the
 /// same transaction, re-binds every lease the consumer already holds (a reconnect within
-/// the TTL) to it, each guarded by its mod revision. Returns the write's revision.
+/// the TTL) to it, each guarded by its mod revision. Returns the write's revision; `None`
+/// when `caller` went away before anything was written. Each attempt is decided after
+/// its reads, and only while the caller waits: a caller gone by then has sent its next
+/// attempt, which a write decided from what that attempt wrote would replace
+/// (docs/design.md §6).
 pub(super) async fn write_registration(
     inner: &Fleet,
     consumer: &str,
     topic: &str,
     registration: SessionId,
     instance_lease: SessionId,
-) -> Result<Revision, CoordinatorError> {
+    caller: &Caller,
+) -> Result<Option<Revision>, CoordinatorError> {
     let key = inner.core.keys.member(topic, consumer);
     let record = member_record(inner, consumer, registration);
     for _ in 0..CAS_ATTEMPTS {
         let existing = inner.core.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
         let leases = inner.core.store.get_prefix(&inner.core.keys.leases(topic)).await?;
+        if caller.is_gone() {
+            return Ok(None);
+        }
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
             &key,
             encode(&record),
@@ -61,7 +70,7 @@ pub(super) async fn write_registration(
         }
         let outcome = inner.core.store.txn(txn).await?;
         if outcome.succeeded {
-            return Ok(outcome.revision);
+            return Ok(Some(outcome.revision));
         }
     }
     Err(CoordinatorError::Contended(format!(

@@ -16,7 +16,7 @@ use crate::coordinator::shared::{
     Core,
     cas::create_bound,
     records::{decode, encode},
-    registrar::{Held, Registrar},
+    registrar::{Caller, Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
 };
 use crate::store::{Revision, SessionId, StoreError};
@@ -36,8 +36,9 @@ impl Registrar for Fleet {
         topic: &str,
         registration: SessionId,
         instance_lease: SessionId,
-    ) -> Result<Revision, CoordinatorError> {
-        write_registration(self, consumer, topic, registration, instance_lease).await
+        caller: &Caller,
+    ) -> Result<Option<Revision>, CoordinatorError> {
+        write_registration(self, consumer, topic, registration, instance_lease, caller).await
     }
 
     async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError> {

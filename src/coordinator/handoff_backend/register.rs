@@ -15,7 +15,7 @@ use crate::coordinator::shared::{
     Core,
     batch::{Batched, KeyWrite},
     cas::{CAS_ATTEMPTS, create_bound, delete_if},
-    registrar::{Held, Registrar},
+    registrar::{Caller, Held, Registrar},
     streams::{Ending, LocalStream, StreamKey},
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
@@ -52,26 +52,35 @@ impl Registrar for Handoff {
         topic: &str,
         registration: SessionId,
         lease: SessionId,
-    ) -> Result<Revision, CoordinatorError> {
+        caller: &Caller,
+    ) -> Result<Option<Revision>, CoordinatorError> {
         let core = &self.core;
         let key = core.keys.consumer(topic, consumer);
         let record = self.active_record(consumer, registration);
         // First in a shared transaction, decided from the cache; if that lost, alone,
-        // decided from a fresh read.
+        // decided from a fresh read. Each decision is made after its read, and only while
+        // the caller waits: a caller gone by then has sent its next attempt, which a write
+        // decided from what that attempt wrote would replace (docs/design.md §6).
         let cached = {
             let cache = core.mirror.read();
             cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision)
         };
+        if caller.is_gone() {
+            return Ok(None);
+        }
         let write = KeyWrite {
             key: key.clone(),
             compares: vec![Compare::ModRevision(key.clone(), cached)],
             ops: vec![Op::put_in(&key, encode(&record), lease)],
         };
         if let Batched::Written(revision) = core.registrations.write(write).await? {
-            return Ok(revision);
+            return Ok(Some(revision));
         }
         for _ in 0..CAS_ATTEMPTS {
             let existing = core.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+            if caller.is_gone() {
+                return Ok(None);
+            }
             let txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
                 &key,
                 encode(&record),
@@ -79,7 +88,7 @@ impl Registrar for Handoff {
             ));
             let outcome = core.store.txn(txn).await?;
             if outcome.succeeded {
-                return Ok(outcome.revision);
+                return Ok(Some(outcome.revision));
             }
         }
         Err(CoordinatorError::Contended(format!(

@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::outgoing::{CommandSender, command_channel, command_stream};
-use super::registrar::{Held, Registrar, after_disconnect, unregister_retrying};
+use super::registrar::{Caller, Held, Registrar, after_disconnect, unregister_retrying};
 use super::streams::{EndReason, LocalStream, StreamKey};
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
@@ -72,6 +72,8 @@ pub fn new_registration_id() -> SessionId {
 /// The work runs in a task of its own, so a caller that goes away (a cancelled `Register`)
 /// cannot stop it between the store write and the stream's admission: the stream is then
 /// admitted, its receiver dropped, and its registration settled as after any disconnect.
+/// But such a registration never replaces another one ([`Caller`]): the client that gave up
+/// has sent its next attempt, and that one is the consumer's live stream.
 pub async fn register<R: Registrar>(
     backend: &Arc<R>,
     consumer: &str,
@@ -82,8 +84,14 @@ pub async fn register<R: Registrar>(
     if backend.core().shutdown.is_cancelled() {
         return Err(shutting_down());
     }
+    let (caller, _gone_if_dropped) = Caller::waiting(backend.core().metrics.registers_abandoned.clone());
     let (backend, consumer, topic) = (backend.clone(), consumer.to_string(), topic.to_string());
-    match tokio::spawn(async move { register_to_the_end(&backend, &consumer, &topic).await }).await {
+    let work = async move {
+        let result = register_to_the_end(&backend, &consumer, &topic, &caller).await;
+        caller.answered();
+        result
+    };
+    match tokio::spawn(work).await {
         Ok(result) => result,
         // The task can only fail to finish when the runtime stops under it.
         Err(_) => Err(shutting_down()),
@@ -99,6 +107,7 @@ async fn register_to_the_end<R: Registrar>(
     backend: &Arc<R>,
     consumer: &str,
     topic: &str,
+    caller: &Caller,
 ) -> Result<CommandStream, CoordinatorError> {
     let core = backend.core();
     let permit = core.register_permits.acquire().await.map_err(|_| shutting_down())?;
@@ -106,8 +115,14 @@ async fn register_to_the_end<R: Registrar>(
     let lease = core.live_lease()?;
     let registration = new_registration_id();
     let key = (topic.to_string(), consumer.to_string(), registration);
-    let registered_at = match backend.write_registration(consumer, topic, registration, lease).await {
-        Ok(revision) => revision,
+    let registered_at = match backend.write_registration(consumer, topic, registration, lease, caller).await {
+        Ok(Some(revision)) => revision,
+        Ok(None) => {
+            tracing::info!(topic, consumer, "a Register whose caller went away is dropped: nothing written");
+            return Err(CoordinatorError::Abandoned(format!(
+                "the caller of this Register of consumer '{consumer}' went away before it was written"
+            )));
+        }
         Err(error) => {
             // The write may have been applied although its answer was lost: a record left
             // behind must end like one whose stream went away.

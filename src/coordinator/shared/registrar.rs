@@ -2,8 +2,12 @@
 //! a registration whose stream is gone is settled ([`after_disconnect`]): kept as long as
 //! the backend says, then deleted if it is still this one. Used by `register.rs` (streams
 //! that end), `rebind.rs` (registrations written again) and `sweep.rs` (orphans).
+//! [`Caller`] tells a registration's write whether anyone still waits for it.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicU8, Ordering},
+};
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
@@ -14,6 +18,65 @@ use super::streams::{Ending, LocalStream, StreamKey, Told};
 use crate::coordinator::CoordinatorError;
 use crate::handoff::Millis;
 use crate::store::{Revision, SessionId, StoreError};
+
+/// Whether the caller of a `Register` still waits for its answer (the registration itself
+/// runs to the end in a task of its own, `register.rs`).
+///
+/// A registration whose caller went away must never replace another one (docs/design.md
+/// §6): a client that gave up on a call has already sent its next attempt, whose stream is
+/// the live one. So [`Registrar::write_registration`] decides again only while the caller
+/// waits: once it is gone, a write already sent lands only where the record is still the
+/// one that write was decided from, and a write that lost its compare is not retried.
+#[derive(Clone, Debug)]
+pub struct Caller(Arc<CallerState>);
+
+#[derive(Debug)]
+struct CallerState {
+    /// [`WAITING`], [`GONE`] or [`ANSWERED`].
+    state: AtomicU8,
+    /// Register calls whose caller went away while they still run.
+    abandoned: prometheus_client::metrics::gauge::Gauge,
+}
+
+const WAITING: u8 = 0;
+const GONE: u8 = 1;
+const ANSWERED: u8 = 2;
+
+/// Held by the `Register` call while it waits: dropping it before the registration was
+/// answered ([`Caller::answered`]) marks the caller gone.
+#[derive(Debug)]
+pub struct CallerGuard(Caller);
+
+impl Caller {
+    /// A caller that waits, and the guard whose drop marks it gone; `abandoned` counts the
+    /// registrations still running whose caller went away.
+    pub fn waiting(abandoned: prometheus_client::metrics::gauge::Gauge) -> (Self, CallerGuard) {
+        let caller = Caller(Arc::new(CallerState { state: AtomicU8::new(WAITING), abandoned }));
+        (caller.clone(), CallerGuard(caller))
+    }
+
+    /// Whether the caller went away before the registration was answered.
+    pub fn is_gone(&self) -> bool {
+        self.0.state.load(Ordering::Acquire) == GONE
+    }
+
+    /// The registration's work is over (answered, refused or given up): a caller that goes
+    /// away from now on changes nothing.
+    pub fn answered(&self) {
+        if self.0.state.swap(ANSWERED, Ordering::AcqRel) == GONE {
+            self.0.abandoned.dec();
+        }
+    }
+}
+
+impl Drop for CallerGuard {
+    fn drop(&mut self) {
+        let state = &self.0.0;
+        if state.state.compare_exchange(WAITING, GONE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            state.abandoned.inc();
+        }
+    }
+}
 
 /// How long a registration whose stream is gone is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,15 +101,18 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     fn core(&self) -> &Core<Self::Cache, Self::Told>;
 
     /// Writes the consumer's registration with id `registration`, bound to the instance
-    /// `lease`, replacing any earlier one of the same name with compare-and-swap; returns
-    /// the write's revision.
+    /// `lease`, replacing any earlier one of the same name with compare-and-swap on the
+    /// record as read before the write; returns the write's revision. A lost compare is
+    /// decided again on a fresh read only while `caller` waits: `None` when the caller went
+    /// away before anything was written ([`Caller`]).
     async fn write_registration(
         &self,
         consumer: &str,
         topic: &str,
         registration: SessionId,
         lease: SessionId,
-    ) -> Result<Revision, CoordinatorError>;
+        caller: &Caller,
+    ) -> Result<Option<Revision>, CoordinatorError>;
 
     /// Writes the registration `key` again, bound to the instance `lease`, after the store
     /// lost it (the previous lease expired before this instance fenced itself), only where
@@ -135,5 +201,30 @@ pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey, regist
             _ = changed.changed() => {}
             _ = tokio::time::sleep_until(deadline) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::metrics::gauge::Gauge;
+
+    use super::Caller;
+
+    #[test]
+    fn a_caller_is_gone_only_if_it_left_before_the_answer_and_is_counted_while_the_work_runs() {
+        let abandoned = Gauge::default();
+        let (caller, guard) = Caller::waiting(abandoned.clone());
+        assert!(!caller.is_gone());
+        drop(guard);
+        assert!(caller.is_gone());
+        assert_eq!(abandoned.get(), 1, "counted while its registration still runs");
+        caller.answered();
+        assert_eq!(abandoned.get(), 0, "no longer once it is over");
+
+        let (answered, guard) = Caller::waiting(abandoned.clone());
+        answered.answered();
+        drop(guard);
+        assert!(!answered.is_gone(), "leaving after the answer changes nothing");
+        assert_eq!(abandoned.get(), 0);
     }
 }

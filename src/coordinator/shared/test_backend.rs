@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use super::cas::create_bound;
 use super::mirror::{Changes, MirrorCache};
-use super::registrar::{Held, Registrar};
+use super::registrar::{Caller, Held, Registrar};
 use super::streams::{Ending, LocalStream};
 use super::topics::Topics;
 use super::wire::update;
@@ -150,9 +150,10 @@ impl Registrar for TestBackend {
         topic: &str,
         id: SessionId,
         lease: SessionId,
-    ) -> Result<Revision, CoordinatorError> {
+        _caller: &Caller,
+    ) -> Result<Option<Revision>, CoordinatorError> {
         let txn = Txn::new().then(Op::put_in(registration(topic, consumer), id.0.to_string(), lease));
-        Ok(self.core.store.txn(txn).await?.revision)
+        Ok(Some(self.core.store.txn(txn).await?.revision))
     }
 
     async fn rewrite_lost(

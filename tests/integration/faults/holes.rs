@@ -137,15 +137,8 @@ async fn cancelled_registers_leave_no_ghost_consumers() {
 /// `kafka_assigner_registrations_swept_total` of instance `i`, from its `/metrics`
 /// (`u64::MAX` if it has none).
 async fn swept(cluster: &TestCluster, i: usize) -> u64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(cluster.instance(i).admin_addr).await.expect("admin port");
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("ask");
-    let mut response = String::new();
-    conn.read_to_string(&mut response).await.expect("read /metrics");
-    let line = response.lines().find(|l| l.starts_with("kafka_assigner_registrations_swept_total "));
-    line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(u64::MAX)
+    let swept = crate::support::metric(cluster.instance(i).admin_addr, "registrations_swept_total").await;
+    swept.map_or(u64::MAX, |v| v as u64)
 }
 
 /// A consumer's `Register` is written to etcd, but its answer reaches the instance only

@@ -43,6 +43,21 @@ where
     }
 }
 
+/// The value of the metric `kafka_assigner_{name}` (a counter's `_total`, a gauge's bare
+/// name) on the admin port `admin`, from its `/metrics`; `None` if it has none.
+pub async fn metric(admin: std::net::SocketAddr, name: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(admin).await.expect("admin port");
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("ask");
+    let mut response = String::new();
+    conn.read_to_string(&mut response).await.expect("read /metrics");
+    let series = format!("kafka_assigner_{name} ");
+    let line = response.lines().find(|l| l.starts_with(&series));
+    line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
+}
+
 /// The next item of `stream`, panicking with `what` if none comes within `deadline` or
 /// the stream ends.
 pub async fn next_within<S>(stream: &mut S, deadline: Duration, what: &str) -> S::Item
