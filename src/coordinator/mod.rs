@@ -30,6 +30,7 @@ pub use crate::status::{ConsumerStatusView, HandoffStatusView, StatusView, Topic
 pub use error::{CoordinatorError, StreamEnd};
 pub use fleet_backend::{FleetConfig, FleetCoordinator};
 pub use handoff_backend::{HandoffConfig, HandoffCoordinator, records};
+pub use shared::instance::StoreCoordinator;
 pub use shared::topics::PartitionCounts;
 pub use shared::validate::{validate_consumer_name, validate_topic_name};
 pub use static_backend::{StaticAssignment, StaticConfig, StaticCoordinator};

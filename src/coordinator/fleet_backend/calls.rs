@@ -26,11 +26,11 @@ pub(super) fn no_handoffs(consumer: &str, topic: &str, _partition: u32) -> Resul
 pub(super) async fn deregister(inner: &Fleet, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
     validate_consumer_name(consumer)?;
     // The store, not the cache: the registration may have been made a moment ago elsewhere.
-    let members = inner.core.store.get_prefix(&inner.core.keys.all_members()).await?;
+    let members = inner.core.store().get_prefix(&inner.core.keys().all_members()).await?;
     let registrations: Vec<String> = members
         .kvs
         .iter()
-        .filter_map(|kv| match inner.core.keys.parse(&kv.key) {
+        .filter_map(|kv| match inner.core.keys().parse(&kv.key) {
             Some(FleetKey::Member(_, name)) if name == consumer => Some(kv.key.clone()),
             _ => None,
         })
@@ -48,7 +48,7 @@ pub(super) async fn deregister(inner: &Fleet, consumer: &str) -> Result<Deregist
 /// Rewrites one member record with `leaving` set (keeping its session) with compare-and-swap.
 async fn mark_leaving(inner: &Fleet, key: &str, consumer: &str) -> Result<(), CoordinatorError> {
     let leave = |r: &mut MemberRecord| !std::mem::replace(&mut r.leaving, true);
-    match rewrite_bound(&*inner.core.store, key, leave).await {
+    match rewrite_bound(inner.core.store(), key, leave).await {
         Ok(Rewrite::Written(_) | Rewrite::Unchanged | Rewrite::Gone) => Ok(()),
         Ok(Rewrite::Contended) => {
             Err(CoordinatorError::Contended(format!("consumer '{consumer}' kept changing; retry")))

@@ -29,7 +29,7 @@ pub(super) async fn claim_task(
 ) {
     let mut claim_timer = tokio::time::interval(inner.config.claim_interval);
     claim_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut changed = inner.core.mirror.subscribe();
+    let mut changed = inner.core.mirror().subscribe();
     // The claim step acts only on a cache that has seen its own last write.
     let mut seen = registered_at;
     loop {
@@ -54,15 +54,15 @@ pub(super) async fn claim_task(
 /// Every topic refresh interval, asks Kafka for the counts of the stored topics and grows
 /// those that grew (compare-and-swap: growth is monotonic, so any instance may do it).
 pub(super) async fn refresh_topics(inner: Arc<Fleet>) {
-    if inner.core.topics.source.is_none() {
+    if inner.core.topics().source.is_none() {
         return;
     }
     loop {
         tokio::select! {
-            _ = inner.core.shutdown.cancelled() => return,
+            _ = inner.core.shutdown().cancelled() => return,
             _ = tokio::time::sleep(inner.config.topic_refresh_interval) => {}
         }
-        inner.core.grow_topics(None, || !inner.core.shutdown.is_cancelled()).await;
+        inner.core.grow_topics(None, || !inner.core.shutdown().is_cancelled()).await;
     }
 }
 
@@ -78,9 +78,9 @@ async fn claim_step(
     done: &CancellationToken,
 ) -> Result<(), StoreError> {
     let (topic, consumer, registration) = key;
-    let Some(instance_lease) = inner.core.lease.borrow().live() else { return Ok(()) };
+    let Some(instance_lease) = inner.core.lease().borrow().live() else { return Ok(()) };
     let (plan, revisions) = {
-        let cache = inner.core.mirror.read();
+        let cache = inner.core.mirror().read();
         if cache.revision < *seen {
             return Ok(()); // our last write is not in the cache yet
         }
@@ -89,7 +89,7 @@ async fn claim_step(
             .members
             .get(consumer)
             .is_some_and(|r| r.value.session == registration.0 && !r.value.leaving);
-        if !ours || !inner.core.streams.contains(key) {
+        if !ours || !inner.core.streams().contains(key) {
             return Ok(()); // not registered yet, leaving, or replaced: the relay handles it
         }
         let owners = entry.leases.iter().map(|(p, o)| (*p, o.value.as_str())).collect();
@@ -114,17 +114,17 @@ async fn claim_step(
         }
         let batch = |ps: &[u32]| {
             ps.iter().fold(Txn::new(), |txn, p| {
-                let lease = inner.core.keys.lease(topic, *p);
+                let lease = inner.core.keys().lease(topic, *p);
                 txn.when(Compare::ModRevision(lease.clone(), revision_of(*p))).then(Op::delete(lease))
             })
         };
         let mut kept = Vec::new();
-        let outcome = inner.core.store.txn(batch(&plan.give_back)).await?;
+        let outcome = inner.core.store().txn(batch(&plan.give_back)).await?;
         if outcome.succeeded {
             *seen = outcome.revision;
         } else {
             for p in &plan.give_back {
-                let outcome = inner.core.store.txn(batch(&[*p])).await?;
+                let outcome = inner.core.store().txn(batch(&[*p])).await?;
                 if outcome.succeeded {
                     *seen = outcome.revision;
                 } else {
@@ -136,8 +136,8 @@ async fn claim_step(
         if !kept.is_empty() {
             // The lease changed under us (it cannot be ours any more, or it is and the
             // relay will tell the consumer again): stop hiding it from the view.
-            inner.core.streams.with(key, |stream| stream.told.releasing.retain(|p| !kept.contains(p)));
-            let cache = inner.core.mirror.read();
+            inner.core.streams().with(key, |stream| stream.told.releasing.retain(|p| !kept.contains(p)));
+            let cache = inner.core.mirror().read();
             let mut changes = super::super::shared::mirror::Changes::default();
             changes.consumers(topic, [consumer.as_str()]);
             super::relay::relay(inner, &cache, &changes);
@@ -145,11 +145,11 @@ async fn claim_step(
     }
 
     if !plan.claim.is_empty() {
-        let member = inner.core.keys.member(topic, consumer);
+        let member = inner.core.keys().member(topic, consumer);
         let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.clone() });
         let batch = |ps: &[u32]| {
             ps.iter().fold(Txn::new().when(Compare::ModRevision(member.clone(), registered_at)), |txn, p| {
-                let lease = inner.core.keys.lease(topic, *p);
+                let lease = inner.core.keys().lease(topic, *p);
                 txn.when(Compare::ModRevision(lease.clone(), revision_of(*p))).then(Op::put_in(
                     lease,
                     record.clone(),
@@ -158,14 +158,14 @@ async fn claim_step(
             })
         };
         let mut claimed = Vec::new();
-        let outcome = inner.core.store.txn(batch(&plan.claim)).await?;
+        let outcome = inner.core.store().txn(batch(&plan.claim)).await?;
         if outcome.succeeded {
             *seen = outcome.revision;
             claimed.clone_from(&plan.claim);
         } else {
             // Someone else claimed one of them first: take the others one by one.
             for p in &plan.claim {
-                let outcome = inner.core.store.txn(batch(&[*p])).await?;
+                let outcome = inner.core.store().txn(batch(&[*p])).await?;
                 if outcome.succeeded {
                     *seen = outcome.revision;
                     claimed.push(*p);
@@ -194,7 +194,7 @@ async fn claim_step(
 /// [`STREAM_BUFFER`]: crate::coordinator::shared::outgoing::STREAM_BUFFER
 async fn tell_giver(inner: &Fleet, key: &StreamKey, partitions: &[u32], done: &CancellationToken) -> bool {
     let gate = PassGate::new();
-    let queued = inner.core.streams.with(key, |stream| {
+    let queued = inner.core.streams().with(key, |stream| {
         stream.told.releasing.extend(partitions.iter().copied());
         let told: Vec<u32> = partitions.iter().copied().filter(|p| stream.told.owned.remove(p)).collect();
         // Never told it owns them: there is nothing to hear first.
@@ -209,12 +209,12 @@ async fn tell_giver(inner: &Fleet, key: &StreamKey, partitions: &[u32], done: &C
         }
         Some(true) => {}
     }
-    let bound = inner.core.lease_ttl;
+    let bound = inner.core.lease_ttl();
     tokio::select! {
         _ = done.cancelled() => false,
         taken = tokio::time::timeout(bound, gate.taken()) => match taken {
             // Taken, or dropped with its channel: only a stream still open heard it.
-            Ok(()) => inner.core.streams.with(key, |stream| !stream.tx.is_closed()).unwrap_or(false),
+            Ok(()) => inner.core.streams().with(key, |stream| !stream.tx.is_closed()).unwrap_or(false),
             Err(_) => {
                 let why = format!("it did not take a command for {bound:?}");
                 not_reading(inner, key, partitions, &why);
@@ -239,7 +239,7 @@ fn not_reading(inner: &Fleet, key: &StreamKey, partitions: &[u32], why: &str) {
         "consumer '{consumer}' of topic '{topic}' is not reading its stream ({why}) while it must be told to stop \
          partitions {partitions:?}: the stream is ended; its partitions are kept for the session TTL, reconnect to resume"
     ));
-    inner.core.streams.end(key, EndReason::Disconnected, Some(error));
+    inner.core.streams().end(key, EndReason::Disconnected, Some(error));
 }
 
 #[cfg(test)]
@@ -259,7 +259,7 @@ mod tests {
     const TTL: Duration = Duration::from_secs(3);
 
     async fn leases(store: &MemoryStore, fleet: &FleetCoordinator) -> BTreeMap<u32, String> {
-        let keys = &fleet.inner.core.keys;
+        let keys = fleet.backend().core.keys();
         let stored = store.get_prefix(&keys.leases("t")).await.expect("read");
         let owner = |value: &[u8]| decode::<LeaseRecord>("lease", value).map(|l| l.owner).expect("lease");
         stored
@@ -285,10 +285,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // g reads nothing: its channel fills up to the slots kept for the farewell and the error.
-        let member = store.get(&fleet.inner.core.keys.member("t", "g")).await.expect("read").expect("g");
+        let member =
+            store.get(&fleet.backend().core.keys().member("t", "g")).await.expect("read").expect("g");
         let session = decode::<MemberRecord>("member", &member.value).expect("member").session;
         let key = ("t".to_string(), "g".to_string(), SessionId(session));
-        let filled = fleet.inner.core.streams.with(&key, |stream| {
+        let filled = fleet.backend().core.streams().with(&key, |stream| {
             while stream.tx.capacity() > 2 {
                 stream.send([update("t", [], [])]);
             }

@@ -43,10 +43,10 @@ pub use records::{FleetKeys, LeaseRecord, MemberRecord};
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use tokio::sync::watch;
 
-use super::shared::{Core, CoreSettings, topics::Topics};
-use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
+use super::StoreCoordinator;
+use super::shared::{Core, CoreSettings, instance::Backend, topics::Topics};
+use super::{CoordinatorError, PartitionCounts, StatusView};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
 use crate::store::LeaseStore;
@@ -98,19 +98,17 @@ impl Default for FleetConfig {
     }
 }
 
-/// The backend's shared state: the core and its settings.
-struct Fleet {
+/// The fleet backend: the core and its settings (what [`FleetCoordinator`] runs).
+pub struct Fleet {
     core: Core<FleetCache, FleetTold>,
     config: FleetConfig,
 }
 
-/// The fleet coordinator (see the module docs).
-#[derive(Clone)]
-pub struct FleetCoordinator {
-    inner: Arc<Fleet>,
-}
+/// The fleet coordinator (see the module docs): the shared store-backed instance over the
+/// [`Fleet`] backend.
+pub type FleetCoordinator = StoreCoordinator<Fleet>;
 
-impl FleetCoordinator {
+impl StoreCoordinator<Fleet> {
     /// Starts the coordinator's watcher over `store`. Returns once the first snapshot is
     /// loaded, or fails if the store cannot be read.
     pub async fn start(
@@ -127,23 +125,12 @@ impl FleetCoordinator {
         tokio::spawn(relay::watch_loop(inner.clone()));
         tokio::spawn(claim::refresh_topics(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");
-        Ok(Self { inner })
-    }
-
-    /// Stops every task of this instance abruptly, as if the process died: streams break
-    /// with an error, no session is revoked (the consumers' sessions then expire after
-    /// their TTL and their leases are claimed by the others). For failover tests.
-    pub fn crash(&self) {
-        self.inner.core.crash();
+        Ok(Self::new(inner))
     }
 }
 
 #[async_trait]
-impl ConsumerGroupCoordinator for FleetCoordinator {
-    async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
-        super::shared::register::register(&self.inner, consumer, topic).await
-    }
-
+impl Backend for Fleet {
     async fn partition_ready(
         &self,
         consumer: &str,
@@ -163,22 +150,10 @@ impl ConsumerGroupCoordinator for FleetCoordinator {
     }
 
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-        calls::deregister(&self.inner, consumer).await
+        calls::deregister(self, consumer).await
     }
 
-    async fn status(&self) -> StatusView {
-        status::status(&self.inner)
-    }
-
-    fn session_ttl(&self) -> Option<Duration> {
-        Some(self.inner.config.lease_ttl)
-    }
-
-    fn readiness(&self) -> watch::Receiver<bool> {
-        self.inner.core.readiness.subscribe()
-    }
-
-    async fn shutdown(&self) {
-        self.inner.core.begin_shutdown();
+    fn status(&self) -> StatusView {
+        status::status(self)
     }
 }

@@ -24,7 +24,7 @@ pub(super) fn member_record(inner: &Fleet, consumer: &str, registration: Session
     MemberRecord {
         v: RECORD_VERSION,
         session: registration.0,
-        instance: inner.core.instance_id.clone(),
+        instance: inner.core.instance_id().to_string(),
         leaving: false,
         info: inner.config.view.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
     }
@@ -45,11 +45,11 @@ pub(super) async fn write_registration(
     instance_lease: SessionId,
     caller: &Caller,
 ) -> Result<Option<Revision>, CoordinatorError> {
-    let key = inner.core.keys.member(topic, consumer);
+    let key = inner.core.keys().member(topic, consumer);
     let record = member_record(inner, consumer, registration);
     for _ in 0..CAS_ATTEMPTS {
-        let existing = inner.core.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
-        let leases = inner.core.store.get_prefix(&inner.core.keys.leases(topic)).await?;
+        let existing = inner.core.store().get(&key).await?.map_or(0, |kv| kv.mod_revision);
+        let leases = inner.core.store().get_prefix(&inner.core.keys().leases(topic)).await?;
         if caller.is_gone() {
             return Ok(None);
         }
@@ -68,7 +68,7 @@ pub(super) async fn write_registration(
                 ));
             }
         }
-        let outcome = inner.core.store.txn(txn).await?;
+        let outcome = inner.core.store().txn(txn).await?;
         if outcome.succeeded {
             return Ok(Some(outcome.revision));
         }
@@ -85,10 +85,10 @@ pub(super) async fn write_registration(
 /// returns whether it did.
 pub(super) async fn unregister(inner: &Fleet, key: &StreamKey) -> Result<bool, StoreError> {
     let (topic, consumer, registration) = key;
-    let store = &*inner.core.store;
-    let member = inner.core.keys.member(topic, consumer);
+    let store = inner.core.store();
+    let member = inner.core.keys().member(topic, consumer);
     let held = |kv: &KeyValue| decode::<LeaseRecord>(&kv.key, &kv.value).is_ok_and(|l| l.owner == *consumer);
-    let leases = inner.core.keys.leases(topic);
+    let leases = inner.core.keys().leases(topic);
     let ours = |r: &MemberRecord| r.session == registration.0;
     let deleted = delete_if(store, &member, ours, Some((&leases, &held))).await?;
     if deleted {

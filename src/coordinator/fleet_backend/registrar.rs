@@ -45,12 +45,12 @@ impl Registrar for Fleet {
         // The leases the consumer held went with the lost lease: its claim step claims
         // again, so only the member record is written.
         let (topic, consumer, registration) = key;
-        let record_key = self.core.keys.member(topic, consumer);
+        let record_key = self.core.keys().member(topic, consumer);
         let ours = |bytes: &[u8]| {
             decode::<MemberRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
         };
         let record = encode(&member_record(self, consumer, *registration));
-        create_bound(&*self.core.store, &record_key, record, lease, ours).await
+        create_bound(self.core.store(), &record_key, record, lease, ours).await
     }
 
     fn relay_one(

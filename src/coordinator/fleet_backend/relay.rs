@@ -24,7 +24,7 @@ use crate::store::{Revision, SessionId};
 
 /// What a fleet stream remembers.
 #[derive(Debug, Default)]
-pub(super) struct FleetTold {
+pub struct FleetTold {
     /// Partitions the consumer has been told it owns.
     pub owned: BTreeSet<u32>,
     /// Partitions given back (already `unassigned`) whose lease deletion is in flight.
@@ -83,7 +83,7 @@ pub(super) fn relay_one(
 /// Relays the cache to the local streams `changes` concerns.
 pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
     let core = &inner.core;
-    core.streams.relay(changes, |topic, consumer, stream| {
+    core.streams().relay(changes, |topic, consumer, stream| {
         relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision)
     });
     // A consumer that deregistered after its stream had dropped: no stream ends, so no
@@ -99,7 +99,9 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
         for consumer in names {
             let Some(record) = entry.members.get(consumer) else { continue };
             let key = (topic.clone(), consumer.clone(), SessionId(record.value.session));
-            if record.value.leaving && record.value.instance == core.instance_id && !core.streams.holds(&key)
+            if record.value.leaving
+                && record.value.instance == core.instance_id()
+                && !core.streams().holds(&key)
             {
                 orphans.push(key);
             }
@@ -120,8 +122,8 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
 pub(super) async fn watch_loop(inner: Arc<Fleet>) {
     let mut follower = inner.core.follower(inner.config.resync_interval);
     while let Some(changes) = follower.next().await {
-        let cache = inner.core.mirror.read();
+        let cache = inner.core.mirror().read();
         relay(&inner, &cache, &changes);
-        inner.core.mirror.announce(&cache);
+        inner.core.mirror().announce(&cache);
     }
 }

@@ -6,7 +6,7 @@ use crate::handoff::ConsumerStatus;
 
 /// The read-only status view.
 pub(super) fn status(inner: &Fleet) -> StatusView {
-    let cache = inner.core.mirror.read();
+    let cache = inner.core.mirror().read();
     let topics = cache
         .topics
         .iter()
@@ -41,7 +41,7 @@ pub(super) fn status(inner: &Fleet) -> StatusView {
         instance: inner.config.instance_id.clone(),
         backend: inner.config.backend.clone(),
         leader: None,
-        ready: inner.core.readiness.get(),
+        ready: inner.core.readiness().get(),
         topics,
     }
 }

@@ -32,7 +32,7 @@ struct PartitionSlice {
 }
 
 fn from_cache(inner: &Handoff, topic: &str, consumer: &str, partition: u32) -> Option<PartitionSlice> {
-    let cache = inner.core.mirror.read();
+    let cache = inner.core.mirror().read();
     let entry = cache.topics.get(topic)?;
     entry.config.as_ref()?;
     Some(PartitionSlice {
@@ -49,9 +49,9 @@ async fn from_store(
     consumer: &str,
     partition: u32,
 ) -> Result<PartitionSlice, CoordinatorError> {
-    let keys = &inner.core.keys;
+    let keys = &inner.core.keys();
     let topic_key = keys.topic(topic);
-    let Some(config) = inner.core.store.get(&topic_key).await? else {
+    let Some(config) = inner.core.store().get(&topic_key).await? else {
         return Err(CoordinatorError::UnknownTopic(format!(
             "topic '{topic}' is unknown: no consumer registered for it"
         )));
@@ -62,7 +62,7 @@ async fn from_store(
     };
     let consumer_key = keys.consumer(topic, consumer);
     let mut consumer_revision = 0;
-    if let Some(kv) = inner.core.store.get(&consumer_key).await? {
+    if let Some(kv) = inner.core.store().get(&consumer_key).await? {
         state
             .consumers
             .insert(consumer.to_string(), decode::<ConsumerRecord>(&consumer_key, &kv.value)?.status);
@@ -70,12 +70,12 @@ async fn from_store(
     }
     let (mut owner_revision, mut handoff_revision) = (0, 0);
     let owner_key = keys.assignment(topic, partition);
-    if let Some(kv) = inner.core.store.get(&owner_key).await? {
+    if let Some(kv) = inner.core.store().get(&owner_key).await? {
         state.owners.insert(partition, decode::<AssignmentRecord>(&owner_key, &kv.value)?.owner);
         owner_revision = kv.mod_revision;
     }
     let handoff_key = keys.handoff(topic, partition);
-    if let Some(kv) = inner.core.store.get(&handoff_key).await? {
+    if let Some(kv) = inner.core.store().get(&handoff_key).await? {
         state.handoffs.insert(partition, decode::<HandoffRecord>(&handoff_key, &kv.value)?.handoff);
         handoff_revision = kv.mod_revision;
     }
@@ -84,7 +84,7 @@ async fn from_store(
 
 /// Turns writes into transaction ops.
 pub(super) fn write_ops(inner: &Handoff, topic: &str, writes: &[Write]) -> Vec<Op> {
-    let keys = &inner.core.keys;
+    let keys = &inner.core.keys();
     writes
         .iter()
         .map(|w| match w {
@@ -143,16 +143,16 @@ async fn apply_call(
         // Guarded by everything the decision read: the caller's registration (still the
         // same, so still live and in the same status), the owner and the handoff.
         let compares = vec![
-            Compare::ModRevision(inner.core.keys.consumer(topic, consumer), current.consumer_revision),
-            Compare::ModRevision(inner.core.keys.assignment(topic, partition), current.owner_revision),
-            Compare::ModRevision(inner.core.keys.handoff(topic, partition), current.handoff_revision),
+            Compare::ModRevision(inner.core.keys().consumer(topic, consumer), current.consumer_revision),
+            Compare::ModRevision(inner.core.keys().assignment(topic, partition), current.owner_revision),
+            Compare::ModRevision(inner.core.keys().handoff(topic, partition), current.handoff_revision),
         ];
         let ops = write_ops(inner, topic, &writes);
         // Alone when nothing else is queued (or after a batch lost), with the calls that
         // arrive with it otherwise.
         let direct = if attempt == 0 { inner.calls.direct().await } else { None };
         let written = if attempt == 0 && direct.is_none() {
-            let key = inner.core.keys.handoff(topic, partition);
+            let key = inner.core.keys().handoff(topic, partition);
             match inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await? {
                 (Batched::Written(revision), Some(batch)) => {
                     tell_own_write(inner, revision, &batch);
@@ -181,7 +181,7 @@ async fn apply_call(
 /// (docs/design.md §9). Returns whether it was written.
 async fn commit_and_tell(inner: &Handoff, txn: Txn) -> Result<bool, crate::store::StoreError> {
     let ops = txn.ops.clone();
-    let outcome = inner.core.store.txn(txn).await?;
+    let outcome = inner.core.store().txn(txn).await?;
     if outcome.succeeded {
         tell_own_write(inner, outcome.revision, &ops);
     }
@@ -198,7 +198,7 @@ fn tell_own_write(inner: &Handoff, revision: crate::store::Revision, ops: &[Op])
 
 /// Writes the batched calls until shutdown (each writer applies its batch itself).
 pub(super) async fn write_calls(inner: std::sync::Arc<Handoff>) {
-    inner.calls.run(inner.core.store.clone(), inner.core.shutdown.clone()).await
+    inner.calls.run(inner.core.shared_store(), inner.core.shutdown().clone()).await
 }
 
 /// `PartitionReady`: flips ownership to the caller and starts the release.
@@ -210,8 +210,8 @@ pub(super) async fn partition_ready(
 ) -> Result<(), CoordinatorError> {
     let event = Event::Ready(consumer.to_string(), partition);
     if let Some(applied) = apply_call(inner, consumer, topic, partition, event).await? {
-        inner.core.metrics.handoffs_ready.inc();
-        inner.core.metrics.observe_warm_done(topic, partition, applied.phase_since);
+        inner.core.metrics().handoffs_ready.inc();
+        inner.core.metrics().observe_warm_done(topic, partition, applied.phase_since);
         tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
     }
     Ok(())
@@ -226,8 +226,8 @@ pub(super) async fn partition_released(
 ) -> Result<(), CoordinatorError> {
     let event = Event::Released(consumer.to_string(), partition);
     apply_call(inner, consumer, topic, partition, event).await?;
-    inner.core.metrics.handoffs_released.inc();
-    inner.core.metrics.observe_handoff_done(topic, partition);
+    inner.core.metrics().handoffs_released.inc();
+    inner.core.metrics().observe_handoff_done(topic, partition);
     tracing::info!(topic, partition, consumer, "handoff completed");
     Ok(())
 }
@@ -241,7 +241,7 @@ pub(super) async fn deregister(
     validate_consumer_name(consumer)?;
     // (topic, the registration found, whether another active consumer can take over)
     let registrations: Vec<(String, i64, bool)> = {
-        let cache = inner.core.mirror.read();
+        let cache = inner.core.mirror().read();
         cache
             .topics
             .iter()
@@ -261,7 +261,7 @@ pub(super) async fn deregister(
     let mut action = DeregisterAction::ShutdownNow;
     let decider = inner.config.drain_decider.as_deref();
     let wants_drain =
-        crate::drain::wants_drain(decider, inner.config.drain_policy, consumer, &inner.core.metrics).await;
+        crate::drain::wants_drain(decider, inner.config.drain_policy, consumer, inner.core.metrics()).await;
     for (topic, registration, others) in registrations {
         let drain = wants_drain && others;
         let hold_until = now_ms() + inner.config.restart_grace.as_millis() as u64;
@@ -299,8 +299,8 @@ async fn update_consumer(
     consumer: &str,
     change: impl Fn(&mut ConsumerRecord) -> bool,
 ) -> Result<Option<ConsumerRecord>, CoordinatorError> {
-    let key = inner.core.keys.consumer(topic, consumer);
-    match rewrite_bound(&*inner.core.store, &key, change).await? {
+    let key = inner.core.keys().consumer(topic, consumer);
+    match rewrite_bound(inner.core.store(), &key, change).await? {
         Rewrite::Written(record) => Ok(Some(record)),
         Rewrite::Gone | Rewrite::Unchanged => Ok(None),
         Rewrite::Contended => {

@@ -26,8 +26,9 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::shared::{Core, CoreSettings, batch::Batcher, topics::Topics};
-use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, PartitionCounts, StatusView};
+use super::StoreCoordinator;
+use super::shared::{Core, CoreSettings, batch::Batcher, instance::Backend, topics::Topics};
+use super::{CoordinatorError, PartitionCounts, StatusView};
 use crate::drain::DrainPolicy;
 use crate::handoff::{ConsumerView, PlanConfig};
 use crate::metrics::Metrics;
@@ -106,8 +107,9 @@ impl Default for HandoffConfig {
     }
 }
 
-/// The backend's shared state: the core, its settings and its leadership.
-struct Handoff {
+/// The warm-handoff backend: the core, its settings and its leadership (what
+/// [`HandoffCoordinator`] runs).
+pub struct Handoff {
     core: Core<Cache, ConsumerView>,
     config: HandoffConfig,
     /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
@@ -119,13 +121,11 @@ struct Handoff {
 
 use crate::coordinator::shared::now_ms;
 
-/// The warm-handoff coordinator (see the module docs).
-#[derive(Clone)]
-pub struct HandoffCoordinator {
-    inner: Arc<Handoff>,
-}
+/// The warm-handoff coordinator (see the module docs): the shared store-backed instance
+/// over the [`Handoff`] backend.
+pub type HandoffCoordinator = StoreCoordinator<Handoff>;
 
-impl HandoffCoordinator {
+impl StoreCoordinator<Handoff> {
     /// Starts the coordinator's tasks over `store`. Returns once the first snapshot is
     /// loaded, or fails if the store cannot be read.
     pub async fn start(
@@ -149,36 +149,24 @@ impl HandoffCoordinator {
         tokio::spawn(leader::leader_loop(inner.clone()));
         tokio::spawn(leader::publish_gauge(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "coordinator started");
-        Ok(Self { inner })
-    }
-
-    /// Stops every task of this instance abruptly, as if the process died: no stream is
-    /// ended cleanly, no session revoked, leadership not resigned (sessions then expire
-    /// after their TTL). A later `shutdown` does nothing. For failover tests.
-    pub fn crash(&self) {
-        self.inner.leadership.send_replace(None);
-        self.inner.core.crash();
+        Ok(Self::new(inner))
     }
 
     /// Whether this instance currently leads.
     pub fn is_leader(&self) -> bool {
-        self.inner.leadership.borrow().is_some()
+        self.backend().leadership.borrow().is_some()
     }
 }
 
 #[async_trait]
-impl ConsumerGroupCoordinator for HandoffCoordinator {
-    async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
-        super::shared::register::register(&self.inner, consumer, topic).await
-    }
-
+impl Backend for Handoff {
     async fn partition_ready(
         &self,
         consumer: &str,
         topic: &str,
         partition: u32,
     ) -> Result<(), CoordinatorError> {
-        calls::partition_ready(&self.inner, consumer, topic, partition).await
+        calls::partition_ready(self, consumer, topic, partition).await
     }
 
     async fn partition_released(
@@ -187,28 +175,22 @@ impl ConsumerGroupCoordinator for HandoffCoordinator {
         topic: &str,
         partition: u32,
     ) -> Result<(), CoordinatorError> {
-        calls::partition_released(&self.inner, consumer, topic, partition).await
+        calls::partition_released(self, consumer, topic, partition).await
     }
 
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-        calls::deregister(&self.inner, consumer).await
+        calls::deregister(self, consumer).await
     }
 
-    async fn status(&self) -> StatusView {
-        status::status(&self.inner)
+    fn status(&self) -> StatusView {
+        status::status(self)
     }
 
-    fn session_ttl(&self) -> Option<Duration> {
-        Some(self.inner.config.lease_ttl)
+    async fn on_shutdown(&self) {
+        leader::resign(self).await;
     }
 
-    fn readiness(&self) -> watch::Receiver<bool> {
-        self.inner.core.readiness.subscribe()
-    }
-
-    async fn shutdown(&self) {
-        if self.inner.core.begin_shutdown() {
-            leader::resign(&self.inner).await;
-        }
+    fn on_crash(&self) {
+        self.leadership.send_replace(None);
     }
 }

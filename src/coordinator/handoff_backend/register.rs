@@ -30,7 +30,7 @@ impl Handoff {
             v: RECORD_VERSION,
             status: ConsumerStatus::Active,
             session: registration.0,
-            instance: self.core.instance_id.clone(),
+            instance: self.core.instance_id().to_string(),
             hold_until: None,
             info: self.config.rollout.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
         }
@@ -55,14 +55,14 @@ impl Registrar for Handoff {
         caller: &Caller,
     ) -> Result<Option<Revision>, CoordinatorError> {
         let core = &self.core;
-        let key = core.keys.consumer(topic, consumer);
+        let key = core.keys().consumer(topic, consumer);
         let record = self.active_record(consumer, registration);
         // First in a shared transaction, decided from the cache; if that lost, alone,
         // decided from a fresh read. Each decision is made after its read, and only while
         // the caller waits: a caller gone by then has sent its next attempt, which a write
         // decided from what that attempt wrote would replace (docs/design.md §6).
         let cached = {
-            let cache = core.mirror.read();
+            let cache = core.mirror().read();
             cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision)
         };
         if caller.is_gone() {
@@ -73,11 +73,11 @@ impl Registrar for Handoff {
             compares: vec![Compare::ModRevision(key.clone(), cached)],
             ops: vec![Op::put_in(&key, encode(&record), lease)],
         };
-        if let Batched::Written(revision) = core.registrations.write(write).await? {
+        if let Batched::Written(revision) = core.registrations().write(write).await? {
             return Ok(Some(revision));
         }
         for _ in 0..CAS_ATTEMPTS {
-            let existing = core.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+            let existing = core.store().get(&key).await?.map_or(0, |kv| kv.mod_revision);
             if caller.is_gone() {
                 return Ok(None);
             }
@@ -86,7 +86,7 @@ impl Registrar for Handoff {
                 encode(&record),
                 lease,
             ));
-            let outcome = core.store.txn(txn).await?;
+            let outcome = core.store().txn(txn).await?;
             if outcome.succeeded {
                 return Ok(Some(outcome.revision));
             }
@@ -98,12 +98,12 @@ impl Registrar for Handoff {
 
     async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError> {
         let (topic, consumer, registration) = key;
-        let record_key = self.core.keys.consumer(topic, consumer);
+        let record_key = self.core.keys().consumer(topic, consumer);
         let ours = |bytes: &[u8]| {
             decode::<ConsumerRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
         };
         let record = encode(&self.active_record(consumer, *registration));
-        create_bound(&*self.core.store, &record_key, record, lease, ours).await
+        create_bound(self.core.store(), &record_key, record, lease, ours).await
     }
 
     fn relay_one(
@@ -140,9 +140,9 @@ impl Registrar for Handoff {
 
     async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError> {
         let (topic, consumer, registration) = key;
-        let record_key = self.core.keys.consumer(topic, consumer);
+        let record_key = self.core.keys().consumer(topic, consumer);
         let ours = |r: &ConsumerRecord| r.session == registration.0;
-        let deleted = delete_if(&*self.core.store, &record_key, ours, None).await?;
+        let deleted = delete_if(self.core.store(), &record_key, ours, None).await?;
         if deleted {
             tracing::info!(topic, consumer, "registration deleted; its partitions will be reassigned");
         }

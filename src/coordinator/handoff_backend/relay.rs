@@ -92,13 +92,13 @@ fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
 
 /// Relays the cache to the local streams `changes` concerns.
 fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
-    inner.core.streams.relay(changes, |topic, consumer, stream| {
+    inner.core.streams().relay(changes, |topic, consumer, stream| {
         let entry = cache.topics.get(topic);
         let view = entry.map(|e| e.view_of(consumer)).unwrap_or_default();
         let before = stream.told.releasing.clone();
         let ended = relay_one(topic, consumer, stream, entry, view, cache.revision);
         let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
-        inner.core.metrics.observe_releases_sent(&before, &stream.told.releasing, phase_start);
+        inner.core.metrics().observe_releases_sent(&before, &stream.told.releasing, phase_start);
         ended
     });
 }
@@ -106,9 +106,9 @@ fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
 /// Tells the local streams what `changes` changed for them, then announces the revision
 /// (registrations waiting for it go on).
 pub(super) fn tell(inner: &Handoff, changes: &Changes) {
-    let cache = inner.core.mirror.read();
+    let cache = inner.core.mirror().read();
     relay(inner, &cache, changes);
-    inner.core.mirror.announce(&cache);
+    inner.core.mirror().announce(&cache);
 }
 
 /// Keeps the cache equal to the store and tells the consumers every change. Runs until

@@ -5,7 +5,7 @@ use crate::coordinator::{ConsumerStatusView, HandoffStatusView, StatusView, Topi
 
 /// The read-only status view.
 pub(super) fn status(inner: &Handoff) -> StatusView {
-    let cache = inner.core.mirror.read();
+    let cache = inner.core.mirror().read();
     let topics = cache
         .topics
         .iter()
@@ -46,7 +46,7 @@ pub(super) fn status(inner: &Handoff) -> StatusView {
         instance: inner.config.instance_id.clone(),
         backend: inner.config.backend.clone(),
         leader: cache.leader.as_ref().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
-        ready: inner.core.readiness.get(),
+        ready: inner.core.readiness().get(),
         topics,
     }
 }

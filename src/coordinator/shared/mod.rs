@@ -23,6 +23,7 @@
 
 pub mod batch;
 pub mod cas;
+pub mod instance;
 pub mod instance_record;
 pub mod lease;
 pub mod mirror;
@@ -117,41 +118,106 @@ impl CoreSettings {
 /// cache of the store, `T` what each of its streams remembers having told its consumer.
 pub struct Core<C: MirrorCache, T> {
     /// The store.
-    pub store: Arc<dyn LeaseStore>,
+    store: Arc<dyn LeaseStore>,
     /// The backend's key layout.
-    pub keys: C::Keys,
+    keys: C::Keys,
     /// The instance's metrics.
-    pub metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     /// The store's state as last seen by the watcher.
-    pub mirror: Mirror<C>,
+    mirror: Mirror<C>,
     /// The consumer streams this instance holds.
-    pub streams: Streams<LocalStream<T>>,
+    streams: Streams<LocalStream<T>>,
     /// This instance's id (records, logs, status).
-    pub instance_id: String,
+    instance_id: String,
     /// TTL of consumer sessions.
-    pub lease_ttl: Duration,
+    lease_ttl: Duration,
     /// Cancelled when the instance shuts down or crashes: every task stops.
-    pub shutdown: CancellationToken,
+    shutdown: CancellationToken,
     /// Whether the instance serves.
-    pub readiness: Readiness,
+    readiness: Readiness,
     /// Where partition counts come from.
-    pub topics: Topics,
+    topics: Topics,
     /// This instance's lease: every registration it holds is bound to it.
-    pub lease: watch::Sender<LeaseState>,
+    lease: watch::Sender<LeaseState>,
     /// Asks the lease task to keep the lease alive now (something suggests the store lost
     /// it, `rebind.rs`).
-    pub lease_check: tokio::sync::Notify,
+    lease_check: tokio::sync::Notify,
     /// Bounds the registrations writing to the store at once, so a storm of `Register`s
     /// queues here instead of in front of the lease keep-alive.
-    pub register_permits: tokio::sync::Semaphore,
+    register_permits: tokio::sync::Semaphore,
     /// Writes registrations that arrive together in shared transactions.
-    pub registrations: batch::Batcher,
+    registrations: batch::Batcher,
     /// Set while the relay has not followed the store for longer than the fencing margin
     /// ([`relay_watch`]): every stream was fenced and none is admitted.
-    pub relay_fenced: std::sync::atomic::AtomicBool,
+    relay_fenced: std::sync::atomic::AtomicBool,
 }
 
 impl<C: MirrorCache, T: streams::Told> Core<C, T> {
+    /// The store.
+    pub fn store(&self) -> &dyn LeaseStore {
+        &*self.store
+    }
+
+    /// The store, to hand to a task of its own.
+    pub fn shared_store(&self) -> Arc<dyn LeaseStore> {
+        self.store.clone()
+    }
+
+    /// The backend's key layout.
+    pub fn keys(&self) -> &C::Keys {
+        &self.keys
+    }
+
+    /// The instance's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The store's state as last seen by the watcher.
+    pub fn mirror(&self) -> &Mirror<C> {
+        &self.mirror
+    }
+
+    /// The consumer streams this instance holds.
+    pub fn streams(&self) -> &Streams<LocalStream<T>> {
+        &self.streams
+    }
+
+    /// This instance's id.
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// TTL of consumer sessions.
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+
+    /// Cancelled when the instance shuts down or crashes.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// Whether the instance serves.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+
+    /// Where partition counts come from.
+    pub fn topics(&self) -> &Topics {
+        &self.topics
+    }
+
+    /// This instance's lease: every registration it holds is bound to it.
+    pub fn lease(&self) -> &watch::Sender<LeaseState> {
+        &self.lease
+    }
+
+    /// Writes registrations that arrive together in shared transactions.
+    pub fn registrations(&self) -> &batch::Batcher {
+        &self.registrations
+    }
+
     /// A core over `store` holding a fresh snapshot of the prefix; fails if the store
     /// cannot be read.
     pub async fn load(

@@ -21,11 +21,11 @@ pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
 /// re-created by someone else.
 pub(super) fn check_leadership(inner: &Handoff, me: &mut Leadership) {
     let Some(fence) = inner.fence() else { return };
-    if inner.core.lease.borrow().live() != Some(fence.session) {
+    if inner.core.lease().borrow().live() != Some(fence.session) {
         step_down(inner, me, "the instance session is fenced or was replaced");
         return;
     }
-    let cache = inner.core.mirror.read();
+    let cache = inner.core.mirror().read();
     if cache.revision < fence.revision {
         return; // our own election is not in the cache yet
     }
@@ -40,17 +40,17 @@ pub(super) fn check_leadership(inner: &Handoff, me: &mut Leadership) {
 /// lost or refused, reads the key: one bound to our lease is ours (the write went through),
 /// adopted with the fence at its create revision.
 pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
-    let Some(session) = inner.core.lease.borrow().live() else { return };
-    if inner.core.mirror.read().leader.as_ref().is_some_and(|kv| kv.session != Some(session)) {
+    let Some(session) = inner.core.lease().borrow().live() else { return };
+    if inner.core.mirror().read().leader.as_ref().is_some_and(|kv| kv.session != Some(session)) {
         return;
     }
-    let key = inner.core.keys.leader();
+    let key = inner.core.keys().leader();
     let txn = Txn::new().when(Compare::CreateRevision(key.clone(), 0)).then(Op::put_in(
         &key,
         inner.config.instance_id.as_bytes().to_vec(),
         session,
     ));
-    let won = match inner.core.store.txn(txn).await {
+    let won = match inner.core.store().txn(txn).await {
         Ok(outcome) if outcome.succeeded => Some(outcome.revision),
         Ok(_) => None,
         Err(error) => {
@@ -60,7 +60,7 @@ pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
     };
     let revision = match won {
         Some(revision) => revision,
-        None => match inner.core.store.get(&key).await {
+        None => match inner.core.store().get(&key).await {
             Ok(Some(kv)) if kv.session == Some(session) => {
                 tracing::info!("the leader key holds our session: adopting it");
                 kv.create_revision
@@ -78,7 +78,7 @@ pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
 
 /// After a refused transaction: was it a stale read, or were we deposed?
 pub(super) async fn still_leading(inner: &Handoff, me: &mut Leadership, fence: Fence) {
-    match inner.core.store.get(&inner.core.keys.leader()).await {
+    match inner.core.store().get(&inner.core.keys().leader()).await {
         Ok(Some(kv)) if kv.create_revision == fence.revision => {
             tracing::debug!("reconcile raced a concurrent change; will retry on the next revision");
         }
@@ -91,8 +91,8 @@ pub(super) async fn still_leading(inner: &Handoff, me: &mut Leadership, fence: F
 /// another instance takes over at once instead of after the TTL.
 pub(in crate::coordinator::handoff_backend) async fn resign(inner: &Handoff) {
     let Some(fence) = inner.leadership.send_replace(None) else { return };
-    let key = inner.core.keys.leader();
+    let key = inner.core.keys().leader();
     let txn = Txn::new().when(Compare::CreateRevision(key.clone(), fence.revision)).then(Op::delete(&key));
-    let _ = inner.core.store.txn(txn).await;
+    let _ = inner.core.store().txn(txn).await;
     tracing::info!(instance = %inner.config.instance_id, "resigned leadership");
 }

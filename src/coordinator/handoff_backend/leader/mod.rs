@@ -84,18 +84,18 @@ impl Handoff {
 
     /// The compare that holds only while `fence` is the current election.
     fn fenced(&self, fence: Fence) -> Compare {
-        Compare::CreateRevision(self.core.keys.leader(), fence.revision)
+        Compare::CreateRevision(self.core.keys().leader(), fence.revision)
     }
 }
 
 /// Campaigns with the instance lease, and reconciles while leading.
 pub(super) async fn leader_loop(inner: Arc<Handoff>) {
-    let mut changed = inner.core.mirror.subscribe();
-    let mut lease = inner.core.lease.subscribe();
-    let mut health = inner.core.mirror.health();
+    let mut changed = inner.core.mirror().subscribe();
+    let mut lease = inner.core.lease().subscribe();
+    let mut health = inner.core.mirror().health();
     let mut me = Leadership::default();
     loop {
-        if inner.core.shutdown.is_cancelled() {
+        if inner.core.shutdown().is_cancelled() {
             return;
         }
         let interruptions = health.borrow_and_update().interruptions;
@@ -108,7 +108,7 @@ pub(super) async fn leader_loop(inner: Arc<Handoff>) {
             election::campaign(&inner, &mut me).await;
         }
         if let Some(fence) = inner.fence()
-            && inner.core.mirror.read().revision >= me.written
+            && inner.core.mirror().read().revision >= me.written
         {
             let now = tokio::time::Instant::now();
             match me.next_plan.filter(|at| now < *at) {
@@ -126,7 +126,7 @@ pub(super) async fn leader_loop(inner: Arc<Handoff>) {
         let next = tokio::time::Instant::now() + inner.config.reconcile_interval;
         let wake = me.wake_at.take().map_or(next, |at| at.min(next));
         tokio::select! {
-            _ = inner.core.shutdown.cancelled() => return,
+            _ = inner.core.shutdown().cancelled() => return,
             _ = changed.changed() => {}
             _ = lease.changed() => {}
             _ = health.changed() => {}
@@ -149,7 +149,7 @@ pub(super) async fn publish_gauge(inner: Arc<Handoff>) {
     let mut leadership = inner.leadership.subscribe();
     loop {
         let leading = leadership.borrow_and_update().is_some();
-        inner.core.metrics.is_leader.set(i64::from(leading));
+        inner.core.metrics().is_leader.set(i64::from(leading));
         if leadership.changed().await.is_err() {
             return;
         }
@@ -158,7 +158,7 @@ pub(super) async fn publish_gauge(inner: Arc<Handoff>) {
 
 /// Starts a topic refresh when one is due and none is running.
 fn start_topic_refresh(inner: &Arc<Handoff>, me: &mut Leadership, fence: Fence) {
-    if inner.core.topics.source.is_none() || me.refresh.as_ref().is_some_and(|task| !task.is_finished()) {
+    if inner.core.topics().source.is_none() || me.refresh.as_ref().is_some_and(|task| !task.is_finished()) {
         return;
     }
     let now = tokio::time::Instant::now();
@@ -168,7 +168,7 @@ fn start_topic_refresh(inner: &Arc<Handoff>, me: &mut Leadership, fence: Fence) 
     me.next_refresh = Some(now + inner.config.topic_refresh_interval);
     let inner = inner.clone();
     me.refresh = Some(tokio::spawn(async move {
-        let go_on = || !inner.core.shutdown.is_cancelled() && inner.fence() == Some(fence);
+        let go_on = || !inner.core.shutdown().is_cancelled() && inner.fence() == Some(fence);
         inner.core.grow_topics(Some(inner.fenced(fence)), go_on).await;
     }));
 }

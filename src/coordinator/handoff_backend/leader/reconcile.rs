@@ -136,7 +136,7 @@ pub(super) async fn reconcile_all(
     let mut settling = settling;
     // Plan every topic from one consistent cache read.
     let plans: Vec<TopicPlan> = {
-        let cache = inner.core.mirror.read();
+        let cache = inner.core.mirror().read();
         // An instance lease ended in this read (revoked, or outlived by a store outage
         // this leader did not notice): its registrations vanished with it, but their
         // streams may still be open and are being written again. They are interrupted,
@@ -199,8 +199,8 @@ pub(super) async fn reconcile_all(
             .collect()
     };
     let planning = instant.elapsed();
-    let leader_key = inner.core.keys.leader();
-    let keys = &inner.core.keys;
+    let leader_key = inner.core.keys().leader();
+    let keys = &inner.core.keys();
     for TopicPlan { topic, writes, report, basis, rollout } in plans {
         let guards = |p: u32| {
             let b = basis.get(&p).cloned().unwrap_or_default();
@@ -227,7 +227,7 @@ pub(super) async fn reconcile_all(
                     // A compare failed: the plan was made from a stale view. Nothing of
                     // this batch was written; the next revision plans again.
                     all_applied = false;
-                    inner.core.metrics.reconcile_conflicts.inc();
+                    inner.core.metrics().reconcile_conflicts.inc();
                     still_leading(inner, me, fence).await;
                     break;
                 }
@@ -250,7 +250,7 @@ pub(super) async fn reconcile_all(
 }
 
 fn record(inner: &Handoff, topic: &str, report: &PlanReport, writes: usize, txns: usize, rollout: bool) {
-    let m = &inner.core.metrics;
+    let m = inner.core.metrics();
     m.observe_rebalance(report.started.len() + report.assigned_directly.len());
     m.handoffs_started.inc_by(report.started.len() as u64);
     m.direct_assignments.inc_by(report.assigned_directly.len() as u64);

@@ -1,0 +1,126 @@
+//! [`StoreCoordinator`]: the one implementation of [`ConsumerGroupCoordinator`] for the
+//! store-backed backends.
+//!
+//! The handoff and fleet backends differ in what they decide (their [`Backend`]: records,
+//! relay, calls, status), not in their plumbing: registration, readiness, the session TTL,
+//! shutdown and crash are the same code for both, here and in the shared [`Core`].
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use super::registrar::Registrar;
+use crate::coordinator::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView};
+use crate::proto::v1::DeregisterAction;
+
+/// What a store-backed backend decides on top of the shared registration ([`Registrar`]):
+/// the consumer calls and the status view.
+#[async_trait]
+pub trait Backend: Registrar {
+    /// `consumer` finished warming `partition` of `topic`.
+    async fn partition_ready(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError>;
+
+    /// `consumer` released `partition` of `topic`.
+    async fn partition_released(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError>;
+
+    /// `consumer` is shutting down.
+    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError>;
+
+    /// The read-only status view.
+    fn status(&self) -> StatusView;
+
+    /// What a graceful stop does beyond ending the streams (the handoff leader resigns).
+    async fn on_shutdown(&self) {}
+
+    /// What a crash drops beyond the streams (the handoff backend's leadership value).
+    fn on_crash(&self) {}
+}
+
+/// A store-backed coordinator instance: its [`Backend`] over the shared core.
+pub struct StoreCoordinator<B> {
+    backend: Arc<B>,
+}
+
+impl<B> Clone for StoreCoordinator<B> {
+    fn clone(&self) -> Self {
+        Self { backend: self.backend.clone() }
+    }
+}
+
+impl<B: Backend> StoreCoordinator<B> {
+    /// Wraps a started backend.
+    pub(crate) fn new(backend: Arc<B>) -> Self {
+        Self { backend }
+    }
+
+    /// The backend.
+    pub(crate) fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    /// Stops every task of this instance abruptly, as if the process died: streams break
+    /// with an error, no session is revoked and no leadership resigned (sessions then
+    /// expire after their TTL). A later `shutdown` does nothing. For failover tests.
+    pub fn crash(&self) {
+        self.backend.on_crash();
+        self.backend.core().crash();
+    }
+}
+
+#[async_trait]
+impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
+    async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
+        super::register::register(&self.backend, consumer, topic).await
+    }
+
+    async fn partition_ready(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError> {
+        self.backend.partition_ready(consumer, topic, partition).await
+    }
+
+    async fn partition_released(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError> {
+        self.backend.partition_released(consumer, topic, partition).await
+    }
+
+    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
+        self.backend.deregister(consumer).await
+    }
+
+    async fn status(&self) -> StatusView {
+        self.backend.status()
+    }
+
+    fn session_ttl(&self) -> Option<Duration> {
+        Some(self.backend.core().lease_ttl())
+    }
+
+    fn readiness(&self) -> watch::Receiver<bool> {
+        self.backend.core().readiness().subscribe()
+    }
+
+    async fn shutdown(&self) {
+        if self.backend.core().begin_shutdown() {
+            self.backend.on_shutdown().await;
+        }
+    }
+}
