@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::records::MemberRecord;
 use super::register::{member_record, unregister, write_registration};
-use super::relay::{FleetTold, relay_one};
+use super::relay::{FleetTold, relay_step};
 use super::{Fleet, claim, state::FleetCache};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
@@ -17,7 +17,8 @@ use crate::coordinator::shared::{
     cas::create_bound,
     records::{decode, encode},
     registrar::{Caller, Held, Registrar},
-    streams::{Ending, LocalStream, StreamKey},
+    relay_step::{RelayStep, StreamSeen},
+    streams::StreamKey,
 };
 use crate::store::{Revision, SessionId, StoreError};
 
@@ -53,14 +54,14 @@ impl Registrar for Fleet {
         create_bound(self.core.store(), &record_key, record, lease, ours).await
     }
 
-    fn relay_one(
+    fn relay_step(
         &self,
         cache: &FleetCache,
         topic: &str,
         consumer: &str,
-        stream: &mut LocalStream<FleetTold>,
-    ) -> Option<Ending> {
-        relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision)
+        seen: StreamSeen<'_, FleetTold>,
+    ) -> RelayStep<FleetTold> {
+        relay_step(topic, consumer, seen, cache.topics.get(topic), cache.revision)
     }
 
     fn held(&self, cache: &FleetCache, key: &StreamKey) -> Held {

@@ -16,7 +16,8 @@ use super::{
 };
 use crate::coordinator::shared::{
     mirror::{Changes, Touched},
-    streams::{EndReason, Ending, LocalStream, Told},
+    relay_step::{Registration, RelayStep, StreamSeen, Tell},
+    streams::Told,
     wire::update,
 };
 use crate::proto::v1::AssignmentCommand;
@@ -40,51 +41,53 @@ impl Told for FleetTold {
     }
 }
 
-/// Brings one local stream up to date with the cache; returns why it must end, if it must.
-pub(super) fn relay_one(
+/// The relay model: what the local stream `seen` of `consumer` on `topic` must be told,
+/// given the topic's cached leases. Pure.
+pub(super) fn relay_step(
     topic: &str,
     consumer: &str,
-    stream: &mut LocalStream<FleetTold>,
+    seen: StreamSeen<'_, FleetTold>,
     entry: Option<&FleetTopic>,
     revision: Revision,
-) -> Option<Ending> {
+) -> RelayStep<FleetTold> {
     let record = entry.and_then(|e| e.members.get(consumer));
-    let ours = record.filter(|r| r.value.session == stream.session.0);
+    let registration = seen.registration(record.map(|r| r.value.session), revision);
     // A lost registration (being written again) keeps the stream relayed.
-    if ours.is_none()
-        && let std::ops::ControlFlow::Break(ending) =
-            stream.lost_registration(topic, consumer, record.is_some(), revision)
-    {
-        return ending;
+    if let Some(step) = RelayStep::not_relayed(registration) {
+        return step;
     }
-    if ours.is_some_and(|r| r.value.leaving) {
-        stream.farewell(topic);
-        return Some((EndReason::Left, None));
+    if registration == Registration::Ours && record.is_some_and(|r| r.value.leaving) {
+        return RelayStep::Farewell;
     }
     let held = entry.map(|e| e.held_by(consumer)).unwrap_or_default();
-    stream.told.releasing.retain(|p| held.contains(p));
-    let view: BTreeSet<u32> = held.difference(&stream.told.releasing).copied().collect();
-    if !stream.activated {
+    let releasing: BTreeSet<u32> = seen.told.releasing.intersection(&held).copied().collect();
+    let view: BTreeSet<u32> = held.difference(&releasing).copied().collect();
+    let gains = if !seen.activated {
         // The first message is always the snapshot, even when it is empty.
-        stream.activated = true;
-        stream.send([update(topic, view.iter().copied(), [])]);
-        stream.told.owned = view;
-        return None;
-    }
-    let assigned: Vec<u32> = view.difference(&stream.told.owned).copied().collect();
-    let unassigned: Vec<u32> = stream.told.owned.difference(&view).copied().collect();
-    if !assigned.is_empty() || !unassigned.is_empty() {
-        stream.send([update(topic, assigned, unassigned)]);
-        stream.told.owned = view;
-    }
-    None
+        vec![update(topic, view.iter().copied(), [])]
+    } else {
+        let assigned: Vec<u32> = view.difference(&seen.told.owned).copied().collect();
+        let unassigned: Vec<u32> = seen.told.owned.difference(&view).copied().collect();
+        if assigned.is_empty() && unassigned.is_empty() {
+            Vec::new()
+        } else {
+            vec![update(topic, assigned, unassigned)]
+        }
+    };
+    RelayStep::Tell(Tell {
+        gains,
+        losses: Vec::new(),
+        told: FleetTold { owned: view, releasing },
+        lost: registration == Registration::Lost,
+        end: None,
+    })
 }
 
 /// Relays the cache to the local streams `changes` concerns.
 pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
     let core = &inner.core;
-    core.streams().relay(changes, |topic, consumer, stream| {
-        relay_one(topic, consumer, stream, cache.topics.get(topic), cache.revision)
+    core.streams().relay(changes, |topic, consumer, seen| {
+        relay_step(topic, consumer, seen, cache.topics.get(topic), cache.revision)
     });
     // A consumer that deregistered after its stream had dropped: no stream ends, so no
     // stream task deletes its registration. The instance it was registered through does,

@@ -16,7 +16,8 @@ use crate::coordinator::shared::{
     batch::{Batched, KeyWrite},
     cas::{CAS_ATTEMPTS, create_bound, delete_if},
     registrar::{Caller, Held, Registrar},
-    streams::{Ending, LocalStream, StreamKey},
+    relay_step::{RelayStep, StreamSeen},
+    streams::StreamKey,
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
 use crate::store::{Compare, Op, Revision, SessionId, StoreError, Txn};
@@ -106,16 +107,16 @@ impl Registrar for Handoff {
         create_bound(self.core.store(), &record_key, record, lease, ours).await
     }
 
-    fn relay_one(
+    fn relay_step(
         &self,
         cache: &Cache,
         topic: &str,
         consumer: &str,
-        stream: &mut LocalStream<ConsumerView>,
-    ) -> Option<Ending> {
+        seen: StreamSeen<'_, ConsumerView>,
+    ) -> RelayStep<ConsumerView> {
         let entry = cache.topics.get(topic);
         let view = entry.map(|e| e.view_of(consumer)).unwrap_or_default();
-        relay::relay_one(topic, consumer, stream, entry, view, cache.revision)
+        relay::relay_step(topic, consumer, seen, entry, view, cache.revision)
     }
 
     fn held(&self, cache: &Cache, key: &StreamKey) -> Held {

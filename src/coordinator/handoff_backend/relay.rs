@@ -11,7 +11,8 @@ use std::sync::Arc;
 use super::{Handoff, state::Cache, state::TopicEntry};
 use crate::coordinator::shared::{
     mirror::Changes,
-    streams::{EndReason, Ending, LocalStream, Told},
+    relay_step::{Registration, RelayStep, StreamSeen, Tell},
+    streams::{EndReason, Told},
     wire::to_wire,
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
@@ -28,44 +29,47 @@ fn wire(topic: &str, commands: Vec<Command>) -> Vec<AssignmentCommand> {
     commands.into_iter().map(|c| to_wire(topic, c)).collect()
 }
 
-/// Brings one local stream up to date with the topic's cached state and the consumer's
-/// `view` of it; returns why the stream must end, if it must.
-pub(super) fn relay_one(
+/// The relay model: what the local stream `seen` of `consumer` on `topic` must be told,
+/// given the topic's cached state and the consumer's `view` of it. Pure.
+pub(super) fn relay_step(
     topic: &str,
     consumer: &str,
-    stream: &mut LocalStream<ConsumerView>,
+    seen: StreamSeen<'_, ConsumerView>,
     entry: Option<&TopicEntry>,
     view: ConsumerView,
     revision: Revision,
-) -> Option<Ending> {
+) -> RelayStep<ConsumerView> {
     let record = entry.and_then(|e| e.consumers.get(consumer));
+    let registration = seen.registration(record.map(|r| r.value.session), revision);
     // A lost registration (being written again) keeps the stream relayed: if the
     // leader moved its partitions meanwhile, the consumer hears it.
-    if record.is_none_or(|r| r.value.session != stream.session.0)
-        && let std::ops::ControlFlow::Break(ending) =
-            stream.lost_registration(topic, consumer, record.is_some(), revision)
-    {
-        return ending;
+    if let Some(step) = RelayStep::not_relayed(registration) {
+        return step;
     }
     let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
     // Idle: owns nothing and takes part in no handoff. The view shows every role: a warm's
     // source and a release's target own the partition, the others are listed.
     let idle = view.owned.is_empty() && view.warming.is_empty() && view.releasing.is_empty();
-    if !stream.activated {
+    let mut gains = Vec::new();
+    let snapshot;
+    let told = if seen.activated {
+        seen.told
+    } else {
         // The first message is always the snapshot, even when it is empty.
-        stream.activated = true;
         let owned = view.owned.iter().copied().collect();
-        stream.send(wire(topic, vec![Command::Assignment { assigned: owned, unassigned: vec![] }]));
-        stream.told = ConsumerView { owned: view.owned.clone(), ..Default::default() };
-    }
-    let (gains, losses) = split(diff_views(&stream.told, &view));
-    stream.send(wire(topic, gains));
-    stream.defer(wire(topic, losses));
-    stream.told = view;
-    if draining && idle {
-        return Some((EndReason::Left, None));
-    }
-    None
+        gains.push(Command::Assignment { assigned: owned, unassigned: vec![] });
+        snapshot = ConsumerView { owned: view.owned.clone(), ..Default::default() };
+        &snapshot
+    };
+    let (more, losses) = split(diff_views(told, &view));
+    gains.extend(more);
+    RelayStep::Tell(Tell {
+        gains: wire(topic, gains),
+        losses: wire(topic, losses),
+        told: view,
+        lost: registration == Registration::Lost,
+        end: (draining && idle).then_some((EndReason::Left, None)),
+    })
 }
 
 /// Splits commands into what the consumer gains (`assigned`, warms), sent at once, and
@@ -92,14 +96,16 @@ fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
 
 /// Relays the cache to the local streams `changes` concerns.
 fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
-    inner.core.streams().relay(changes, |topic, consumer, stream| {
+    inner.core.streams().relay(changes, |topic, consumer, seen| {
         let entry = cache.topics.get(topic);
         let view = entry.map(|e| e.view_of(consumer)).unwrap_or_default();
-        let before = stream.told.releasing.clone();
-        let ended = relay_one(topic, consumer, stream, entry, view, cache.revision);
-        let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
-        inner.core.metrics().observe_releases_sent(&before, &stream.told.releasing, phase_start);
-        ended
+        let before = seen.told.releasing.clone();
+        let step = relay_step(topic, consumer, seen, entry, view, cache.revision);
+        if let RelayStep::Tell(tell) = &step {
+            let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
+            inner.core.metrics().observe_releases_sent(&before, &tell.told.releasing, phase_start);
+        }
+        step
     });
 }
 

@@ -4,7 +4,7 @@
 //! expires. Normally this instance has fenced itself before (`lease.rs`), ending those
 //! streams. If the store expires the lease early (an operator revoked it, the store's clock
 //! ran ahead, a restore from a backup), the streams are still open. The relay then marks
-//! each of them lost ([`LocalStream::lost_registration`]) and keeps relaying it, and this
+//! each of them lost (the relay model's [`Registration::Lost`]) and keeps relaying it, and this
 //! task writes its registration again, with the same registration id, bound to the
 //! instance's new lease, only where no other registration took the name meanwhile
 //! (compare-and-swap on absence). The stream does not end and the consumer is told nothing
@@ -12,7 +12,7 @@
 //! away meanwhile is `unassigned`). A stream whose registration could not be written again
 //! within one TTL ends with `UNAVAILABLE`.
 //!
-//! [`LocalStream::lost_registration`]: super::streams::LocalStream::lost_registration
+//! [`Registration::Lost`]: super::relay_step::Registration::Lost
 
 use std::{sync::Arc, time::Duration};
 

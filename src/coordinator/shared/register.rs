@@ -139,7 +139,8 @@ async fn register_to_the_end<R: Registrar>(
         // Relay and admit under one read of the cache: the watcher applies the next
         // revision only after, and its relay then finds the stream.
         let cache = core.mirror.read();
-        let ended = backend.relay_one(&cache, topic, consumer, &mut stream);
+        let step = backend.relay_step(&cache, topic, consumer, stream.seen());
+        let ended = stream.apply(topic, consumer, step);
         stream.flush();
         if core.admit(lease, topic, consumer, stream).is_err() {
             // Fenced (or the relay stopped) since the write: the consumer never sees the

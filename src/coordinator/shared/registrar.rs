@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::mirror::MirrorCache;
-use super::streams::{Ending, LocalStream, StreamKey, Told};
+use super::relay_step::{RelayStep, StreamSeen};
+use super::streams::{StreamKey, Told};
 use crate::coordinator::CoordinatorError;
 use crate::handoff::Millis;
 use crate::store::{Revision, SessionId, StoreError};
@@ -120,14 +121,15 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     /// revision of the record, or `None` if another registration has the name.
     async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError>;
 
-    /// Brings one stream up to date with the cache; returns why it must end, if it must.
-    fn relay_one(
+    /// The relay model: what the stream `seen` of `consumer` on `topic` must be told, given
+    /// `cache` ([`super::relay_step`]). Pure.
+    fn relay_step(
         &self,
         cache: &Self::Cache,
         topic: &str,
         consumer: &str,
-        stream: &mut LocalStream<Self::Told>,
-    ) -> Option<Ending>;
+        seen: StreamSeen<'_, Self::Told>,
+    ) -> RelayStep<Self::Told>;
 
     /// How long the registration `key` is kept after its stream ended.
     fn held(&self, cache: &Self::Cache, key: &StreamKey) -> Held;

@@ -8,10 +8,11 @@
 //! When two registrations of one name meet on this instance, the one whose registration
 //! was written last (the higher store revision) stays; the other ends with `ABORTED`.
 
-use std::{collections::BTreeSet, fmt::Debug, ops::ControlFlow, sync::Arc};
+use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
 
 use super::mirror::{Changes, Touched};
 use super::outgoing::{CommandSender, Outgoing, PassGate, STREAM_BUFFER};
+use super::relay_step::{RelayStep, StreamSeen};
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
@@ -196,34 +197,6 @@ impl<T: Told> LocalStream<T> {
         self.told = T::default();
     }
 
-    /// What to do with a stream whose registration is no longer its own. `replaced` says
-    /// whether another registration of the name exists: then the consumer is told it owns
-    /// nothing and the stream ends `ABORTED`. Before the cache has reached the
-    /// registration, there is nothing to relay yet (`Break(None)`). If the record is simply
-    /// gone (the store lost it with the instance lease), the stream is marked lost and stays
-    /// open: `Continue`, the caller keeps relaying it while [`super::rebind`] writes the
-    /// registration again.
-    pub fn lost_registration(
-        &mut self,
-        topic: &str,
-        consumer: &str,
-        replaced: bool,
-        revision: Revision,
-    ) -> ControlFlow<Option<Ending>> {
-        if revision < self.registered_at {
-            return ControlFlow::Break(None);
-        }
-        if replaced {
-            self.farewell(topic);
-            return ControlFlow::Break(Some((EndReason::Replaced, Some(replaced_error(topic, consumer)))));
-        }
-        if self.lost_since.is_none() {
-            tracing::warn!(topic, consumer, "the store lost this consumer's registration; writing it again");
-            self.lost_since = Some(tokio::time::Instant::now());
-        }
-        ControlFlow::Continue(())
-    }
-
     /// Whether the stream is waiting for its registration to be written again.
     pub fn is_lost(&self) -> bool {
         self.lost_since.is_some()
@@ -392,8 +365,9 @@ impl<T: Told> Streams<LocalStream<T>> {
         names
     }
 
-    /// Brings every stream `changes` concerns up to date with `relay_one(topic, consumer,
-    /// stream)`, then ends those it says must end. Only the named consumers are visited
+    /// Brings every stream `changes` concerns up to date with what the relay model `step`
+    /// decides for it ([`super::relay_step`]; pure: it only reads what the stream was told),
+    /// then ends those it says must end. Only the named consumers are visited
     /// (a whole topic only when `changes` says so), so the work follows the change, not
     /// the number of streams.
     ///
@@ -405,14 +379,15 @@ impl<T: Told> Streams<LocalStream<T>> {
     pub fn relay(
         &self,
         changes: &Changes,
-        mut relay_one: impl FnMut(&str, &str, &mut LocalStream<T>) -> Option<Ending>,
+        mut step: impl FnMut(&str, &str, StreamSeen<'_, T>) -> RelayStep<T>,
     ) {
         let mut ended = Vec::new();
         let mut deferred = Vec::new();
         let gate = PassGate::new();
         let mut visit = |topic: &str, consumer: &str, stream: &mut LocalStream<T>| {
             stream.pass = Some(gate.clone());
-            let end = relay_one(topic, consumer, stream);
+            let decided = step(topic, consumer, stream.seen());
+            let end = stream.apply(topic, consumer, decided);
             stream.pass = None;
             let end = end.or_else(|| stream.overflow(topic, consumer));
             let key = (topic.to_string(), consumer.to_string(), stream.session);
@@ -511,6 +486,7 @@ mod tests {
 
     use super::{Changes, EndReason, LocalStream, STREAM_BUFFER, Streams};
     use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel, command_stream};
+    use crate::coordinator::shared::relay_step::{RelayStep, Tell};
     use crate::coordinator::shared::wire::update;
     use crate::coordinator::{CoordinatorError, StreamEnd};
     use crate::metrics::Metrics;
@@ -585,7 +561,7 @@ mod tests {
         changes.topic("t");
         streams.relay(&changes, |topic, consumer, _| {
             visited.push(format!("{topic}/{consumer}"));
-            (consumer == "a").then_some((EndReason::Left, None))
+            if consumer == "a" { RelayStep::Farewell } else { RelayStep::Wait }
         });
         visited.sort();
         assert_eq!(visited, ["t/a", "t/b"]);
@@ -603,13 +579,13 @@ mod tests {
         let mut changes = Changes::default();
         changes.topic("t");
         // The old owner is visited first: the order of visits must not matter.
-        streams.relay(&changes, |_, consumer, s| {
-            if consumer == "old" {
-                s.defer([update("t", [], [7])]);
+        streams.relay(&changes, |_, consumer, _| {
+            let (gains, losses) = if consumer == "old" {
+                (vec![], vec![update("t", [], [7])])
             } else {
-                s.send([update("t", [7], [])]);
-            }
-            None
+                (vec![update("t", [7], [])], vec![])
+            };
+            RelayStep::Tell(Tell { gains, losses, told: (), lost: false, end: None })
         });
         let (mut old_rx, mut new_rx) = (command_stream(old_rx.0), command_stream(new_rx.0));
         assert!(old_rx.next().now_or_never().is_none(), "the release waits");
@@ -645,9 +621,14 @@ mod tests {
         for _ in 0..STREAM_BUFFER + 10 {
             let mut changes = Changes::default();
             changes.topic("t");
-            streams.relay(&changes, |_, _, s| {
-                s.send([command.clone()]);
-                None
+            streams.relay(&changes, |_, _, _| {
+                RelayStep::Tell(Tell {
+                    gains: vec![command.clone()],
+                    losses: vec![],
+                    told: (),
+                    lost: false,
+                    end: None,
+                })
             });
         }
         assert!(streams.names().is_empty(), "the stream is ended");

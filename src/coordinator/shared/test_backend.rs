@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use super::cas::create_bound;
 use super::mirror::{Changes, MirrorCache};
 use super::registrar::{Caller, Held, Registrar};
-use super::streams::{Ending, LocalStream};
+use super::relay_step::{Registration, RelayStep, StreamSeen, Tell};
 use super::topics::Topics;
 use super::wire::update;
 use super::{Core, CoreSettings};
@@ -122,8 +122,8 @@ impl TestBackend {
             let mut follower = watcher.core.follower(Duration::from_secs(300));
             while let Some(changes) = follower.next().await {
                 let cache = watcher.core.mirror.read();
-                watcher.core.streams.relay(&changes, |topic, consumer, stream| {
-                    watcher.relay_one(&cache, topic, consumer, stream)
+                watcher.core.streams.relay(&changes, |topic, consumer, seen| {
+                    watcher.relay_step(&cache, topic, consumer, seen)
                 });
                 watcher.core.mirror.announce(&cache);
             }
@@ -200,24 +200,23 @@ impl Registrar for TestBackend {
         Ok(ours)
     }
 
-    fn relay_one(
+    fn relay_step(
         &self,
         cache: &Records,
         topic: &str,
         consumer: &str,
-        stream: &mut LocalStream<()>,
-    ) -> Option<Ending> {
+        seen: StreamSeen<'_, ()>,
+    ) -> RelayStep<()> {
         let record = cache.kvs.get(&registration(topic, consumer));
-        if record.is_none_or(|kv| kv.value != stream.session.0.to_string().into_bytes())
-            && let std::ops::ControlFlow::Break(ending) =
-                stream.lost_registration(topic, consumer, record.is_some(), cache.revision)
-        {
-            return ending;
+        let session = record.and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse().ok());
+        // A record that does not parse is someone else's.
+        let session = record.map(|_| session.unwrap_or(i64::MIN));
+        let registration = seen.registration(session, cache.revision);
+        if let Some(step) = RelayStep::not_relayed(registration) {
+            return step;
         }
-        if !stream.activated {
-            stream.activated = true;
-            stream.send([update(topic, [], [])]);
-        }
-        None
+        let gains = if seen.activated { vec![] } else { vec![update(topic, [], [])] };
+        let lost = registration == Registration::Lost;
+        RelayStep::Tell(Tell { gains, losses: vec![], told: (), lost, end: None })
     }
 }
