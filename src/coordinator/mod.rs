@@ -5,20 +5,23 @@
 //! `PartitionReleased`, deregister, readiness, and a read-only status view for the admin
 //! surface. One folder per backend, one for what they share:
 //!
-//! * `shared/`: what every store-backed backend needs — the store, keys and metrics, the
-//!   mirror (watch, re-read, resync), the stream registry, registration with its session
-//!   keep-alive, the topic record, readiness, shutdown and crash.
-//! * [`handoff_backend`]: the warm-handoff coordinator ([`HandoffCoordinator`]) over any
-//!   `LeaseStore`; the `memory` and `etcd` backends are this one implementation with a
+//! * `shared/`: what every store-backed backend needs — [`StoreCoordinator`], the one
+//!   implementation of the trait for them, over the backend that decides; the store, keys
+//!   and metrics, the mirror (watch, re-read, resync), the stream registry and the relay
+//!   as a pure step, registration with its session keep-alive, the topic record,
+//!   readiness, shutdown and crash.
+//! * [`handoff_backend`]: the warm-handoff backend ([`HandoffCoordinator`] runs it) over
+//!   any `LeaseStore`; the `memory` and `etcd` backends are this one implementation with a
 //!   different store. Its leader is election, reconcile and topic refresh.
 //! * [`fleet_backend`]: per-partition leases claimed up to a fair share by the instance
-//!   holding each consumer's stream ([`FleetCoordinator`]); no leader, no warm handoffs.
+//!   holding each consumer's stream ([`FleetCoordinator`] runs it); no leader, no warm
+//!   handoffs.
 //! * [`static_backend`]: fixed partitions from the environment ([`StaticCoordinator`]),
 //!   no store, for local development.
 //!
 //! Each backend folder uses the same file names for the same jobs: `state.rs` (its cache of
-//! the store), `records.rs` (its keys and records), `register.rs`, `relay.rs`, `calls.rs`
-//! (ready / released / deregister) and `status.rs`.
+//! the store), `records.rs` (its keys and records), `register.rs`, `relay.rs` (its relay
+//! step), `calls.rs` (ready / released / deregister: its `Backend`) and `status.rs`.
 
 mod error;
 pub mod fleet_backend;

@@ -1,8 +1,12 @@
 //! `PartitionReady` / `PartitionReleased` (refused) and `Deregister`.
 
+use async_trait::async_trait;
+
 use super::Fleet;
 use super::records::{FleetKey, MemberRecord};
+use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{Rewrite, rewrite_bound};
+use crate::coordinator::shared::instance::Backend;
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::proto::v1::DeregisterAction;
 use crate::store::StoreError;
@@ -56,5 +60,37 @@ async fn mark_leaving(inner: &Fleet, key: &str, consumer: &str) -> Result<(), Co
         // The instance lease ended meanwhile: the record and leases are gone already.
         Err(StoreError::SessionExpired(_)) => Ok(()),
         Err(error) => Err(error.into()),
+    }
+}
+
+/// The fleet backend's calls, as the shared instance ([`StoreCoordinator`]) runs them.
+///
+/// [`StoreCoordinator`]: crate::coordinator::StoreCoordinator
+#[async_trait]
+impl Backend for Fleet {
+    async fn partition_ready(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError> {
+        no_handoffs(consumer, topic, partition)
+    }
+
+    async fn partition_released(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError> {
+        no_handoffs(consumer, topic, partition)
+    }
+
+    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
+        deregister(self, consumer).await
+    }
+
+    fn status(&self) -> StatusView {
+        super::status::status(self)
     }
 }

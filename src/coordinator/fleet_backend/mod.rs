@@ -42,13 +42,10 @@ pub use records::{FleetKeys, LeaseRecord, MemberRecord};
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use async_trait::async_trait;
-
 use super::StoreCoordinator;
-use super::shared::{Core, CoreSettings, instance::Backend, topics::Topics};
-use super::{CoordinatorError, PartitionCounts, StatusView};
+use super::shared::{Core, CoreSettings, topics::Topics};
+use super::{CoordinatorError, PartitionCounts};
 use crate::metrics::Metrics;
-use crate::proto::v1::DeregisterAction;
 use crate::store::LeaseStore;
 
 use relay::FleetTold;
@@ -126,34 +123,5 @@ impl StoreCoordinator<Fleet> {
         tokio::spawn(claim::refresh_topics(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");
         Ok(Self::new(inner))
-    }
-}
-
-#[async_trait]
-impl Backend for Fleet {
-    async fn partition_ready(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        calls::no_handoffs(consumer, topic, partition)
-    }
-
-    async fn partition_released(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        calls::no_handoffs(consumer, topic, partition)
-    }
-
-    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-        calls::deregister(self, consumer).await
-    }
-
-    fn status(&self) -> StatusView {
-        status::status(self)
     }
 }

@@ -13,8 +13,11 @@ use super::records::{
     AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode,
 };
 use super::{Handoff, now_ms};
-use crate::coordinator::shared::batch::{Batched, KeyWrite};
+use async_trait::async_trait;
+
+use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
+use crate::coordinator::shared::{batch::KeyWrite, instance::Backend};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, Write, step};
 use crate::proto::v1::DeregisterAction;
@@ -153,14 +156,8 @@ async fn apply_call(
         let direct = if attempt == 0 { inner.calls.direct().await } else { None };
         let written = if attempt == 0 && direct.is_none() {
             let key = inner.core.keys().handoff(topic, partition);
-            match inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await? {
-                (Batched::Written(revision), Some(batch)) => {
-                    tell_own_write(inner, revision, &batch);
-                    true
-                }
-                (Batched::Written(_), None) => true,
-                (Batched::Lost, _) => false,
-            }
+            let batch = inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await?;
+            batch.map(|batch| tell_own_write(inner, batch.revision, &batch.ops)).is_some()
         } else {
             commit_and_tell(inner, Txn { compares, ops }).await?
         };
@@ -306,6 +303,46 @@ async fn update_consumer(
         Rewrite::Contended => {
             Err(CoordinatorError::Contended(format!("consumer '{consumer}' kept changing; retry")))
         }
+    }
+}
+
+/// The handoff backend's calls, as the shared instance ([`StoreCoordinator`]) runs them.
+///
+/// [`StoreCoordinator`]: crate::coordinator::StoreCoordinator
+#[async_trait]
+impl Backend for Handoff {
+    async fn partition_ready(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError> {
+        partition_ready(self, consumer, topic, partition).await
+    }
+
+    async fn partition_released(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError> {
+        partition_released(self, consumer, topic, partition).await
+    }
+
+    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
+        deregister(self, consumer).await
+    }
+
+    fn status(&self) -> StatusView {
+        super::status::status(self)
+    }
+
+    async fn on_shutdown(&self) {
+        super::leader::resign(self).await;
+    }
+
+    fn on_crash(&self) {
+        self.leadership.send_replace(None);
     }
 }
 

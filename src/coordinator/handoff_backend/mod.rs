@@ -23,16 +23,14 @@ pub use leader::Fence;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::StoreCoordinator;
-use super::shared::{Core, CoreSettings, batch::Batcher, instance::Backend, topics::Topics};
-use super::{CoordinatorError, PartitionCounts, StatusView};
+use super::shared::{Core, CoreSettings, batch::Batcher, topics::Topics};
+use super::{CoordinatorError, PartitionCounts};
 use crate::drain::DrainPolicy;
 use crate::handoff::{ConsumerView, PlanConfig};
 use crate::metrics::Metrics;
-use crate::proto::v1::DeregisterAction;
 use crate::store::LeaseStore;
 
 use records::Keys;
@@ -155,42 +153,5 @@ impl StoreCoordinator<Handoff> {
     /// Whether this instance currently leads.
     pub fn is_leader(&self) -> bool {
         self.backend().leadership.borrow().is_some()
-    }
-}
-
-#[async_trait]
-impl Backend for Handoff {
-    async fn partition_ready(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        calls::partition_ready(self, consumer, topic, partition).await
-    }
-
-    async fn partition_released(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        calls::partition_released(self, consumer, topic, partition).await
-    }
-
-    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-        calls::deregister(self, consumer).await
-    }
-
-    fn status(&self) -> StatusView {
-        status::status(self)
-    }
-
-    async fn on_shutdown(&self) {
-        leader::resign(self).await;
-    }
-
-    fn on_crash(&self) {
-        self.leadership.send_replace(None);
     }
 }

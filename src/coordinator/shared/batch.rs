@@ -56,12 +56,18 @@ pub struct KeyWrite {
     pub ops: Vec<Op>,
 }
 
-/// Every operation of a batch that was written: what the watch will deliver at its
-/// revision, for a writer that applies its own writes at once.
-pub type BatchOps = Arc<[Op]>;
+/// A batch that was written: its revision and every operation of it, what the watch will
+/// deliver at that revision, for a writer that applies its own writes at once.
+#[derive(Clone, Debug)]
+pub struct WrittenBatch {
+    /// The revision it was written at.
+    pub revision: Revision,
+    /// Every operation of the batch.
+    pub ops: Arc<[Op]>,
+}
 
-/// How a batch ended, as each of its writers hears it.
-type Answer = Result<(Batched, Option<BatchOps>), StoreError>;
+/// How a batch ended, as each of its writers hears it: `None` if a compare lost.
+type Answer = Result<Option<WrittenBatch>, StoreError>;
 
 struct Pending {
     write: KeyWrite,
@@ -129,13 +135,14 @@ impl Batcher {
     /// Queues `write` for the next batch and waits for its outcome. `UNAVAILABLE` once the
     /// writer has stopped.
     pub async fn write(&self, write: KeyWrite) -> Result<Batched, StoreError> {
-        Ok(self.write_with_batch(write).await?.0)
+        Ok(self.write_with_batch(write).await?.map_or(Batched::Lost, |b| Batched::Written(b.revision)))
     }
 
-    /// [`write`](Self::write), and when written, every operation of the batch it was written
-    /// in: the caller may apply them to its mirror at once (each writer of the batch gets
-    /// them; the first to apply them does, the others find the revision already there).
-    pub async fn write_with_batch(&self, write: KeyWrite) -> Result<(Batched, Option<BatchOps>), StoreError> {
+    /// [`write`](Self::write), answering the batch it was written in (`None`: a compare of
+    /// the batch lost): the caller may apply its operations to its mirror at once (each
+    /// writer of the batch gets them; the first to apply them does, the others find the
+    /// revision already there).
+    pub async fn write_with_batch(&self, write: KeyWrite) -> Result<Option<WrittenBatch>, StoreError> {
         let (reply, answer) = oneshot::channel();
         let stopped = || StoreError::Unavailable("the registration writer has stopped".into());
         self.queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -217,11 +224,9 @@ async fn commit(store: &dyn LeaseStore, batch: Vec<Pending>) {
         txn.compares.extend(pending.write.compares.iter().cloned());
         txn.ops.extend(pending.write.ops.iter().cloned());
     }
-    let ops: BatchOps = txn.ops.clone().into();
-    let outcome = store
-        .txn(txn)
-        .await
-        .map(|o| if o.succeeded { (Batched::Written(o.revision), Some(ops)) } else { (Batched::Lost, None) });
+    let ops: Arc<[Op]> = txn.ops.clone().into();
+    let outcome =
+        store.txn(txn).await.map(|o| o.succeeded.then_some(WrittenBatch { revision: o.revision, ops }));
     for pending in batch {
         let _ = pending.reply.send(outcome.clone());
     }

@@ -1,0 +1,220 @@
+//! Tests of the stream registry (`streams.rs`).
+
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{mpsc::error::TryRecvError, oneshot};
+
+use super::{Changes, EndReason, LocalStream, STREAM_BUFFER, Streams};
+use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel, command_stream};
+use crate::coordinator::shared::relay_step::{RelayStep, Tell};
+use crate::coordinator::shared::wire::update;
+use crate::coordinator::{CoordinatorError, StreamEnd};
+use crate::metrics::Metrics;
+use crate::proto::v1::AssignmentCommand;
+use crate::store::SessionId;
+
+/// A stream's channel, read without the gRPC layer.
+struct Rx(CommandReceiver);
+
+impl Rx {
+    fn try_recv(&mut self) -> Result<Result<AssignmentCommand, CoordinatorError>, TryRecvError> {
+        self.0.try_recv().map(|outgoing| outgoing.item)
+    }
+}
+
+fn stream(session: i64, registered_at: i64) -> (LocalStream<()>, Rx, oneshot::Receiver<EndReason>) {
+    let (tx, rx) = command_channel();
+    let (stream, end) = LocalStream::new(SessionId(session), registered_at, tx);
+    (stream, Rx(rx), end)
+}
+
+fn registry() -> (Streams<LocalStream<()>>, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new());
+    (Streams::new(metrics.clone()), metrics)
+}
+
+fn error_item(rx: &mut Rx) -> Option<CoordinatorError> {
+    rx.try_recv().ok().and_then(Result::err)
+}
+
+#[test]
+fn the_later_registration_stays_and_the_other_ends_aborted() {
+    let (streams, metrics) = registry();
+    let (old, mut old_rx, mut old_end) = stream(1, 10);
+    let (new, mut new_rx, _new_end) = stream(2, 11);
+    streams.insert("t", "a", old);
+    streams.insert("t", "a", new);
+    assert!(matches!(error_item(&mut old_rx), Some(CoordinatorError::Replaced(_))));
+    assert_eq!(old_end.try_recv(), Ok(EndReason::Replaced), "its session is revoked");
+    assert!(new_rx.try_recv().is_err(), "the newer stream hears nothing");
+    assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))));
+    // A registration that arrives late but was written earlier loses.
+    let (stale, mut stale_rx, _stale_end) = stream(3, 5);
+    streams.insert("t", "a", stale);
+    assert!(matches!(error_item(&mut stale_rx), Some(CoordinatorError::Replaced(_))));
+    assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))));
+    assert_eq!(metrics.streams.get(), 1);
+}
+
+#[test]
+fn ending_names_the_session_so_a_stale_cleanup_cannot_remove_the_newer_stream() {
+    let (streams, _) = registry();
+    let (s, _rx, _end) = stream(2, 11);
+    streams.insert("t", "a", s);
+    streams.end(&("t".into(), "a".into(), SessionId(1)), EndReason::Shutdown, None);
+    assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))), "session 1 is not the one held");
+    streams.end(&("t".into(), "a".into(), SessionId(2)), EndReason::Shutdown, None);
+    assert!(streams.names().is_empty());
+}
+
+#[test]
+fn relay_visits_the_given_topics_and_ends_what_it_says() {
+    let (streams, _) = registry();
+    let (a, _a_rx, mut a_end) = stream(1, 1);
+    let (b, _b_rx, _b_end) = stream(2, 1);
+    let (c, _c_rx, _c_end) = stream(3, 1);
+    streams.insert("t", "a", a);
+    streams.insert("t", "b", b);
+    streams.insert("u", "c", c);
+    let mut visited = Vec::new();
+    let mut changes = Changes::default();
+    changes.topic("t");
+    streams.relay(&changes, |topic, consumer, _| {
+        visited.push(format!("{topic}/{consumer}"));
+        if consumer == "a" { RelayStep::Farewell } else { RelayStep::Wait }
+    });
+    visited.sort();
+    assert_eq!(visited, ["t/a", "t/b"]);
+    assert_eq!(a_end.try_recv(), Ok(EndReason::Left));
+    assert_eq!(streams.names(), [("t".to_string(), "b".to_string()), ("u".to_string(), "c".to_string())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_one_pass_the_old_owner_hears_its_release_only_after_the_new_owner_took_its_assigned() {
+    let (streams, _) = registry();
+    let (old, old_rx, _old_end) = stream(1, 1);
+    let (new, new_rx, _new_end) = stream(2, 1);
+    streams.insert("t", "old", old);
+    streams.insert("t", "new", new);
+    let mut changes = Changes::default();
+    changes.topic("t");
+    // The old owner is visited first: the order of visits must not matter.
+    streams.relay(&changes, |_, consumer, _| {
+        let (gains, losses) = if consumer == "old" {
+            (vec![], vec![update("t", [], [7])])
+        } else {
+            (vec![update("t", [7], [])], vec![])
+        };
+        RelayStep::Tell(Tell { gains, losses, told: (), lost: false, end: None })
+    });
+    let (mut old_rx, mut new_rx) = (command_stream(old_rx.0), command_stream(new_rx.0));
+    assert!(old_rx.next().now_or_never().is_none(), "the release waits");
+    let assigned = new_rx.next().await.and_then(Result::ok);
+    assert_eq!(assigned, Some(update("t", [7], [])));
+    let released = old_rx.next().now_or_never().flatten().and_then(Result::ok);
+    assert_eq!(released, Some(update("t", [], [7])), "then it goes");
+}
+
+#[test]
+fn crash_breaks_every_stream_without_telling_any_task_and_shutdown_tells_them() {
+    let (streams, metrics) = registry();
+    let (a, mut a_rx, mut a_end) = stream(1, 1);
+    streams.insert("t", "a", a);
+    streams.crash_all();
+    assert!(matches!(error_item(&mut a_rx), Some(CoordinatorError::StreamEnded(StreamEnd::Crashed, _))));
+    assert!(a_end.try_recv().is_err(), "no reason: the session is left to expire");
+    assert_eq!(metrics.streams.get(), 0);
+    let (b, mut b_rx, mut b_end) = stream(2, 2);
+    streams.insert("t", "b", b);
+    streams.end_all("i-1");
+    assert!(matches!(error_item(&mut b_rx), Some(CoordinatorError::StreamEnded(StreamEnd::Shutdown, _))));
+    assert_eq!(b_end.try_recv(), Ok(EndReason::Shutdown));
+    assert!(streams.names().is_empty());
+}
+
+#[test]
+fn a_consumer_that_stops_reading_is_ended_resource_exhausted() {
+    let (streams, _) = registry();
+    let (a, mut rx, mut end) = stream(1, 1);
+    streams.insert("t", "a", a);
+    let command = crate::coordinator::shared::wire::update("t", [0], []);
+    for _ in 0..STREAM_BUFFER + 10 {
+        let mut changes = Changes::default();
+        changes.topic("t");
+        streams.relay(&changes, |_, _, _| {
+            RelayStep::Tell(Tell {
+                gains: vec![command.clone()],
+                losses: vec![],
+                told: (),
+                lost: false,
+                end: None,
+            })
+        });
+    }
+    assert!(streams.names().is_empty(), "the stream is ended");
+    assert_eq!(end.try_recv(), Ok(EndReason::Disconnected), "its registration is kept for the TTL");
+    let mut items = 0;
+    let last = loop {
+        match rx.try_recv() {
+            Ok(Ok(_)) => items += 1,
+            Ok(Err(error)) => break error,
+            Err(e) => panic!("no error item after {items} commands: {e:?}"),
+        }
+    };
+    assert_eq!(items, STREAM_BUFFER, "the buffer is bounded");
+    assert!(matches!(last, CoordinatorError::NotReading(_)), "{last}");
+}
+
+/// What a test stream was told: whether it owns partition 0 (its farewell unassigns it).
+#[derive(Default)]
+struct OwnsZero(bool);
+
+impl super::Told for OwnsZero {
+    fn farewell(&self, topic: &str) -> Vec<AssignmentCommand> {
+        if self.0 { vec![update(topic, [], [0])] } else { Vec::new() }
+    }
+}
+
+#[test]
+fn a_fenced_consumer_with_a_full_buffer_still_hears_its_farewell_before_the_end() {
+    let streams: Streams<LocalStream<OwnsZero>> = Streams::new(Arc::new(Metrics::new()));
+    let (tx, mut rx) = command_channel();
+    let (mut a, _end) = LocalStream::new(SessionId(1), 1, tx);
+    a.activated = true;
+    a.told = OwnsZero(true);
+    streams.insert("t", "a", a);
+    let key = ("t".to_string(), "a".to_string(), SessionId(1));
+    // The consumer is a whole buffer behind: every command fits, none was dropped.
+    for _ in 0..STREAM_BUFFER {
+        streams.with(&key, |s| s.send([update("t", [0], [])]));
+    }
+    streams.fence_all("i1");
+    let mut items = Vec::new();
+    while let Ok(outgoing) = rx.try_recv() {
+        items.push(outgoing.item);
+    }
+    let n = items.len();
+    assert!(n >= 2, "{n} items");
+    assert!(
+        matches!(&items[n - 2], Ok(c) if *c == update("t", [], [0])),
+        "the farewell (unassigned 0) comes right before the end, got {:?}",
+        items[n - 2]
+    );
+    assert!(items[..n - 2].iter().all(|i| matches!(i, Ok(c) if *c == update("t", [0], []))));
+    assert_eq!(n - 2, STREAM_BUFFER, "the backlog is kept whole");
+    let fenced = matches!(items[n - 1], Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _)));
+    assert!(fenced, "then the stream ends as fenced: {:?}", items[n - 1]);
+}
+
+#[test]
+fn fencing_ends_streams_saying_so_for_the_metric() {
+    let (streams, _metrics) = registry();
+    let (a, mut a_rx, mut a_end) = stream(1, 1);
+    streams.insert("t", "a", a);
+    streams.fence_all("assigner instance 'i1' lost contact with its store");
+    let ended =
+        matches!(a_rx.try_recv(), Ok(Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _))));
+    assert!(ended, "the stream ends as fenced");
+    assert_eq!(a_end.try_recv(), Ok(EndReason::Disconnected), "the registration is kept for the TTL");
+}
