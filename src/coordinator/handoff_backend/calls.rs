@@ -9,9 +9,7 @@
 //! Calls that arrive together share transactions ([`batch`]): a scale-out brings
 //! thousands at once.
 
-use super::records::{
-    AssignmentRecord, ConsumerRecord, HandoffRecord, RECORD_VERSION, TopicRecord, decode, encode,
-};
+use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms};
 use async_trait::async_trait;
 
@@ -19,7 +17,7 @@ use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
 use crate::coordinator::shared::{batch::KeyWrite, instance::Backend};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
-use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, Write, step};
+use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, step};
 use crate::proto::v1::DeregisterAction;
 use crate::store::{Compare, Op, Revision, Txn};
 
@@ -85,26 +83,6 @@ async fn from_store(
     Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
 }
 
-/// Turns writes into transaction ops.
-pub(super) fn write_ops(inner: &Handoff, topic: &str, writes: &[Write]) -> Vec<Op> {
-    let keys = &inner.core.keys();
-    writes
-        .iter()
-        .map(|w| match w {
-            Write::SetOwner { partition, owner } => Op::put(
-                keys.assignment(topic, *partition),
-                encode(&AssignmentRecord { v: RECORD_VERSION, owner: owner.clone() }),
-            ),
-            Write::ClearOwner { partition } => Op::delete(keys.assignment(topic, *partition)),
-            Write::PutHandoff { partition, handoff } => Op::put(
-                keys.handoff(topic, *partition),
-                encode(&HandoffRecord { v: RECORD_VERSION, handoff: handoff.clone() }),
-            ),
-            Write::DeleteHandoff { partition } => Op::delete(keys.handoff(topic, *partition)),
-        })
-        .collect()
-}
-
 /// What a call that changed the store found: when the partition's handoff phase it moved
 /// on from had begun (for the warm-duration metric).
 struct Applied {
@@ -150,7 +128,7 @@ async fn apply_call(
             Compare::ModRevision(inner.core.keys().assignment(topic, partition), current.owner_revision),
             Compare::ModRevision(inner.core.keys().handoff(topic, partition), current.handoff_revision),
         ];
-        let ops = write_ops(inner, topic, &writes);
+        let ops = inner.core.keys().write_ops(topic, &writes);
         // Alone when nothing else is queued (or after a batch lost), with the calls that
         // arrive with it otherwise.
         let direct = if attempt == 0 { inner.calls.direct().await } else { None };

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::assignment::ConsumerInfo;
 pub use crate::coordinator::shared::records::{RECORD_VERSION, TopicRecord, decode, encode};
-use crate::handoff::{ConsumerStatus, Handoff, Millis};
+use crate::handoff::{ConsumerStatus, Handoff, Millis, Write};
+use crate::store::Op;
 
 /// `{prefix}consumers/{topic}/{consumer}`: a live registration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +118,25 @@ impl Keys {
     /// `{prefix}leader`.
     pub fn leader(&self) -> String {
         format!("{}leader", self.prefix)
+    }
+
+    /// The operations that make `writes` (the handoff machine's) on `topic`.
+    pub fn write_ops(&self, topic: &str, writes: &[Write]) -> Vec<Op> {
+        writes
+            .iter()
+            .map(|w| match w {
+                Write::SetOwner { partition, owner } => Op::put(
+                    self.assignment(topic, *partition),
+                    encode(&AssignmentRecord { v: RECORD_VERSION, owner: owner.clone() }),
+                ),
+                Write::ClearOwner { partition } => Op::delete(self.assignment(topic, *partition)),
+                Write::PutHandoff { partition, handoff } => Op::put(
+                    self.handoff(topic, *partition),
+                    encode(&HandoffRecord { v: RECORD_VERSION, handoff: handoff.clone() }),
+                ),
+                Write::DeleteHandoff { partition } => Op::delete(self.handoff(topic, *partition)),
+            })
+            .collect()
     }
 
     /// Parses a key under the prefix; `None` for anything else.

@@ -1,11 +1,32 @@
 //! The relay as a pure decision: a backend's model looks at its cache and at what one stream
 //! has told its consumer ([`StreamSeen`]) and answers a [`RelayStep`]; the stream registry
-//! applies it ([`LocalStream::apply`]). The model does no I/O and touches no stream, so the
+//! applies it (`LocalStream::apply`, `streams.rs`). The model does no I/O and touches no stream, so the
 //! registry can call it while it holds a stream without calling out of the relay.
 
-use super::streams::{EndReason, Ending, LocalStream, Told, replaced_error};
+use crate::coordinator::CoordinatorError;
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};
+
+/// Why the server ended a stream; tells the stream's session task what to do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// The consumer left (drained, or deregistered on the fleet): revoke the session.
+    Left,
+    /// A newer registration of the same name replaced this one: revoke the old session.
+    Replaced,
+    /// The consumer's registration is gone and could not be written again within a TTL
+    /// ([`super::rebind`]): nothing left to do.
+    Expired,
+    /// This instance is shutting down: keep nothing alive, and let the TTL give the
+    /// consumer time to reconnect elsewhere.
+    Shutdown,
+    /// The client went away, or this instance fenced itself, or the consumer stopped
+    /// reading: the registration is kept for the TTL so the consumer can come back.
+    Disconnected,
+}
+
+/// Why a stream must end, and the last item to send it, if any.
+pub type Ending = (EndReason, Option<CoordinatorError>);
 
 /// What the relay model sees of one stream (read-only).
 pub struct StreamSeen<'a, T> {
@@ -17,18 +38,6 @@ pub struct StreamSeen<'a, T> {
     pub activated: bool,
     /// What the consumer has been told so far.
     pub told: &'a T,
-}
-
-impl<T> LocalStream<T> {
-    /// What the relay model sees of this stream.
-    pub fn seen(&self) -> StreamSeen<'_, T> {
-        StreamSeen {
-            session: self.session,
-            registered_at: self.registered_at,
-            activated: self.activated,
-            told: &self.told,
-        }
-    }
 }
 
 /// Where a stream's registration stands in the cache.
@@ -95,39 +104,6 @@ impl<T> RelayStep<T> {
             Registration::NotYet => Some(Self::Wait),
             Registration::Replaced => Some(Self::Replaced),
             Registration::Ours | Registration::Lost => None,
-        }
-    }
-}
-
-impl<T: Told> LocalStream<T> {
-    /// Applies the relay model's `step` to this stream of `consumer` on `topic`; returns why
-    /// the stream must end, if it must.
-    pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Option<Ending> {
-        match step {
-            RelayStep::Wait => None,
-            RelayStep::Replaced => {
-                self.farewell(topic);
-                Some((EndReason::Replaced, Some(replaced_error(topic, consumer))))
-            }
-            RelayStep::Farewell => {
-                self.farewell(topic);
-                Some((EndReason::Left, None))
-            }
-            RelayStep::Tell(tell) => {
-                if tell.lost && self.lost_since.is_none() {
-                    tracing::warn!(
-                        topic,
-                        consumer,
-                        "the store lost this consumer's registration; writing it again"
-                    );
-                    self.lost_since = Some(tokio::time::Instant::now());
-                }
-                self.activated = true;
-                self.send(tell.gains);
-                self.defer(tell.losses);
-                self.told = tell.told;
-                tell.end
-            }
         }
     }
 }

@@ -8,10 +8,11 @@
 //! When two registrations of one name meet on this instance, the one whose registration
 //! was written last (the higher store revision) stays; the other ends with `ABORTED`.
 
-use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
+use std::{collections::BTreeSet, sync::Arc};
 
 use super::mirror::{Changes, Touched};
 use super::outgoing::{CommandSender, Outgoing, PassGate, STREAM_BUFFER};
+pub use super::relay_step::{EndReason, Ending};
 use super::relay_step::{RelayStep, StreamSeen};
 
 use dashmap::DashMap;
@@ -24,27 +25,6 @@ use crate::store::{Revision, SessionId};
 
 /// A local stream's identity: topic, consumer and the session of its registration.
 pub type StreamKey = (String, String, SessionId);
-
-/// Why the server ended a stream; tells the stream's session task what to do next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EndReason {
-    /// The consumer left (drained, or deregistered on the fleet): revoke the session.
-    Left,
-    /// A newer registration of the same name replaced this one: revoke the old session.
-    Replaced,
-    /// The consumer's registration is gone and could not be written again within a TTL
-    /// ([`super::rebind`]): nothing left to do.
-    Expired,
-    /// This instance is shutting down: keep nothing alive, and let the TTL give the
-    /// consumer time to reconnect elsewhere.
-    Shutdown,
-    /// The client went away, or this instance fenced itself, or the consumer stopped
-    /// reading: the registration is kept for the TTL so the consumer can come back.
-    Disconnected,
-}
-
-/// Why a stream must end, and the last item to send it, if any.
-pub type Ending = (EndReason, Option<CoordinatorError>);
 
 /// What a backend's stream remembers having told its consumer.
 pub trait Told: Default + Send + Sync + 'static {
@@ -208,6 +188,51 @@ impl<T: Told> LocalStream<T> {
         }
         if let Some(end) = self.end.take() {
             let _ = end.send(reason);
+        }
+    }
+}
+
+impl<T> LocalStream<T> {
+    /// What the relay model sees of this stream.
+    pub fn seen(&self) -> StreamSeen<'_, T> {
+        StreamSeen {
+            session: self.session,
+            registered_at: self.registered_at,
+            activated: self.activated,
+            told: &self.told,
+        }
+    }
+}
+
+impl<T: Told> LocalStream<T> {
+    /// Applies the relay model's `step` to this stream of `consumer` on `topic`; returns why
+    /// the stream must end, if it must.
+    pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Option<Ending> {
+        match step {
+            RelayStep::Wait => None,
+            RelayStep::Replaced => {
+                self.farewell(topic);
+                Some((EndReason::Replaced, Some(replaced_error(topic, consumer))))
+            }
+            RelayStep::Farewell => {
+                self.farewell(topic);
+                Some((EndReason::Left, None))
+            }
+            RelayStep::Tell(tell) => {
+                if tell.lost && self.lost_since.is_none() {
+                    tracing::warn!(
+                        topic,
+                        consumer,
+                        "the store lost this consumer's registration; writing it again"
+                    );
+                    self.lost_since = Some(tokio::time::Instant::now());
+                }
+                self.activated = true;
+                self.send(tell.gains);
+                self.defer(tell.losses);
+                self.told = tell.told;
+                tell.end
+            }
         }
     }
 }

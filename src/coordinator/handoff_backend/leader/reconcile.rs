@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::election::still_leading;
 use super::{Fence, Leadership};
-use crate::coordinator::handoff_backend::{Handoff, calls::write_ops, now_ms};
+use crate::coordinator::handoff_backend::{Handoff, now_ms};
 use crate::handoff::{PlanReport, Write, diff_writes, plan_with};
 use crate::store::{Compare, Revision, Txn};
 
@@ -216,7 +216,8 @@ pub(super) async fn reconcile_all(
             }
             compares
         };
-        let batches = fenced_batches(&leader_key, fence, &writes, guards, |w| write_ops(inner, &topic, w));
+        let batches =
+            fenced_batches(&leader_key, fence, &writes, guards, |w| inner.core.keys().write_ops(&topic, w));
         let count = batches.len();
         let mut all_applied = true;
         for txn in batches {
