@@ -4,25 +4,21 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use super::records::MemberRecord;
-use super::register::{member_record, unregister, write_registration};
+use super::records::{LeaseRecord, MemberRecord};
+use super::register::member_record;
 use super::relay::{FleetTold, relay_step};
 use super::{Fleet, claim, state::FleetCache};
-use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
-    cas::create_bound,
     records::{decode, encode},
-    registrar::{Caller, Held, Registrar},
+    registrar::{Held, Registrar},
     relay_step::{RelayStep, StreamSeen},
     streams::StreamKey,
 };
-use crate::store::{Revision, SessionId, StoreError};
+use crate::store::{KeyValue, Revision, SessionId};
 
-#[async_trait]
 impl Registrar for Fleet {
     type Cache = FleetCache;
     type Told = FleetTold;
@@ -31,27 +27,26 @@ impl Registrar for Fleet {
         &self.core
     }
 
-    async fn write_registration(
-        &self,
-        consumer: &str,
-        topic: &str,
-        registration: SessionId,
-        instance_lease: SessionId,
-        caller: &Caller,
-    ) -> Result<Option<Revision>, CoordinatorError> {
-        write_registration(self, consumer, topic, registration, instance_lease, caller).await
+    fn registration_key(&self, topic: &str, consumer: &str) -> String {
+        self.core.keys().member(topic, consumer)
     }
 
-    async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError> {
-        // The leases the consumer held went with the lost lease: its claim step claims
-        // again, so only the member record is written.
-        let (topic, consumer, registration) = key;
-        let record_key = self.core.keys().member(topic, consumer);
-        let ours = |bytes: &[u8]| {
-            decode::<MemberRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
-        };
-        let record = encode(&member_record(self, consumer, *registration));
-        create_bound(self.core.store(), &record_key, record, lease, ours).await
+    fn registration_record(&self, consumer: &str, registration: SessionId) -> Vec<u8> {
+        encode(&member_record(self, consumer, registration))
+    }
+
+    fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId> {
+        decode::<MemberRecord>(key, value).ok().map(|r| SessionId(r.session))
+    }
+
+    fn bound_prefix(&self, topic: &str) -> Option<String> {
+        // The consumer's leases: a reconnect within the TTL moves them to its new
+        // registration (no partition moves), and they are free the moment it is deleted.
+        Some(self.core.keys().leases(topic))
+    }
+
+    fn is_bound_to(&self, consumer: &str, kv: &KeyValue) -> bool {
+        decode::<LeaseRecord>(&kv.key, &kv.value).is_ok_and(|lease| lease.owner == consumer)
     }
 
     fn relay_step(
@@ -80,10 +75,6 @@ impl Registrar for Fleet {
             }
         }
         found
-    }
-
-    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError> {
-        unregister(self, key).await
     }
 
     fn spawn_companion(self: &Arc<Self>, key: StreamKey, registered_at: Revision, done: CancellationToken) {

@@ -16,6 +16,7 @@ use super::{
 };
 use crate::coordinator::shared::{
     mirror::{Changes, Touched},
+    registration,
     relay_step::{Registration, RelayStep, StreamSeen, Tell},
     streams::Told,
     wire::update,
@@ -113,7 +114,7 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
     for key in orphans {
         let inner = inner.clone();
         tokio::spawn(async move {
-            if let Err(error) = super::register::unregister(&inner, &key).await {
+            if let Err(error) = registration::delete(&*inner, &key).await {
                 tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot free a departed member's leases; the next change retries");
             }
         });

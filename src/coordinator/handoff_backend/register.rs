@@ -6,21 +6,16 @@
 //! a reconnect (to any instance) rewrites it and keeps the partitions. Otherwise the record
 //! is deleted and the leader reassigns the partitions.
 
-use async_trait::async_trait;
-
 use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
 use super::{Handoff, relay, state::Cache};
-use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     Core,
-    batch::{Batched, KeyWrite},
-    cas::{CAS_ATTEMPTS, create_bound, delete_if},
-    registrar::{Caller, Held, Registrar},
+    registrar::{Held, Registrar},
     relay_step::{RelayStep, StreamSeen},
     streams::StreamKey,
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};
-use crate::store::{Compare, Op, Revision, SessionId, StoreError, Txn};
+use crate::store::{Revision, SessionId};
 
 impl Handoff {
     /// The record of `consumer`'s active registration with id `registration` on this
@@ -38,7 +33,6 @@ impl Handoff {
     }
 }
 
-#[async_trait]
 impl Registrar for Handoff {
     type Cache = Cache;
     type Told = ConsumerView;
@@ -47,64 +41,22 @@ impl Registrar for Handoff {
         &self.core
     }
 
-    async fn write_registration(
-        &self,
-        consumer: &str,
-        topic: &str,
-        registration: SessionId,
-        lease: SessionId,
-        caller: &Caller,
-    ) -> Result<Option<Revision>, CoordinatorError> {
-        let core = &self.core;
-        let key = core.keys().consumer(topic, consumer);
-        let record = self.active_record(consumer, registration);
-        // First in a shared transaction, decided from the cache; if that lost, alone,
-        // decided from a fresh read. Each decision is made after its read, and only while
-        // the caller waits: a caller gone by then has sent its next attempt, which a write
-        // decided from what that attempt wrote would replace (docs/design.md §6).
-        let cached = {
-            let cache = core.mirror().read();
-            cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision)
-        };
-        if caller.is_gone() {
-            return Ok(None);
-        }
-        let write = KeyWrite {
-            key: key.clone(),
-            compares: vec![Compare::ModRevision(key.clone(), cached)],
-            ops: vec![Op::put_in(&key, encode(&record), lease)],
-        };
-        if let Batched::Written(revision) = core.registrations().write(write).await? {
-            return Ok(Some(revision));
-        }
-        for _ in 0..CAS_ATTEMPTS {
-            let existing = core.store().get(&key).await?.map_or(0, |kv| kv.mod_revision);
-            if caller.is_gone() {
-                return Ok(None);
-            }
-            let txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
-                &key,
-                encode(&record),
-                lease,
-            ));
-            let outcome = core.store().txn(txn).await?;
-            if outcome.succeeded {
-                return Ok(Some(outcome.revision));
-            }
-        }
-        Err(CoordinatorError::Contended(format!(
-            "consumer '{consumer}' is being registered concurrently elsewhere; retry"
-        )))
+    fn registration_key(&self, topic: &str, consumer: &str) -> String {
+        self.core.keys().consumer(topic, consumer)
     }
 
-    async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError> {
-        let (topic, consumer, registration) = key;
-        let record_key = self.core.keys().consumer(topic, consumer);
-        let ours = |bytes: &[u8]| {
-            decode::<ConsumerRecord>(&record_key, bytes).is_ok_and(|r| r.session == registration.0)
-        };
-        let record = encode(&self.active_record(consumer, *registration));
-        create_bound(self.core.store(), &record_key, record, lease, ours).await
+    fn registration_record(&self, consumer: &str, registration: SessionId) -> Vec<u8> {
+        encode(&self.active_record(consumer, registration))
+    }
+
+    fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId> {
+        decode::<ConsumerRecord>(key, value).ok().map(|r| SessionId(r.session))
+    }
+
+    fn cached_registration(&self, cache: &Cache, topic: &str, consumer: &str) -> Option<Revision> {
+        // Decided from the cache first, in a shared transaction: a storm of Registers
+        // then costs a few transactions, not one each.
+        Some(cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision))
     }
 
     fn relay_step(
@@ -137,16 +89,5 @@ impl Registrar for Handoff {
             }
         }
         found
-    }
-
-    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError> {
-        let (topic, consumer, registration) = key;
-        let record_key = self.core.keys().consumer(topic, consumer);
-        let ours = |r: &ConsumerRecord| r.session == registration.0;
-        let deleted = delete_if(self.core.store(), &record_key, ours, None).await?;
-        if deleted {
-            tracing::info!(topic, consumer, "registration deleted; its partitions will be reassigned");
-        }
-        Ok(deleted)
     }
 }

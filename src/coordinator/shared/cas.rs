@@ -4,7 +4,7 @@
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::records::{decode, encode};
-use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn};
+use crate::store::{Compare, LeaseStore, Op, StoreError, Txn};
 
 /// How many times a compare-and-swap that lost a race is retried with fresh state.
 pub(crate) const CAS_ATTEMPTS: usize = 5;
@@ -46,40 +46,6 @@ pub(crate) async fn rewrite_bound<T: Serialize + DeserializeOwned>(
         }
     }
     Ok(Rewrite::Contended)
-}
-
-/// Which keys under a prefix go with a record.
-pub(crate) type PickKeys<'a> = dyn Fn(&KeyValue) -> bool + Sync + 'a;
-
-/// Deletes `key`, and the keys under `extra`'s prefix that its filter picks, with
-/// compare-and-swap on the mod revisions they were read at, if the record at `key` passes
-/// `ours` (it is still the registration the caller means). Returns whether it deleted; a
-/// lost race is retried on a fresh read.
-pub(crate) async fn delete_if<T: DeserializeOwned>(
-    store: &dyn LeaseStore,
-    key: &str,
-    ours: impl Fn(&T) -> bool,
-    extra: Option<(&str, &PickKeys<'_>)>,
-) -> Result<bool, StoreError> {
-    for _ in 0..CAS_ATTEMPTS {
-        let Some(kv) = store.get(key).await? else { return Ok(false) };
-        if !ours(&decode(key, &kv.value)?) {
-            return Ok(false);
-        }
-        let mut txn =
-            Txn::new().when(Compare::ModRevision(key.to_string(), kv.mod_revision)).then(Op::delete(key));
-        if let Some((prefix, pick)) = extra {
-            for other in store.get_prefix(prefix).await?.kvs.into_iter().filter(|kv| pick(kv)) {
-                txn = txn
-                    .when(Compare::ModRevision(other.key.clone(), other.mod_revision))
-                    .then(Op::delete(other.key));
-            }
-        }
-        if store.txn(txn).await?.succeeded {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }
 
 /// Writes `value` at `key`, bound to `session`, only where no record is. Returns the

@@ -32,6 +32,7 @@ pub mod rebind;
 pub mod records;
 pub mod register;
 pub mod registrar;
+pub mod registration;
 pub mod relay_step;
 pub mod relay_watch;
 pub mod streams;

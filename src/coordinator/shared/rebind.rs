@@ -53,7 +53,7 @@ async fn rewrite_all<R: Registrar>(backend: &Arc<R>) {
         let Some(lease) = live_lease(core).await else { continue };
         let written = stream::iter(lost)
             .map(|key| async move {
-                let result = backend.rewrite_lost(&key, lease).await;
+                let result = super::registration::rewrite_lost(&**backend, &key, lease).await;
                 (key, result)
             })
             .buffer_unordered(REWRITES_IN_FLIGHT)

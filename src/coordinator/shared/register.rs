@@ -115,22 +115,27 @@ async fn register_to_the_end<R: Registrar>(
     let lease = core.live_lease()?;
     let registration = new_registration_id();
     let key = (topic.to_string(), consumer.to_string(), registration);
-    let registered_at = match backend.write_registration(consumer, topic, registration, lease, caller).await {
-        Ok(Some(revision)) => revision,
-        Ok(None) => {
-            tracing::info!(topic, consumer, "a Register whose caller went away is dropped: nothing written");
-            return Err(CoordinatorError::Abandoned(format!(
-                "the caller of this Register of consumer '{consumer}' went away before it was written"
-            )));
-        }
-        Err(error) => {
-            // The write may have been applied although its answer was lost: a record left
-            // behind must end like one whose stream went away.
-            let (backend, key) = (backend.clone(), key);
-            tokio::spawn(async move { settle_unanswered(&*backend, &key).await });
-            return Err(error);
-        }
-    };
+    let registered_at =
+        match super::registration::write(&**backend, consumer, topic, registration, lease, caller).await {
+            Ok(Some(revision)) => revision,
+            Ok(None) => {
+                tracing::info!(
+                    topic,
+                    consumer,
+                    "a Register whose caller went away is dropped: nothing written"
+                );
+                return Err(CoordinatorError::Abandoned(format!(
+                    "the caller of this Register of consumer '{consumer}' went away before it was written"
+                )));
+            }
+            Err(error) => {
+                // The write may have been applied although its answer was lost: a record left
+                // behind must end like one whose stream went away.
+                let (backend, key) = (backend.clone(), key);
+                tokio::spawn(async move { settle_unanswered(&*backend, &key).await });
+                return Err(error);
+            }
+        };
     drop(permit);
 
     let (tx, rx) = command_channel();

@@ -9,23 +9,21 @@ use std::sync::{
     atomic::{AtomicU8, Ordering},
 };
 
-use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::mirror::MirrorCache;
 use super::relay_step::{RelayStep, StreamSeen};
 use super::streams::{StreamKey, Told};
-use crate::coordinator::CoordinatorError;
 use crate::handoff::Millis;
-use crate::store::{Revision, SessionId, StoreError};
+use crate::store::{KeyValue, Revision, SessionId};
 
 /// Whether the caller of a `Register` still waits for its answer (the registration itself
 /// runs to the end in a task of its own, `register.rs`).
 ///
 /// A registration whose caller went away must never replace another one (docs/design.md
 /// §6): a client that gave up on a call has already sent its next attempt, whose stream is
-/// the live one. So [`Registrar::write_registration`] decides again only while the caller
+/// the live one. So [`super::registration::write`] decides again only while the caller
 /// waits: once it is gone, a write already sent lands only where the record is still the
 /// one that write was decided from, and a write that lost its compare is not retried.
 #[derive(Clone, Debug)]
@@ -91,7 +89,6 @@ pub enum Held {
 }
 
 /// What a store-backed backend plugs into the shared registration.
-#[async_trait]
 pub trait Registrar: Send + Sync + Sized + 'static {
     /// The backend's cache of the store.
     type Cache: MirrorCache + Send + Sync + 'static;
@@ -101,25 +98,36 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     /// The shared core.
     fn core(&self) -> &Core<Self::Cache, Self::Told>;
 
-    /// Writes the consumer's registration with id `registration`, bound to the instance
-    /// `lease`, replacing any earlier one of the same name with compare-and-swap on the
-    /// record as read before the write; returns the write's revision. A lost compare is
-    /// decided again on a fresh read only while `caller` waits: `None` when the caller went
-    /// away before anything was written ([`Caller`]).
-    async fn write_registration(
-        &self,
-        consumer: &str,
-        topic: &str,
-        registration: SessionId,
-        lease: SessionId,
-        caller: &Caller,
-    ) -> Result<Option<Revision>, CoordinatorError>;
+    /// Where `consumer`'s registration on `topic` is stored.
+    fn registration_key(&self, topic: &str, consumer: &str) -> String;
 
-    /// Writes the registration `key` again, bound to the instance `lease`, after the store
-    /// lost it (the previous lease expired before this instance fenced itself), only where
-    /// no other registration took the name ([`super::cas::create_bound`]). Returns the
-    /// revision of the record, or `None` if another registration has the name.
-    async fn rewrite_lost(&self, key: &StreamKey, lease: SessionId) -> Result<Option<Revision>, StoreError>;
+    /// The record of `consumer`'s active registration with id `registration` on this
+    /// instance, encoded.
+    fn registration_record(&self, consumer: &str, registration: SessionId) -> Vec<u8>;
+
+    /// The registration id the stored record `value` at `key` names (`None`: it does not
+    /// parse).
+    fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId>;
+
+    /// Where the records bound to a registration of `topic` besides its own are (the
+    /// fleet's leases): they move to a new registration of the same name and are deleted
+    /// with it. `None`: there are none.
+    fn bound_prefix(&self, _topic: &str) -> Option<String> {
+        None
+    }
+
+    /// Whether the record `kv` under [`bound_prefix`](Self::bound_prefix) is bound to
+    /// `consumer`'s registration.
+    fn is_bound_to(&self, _consumer: &str, _kv: &KeyValue) -> bool {
+        false
+    }
+
+    /// The mod revision of `consumer`'s registration record on `topic` in `cache` (0: none),
+    /// when a registration may be decided from the cache and share a transaction with
+    /// others ([`super::registration::write`]); `None` to decide every one from the store.
+    fn cached_registration(&self, _cache: &Self::Cache, _topic: &str, _consumer: &str) -> Option<Revision> {
+        None
+    }
 
     /// The relay model: what the stream `seen` of `consumer` on `topic` must be told, given
     /// `cache` ([`super::relay_step`]). Pure.
@@ -136,10 +144,6 @@ pub trait Registrar: Send + Sync + Sized + 'static {
 
     /// Every registration in `cache` that names `instance` as the one holding its stream.
     fn registrations_of(&self, cache: &Self::Cache, instance: &str) -> Vec<StreamKey>;
-
-    /// Deletes the registration `key` (and what is bound to it) if it is still this one;
-    /// returns whether it did.
-    async fn unregister(&self, key: &StreamKey) -> Result<bool, StoreError>;
 
     /// Work that runs beside a stream until `done` is cancelled (the fleet's claim step).
     fn spawn_companion(
@@ -158,7 +162,7 @@ pub async fn unregister_retrying<R: Registrar>(backend: &R, key: &StreamKey) {
     let core = backend.core();
     let mut backoff = std::time::Duration::from_millis(50);
     loop {
-        match backend.unregister(key).await {
+        match super::registration::delete(backend, key).await {
             Ok(_) => return,
             Err(error) => {
                 tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot delete the registration; retrying")

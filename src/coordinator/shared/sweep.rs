@@ -46,7 +46,7 @@ pub async fn sweep_orphans<R: Registrar>(backend: Arc<R>) {
                 kept.insert(key, since);
                 continue;
             }
-            match backend.unregister(&key).await {
+            match super::registration::delete(&*backend, &key).await {
                 Ok(true) => {
                     tracing::warn!(topic = %key.0, consumer = %key.1, "swept a registration no stream held");
                     core.metrics.registrations_swept.inc();

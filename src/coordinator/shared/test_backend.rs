@@ -8,20 +8,16 @@ use std::{
     time::Duration,
 };
 
-use async_trait::async_trait;
-
-use super::cas::create_bound;
 use super::mirror::{Changes, MirrorCache};
-use super::registrar::{Caller, Held, Registrar};
+use super::registrar::{Held, Registrar};
 use super::relay_step::{Registration, RelayStep, StreamSeen, Tell};
 use super::topics::Topics;
 use super::wire::update;
 use super::{Core, CoreSettings};
-use crate::coordinator::CoordinatorError;
 use crate::metrics::Metrics;
 use crate::store::{
-    FaultyStore, KeyValue, LeaseStore, MemoryStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn,
-    WatchEvent, WatchEventKind,
+    FaultyStore, KeyValue, LeaseStore, MemoryStore, PrefixSnapshot, Revision, SessionId, WatchEvent,
+    WatchEventKind,
 };
 
 /// The prefix everything lives under.
@@ -135,7 +131,6 @@ impl TestBackend {
     }
 }
 
-#[async_trait]
 impl Registrar for TestBackend {
     type Cache = Records;
     type Told = ();
@@ -144,26 +139,16 @@ impl Registrar for TestBackend {
         &self.core
     }
 
-    async fn write_registration(
-        &self,
-        consumer: &str,
-        topic: &str,
-        id: SessionId,
-        lease: SessionId,
-        _caller: &Caller,
-    ) -> Result<Option<Revision>, CoordinatorError> {
-        let txn = Txn::new().then(Op::put_in(registration(topic, consumer), id.0.to_string(), lease));
-        Ok(Some(self.core.store.txn(txn).await?.revision))
+    fn registration_key(&self, topic: &str, consumer: &str) -> String {
+        registration(topic, consumer)
     }
 
-    async fn rewrite_lost(
-        &self,
-        key: &(String, String, SessionId),
-        lease: SessionId,
-    ) -> Result<Option<Revision>, StoreError> {
-        let id = key.2.0.to_string().into_bytes();
-        let ours = |bytes: &[u8]| bytes == id.as_slice();
-        create_bound(&*self.core.store, &registration(&key.0, &key.1), id.clone(), lease, ours).await
+    fn registration_record(&self, _consumer: &str, id: SessionId) -> Vec<u8> {
+        id.0.to_string().into_bytes()
+    }
+
+    fn registration_in(&self, _key: &str, value: &[u8]) -> Option<SessionId> {
+        std::str::from_utf8(value).ok()?.parse().ok().map(SessionId)
     }
 
     fn held(&self, cache: &Records, key: &(String, String, SessionId)) -> Held {
@@ -184,20 +169,6 @@ impl Registrar for TestBackend {
                 Some((topic.to_string(), consumer.to_string(), SessionId(id)))
             })
             .collect()
-    }
-
-    async fn unregister(&self, key: &(String, String, SessionId)) -> Result<bool, StoreError> {
-        let record = registration(&key.0, &key.1);
-        let ours = self
-            .core
-            .store
-            .get(&record)
-            .await?
-            .is_some_and(|kv| kv.value == key.2.0.to_string().into_bytes());
-        if ours {
-            self.core.store.delete(&record).await?;
-        }
-        Ok(ours)
     }
 
     fn relay_step(

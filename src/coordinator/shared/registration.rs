@@ -1,0 +1,133 @@
+//! The registration record's writes, the same for every store-backed backend: written with
+//! compare-and-swap on the record as read ([`write`]), written again after the store lost
+//! it ([`rewrite_lost`]), deleted if it is still the same registration ([`delete`]). A
+//! backend only says where the record is, what it holds and which records go with it
+//! ([`Registrar`]: pure); the store is read and written here.
+
+use super::batch::{Batched, KeyWrite};
+use super::cas::{CAS_ATTEMPTS, create_bound};
+use super::registrar::{Caller, Registrar};
+use super::streams::StreamKey;
+use crate::coordinator::CoordinatorError;
+use crate::store::{Compare, KeyValue, LeaseStore, Op, Revision, SessionId, StoreError, Txn};
+
+/// Writes `consumer`'s registration with id `registration` on `topic`, bound to the
+/// instance `lease`, replacing any earlier one of the same name with compare-and-swap on
+/// the record as read before the write, and moving the records bound to the earlier one
+/// ([`Registrar::bound_prefix`]) to `lease` in the same transaction (a reconnect within the
+/// TTL keeps them). Returns the write's revision.
+///
+/// Where the backend allows ([`Registrar::cached_registration`]), the first attempt is
+/// decided from the cache and shares a transaction with the registrations that arrive
+/// with it; the others are decided from a fresh read. Each decision is made after its read,
+/// and only while the caller waits: `None` when the caller went away before anything was
+/// written. A caller gone by then has sent its next attempt, which a write decided from
+/// what that attempt wrote would replace (docs/design.md §6).
+pub async fn write<R: Registrar>(
+    backend: &R,
+    consumer: &str,
+    topic: &str,
+    registration: SessionId,
+    lease: SessionId,
+    caller: &Caller,
+) -> Result<Option<Revision>, CoordinatorError> {
+    let core = backend.core();
+    let key = backend.registration_key(topic, consumer);
+    let record = backend.registration_record(consumer, registration);
+    let cached = backend.cached_registration(&core.mirror.read(), topic, consumer);
+    if let Some(cached) = cached {
+        if caller.is_gone() {
+            return Ok(None);
+        }
+        let write = KeyWrite {
+            key: key.clone(),
+            compares: vec![Compare::ModRevision(key.clone(), cached)],
+            ops: vec![Op::put_in(&key, record.clone(), lease)],
+        };
+        if let Batched::Written(revision) = core.registrations.write(write).await? {
+            return Ok(Some(revision));
+        }
+    }
+    let store = &*core.store;
+    for _ in 0..CAS_ATTEMPTS {
+        let existing = store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+        let bound = bound_records(backend, store, topic, consumer).await?;
+        if caller.is_gone() {
+            return Ok(None);
+        }
+        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
+            &key,
+            record.clone(),
+            lease,
+        ));
+        for kv in bound {
+            txn = txn
+                .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
+                .then(Op::put_in(kv.key, kv.value, lease));
+        }
+        let outcome = store.txn(txn).await?;
+        if outcome.succeeded {
+            return Ok(Some(outcome.revision));
+        }
+    }
+    Err(CoordinatorError::Contended(format!(
+        "consumer '{consumer}' is being registered concurrently elsewhere; retry"
+    )))
+}
+
+/// The records bound to `consumer`'s registration on `topic`, as stored now.
+async fn bound_records<R: Registrar>(
+    backend: &R,
+    store: &dyn LeaseStore,
+    topic: &str,
+    consumer: &str,
+) -> Result<Vec<KeyValue>, StoreError> {
+    let Some(prefix) = backend.bound_prefix(topic) else { return Ok(Vec::new()) };
+    let all = store.get_prefix(&prefix).await?.kvs;
+    Ok(all.into_iter().filter(|kv| backend.is_bound_to(consumer, kv)).collect())
+}
+
+/// Writes the registration `key` again, bound to the instance `lease`, after the store
+/// lost it (the previous lease expired before this instance fenced itself), only where no
+/// other registration took the name ([`create_bound`]). The records that were bound to it
+/// went with the lost lease (the fleet's claim step claims again). Returns the revision of
+/// the record, or `None` if another registration has the name.
+pub async fn rewrite_lost<R: Registrar>(
+    backend: &R,
+    key: &StreamKey,
+    lease: SessionId,
+) -> Result<Option<Revision>, StoreError> {
+    let (topic, consumer, registration) = key;
+    let record_key = backend.registration_key(topic, consumer);
+    let ours = |bytes: &[u8]| backend.registration_in(&record_key, bytes) == Some(*registration);
+    let record = backend.registration_record(consumer, *registration);
+    create_bound(&*backend.core().store, &record_key, record, lease, ours).await
+}
+
+/// Deletes the registration `key`, and the records bound to it, in one transaction guarded
+/// by their mod revisions, if the record is still this registration: what it held is free
+/// at once. Returns whether it deleted; a lost race is retried on a fresh read.
+pub async fn delete<R: Registrar>(backend: &R, key: &StreamKey) -> Result<bool, StoreError> {
+    let (topic, consumer, registration) = key;
+    let store = &*backend.core().store;
+    let record_key = backend.registration_key(topic, consumer);
+    for _ in 0..CAS_ATTEMPTS {
+        let Some(kv) = store.get(&record_key).await? else { return Ok(false) };
+        if backend.registration_in(&record_key, &kv.value) != Some(*registration) {
+            return Ok(false);
+        }
+        let mut txn = Txn::new()
+            .when(Compare::ModRevision(record_key.clone(), kv.mod_revision))
+            .then(Op::delete(&record_key));
+        for other in bound_records(backend, store, topic, consumer).await? {
+            txn = txn
+                .when(Compare::ModRevision(other.key.clone(), other.mod_revision))
+                .then(Op::delete(other.key));
+        }
+        if store.txn(txn).await?.succeeded {
+            tracing::info!(topic, consumer, "registration deleted; what it held is free");
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
