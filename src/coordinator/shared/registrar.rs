@@ -1,5 +1,7 @@
-//! [`Registrar`]: what a store-backed backend plugs into the shared registration, and how
-//! a registration whose stream is gone is settled ([`after_disconnect`]): kept as long as
+//! [`Registrar`]: what a store-backed backend plugs into the shared registration — pure
+//! answers about its records and its relay; the store is read and written by
+//! `registration.rs` and the relay applied by `streams.rs` — and how a registration whose
+//! stream is gone is settled ([`after_disconnect`]): kept as long as
 //! the backend says, then deleted if it is still this one. Used by `register.rs` (streams
 //! that end), `rebind.rs` (registrations written again) and `sweep.rs` (orphans).
 //! [`Caller`] tells a registration's write whether anyone still waits for it.
