@@ -6,7 +6,7 @@ use super::Fleet;
 use super::records::{FleetKey, MemberRecord};
 use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{Rewrite, rewrite_bound};
-use crate::coordinator::shared::instance::Backend;
+use crate::coordinator::shared::instance::{Backend, HandoffCall};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::proto::v1::DeregisterAction;
 use crate::store::StoreError;
@@ -68,22 +68,8 @@ async fn mark_leaving(inner: &Fleet, key: &str, consumer: &str) -> Result<(), Co
 /// [`StoreCoordinator`]: crate::coordinator::StoreCoordinator
 #[async_trait]
 impl Backend for Fleet {
-    async fn partition_ready(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        no_handoffs(consumer, topic, partition)
-    }
-
-    async fn partition_released(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        no_handoffs(consumer, topic, partition)
+    async fn handoff_call(&self, call: HandoffCall<'_>) -> Result<(), CoordinatorError> {
+        no_handoffs(call.consumer, call.topic, call.partition)
     }
 
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {

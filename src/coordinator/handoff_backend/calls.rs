@@ -15,7 +15,10 @@ use async_trait::async_trait;
 
 use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
-use crate::coordinator::shared::{batch::KeyWrite, instance::Backend};
+use crate::coordinator::shared::{
+    batch::KeyWrite,
+    instance::{Backend, HandoffCall, Report},
+};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, step};
 use crate::proto::v1::DeregisterAction;
@@ -176,34 +179,33 @@ pub(super) async fn write_calls(inner: std::sync::Arc<Handoff>) {
     inner.calls.run(inner.core.shared_store(), inner.core.shutdown().clone()).await
 }
 
-/// `PartitionReady`: flips ownership to the caller and starts the release.
-pub(super) async fn partition_ready(
-    inner: &Handoff,
-    consumer: &str,
-    topic: &str,
-    partition: u32,
-) -> Result<(), CoordinatorError> {
-    let event = Event::Ready(consumer.to_string(), partition);
-    if let Some(applied) = apply_call(inner, consumer, topic, partition, event).await? {
-        inner.core.metrics().handoffs_ready.inc();
-        inner.core.metrics().observe_warm_done(topic, partition, applied.phase_since);
-        tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
+/// `PartitionReady` flips ownership to the caller and starts the release;
+/// `PartitionReleased` completes the handoff.
+async fn handoff_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<(), CoordinatorError> {
+    let HandoffCall { report, consumer, topic, partition } = call;
+    let metrics = inner.core.metrics();
+    match report {
+        Report::Ready => {
+            let event = Event::Ready(consumer.to_string(), partition);
+            if let Some(applied) = apply_call(inner, consumer, topic, partition, event).await? {
+                metrics.handoffs_ready.inc();
+                metrics.observe_warm_done(topic, partition, applied.phase_since);
+                tracing::info!(
+                    topic,
+                    partition,
+                    consumer,
+                    "handoff ready: ownership flipped, release requested"
+                );
+            }
+        }
+        Report::Released => {
+            let event = Event::Released(consumer.to_string(), partition);
+            apply_call(inner, consumer, topic, partition, event).await?;
+            metrics.handoffs_released.inc();
+            metrics.observe_handoff_done(topic, partition);
+            tracing::info!(topic, partition, consumer, "handoff completed");
+        }
     }
-    Ok(())
-}
-
-/// `PartitionReleased`: completes the handoff.
-pub(super) async fn partition_released(
-    inner: &Handoff,
-    consumer: &str,
-    topic: &str,
-    partition: u32,
-) -> Result<(), CoordinatorError> {
-    let event = Event::Released(consumer.to_string(), partition);
-    apply_call(inner, consumer, topic, partition, event).await?;
-    inner.core.metrics().handoffs_released.inc();
-    inner.core.metrics().observe_handoff_done(topic, partition);
-    tracing::info!(topic, partition, consumer, "handoff completed");
     Ok(())
 }
 
@@ -289,22 +291,8 @@ async fn update_consumer(
 /// [`StoreCoordinator`]: crate::coordinator::StoreCoordinator
 #[async_trait]
 impl Backend for Handoff {
-    async fn partition_ready(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        partition_ready(self, consumer, topic, partition).await
-    }
-
-    async fn partition_released(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError> {
-        partition_released(self, consumer, topic, partition).await
+    async fn handoff_call(&self, call: HandoffCall<'_>) -> Result<(), CoordinatorError> {
+        handoff_call(self, call).await
     }
 
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {

@@ -14,25 +14,34 @@ use super::registrar::Registrar;
 use crate::coordinator::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView};
 use crate::proto::v1::DeregisterAction;
 
+/// What a consumer reports about a handoff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// `PartitionReady`: it finished warming the partition.
+    Ready,
+    /// `PartitionReleased`: it released the partition.
+    Released,
+}
+
+/// A consumer's `PartitionReady` or `PartitionReleased`, as the backend receives it.
+#[derive(Clone, Copy, Debug)]
+pub struct HandoffCall<'a> {
+    /// What it reports.
+    pub report: Report,
+    /// The consumer that reports it.
+    pub consumer: &'a str,
+    /// The topic.
+    pub topic: &'a str,
+    /// The partition.
+    pub partition: u32,
+}
+
 /// What a store-backed backend decides on top of the shared registration ([`Registrar`]):
 /// the consumer calls and the status view.
 #[async_trait]
 pub trait Backend: Registrar {
-    /// `consumer` finished warming `partition` of `topic`.
-    async fn partition_ready(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError>;
-
-    /// `consumer` released `partition` of `topic`.
-    async fn partition_released(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<(), CoordinatorError>;
+    /// A consumer's `PartitionReady` or `PartitionReleased`.
+    async fn handoff_call(&self, call: HandoffCall<'_>) -> Result<(), CoordinatorError>;
 
     /// `consumer` is shutting down.
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError>;
@@ -90,7 +99,8 @@ impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
         topic: &str,
         partition: u32,
     ) -> Result<(), CoordinatorError> {
-        self.backend.partition_ready(consumer, topic, partition).await
+        let call = HandoffCall { report: Report::Ready, consumer, topic, partition };
+        self.backend.handoff_call(call).await
     }
 
     async fn partition_released(
@@ -99,7 +109,8 @@ impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
         topic: &str,
         partition: u32,
     ) -> Result<(), CoordinatorError> {
-        self.backend.partition_released(consumer, topic, partition).await
+        let call = HandoffCall { report: Report::Released, consumer, topic, partition };
+        self.backend.handoff_call(call).await
     }
 
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
