@@ -9,6 +9,7 @@
 //! Calls that arrive together share transactions ([`batch`]): a scale-out brings
 //! thousands at once.
 
+use super::decide::{Decision, PartitionSlice, decide};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms};
 use async_trait::async_trait;
@@ -20,32 +21,9 @@ use crate::coordinator::shared::{
     instance::{Backend, HandoffCall, Report},
 };
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
-use crate::handoff::{ConsumerStatus, Cooldowns, Event, Millis, TopicState, step};
+use crate::handoff::{ConsumerStatus, Millis, TopicState};
 use crate::proto::v1::DeregisterAction;
-use crate::store::{Compare, Op, Revision, Txn};
-
-/// The part of a topic's state one partition call needs (the partition count, the
-/// caller's registration, the partition's owner and handoff), with the revisions to guard
-/// on. Built the same way from the cache and from the store.
-struct PartitionSlice {
-    state: TopicState,
-    /// Mod revision of the caller's registration (0: not registered).
-    consumer_revision: Revision,
-    owner_revision: Revision,
-    handoff_revision: Revision,
-}
-
-fn from_cache(inner: &Handoff, topic: &str, consumer: &str, partition: u32) -> Option<PartitionSlice> {
-    let cache = inner.core.mirror().read();
-    let entry = cache.topics.get(topic)?;
-    entry.config.as_ref()?;
-    Some(PartitionSlice {
-        state: entry.partition_state(consumer, partition),
-        consumer_revision: entry.consumers.get(consumer).map_or(0, |r| r.mod_revision),
-        owner_revision: entry.owner_revision(partition),
-        handoff_revision: entry.handoff_revision(partition),
-    })
-}
+use crate::store::{Op, Txn};
 
 async fn from_store(
     inner: &Handoff,
@@ -92,46 +70,31 @@ struct Applied {
     phase_since: Option<Millis>,
 }
 
-/// Validates and applies one consumer call (`Ready` or `Released` of `consumer` about
-/// `partition`) with compare-and-swap (see the module docs), through the state machine's
-/// one entry point, [`step`].
-async fn apply_call(
-    inner: &Handoff,
-    consumer: &str,
-    topic: &str,
-    partition: u32,
-    event: Event,
-) -> Result<Option<Applied>, CoordinatorError> {
+/// Validates and applies one consumer call with compare-and-swap (see the module docs):
+/// decided on the cache first ([`decide`], pure), on the store's state when the cache may
+/// lag or the transaction lost a race.
+async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<Option<Applied>, CoordinatorError> {
+    let HandoffCall { consumer, topic, partition, .. } = call;
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
-    let mut slice = from_cache(inner, topic, consumer, partition);
+    let mut slice = PartitionSlice::from_cache(&inner.core.mirror().read(), topic, consumer, partition);
     for attempt in 0..CAS_ATTEMPTS {
         let fresh = slice.is_none();
         let current = match slice.take() {
             Some(s) => s,
             None => from_store(inner, topic, consumer, partition).await?,
         };
-        let mut next = current.state.clone();
-        let plan = &inner.config.plan;
-        let writes = match step(&mut next, &event, now_ms(), plan, &mut Cooldowns::default()) {
-            Ok(writes) => writes,
-            Err(error) if fresh => return Err(CoordinatorError::from_handoff(topic, error)),
-            Err(_) => continue, // the cache may lag: decide on the store's state
-        };
-        if writes.is_empty() {
-            if fresh {
-                return Ok(None); // a repeated call that is already in effect
-            }
-            continue; // "already in effect" only on the store's word, not a lagging cache's
-        }
-        // Guarded by everything the decision read: the caller's registration (still the
-        // same, so still live and in the same status), the owner and the handoff.
-        let compares = vec![
-            Compare::ModRevision(inner.core.keys().consumer(topic, consumer), current.consumer_revision),
-            Compare::ModRevision(inner.core.keys().assignment(topic, partition), current.owner_revision),
-            Compare::ModRevision(inner.core.keys().handoff(topic, partition), current.handoff_revision),
-        ];
-        let ops = inner.core.keys().write_ops(topic, &writes);
+        let Txn { compares, ops } =
+            match decide(inner.core.keys(), &current, call, now_ms(), &inner.config.plan) {
+                Decision::Write(txn) => txn,
+                Decision::Refused(error) if fresh => {
+                    return Err(CoordinatorError::from_handoff(topic, error));
+                }
+                Decision::Refused(_) => continue, // the cache may lag: decide on the store's state
+                Decision::InEffect if fresh => return Ok(None), // a repeated call already in effect
+                // "Already in effect" only on the store's word, not a lagging cache's.
+                Decision::InEffect => continue,
+            };
         // Alone when nothing else is queued (or after a batch lost), with the calls that
         // arrive with it otherwise.
         let direct = if attempt == 0 { inner.calls.direct().await } else { None };
@@ -186,8 +149,7 @@ async fn handoff_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<(), Coor
     let metrics = inner.core.metrics();
     match report {
         Report::Ready => {
-            let event = Event::Ready(consumer.to_string(), partition);
-            if let Some(applied) = apply_call(inner, consumer, topic, partition, event).await? {
+            if let Some(applied) = apply_call(inner, call).await? {
                 metrics.handoffs_ready.inc();
                 metrics.observe_warm_done(topic, partition, applied.phase_since);
                 tracing::info!(
@@ -199,8 +161,7 @@ async fn handoff_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<(), Coor
             }
         }
         Report::Released => {
-            let event = Event::Released(consumer.to_string(), partition);
-            apply_call(inner, consumer, topic, partition, event).await?;
+            apply_call(inner, call).await?;
             metrics.handoffs_released.inc();
             metrics.observe_handoff_done(topic, partition);
             tracing::info!(topic, partition, consumer, "handoff completed");

@@ -12,6 +12,7 @@
 //! * `status.rs`: the status view.
 
 mod calls;
+mod decide;
 mod leader;
 pub mod records;
 mod register;

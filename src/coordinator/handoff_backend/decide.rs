@@ -1,0 +1,142 @@
+//! What a consumer call decides, as a pure function of a slice of the state: the handoff
+//! machine's [`step`] on the partition's records, turned into one guarded transaction.
+//! `calls.rs` reads the slice (from the cache, or the store when the cache may lag),
+//! commits what this decides and tells the streams.
+
+use super::records::Keys;
+use super::state::Cache;
+use crate::coordinator::shared::instance::{HandoffCall, Report};
+use crate::handoff::{Cooldowns, Event, HandoffError, Millis, PlanConfig, TopicState, step};
+use crate::store::{Compare, Revision, Txn};
+
+/// The part of a topic's state one partition call needs (the partition count, the
+/// caller's registration, the partition's owner and handoff), with the revisions to guard
+/// on. Built the same way from the cache and from the store.
+pub(super) struct PartitionSlice {
+    /// The topic state restricted to what the call reads.
+    pub state: TopicState,
+    /// Mod revision of the caller's registration (0: not registered).
+    pub consumer_revision: Revision,
+    /// Mod revision of the partition's assignment record (0: none).
+    pub owner_revision: Revision,
+    /// Mod revision of the partition's handoff record (0: none).
+    pub handoff_revision: Revision,
+}
+
+impl PartitionSlice {
+    /// The slice of `topic` that a call of `consumer` about `partition` reads, from the
+    /// cache; `None` when the cache does not know the topic.
+    pub fn from_cache(cache: &Cache, topic: &str, consumer: &str, partition: u32) -> Option<Self> {
+        let entry = cache.topics.get(topic)?;
+        entry.config.as_ref()?;
+        Some(Self {
+            state: entry.partition_state(consumer, partition),
+            consumer_revision: entry.consumers.get(consumer).map_or(0, |r| r.mod_revision),
+            owner_revision: entry.owner_revision(partition),
+            handoff_revision: entry.handoff_revision(partition),
+        })
+    }
+}
+
+/// What a call decides on a slice.
+pub(super) enum Decision {
+    /// The handoff rules refuse it on this slice.
+    Refused(HandoffError),
+    /// It changes nothing: it is already in effect on this slice.
+    InEffect,
+    /// This transaction makes it.
+    Write(Txn),
+}
+
+/// Decides `call` on `slice` at `now`, through the handoff machine's one entry point,
+/// [`step`]. The transaction is guarded by everything the decision read: the caller's
+/// registration (still the same, so still live and in the same status), the owner and the
+/// handoff.
+pub(super) fn decide(
+    keys: &Keys,
+    slice: &PartitionSlice,
+    call: HandoffCall<'_>,
+    now: Millis,
+    plan: &PlanConfig,
+) -> Decision {
+    let HandoffCall { report, consumer, topic, partition } = call;
+    let event = match report {
+        Report::Ready => Event::Ready(consumer.to_string(), partition),
+        Report::Released => Event::Released(consumer.to_string(), partition),
+    };
+    let mut next = slice.state.clone();
+    let writes = match step(&mut next, &event, now, plan, &mut Cooldowns::default()) {
+        Ok(writes) => writes,
+        Err(error) => return Decision::Refused(error),
+    };
+    if writes.is_empty() {
+        return Decision::InEffect;
+    }
+    let compares = vec![
+        Compare::ModRevision(keys.consumer(topic, consumer), slice.consumer_revision),
+        Compare::ModRevision(keys.assignment(topic, partition), slice.owner_revision),
+        Compare::ModRevision(keys.handoff(topic, partition), slice.handoff_revision),
+    ];
+    Decision::Write(Txn { compares, ops: keys.write_ops(topic, &writes) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Decision, PartitionSlice, decide};
+    use crate::coordinator::handoff_backend::records::Keys;
+    use crate::coordinator::shared::instance::{HandoffCall, Report};
+    use crate::handoff::{ConsumerStatus, Handoff, Phase, PlanConfig, TopicState};
+    use crate::store::{Compare, Op};
+
+    /// Partition 3 of `t` warming from `a` to `b`, each record at its own revision.
+    fn warming() -> PartitionSlice {
+        let mut state = TopicState { partition_count: 4, ..Default::default() };
+        for name in ["a", "b"] {
+            state.consumers.insert(name.into(), ConsumerStatus::Active);
+        }
+        state.owners.insert(3, "a".into());
+        let handoff = Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0 };
+        state.handoffs.insert(3, handoff);
+        PartitionSlice { state, consumer_revision: 7, owner_revision: 8, handoff_revision: 9 }
+    }
+
+    fn call(report: Report, consumer: &str) -> HandoffCall<'_> {
+        HandoffCall { report, consumer, topic: "t", partition: 3 }
+    }
+
+    #[test]
+    fn a_ready_target_flips_the_owner_guarded_by_everything_the_decision_read() {
+        let keys = Keys::new("/k/");
+        let Decision::Write(txn) =
+            decide(&keys, &warming(), call(Report::Ready, "b"), 10, &PlanConfig::default())
+        else {
+            panic!("the warming target's ready is a write");
+        };
+        assert_eq!(
+            txn.compares,
+            [
+                Compare::ModRevision(keys.consumer("t", "b"), 7),
+                Compare::ModRevision(keys.assignment("t", 3), 8),
+                Compare::ModRevision(keys.handoff("t", 3), 9),
+            ]
+        );
+        let sets_owner = |op: &Op| matches!(op, Op::Put { key, .. } if *key == keys.assignment("t", 3));
+        assert!(txn.ops.iter().any(sets_owner), "{:?}", txn.ops);
+    }
+
+    #[test]
+    fn a_ready_from_a_consumer_that_is_not_the_target_is_refused_and_a_repeat_is_in_effect() {
+        let keys = Keys::new("/k/");
+        let plan = PlanConfig::default();
+        assert!(matches!(
+            decide(&keys, &warming(), call(Report::Ready, "a"), 10, &plan),
+            Decision::Refused(_)
+        ));
+        let mut flipped = warming();
+        flipped.state.owners.insert(3, "b".into());
+        if let Some(handoff) = flipped.state.handoffs.get_mut(&3) {
+            handoff.phase = Phase::Releasing;
+        }
+        assert!(matches!(decide(&keys, &flipped, call(Report::Ready, "b"), 10, &plan), Decision::InEffect));
+    }
+}
