@@ -11,7 +11,7 @@
 
 use super::decide::{Decision, PartitionSlice, decide};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
-use super::{Handoff, now_ms};
+use super::{Handoff, now_ms, relay};
 use async_trait::async_trait;
 
 use crate::coordinator::StatusView;
@@ -103,7 +103,7 @@ async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<Option<App
             let batch = inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await?;
             batch.map(|batch| tell_own_write(inner, batch.revision, &batch.ops)).is_some()
         } else {
-            commit_and_tell(inner, Txn { compares, ops }).await?
+            relay::commit_and_tell(inner, Txn { compares, ops }).await?.succeeded
         };
         drop(direct);
         if written {
@@ -114,19 +114,6 @@ async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<Option<App
     Err(CoordinatorError::Contended(format!(
         "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
     )))
-}
-
-/// Commits `txn` in this task and, if it succeeded, applies it to the mirror and tells the
-/// streams at once (owner and handoff records only: their cache reads no create revision):
-/// the handoff's fast path, with no task between the commit and the two streams
-/// (docs/design.md §9). Returns whether it was written.
-async fn commit_and_tell(inner: &Handoff, txn: Txn) -> Result<bool, crate::store::StoreError> {
-    let ops = txn.ops.clone();
-    let outcome = inner.core.store().txn(txn).await?;
-    if outcome.succeeded {
-        tell_own_write(inner, outcome.revision, &ops);
-    }
-    Ok(outcome.succeeded)
 }
 
 /// Applies `ops`, committed by this instance at `revision`, to the mirror and tells the

@@ -17,7 +17,7 @@ use crate::coordinator::shared::{
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
 use crate::proto::v1::AssignmentCommand;
-use crate::store::Revision;
+use crate::store::{Revision, StoreError, Txn, TxnOutcome};
 
 impl Told for ConsumerView {
     fn farewell(&self, topic: &str) -> Vec<AssignmentCommand> {
@@ -115,6 +115,18 @@ pub(super) fn tell(inner: &Handoff, changes: &Changes) {
     let cache = inner.core.mirror().read();
     relay(inner, &cache, changes);
     inner.core.mirror().announce(&cache);
+}
+
+/// Commits `txn` (owner and handoff records only) in this task and, if it succeeded,
+/// applies it to the mirror and tells the streams at once: the handoff's fast path, with no
+/// task between the commit and the streams (docs/design.md §9). The leader's plan takes the
+/// same path, so its own consumers need not wait for the watch either.
+pub(super) async fn commit_and_tell(inner: &Handoff, txn: Txn) -> Result<TxnOutcome, StoreError> {
+    let (outcome, changes) = inner.core.commit_own(txn).await?;
+    if let Some(changes) = changes {
+        tell(inner, &changes);
+    }
+    Ok(outcome)
 }
 
 /// Keeps the cache equal to the store and tells the consumers every change. Runs until

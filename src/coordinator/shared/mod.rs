@@ -331,15 +331,6 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         self.topics.grow(&*self.store, stored, guard, go_on).await;
     }
 
-    /// Offers `ops`, which this instance committed at `revision`, to the mirror so their
-    /// relay need not wait for the watch ([`Mirror::offer`]; see [`mirror::own_batch`]
-    /// for which records may be offered).
-    pub fn offer_own_write(&self, revision: crate::store::Revision, ops: &[crate::store::Op]) {
-        if let Some(batch) = mirror::own_batch(C::prefix(&self.keys), revision, ops) {
-            self.mirror.offer(batch);
-        }
-    }
-
     /// Applies `ops`, which this instance committed at `revision`, to the mirror at once if
     /// nothing else happened in between, and returns what changed for the caller to tell
     /// its consumers ([`Mirror::apply_own_now`]); offers them otherwise. See
@@ -353,18 +344,19 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         self.mirror.apply_own_now(&self.keys, batch)
     }
 
-    /// Commits `txn` and, if it succeeded, offers its operations to the mirror
-    /// ([`Self::offer_own_write`]: only for records whose cache reads no create revision).
-    pub async fn txn_own(
+    /// Commits `txn` and, if it succeeded, applies it to the mirror at once when nothing
+    /// else happened in between ([`Self::apply_own_write`]; offered to the follower
+    /// otherwise). `txn` must write only records whose cache reads no create revision
+    /// (owners, handoffs). Returns the outcome, and what changed, for the caller to tell its
+    /// consumers.
+    pub async fn commit_own(
         &self,
         txn: crate::store::Txn,
-    ) -> Result<crate::store::TxnOutcome, crate::store::StoreError> {
+    ) -> Result<(crate::store::TxnOutcome, Option<mirror::Changes>), crate::store::StoreError> {
         let ops = txn.ops.clone();
         let outcome = self.store.txn(txn).await?;
-        if outcome.succeeded {
-            self.offer_own_write(outcome.revision, &ops);
-        }
-        Ok(outcome)
+        let changes = if outcome.succeeded { self.apply_own_write(outcome.revision, &ops) } else { None };
+        Ok((outcome, changes))
     }
 
     /// Follows the store into the mirror ([`mirror::Follower`]), re-reading the whole

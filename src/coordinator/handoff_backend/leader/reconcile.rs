@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::election::still_leading;
 use super::{Fence, Leadership};
-use crate::coordinator::handoff_backend::{Handoff, now_ms};
+use crate::coordinator::handoff_backend::{Handoff, now_ms, relay};
 use crate::handoff::{PlanReport, Write, diff_writes, plan_with};
 use crate::store::{Compare, Revision, Txn};
 
@@ -222,7 +222,7 @@ pub(super) async fn reconcile_all(
         let mut all_applied = true;
         for txn in batches {
             // Owner and handoff records only: their cache reads no create revision.
-            match inner.core.txn_own(txn).await {
+            match relay::commit_and_tell(inner, txn).await {
                 Ok(outcome) if outcome.succeeded => me.written = me.written.max(outcome.revision),
                 Ok(_) => {
                     // A compare failed: the plan was made from a stale view. Nothing of
