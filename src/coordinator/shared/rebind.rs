@@ -20,7 +20,8 @@ use futures::{StreamExt, stream};
 
 use super::Core;
 use super::mirror::MirrorCache;
-use super::registrar::{Registrar, after_disconnect};
+use super::registrar::Registrar;
+use super::registration::after_disconnect;
 use super::streams::{EndReason, StreamKey, replaced_error};
 use crate::coordinator::CoordinatorError;
 use crate::store::{SessionId, StoreError};

@@ -25,7 +25,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::outgoing::{CommandSender, command_channel, command_stream};
-use super::registrar::{Caller, Held, Registrar, after_disconnect, unregister_retrying};
+use super::registrar::{Caller, Held, Registrar};
+use super::registration::{after_disconnect, unregister_retrying};
 use super::streams::{EndReason, LocalStream, StreamKey};
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};

@@ -1,9 +1,7 @@
 //! [`Registrar`]: what a store-backed backend plugs into the shared registration — pure
 //! answers about its records and its relay; the store is read and written by
-//! `registration.rs` and the relay applied by `streams.rs` — and how a registration whose
-//! stream is gone is settled ([`after_disconnect`]): kept as long as
-//! the backend says, then deleted if it is still this one. Used by `register.rs` (streams
-//! that end), `rebind.rs` (registrations written again) and `sweep.rs` (orphans).
+//! `registration.rs` (which also settles a registration whose stream is gone) and the relay
+//! applied by `streams.rs`.
 //! [`Caller`] tells a registration's write whether anyone still waits for it.
 
 use std::sync::{
@@ -154,61 +152,6 @@ pub trait Registrar: Send + Sync + Sized + 'static {
         _registered_at: Revision,
         _done: CancellationToken,
     ) {
-    }
-}
-
-/// Deletes the registration `key` if it is still this one, retrying while the store is out
-/// of reach (a registration left behind would keep its partitions until the instance
-/// restarts); gives up when the instance stops.
-pub async fn unregister_retrying<R: Registrar>(backend: &R, key: &StreamKey) {
-    let core = backend.core();
-    let mut backoff = std::time::Duration::from_millis(50);
-    loop {
-        match super::registration::delete(backend, key).await {
-            Ok(_) => return,
-            Err(error) => {
-                tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot delete the registration; retrying")
-            }
-        }
-        tokio::select! {
-            _ = core.shutdown.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(core.lease_ttl);
-    }
-}
-
-/// Keeps the registration `key` (written at `registered_at`) as long as the backend says
-/// ([`Registrar::held`]), then deletes it if it is still this one. A reconnect (here or
-/// elsewhere) replaces it, which ends the wait. Before the cache has seen the registration,
-/// it counts as held for the TTL.
-pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey, registered_at: Revision) {
-    let core = backend.core();
-    let disconnected_at = tokio::time::Instant::now();
-    let mut changed = core.mirror.subscribe();
-    loop {
-        let held = {
-            let cache = core.mirror.read();
-            if cache.revision() < registered_at { Held::ForTtl } else { backend.held(&cache, key) }
-        };
-        let deadline = match held {
-            Held::NotOurs => return,
-            Held::ForTtl => disconnected_at + core.lease_ttl,
-            Held::Until(until) => {
-                let left = until.saturating_sub(crate::coordinator::shared::now_ms());
-                tokio::time::Instant::now() + std::time::Duration::from_millis(left)
-            }
-        };
-        if tokio::time::Instant::now() >= deadline {
-            tracing::info!(topic = %key.0, consumer = %key.1, ?held, "consumer did not come back; its registration ends");
-            unregister_retrying(backend, key).await;
-            return;
-        }
-        tokio::select! {
-            _ = core.shutdown.cancelled() => return,
-            _ = changed.changed() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-        }
     }
 }
 
