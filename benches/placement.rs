@@ -435,7 +435,7 @@ fn main() {
         "\nMedians of 11 runs each, by count and by load on the same input in the same run. \
          In the second row one tripled partition alone is above a share (the bound), so its \
          consumer is set aside (it keeps partitions too light to clear the 1 % minimum gain) \
-         and the others are balanced; the 20 partitions of the consumer that left are placed \
+         and the others are balanced; the partitions of the consumer that left are placed \
          and not counted as moves. Target: by load < {} ms: {}.",
         TIME_BUDGET.as_millis(),
         verdict(slowest < TIME_BUDGET),
