@@ -42,11 +42,19 @@
 //! While consumers are being replaced (a Deployment rolling out), [`assign_rollout`] keeps
 //! the old generation from receiving partitions and fills the others only up to their final
 //! share, so each partition moves once (see [`rollout`]).
+//!
+//! # By load
+//!
+//! [`LoadBalanced`] balances the partitions' weights instead of their count, within a
+//! tolerance and with few moves, and is exactly [`Balanced`] while all weigh the same (see
+//! [`load`]).
 
 pub mod assignor;
+pub mod load;
 pub mod rollout;
 
 pub use assignor::{Assignor, Balanced, ConsumerInfo, Placement, RolloutRule};
+pub use load::{LoadBalanced, LoadSettings};
 pub use rollout::{Rollout, assign_rollout};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -8,11 +8,13 @@
 //!   ([`Assignor::quota`]): a number that depends only on the consumers and partitions,
 //!   never on who holds what, so every instance computes the same and claims converge.
 //!
-//! Two implementations exist today: [`Balanced`] (the sticky, balanced assignment of
+//! Two implementations are in use today: [`Balanced`] (the sticky, balanced assignment of
 //! [`super::assign_keeping`]) and [`RolloutRule`] (each partition moves once while a
 //! generation of consumers is replaced, [`super::assign_rollout`]). Both count partitions:
 //! they read neither weights nor capacities, so with every attribute at its default the
-//! behaviour is exactly what it was before attributes existed. Pure: no I/O, no clock.
+//! behaviour is exactly what it was before attributes existed. A third,
+//! [`super::LoadBalanced`], balances weights within a tolerance (not wired in yet). Pure: no
+//! I/O, no clock.
 
 use std::collections::{BTreeMap, BTreeSet};
 
