@@ -215,11 +215,6 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         &self.lease
     }
 
-    /// Writes registrations that arrive together in shared transactions.
-    pub fn registrations(&self) -> &batch::Batcher {
-        &self.registrations
-    }
-
     /// A core over `store` holding a fresh snapshot of the prefix; fails if the store
     /// cannot be read.
     pub async fn load(
