@@ -4,7 +4,6 @@
 //!   receives it (the floor for "one fenced txn + one watch delivery");
 //! * **handoff**: consumer B sends `PartitionReady` over gRPC, the instance applies it with
 //!   one CAS transaction, and consumer A receives `ReleasePartition` on its stream.
-//!
 //! * **gRPC floor**: B's `PartitionReady` refused by validation (`INVALID_ARGUMENT`, before
 //!   the store): one loopback unary round trip, about what the two gRPC hops of a handoff
 //!   (B → instance, instance → A) cost on top of the raw chain.
@@ -13,12 +12,34 @@
 //! the machine's noise hits them alike; the ratio is the number to read (docs/design.md §9:
 //! at most 2×, the goal 1.5×). The last row, handoff − raw − floor, is what the
 //! instance's own work (batching, cache, relay, stream order) adds.
+//!
+//! Where that goes is measured by more paths, interleaved with these:
+//! * stages on their own (`support/handoff_stages.rs`): the transaction alone, in the
+//!   chain's shape and in `PartitionReady`'s, with `etcd_client`, `EtcdStore` and
+//!   `MeteredStore`; a skeleton coordinator behind the same gRPC server, pushing the
+//!   release at once or after committing that transaction (a minimal instance);
+//! * the same handoff with no plan at all (nobody leads) and with the leader apart (another
+//!   instance on a thread of its own) (`support/handoff_instance.rs`);
+//! * inside every handoff, the time of each step, from pass-through probes around the
+//!   instance's coordinator, its store and the leader's plan (`support/handoff_probe.rs`);
+//! * the tables, and the gap over the raw chain split into parts that add up
+//!   (`support/handoff_report.rs`).
+//!
 //! Run: `cargo bench --bench handoff` (starts etcd itself; needs the `etcd` binary). Writes
 //! `bench-handoff.md` under the target directory, and with `-- --write-docs` (or `BENCH_DOCS=1`)
 //! `docs/benchmarks/handoff.md`.
+#![forbid(unsafe_code)]
 
 #[path = "support/docs.rs"]
 mod docs;
+#[path = "support/handoff_instance.rs"]
+mod instance;
+#[path = "support/handoff_probe.rs"]
+mod probe;
+#[path = "support/handoff_report.rs"]
+mod report;
+#[path = "support/handoff_stages.rs"]
+mod stages;
 
 #[allow(dead_code)]
 #[path = "../tests/integration/support/etcd.rs"]
@@ -37,26 +58,23 @@ use std::{
 };
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
-use futures::StreamExt;
 use kafka_assigner::{
-    coordinator::{HandoffConfig, HandoffCoordinator},
-    handoff::PlanConfig,
     metrics::Metrics,
     proto::v1::{
-        AssignmentCommand, PartitionReadyRequest, PartitionReleasedRequest, RegisterRequest, TopicPartition,
-        assignment_command::Command, kafka_assigner_client::KafkaAssignerClient,
+        AssignmentCommand, RegisterRequest, TopicPartition, kafka_assigner_client::KafkaAssignerClient,
     },
     server::AssignerServer,
-    store::LeaseStore,
 };
 
-const SAMPLES: u32 = 200;
+use instance::{Client, Instance, Mode, Pair, ready_to_release};
+use report::{Samples, SkeletonSample};
+use stages::{CpuStages, SKELETON_TXN_TOPIC, Skeleton, TxnStages};
 
-fn percentile(samples: &mut [Duration], p: f64) -> Duration {
-    samples.sort_unstable();
-    let index = ((samples.len() as f64 - 1.0) * p).round() as usize;
-    samples[index]
-}
+const SAMPLES: u32 = 200;
+/// The topic of every instance's handoffs.
+const TOPIC: &str = "bench";
+/// A topic of one partition and one consumer, planned after [`TOPIC`] (see `probe`).
+const MARKER_TOPIC: &str = "zz-marker";
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -100,90 +118,81 @@ impl RawChain {
     }
 }
 
-/// The handoff path: an assigner instance on the same etcd, consumer A owning every
-/// partition and consumer B warming `SAMPLES` of them.
-struct Handoffs {
+/// The [`Skeleton`] coordinator behind its own `AssignerServer`, A registered on it.
+struct SkeletonRig {
+    coordinator: Arc<Skeleton>,
     server: AssignerServer,
-    client: KafkaAssignerClient<tonic::transport::Channel>,
+    client: Client,
     a: tonic::Streaming<AssignmentCommand>,
-    /// Keeps B registered.
-    _b: tonic::Streaming<AssignmentCommand>,
-    warms: Vec<u32>,
 }
 
-impl Handoffs {
+impl SkeletonRig {
     async fn start(endpoints: &[String]) -> Result<Self, BoxError> {
-        let store = kafka_assigner::store::EtcdStore::connect(kafka_assigner::store::EtcdStoreConfig {
-            endpoints: endpoints.to_vec(),
-            ..Default::default()
-        })
-        .await?;
-        let store: Arc<dyn LeaseStore> = Arc::new(store);
-        let mut config = HandoffConfig {
-            prefix: "/bench/assigner/".into(),
-            reconcile_interval: Duration::from_millis(200),
-            plan: PlanConfig { max_warming_per_consumer: 1_000, ..PlanConfig::default() },
-            ..HandoffConfig::default()
-        };
-        config.topic_partitions.insert("bench".into(), SAMPLES * 2);
-        let metrics = Arc::new(Metrics::new());
-        let coordinator = Arc::new(HandoffCoordinator::start(store, config, metrics.clone()).await?);
+        let coordinator = Arc::new(Skeleton::start(endpoints).await?);
         let any = "127.0.0.1:0".parse()?;
-        let server = AssignerServer::start(coordinator, metrics, any, any).await?;
+        let server = AssignerServer::start(coordinator.clone(), Arc::new(Metrics::new()), any, any).await?;
         let mut client = KafkaAssignerClient::connect(server.grpc_url()).await?;
-        let register = |name: &str| RegisterRequest { consumer_name: name.into(), topic: "bench".into() };
-        let mut a = client.register(register("a")).await?.into_inner();
-        // Wait until A owns everything.
-        let mut owned = 0;
-        while owned < SAMPLES * 2 {
-            if let Some(Command::Assignment(update)) = a.next().await.ok_or("a ended")??.command {
-                owned += update.assigned.len() as u32;
-            }
-        }
-        let mut b = client.register(register("b")).await?.into_inner();
-        let mut warms = Vec::new();
-        while warms.len() < SAMPLES as usize {
-            if let Some(Command::Warm(warm)) = b.next().await.ok_or("b ended")??.command {
-                warms.push(warm.partition.ok_or("warm without partition")?.partition);
-            }
-        }
-        Ok(Self { server, client, a, _b: b, warms })
+        let register = RegisterRequest { consumer_name: "a".into(), topic: TOPIC.into() };
+        let a = client.register(register).await?.into_inner();
+        Ok(Self { coordinator, server, client, a })
     }
 
-    /// B is ready with one warm; measured until A hears its release (whether or not B has
-    /// its answer yet: the path is B's call to A's command), then A releases.
-    async fn sample(&mut self) -> Result<Duration, BoxError> {
-        let partition = self.warms.pop().ok_or("no warm left")?;
-        let tp = TopicPartition { topic: "bench".into(), partition };
-        let start = Instant::now();
-        let ready = PartitionReadyRequest { consumer_name: "b".into(), partition: Some(tp.clone()) };
-        let mut client = self.client.clone();
-        let a = &mut self.a;
-        let release = async {
-            loop {
-                if let Some(Command::Release(release)) = a.next().await.ok_or("a ended")??.command
-                    && release.partition.as_ref() == Some(&tp)
-                {
-                    return Ok::<_, BoxError>(start.elapsed());
-                }
-            }
-        };
-        let (answer, elapsed) = tokio::join!(client.partition_ready(ready), release);
-        answer?;
-        let elapsed = elapsed?;
-        let released = PartitionReleasedRequest { consumer_name: "a".into(), partition: Some(tp) };
-        self.client.partition_released(released).await?;
-        Ok(elapsed)
+    /// One handoff through the skeleton; `topic` [`SKELETON_TXN_TOPIC`] commits first.
+    async fn sample(&mut self, topic: &str, partition: u32) -> Result<SkeletonSample, BoxError> {
+        let tp = TopicPartition { topic: topic.into(), partition };
+        let (start, answered, received) = ready_to_release(&self.client, &mut self.a, &tp).await?;
+        Ok(SkeletonSample { start, answered, received, steps: self.coordinator.take() })
+    }
+}
+
+/// The paths that show where the handoff's time goes, beside the headline's.
+struct Stages {
+    leaderless: (Instance, Pair),
+    apart: (Instance, Pair),
+    txns: TxnStages,
+    cpu: CpuStages,
+    skeleton: SkeletonRig,
+}
+
+impl Stages {
+    /// How many paths a round of samples has, the headline's three included.
+    const PATHS: u32 = 8;
+
+    async fn start(endpoints: &[String]) -> Result<Self, BoxError> {
+        let mut leaderless = Instance::start(endpoints, "/bench/leaderless/", Mode::Leaderless).await?;
+        let leaderless_pair = leaderless.pair().await?;
+        leaderless.depose(endpoints).await?;
+        let mut apart = Instance::start(endpoints, "/bench/apart/", Mode::Apart).await?;
+        let apart_pair = apart.pair().await?;
+        Ok(Self {
+            leaderless: (leaderless, leaderless_pair),
+            apart: (apart, apart_pair),
+            txns: TxnStages::start(endpoints).await?,
+            cpu: CpuStages::new(SAMPLES * 2),
+            skeleton: SkeletonRig::start(endpoints).await?,
+        })
     }
 
-    /// One unary round trip the instance answers before the store: the gRPC floor.
-    async fn refused_call(&mut self) -> Result<Duration, BoxError> {
-        let start = Instant::now();
-        let nameless = PartitionReadyRequest { consumer_name: String::new(), partition: None };
-        match self.client.partition_ready(nameless).await {
-            Err(status) if status.code() == tonic::Code::InvalidArgument => Ok(start.elapsed()),
-            other => Err(format!("a nameless PartitionReady must be INVALID_ARGUMENT, got {other:?}").into()),
+    /// Sample `i` of path `path` (3 to 7).
+    async fn sample(&mut self, path: u32, i: u32, s: &mut Samples) -> Result<(), BoxError> {
+        match path {
+            // The handoff with no plan at all, and with the leader apart.
+            3 => s.leaderless.push(self.leaderless.0.sample(&mut self.leaderless.1).await?),
+            4 => s.apart.push(self.apart.0.sample(&mut self.apart.1).await?),
+            5 => {
+                s.txn.push(self.txns.sample().await?);
+                s.cpu.push(self.cpu.sample());
+            }
+            6 => s.skeleton.push(self.skeleton.sample("grpc", i).await?),
+            _ => s.skeleton_txn.push(self.skeleton.sample(SKELETON_TXN_TOPIC, i).await?),
         }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        self.leaderless.0.stop().await;
+        self.apart.0.stop().await;
+        self.skeleton.server.stop().await;
     }
 }
 
@@ -192,32 +201,38 @@ async fn main() -> Result<(), BoxError> {
     let server = etcd::EtcdServer::start().await;
     let endpoints = server.endpoints();
     let mut chain = RawChain::start(&endpoints).await?;
-    let mut handoffs = Handoffs::start(&endpoints).await?;
-    // Interleaved, sample by sample: the machine's noise hits both paths alike.
-    let (mut raw, mut ours, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+    let mut instance = Instance::start(&endpoints, "/bench/assigner/", Mode::Leads).await?;
+    let mut benched = instance.pair().await?;
+    // `HANDOFF_STAGES=0`: the headline's three paths alone, as before the stages existed
+    // (the stages share the machine with them, which moves the headline: see the docs).
+    let mut stages = match std::env::var("HANDOFF_STAGES").as_deref() {
+        Ok("0") => None,
+        _ => Some(Stages::start(&endpoints).await?),
+    };
+    // Interleaved sample by sample, so the machine's noise hits every path alike. With the
+    // stages, in a rotating order: what ran just before (an etcd write, a pause) moves the
+    // next etcd round trip by up to 100 µs, so no path keeps one neighbour.
+    let paths = if stages.is_some() { Stages::PATHS } else { 3 };
+    let mut s = Samples::default();
     for i in 0..SAMPLES {
-        raw.push(chain.sample(i).await?);
-        ours.push(handoffs.sample().await?);
-        floor.push(handoffs.refused_call().await?);
+        for k in 0..paths {
+            match (i + k) % paths {
+                0 => s.raw.push(chain.sample(i).await?),
+                1 => s.handoff.push(instance.sample(&mut benched).await?),
+                2 => s.floor.push(instance.refused_call().await?),
+                path => {
+                    if let Some(stages) = &mut stages {
+                        stages.sample(path, i, &mut s).await?;
+                    }
+                }
+            }
+        }
     }
-    handoffs.server.stop().await;
-    let (raw50, raw99) = (percentile(&mut raw, 0.5), percentile(&mut raw, 0.99));
-    let (our50, our99) = (percentile(&mut ours, 0.5), percentile(&mut ours, 0.99));
-    let (floor50, floor99) = (percentile(&mut floor, 0.5), percentile(&mut floor, 0.99));
-    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-    let own50 = our50.saturating_sub(raw50 + floor50);
-    let table = format!(
-        "| path ({SAMPLES} samples, etcd 3.4 on loopback) | p50 | p99 |\n| --- | --- | --- |\n\
-         | raw etcd: CAS txn → another client's watch | {raw50:.2?} | {raw99:.2?} |\n\
-         | handoff: PartitionReady → old owner gets ReleasePartition | {our50:.2?} | {our99:.2?} |\n\
-         | ratio handoff / raw | {:.2}× | {:.2}× |\n\
-         | gRPC floor: a PartitionReady refused before the store, round trip | {floor50:.2?} | {floor99:.2?} |\n\
-         | ratio (raw + floor) / raw: the least two gRPC hops allow | {:.2}× | |\n\
-         | handoff − raw − floor at p50: the instance's own work | {own50:.2?} | |\n",
-        ratio(our50, raw50),
-        ratio(our99, raw99),
-        ratio(raw50 + floor50, raw50),
-    );
+    instance.stop().await;
+    if let Some(stages) = stages {
+        stages.stop().await;
+    }
+    let table = report::tables(&s, SAMPLES);
     println!("{table}");
     // Under the target directory in use (CARGO_TARGET_DIR when set), created if missing.
     let dir = std::env::var_os("CARGO_TARGET_DIR")
@@ -228,7 +243,7 @@ async fn main() -> Result<(), BoxError> {
     std::fs::write(&out, &table)?;
     println!("wrote {}", out.display());
     if docs::wanted() {
-        let command = docs::command("handoff", &["KAT_ETCD_TLS"]);
+        let command = docs::command("handoff", &["KAT_ETCD_TLS", "HANDOFF_STAGES"]);
         let path = docs::write("handoff", "Handoff fast path on etcd", &command, &table)?;
         println!("wrote {}", path.display());
     }
