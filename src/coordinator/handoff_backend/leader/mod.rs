@@ -114,6 +114,13 @@ pub(super) async fn leader_loop(inner: Arc<Handoff>) {
             match me.next_plan.filter(|at| now < *at) {
                 Some(at) => me.wake_at = Some(me.wake_at.map_or(at, |wake| wake.min(at))),
                 None => {
+                    // The revision that woke us was relayed first: its streams' tasks are
+                    // runnable, and a handoff's `assigned` and release wait for them. This
+                    // task was woken last, so without a yield it would run next and plan
+                    // (hundreds of µs on a big topic) before they go (docs/benchmarks/handoff.md).
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                    }
                     let settling = me.settle_until.is_some_and(|until| now < until);
                     let planning = reconcile::reconcile_all(&inner, &mut me, fence, settling).await;
                     me.next_plan = Some(tokio::time::Instant::now() + planning * PLAN_PACE);
