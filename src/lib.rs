@@ -34,6 +34,8 @@
 //!   `kafka-assigner-client` crate, re-exported here for the server's own tests: consumers
 //!   depend on `kafka-assigner-client`, which builds none of the server.
 //! * [`testing`] — the assigner in-process for users' integration tests.
+//! * [`weights`] — where partition weights come from (Kafka, or the operator), for
+//!   placement by load.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -51,6 +53,7 @@ pub mod server;
 pub mod status;
 pub mod store;
 pub mod testing;
+pub mod weights;
 
 /// The consumer side (the `kafka-assigner-client` crate): a consumer's service depends on
 /// that crate directly, not on this one.
