@@ -12,7 +12,8 @@
 //!   answer arrives;
 //! * **delays** answers and watch batches ([`delay`](FaultyStore::delay)) by a random time in
 //!   a range: half before the call reaches the store, half on the way back; watch batches
-//!   keep their order (a batch is never delivered before an earlier one);
+//!   keep their order (a batch is never delivered before an earlier one), and can lag the
+//!   answers by more ([`lag_watch`](FaultyStore::lag_watch));
 //! * **cuts the instance off** ([`cut_off`](FaultyStore::cut_off),
 //!   [`cut_off_for`](FaultyStore::cut_off_for), [`restore`](FaultyStore::restore)): every
 //!   call fails `Unavailable` without reaching the store, a call in flight loses its answer,
@@ -110,6 +111,8 @@ struct State {
     lose_next_txns: u32,
     /// Range of the injected delay per call and per watch batch.
     delay: (Duration, Duration),
+    /// Added to the delay of watch batches only: the watch lags the answers.
+    watch_lag: Duration,
     /// Cut off: `Some(None)` until restored, `Some(Some(t))` until `t`.
     cut: Option<Option<Instant>>,
     /// Reads and watches fail while sessions and transactions still work.
@@ -194,6 +197,7 @@ impl FaultyStore {
             lose_next: 0,
             lose_next_txns: 0,
             delay: (Duration::ZERO, Duration::ZERO),
+            watch_lag: Duration::ZERO,
             cut: None,
             reads_cut: false,
             sessions: BTreeSet::new(),
@@ -238,6 +242,13 @@ impl FaultyStore {
     /// (`Duration::ZERO` twice stops it).
     pub fn delay(&self, low: Duration, high: Duration) {
         self.state().delay = (low, high.max(low));
+    }
+
+    /// Delays watch batches by `lag` more than answers (`Duration::ZERO` stops it): the
+    /// watch stream lags the store, as a busy etcd's does, so a writer learns of a commit
+    /// from its answer well before its cache does (or, the answer lost, only from the watch).
+    pub fn lag_watch(&self, lag: Duration) {
+        self.state().watch_lag = lag;
     }
 
     /// Cuts the instance off until [`restore`](Self::restore): calls fail `Unavailable`,
@@ -494,7 +505,11 @@ fn faulty_watch(store: FaultyStore, mut stream: WatchStream, cuts: watch::Receiv
                            item = stream.next() => item,
                        };
             let Some(item) = item else { return };
-            last = last.max(Instant::now() + stamper.state().draw_delay());
+            let delay = {
+                let mut state = stamper.state();
+                state.draw_delay() + state.watch_lag
+            };
+            last = last.max(Instant::now() + delay);
             if tx.send((last, item)).is_err() {
                 return;
             }

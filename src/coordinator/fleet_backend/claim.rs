@@ -79,7 +79,10 @@ async fn claim_step(
 ) -> Result<(), StoreError> {
     let (topic, consumer, registration) = key;
     let Some(instance_lease) = inner.core.lease().borrow().live() else { return Ok(()) };
-    let (plan, revisions) = {
+    // Partitions hidden from the consumer because they were given back (read before the
+    // cache: the relay only ever shrinks this set, and only this task grows it).
+    let hidden = inner.core.streams().with(key, |stream| stream.told.releasing.clone()).unwrap_or_default();
+    let (plan, revisions, kept) = {
         let cache = inner.core.mirror().read();
         if cache.revision < *seen {
             return Ok(()); // our last write is not in the cache yet
@@ -102,9 +105,19 @@ async fn claim_step(
         };
         let revisions: Vec<(u32, Revision)> =
             plan.give_back.iter().chain(&plan.claim).map(|p| (*p, entry.lease_revision(*p))).collect();
-        (plan, revisions)
+        // Hidden partitions the cache still shows ours that are no longer to be given back.
+        let kept: Vec<(u32, Revision)> = hidden
+            .iter()
+            .filter(|p| owners.get(p) == Some(&consumer.as_str()) && !plan.give_back.contains(p))
+            .map(|p| (*p, entry.lease_revision(*p)))
+            .collect();
+        (plan, revisions, kept)
     };
     let revision_of = |p: u32| revisions.iter().find(|(q, _)| *q == p).map_or(0, |(_, r)| *r);
+
+    if !kept.is_empty() {
+        show_kept(inner, key, &kept, seen).await?;
+    }
 
     if !plan.give_back.is_empty() {
         // Tell the consumer first, then free the leases: it has heard `unassigned` before
@@ -118,30 +131,21 @@ async fn claim_step(
                 txn.when(Compare::ModRevision(lease.clone(), revision_of(*p))).then(Op::delete(lease))
             })
         };
-        let mut kept = Vec::new();
+        // A delete that fails its compare leaves the partition hidden: the lease changed
+        // since the cache was read, so the cache cannot say whose it is now. The store's
+        // revision in the answer (failed or not) is what the next step waits for the cache
+        // to reach; by then the relay shows the partition again if it is still ours (and
+        // the next plan may give it back again), or drops it if it is not. A lost answer
+        // (`?`) leaves it hidden too: the next step's compare, or `show_kept`, finds out.
         let outcome = inner.core.store().txn(batch(&plan.give_back)).await?;
-        if outcome.succeeded {
-            *seen = outcome.revision;
-        } else {
+        *seen = (*seen).max(outcome.revision);
+        if !outcome.succeeded {
             for p in &plan.give_back {
                 let outcome = inner.core.store().txn(batch(&[*p])).await?;
-                if outcome.succeeded {
-                    *seen = outcome.revision;
-                } else {
-                    kept.push(*p);
-                }
+                *seen = (*seen).max(outcome.revision);
             }
         }
         tracing::info!(topic, consumer, partitions = ?plan.give_back, quota = plan.quota, "leases given back");
-        if !kept.is_empty() {
-            // The lease changed under us (it cannot be ours any more, or it is and the
-            // relay will tell the consumer again): stop hiding it from the view.
-            inner.core.streams().with(key, |stream| stream.told.releasing.retain(|p| !kept.contains(p)));
-            let cache = inner.core.mirror().read();
-            let mut changes = super::super::shared::mirror::Changes::default();
-            changes.consumers(topic, [consumer.as_str()]);
-            super::relay::relay(inner, &cache, &changes);
-        }
     }
 
     if !plan.claim.is_empty() {
@@ -175,6 +179,41 @@ async fn claim_step(
         if !claimed.is_empty() {
             tracing::info!(topic, consumer, partitions = ?claimed, quota = plan.quota, "leases claimed");
         }
+    }
+    Ok(())
+}
+
+/// Shows the consumer again the `kept` partitions (with the lease revisions its cache
+/// holds) that it was told to give back, whose leases are still its own: the give-back was
+/// called off (the quota changed) or its delete failed its compare. Only what the store
+/// confirms is shown: a lease whose stored revision differs from the cache's (a delete
+/// whose answer was lost, a claim by another consumer) stays hidden, and the next step waits
+/// for the cache to reach the store's revision, when the relay shows it or drops it.
+async fn show_kept(
+    inner: &Arc<Fleet>,
+    key: &StreamKey,
+    kept: &[(u32, Revision)],
+    seen: &mut Revision,
+) -> Result<(), StoreError> {
+    let topic = &key.0;
+    let stored = inner.core.store().get_prefix(&inner.core.keys().leases(topic)).await?;
+    let confirmed: Vec<u32> = kept
+        .iter()
+        .filter(|(p, revision)| {
+            let lease = inner.core.keys().lease(topic, *p);
+            stored.kvs.iter().any(|kv| kv.key == lease && kv.mod_revision == *revision)
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    if confirmed.len() < kept.len() {
+        *seen = (*seen).max(stored.revision);
+    }
+    if !confirmed.is_empty() {
+        inner.core.streams().with(key, |stream| stream.told.releasing.retain(|p| !confirmed.contains(p)));
+        let cache = inner.core.mirror().read();
+        let mut changes = super::super::shared::mirror::Changes::default();
+        changes.consumers(topic, [key.1.as_str()]);
+        super::relay::relay(inner, &cache, &changes);
     }
     Ok(())
 }
@@ -320,5 +359,100 @@ mod tests {
         assert!(!unassigned, "no unassigned was queued");
         assert!(matches!(error, CoordinatorError::NotReading(_)), "{error}");
         assert!(error.to_string().contains("stream buffer is full"), "{error}");
+    }
+
+    /// What one consumer was told, in order: `(assigned, unassigned)` per update.
+    type Told = Arc<std::sync::Mutex<Vec<(Vec<u32>, Vec<u32>)>>>;
+
+    /// Reads a consumer's stream in the background, logging every update it is told.
+    fn listen(
+        mut stream: impl futures::Stream<Item = Result<AssignmentCommand, CoordinatorError>>
+        + Send
+        + Unpin
+        + 'static,
+    ) -> Told {
+        let told = Told::default();
+        let log = told.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(AssignmentCommand { command: Some(Command::Assignment(u)) })) =
+                stream.next().await
+            {
+                let partitions =
+                    |tps: &[crate::proto::v1::TopicPartition]| tps.iter().map(|tp| tp.partition).collect();
+                log.lock().expect("log").push((partitions(&u.assigned), partitions(&u.unassigned)));
+            }
+        });
+        told
+    }
+
+    /// What a consumer owns after everything it was told.
+    fn owned(told: &Told) -> std::collections::BTreeSet<u32> {
+        let mut owned = std::collections::BTreeSet::new();
+        for (assigned, unassigned) in told.lock().expect("log").iter() {
+            owned.extend(assigned);
+            unassigned.iter().for_each(|p| {
+                owned.remove(p);
+            });
+        }
+        owned
+    }
+
+    /// The store deletes the leases a giver gives back but the answer is lost, and the
+    /// instance's cache learns of the deletes only later (watch batches are slow). The
+    /// claim step, running again on its timer with that stale cache, must not tell the
+    /// giver it owns the given-back partitions again: their leases are gone (and soon the
+    /// other consumer's). Told state is what is checked: the giver hears `unassigned` once
+    /// and never `assigned` for them again.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_give_back_answer_never_gives_the_partitions_back_to_the_giver() {
+        let memory = MemoryStore::new();
+        let faulty = crate::store::FaultyStore::new(Arc::new(memory.clone()), 7);
+        // A TTL well above the delays below, so they never fence the instance.
+        let ttl = Duration::from_secs(20);
+        let mut config = FleetConfig {
+            lease_ttl: ttl,
+            claim_interval: Duration::from_millis(100),
+            ..FleetConfig::default()
+        };
+        config.topic_partitions.insert("t".into(), 4);
+        let fleet = FleetCoordinator::start(Arc::new(faulty.clone()), config, Arc::new(Metrics::new()))
+            .await
+            .expect("starts");
+        let giver = listen(fleet.register("g", "t").await.expect("g registers"));
+        let deadline = tokio::time::Instant::now() + ttl;
+        while owned(&giver).len() < 4 {
+            assert!(tokio::time::Instant::now() < deadline, "g is told it owns everything");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // From now on watch batches take 2 s, answers none: the cache lags the store by
+        // many claim intervals. The next transaction, the give-back's delete, is applied
+        // and its answer lost.
+        faulty.lag_watch(Duration::from_secs(2));
+        faulty.record_writes(true);
+        let taker = listen(fleet.register("c", "t").await.expect("c registers"));
+        faulty.lose_next_txn_answers(1);
+
+        let deadline = tokio::time::Instant::now() + ttl;
+        while owned(&taker).len() < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "c is told it owns half: {:?}", taker.lock());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Let the giver's claim steps and relays run over the caught-up cache too.
+        tokio::time::sleep(ttl / 4).await;
+        assert!(faulty.stats().lost_answers >= 1, "the give-back's answer was lost");
+        let given: std::collections::BTreeSet<u32> = owned(&taker);
+        let told = giver.lock().expect("log").clone();
+        let released_at = told
+            .iter()
+            .position(|(_, unassigned)| unassigned.iter().any(|p| given.contains(p)))
+            .expect("g was told to stop what c owns");
+        for (assigned, _) in &told[released_at..] {
+            assert!(
+                !assigned.iter().any(|p| given.contains(p)),
+                "g was told it owns {assigned:?} again after giving back {given:?} (c owns them): {told:?}"
+            );
+        }
+        assert!(owned(&giver).is_disjoint(&given), "g: {told:?}, c: {given:?}");
+        assert_eq!(leases(&memory, &fleet).await.values().filter(|o| *o == "c").count(), 2);
     }
 }
