@@ -7,17 +7,14 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::Fleet;
-use super::records::LeaseRecord;
-use super::share;
-use crate::assignment::Balanced;
+use super::claim_decide::{self, AtRevision};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     outgoing::PassGate,
-    records::{RECORD_VERSION, encode},
     streams::{EndReason, StreamKey},
     wire::update,
 };
-use crate::store::{Compare, Op, Revision, StoreError, Txn};
+use crate::store::{Revision, StoreError};
 
 /// Runs the consumer's claim step on every change and every claim interval, until
 /// `done` (the stream's session task ended).
@@ -82,102 +79,70 @@ async fn claim_step(
     // Partitions hidden from the consumer because they were given back (read before the
     // cache: the relay only ever shrinks this set, and only this task grows it).
     let hidden = inner.core.streams().with(key, |stream| stream.told.releasing.clone()).unwrap_or_default();
-    let (plan, revisions, kept) = {
+    let decision = {
         let cache = inner.core.mirror().read();
         if cache.revision < *seen {
             return Ok(()); // our last write is not in the cache yet
         }
         let Some(entry) = cache.topics.get(topic) else { return Ok(()) };
-        let ours = entry
-            .members
-            .get(consumer)
-            .is_some_and(|r| r.value.session == registration.0 && !r.value.leaving);
-        if !ours || !inner.core.streams().contains(key) {
-            return Ok(()); // not registered yet, leaving, or replaced: the relay handles it
-        }
-        let owners = entry.leases.iter().map(|(p, o)| (*p, o.value.as_str())).collect();
-        let live = entry.live();
-        let registered = |name: &str| entry.members.contains_key(name);
-        let Some(plan) =
-            share::share_of(&Balanced, entry.partition_count(), &live, registered, consumer, &owners)
-        else {
-            return Ok(());
-        };
-        let revisions: Vec<(u32, Revision)> =
-            plan.give_back.iter().chain(&plan.claim).map(|p| (*p, entry.lease_revision(*p))).collect();
-        // Hidden partitions the cache still shows ours that are no longer to be given back.
-        let kept: Vec<(u32, Revision)> = hidden
-            .iter()
-            .filter(|p| owners.get(p) == Some(&consumer.as_str()) && !plan.give_back.contains(p))
-            .map(|p| (*p, entry.lease_revision(*p)))
-            .collect();
-        (plan, revisions, kept)
+        claim_decide::decide(entry, consumer, *registration, &hidden)
     };
-    let revision_of = |p: u32| revisions.iter().find(|(q, _)| *q == p).map_or(0, |(_, r)| *r);
+    // Not registered yet, leaving, or replaced (the relay handles those), or a stream
+    // that ended.
+    let Some(decision) = decision.filter(|_| inner.core.streams().contains(key)) else { return Ok(()) };
+    let keys = inner.core.keys();
 
-    if !kept.is_empty() {
-        show_kept(inner, key, &kept, seen).await?;
+    if !decision.show.is_empty() {
+        show_kept(inner, key, &decision.show, seen).await?;
     }
 
-    if !plan.give_back.is_empty() {
+    if !decision.give_back.is_empty() {
+        let partitions: Vec<u32> = decision.give_back.iter().map(|(p, _)| *p).collect();
         // Tell the consumer first, then free the leases: it has heard `unassigned` before
         // anyone can claim them.
-        if !tell_giver(inner, key, &plan.give_back, done).await {
+        if !tell_giver(inner, key, &partitions, done).await {
             return Ok(());
         }
-        let batch = |ps: &[u32]| {
-            ps.iter().fold(Txn::new(), |txn, p| {
-                let lease = inner.core.keys().lease(topic, *p);
-                txn.when(Compare::ModRevision(lease.clone(), revision_of(*p))).then(Op::delete(lease))
-            })
-        };
         // A delete that fails its compare leaves the partition hidden: the lease changed
         // since the cache was read, so the cache cannot say whose it is now. The store's
         // revision in the answer (failed or not) is what the next step waits for the cache
         // to reach; by then the relay shows the partition again if it is still ours (and
         // the next plan may give it back again), or drops it if it is not. A lost answer
         // (`?`) leaves it hidden too: the next step's compare, or `show_kept`, finds out.
-        let outcome = inner.core.store().txn(batch(&plan.give_back)).await?;
+        let outcome =
+            inner.core.store().txn(claim_decide::give_back_txn(keys, topic, &decision.give_back)).await?;
         *seen = (*seen).max(outcome.revision);
         if !outcome.succeeded {
-            for p in &plan.give_back {
-                let outcome = inner.core.store().txn(batch(&[*p])).await?;
+            for one in &decision.give_back {
+                let outcome =
+                    inner.core.store().txn(claim_decide::give_back_txn(keys, topic, &[*one])).await?;
                 *seen = (*seen).max(outcome.revision);
             }
         }
-        tracing::info!(topic, consumer, partitions = ?plan.give_back, quota = plan.quota, "leases given back");
+        tracing::info!(topic, consumer, ?partitions, quota = decision.quota, "leases given back");
     }
 
-    if !plan.claim.is_empty() {
-        let member = inner.core.keys().member(topic, consumer);
-        let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.clone() });
-        let batch = |ps: &[u32]| {
-            ps.iter().fold(Txn::new().when(Compare::ModRevision(member.clone(), registered_at)), |txn, p| {
-                let lease = inner.core.keys().lease(topic, *p);
-                txn.when(Compare::ModRevision(lease.clone(), revision_of(*p))).then(Op::put_in(
-                    lease,
-                    record.clone(),
-                    instance_lease,
-                ))
-            })
+    if !decision.claim.is_empty() {
+        let txn = |partitions: &[AtRevision]| {
+            claim_decide::claim_txn(keys, topic, consumer, registered_at, instance_lease, partitions)
         };
         let mut claimed = Vec::new();
-        let outcome = inner.core.store().txn(batch(&plan.claim)).await?;
+        let outcome = inner.core.store().txn(txn(&decision.claim)).await?;
         if outcome.succeeded {
             *seen = outcome.revision;
-            claimed.clone_from(&plan.claim);
+            claimed.extend(decision.claim.iter().map(|(p, _)| *p));
         } else {
             // Someone else claimed one of them first: take the others one by one.
-            for p in &plan.claim {
-                let outcome = inner.core.store().txn(batch(&[*p])).await?;
+            for one in &decision.claim {
+                let outcome = inner.core.store().txn(txn(&[*one])).await?;
                 if outcome.succeeded {
                     *seen = outcome.revision;
-                    claimed.push(*p);
+                    claimed.push(one.0);
                 }
             }
         }
         if !claimed.is_empty() {
-            tracing::info!(topic, consumer, partitions = ?claimed, quota = plan.quota, "leases claimed");
+            tracing::info!(topic, consumer, partitions = ?claimed, quota = decision.quota, "leases claimed");
         }
     }
     Ok(())
@@ -192,7 +157,7 @@ async fn claim_step(
 async fn show_kept(
     inner: &Arc<Fleet>,
     key: &StreamKey,
-    kept: &[(u32, Revision)],
+    kept: &[AtRevision],
     seen: &mut Revision,
 ) -> Result<(), StoreError> {
     let topic = &key.0;

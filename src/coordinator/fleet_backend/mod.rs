@@ -30,6 +30,7 @@
 
 mod calls;
 mod claim;
+mod claim_decide;
 pub mod records;
 mod register;
 mod registrar;

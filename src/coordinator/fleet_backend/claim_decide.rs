@@ -1,0 +1,178 @@
+//! The claim step's decision, pure: from the cached topic, the consumer's registration and
+//! what its stream hides (partitions it was told to give back), what to show it again, give
+//! back and claim, each with the lease revision its compare-and-swap is conditioned on; and
+//! the transactions that do it. No I/O, no clock: `claim.rs` reads the cache, calls
+//! [`decide`], tells and writes.
+
+use std::collections::BTreeSet;
+
+use super::records::{FleetKeys, LeaseRecord};
+use super::share;
+use super::state::FleetTopic;
+use crate::assignment::Balanced;
+use crate::coordinator::shared::records::{RECORD_VERSION, encode};
+use crate::store::{Compare, Op, Revision, SessionId, Txn};
+
+/// A partition and the mod revision of its lease as the cache holds it (0: no lease).
+pub type AtRevision = (u32, Revision);
+
+/// What one claim step does for one consumer (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimDecision {
+    /// The consumer's quota.
+    pub quota: usize,
+    /// Hidden partitions the cache still shows leased to the consumer and the plan no
+    /// longer gives back (a give-back called off, or whose delete failed its compare):
+    /// shown again once the store confirms the lease is the one cached.
+    pub show: Vec<AtRevision>,
+    /// Leases beyond the quota, to give back (the consumer is told first).
+    pub give_back: Vec<AtRevision>,
+    /// Free leases to claim, up to the quota.
+    pub claim: Vec<AtRevision>,
+}
+
+/// The claim step of `consumer` with registration `session` over the cached `entry`, its
+/// stream hiding `hidden`. `None` when there is nothing to decide: the consumer is not
+/// registered under this session (not yet, or replaced), is leaving, or the count is not
+/// stored yet.
+pub fn decide(
+    entry: &FleetTopic,
+    consumer: &str,
+    session: SessionId,
+    hidden: &BTreeSet<u32>,
+) -> Option<ClaimDecision> {
+    let ours = entry.members.get(consumer).is_some_and(|r| r.value.session == session.0 && !r.value.leaving);
+    if !ours {
+        return None;
+    }
+    let owners = entry.leases.iter().map(|(p, o)| (*p, o.value.as_str())).collect();
+    let registered = |name: &str| entry.members.contains_key(name);
+    let plan =
+        share::share_of(&Balanced, entry.partition_count(), &entry.live(), registered, consumer, &owners)?;
+    let at = |p: &u32| (*p, entry.lease_revision(*p));
+    let show = hidden
+        .iter()
+        .filter(|p| owners.get(p) == Some(&consumer) && !plan.give_back.contains(p))
+        .map(at)
+        .collect();
+    Some(ClaimDecision {
+        quota: plan.quota,
+        show,
+        give_back: plan.give_back.iter().map(at).collect(),
+        claim: plan.claim.iter().map(at).collect(),
+    })
+}
+
+/// Deletes the leases of `partitions`, each only if it is still at its revision.
+pub fn give_back_txn(keys: &FleetKeys, topic: &str, partitions: &[AtRevision]) -> Txn {
+    partitions.iter().fold(Txn::new(), |txn, (p, revision)| {
+        let lease = keys.lease(topic, *p);
+        txn.when(Compare::ModRevision(lease.clone(), *revision)).then(Op::delete(lease))
+    })
+}
+
+/// Writes `consumer`'s leases of `partitions` under the instance lease `instance_lease`,
+/// each only if it is still at its revision (0: still absent), and all only while the
+/// consumer's registration is the one written at `registered_at`.
+pub fn claim_txn(
+    keys: &FleetKeys,
+    topic: &str,
+    consumer: &str,
+    registered_at: Revision,
+    instance_lease: SessionId,
+    partitions: &[AtRevision],
+) -> Txn {
+    let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string() });
+    let member = Compare::ModRevision(keys.member(topic, consumer), registered_at);
+    partitions.iter().fold(Txn::new().when(member), |txn, (p, revision)| {
+        let lease = keys.lease(topic, *p);
+        txn.when(Compare::ModRevision(lease.clone(), *revision)).then(Op::put_in(
+            lease,
+            record.clone(),
+            instance_lease,
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::fleet_backend::MemberRecord;
+    use crate::coordinator::shared::mirror::Versioned;
+
+    fn versioned<T>(value: T, mod_revision: Revision) -> Versioned<T> {
+        Versioned { value, mod_revision }
+    }
+
+    /// Four partitions; `a` (session 1) holds all four at revisions 11..=14, `b` (session
+    /// 2) has just registered.
+    fn topic() -> FleetTopic {
+        let member = |session| MemberRecord {
+            v: RECORD_VERSION,
+            session,
+            instance: "i".into(),
+            leaving: false,
+            info: Default::default(),
+        };
+        let mut entry = FleetTopic { count: Some(versioned(4, 1)), ..FleetTopic::default() };
+        entry.members.insert("a".into(), versioned(member(1), 2));
+        entry.members.insert("b".into(), versioned(member(2), 3));
+        for p in 0..4 {
+            entry.leases.insert(p, versioned("a".to_string(), 11 + Revision::from(p)));
+        }
+        entry
+    }
+
+    #[test]
+    fn over_its_quota_a_consumer_gives_back_its_highest_partitions_at_their_revisions() {
+        let decision = decide(&topic(), "a", SessionId(1), &BTreeSet::new()).expect("a is registered");
+        assert_eq!(decision.quota, 2);
+        assert_eq!(decision.give_back, vec![(3, 14), (2, 13)]);
+        assert!(decision.claim.is_empty() && decision.show.is_empty());
+        let b = decide(&topic(), "b", SessionId(2), &BTreeSet::new()).expect("b is registered");
+        assert!(b.claim.is_empty(), "a's leases are not free while a is registered: {b:?}");
+    }
+
+    #[test]
+    fn hidden_partitions_are_shown_only_while_cached_as_ours_and_not_given_back() {
+        let mut entry = topic();
+        // `b` left: `a`'s quota is 4 again, so partitions it hid are shown, at their revision.
+        entry.members.remove("b");
+        let hidden = BTreeSet::from([2, 3]);
+        let decision = decide(&entry, "a", SessionId(1), &hidden).expect("a is registered");
+        assert_eq!(decision.show, vec![(2, 13), (3, 14)]);
+        // A hidden partition whose lease is gone from the cache is not shown, and is free.
+        entry.leases.remove(&3);
+        let decision = decide(&entry, "a", SessionId(1), &hidden).expect("a is registered");
+        assert_eq!(decision.show, vec![(2, 13)]);
+        assert_eq!(decision.claim, vec![(3, 0)], "claimed only if still absent");
+        // Still over the quota: what is given back is not shown.
+        let decision = decide(&topic(), "a", SessionId(1), &hidden).expect("a is registered");
+        assert!(decision.show.is_empty(), "{decision:?}");
+    }
+
+    #[test]
+    fn nothing_is_decided_for_another_registration_or_a_leaving_one() {
+        let mut entry = topic();
+        assert_eq!(decide(&entry, "a", SessionId(9), &BTreeSet::new()), None, "replaced");
+        assert_eq!(decide(&entry, "c", SessionId(1), &BTreeSet::new()), None, "not registered");
+        if let Some(a) = entry.members.get_mut("a") {
+            a.value.leaving = true;
+        }
+        assert_eq!(decide(&entry, "a", SessionId(1), &BTreeSet::new()), None, "leaving");
+    }
+
+    #[test]
+    fn transactions_compare_every_lease_and_the_claimers_registration() {
+        let keys = FleetKeys::new("/p/");
+        let txn = give_back_txn(&keys, "t", &[(3, 14)]);
+        assert_eq!(txn.compares, vec![Compare::ModRevision(keys.lease("t", 3), 14)]);
+        assert_eq!(txn.ops, vec![Op::delete(keys.lease("t", 3))]);
+        let txn = claim_txn(&keys, "t", "b", 3, SessionId(7), &[(2, 0)]);
+        assert_eq!(
+            txn.compares,
+            vec![Compare::ModRevision(keys.member("t", "b"), 3), Compare::ModRevision(keys.lease("t", 2), 0)]
+        );
+        assert!(matches!(&txn.ops[..], [Op::Put { session: Some(SessionId(7)), .. }]));
+    }
+}
