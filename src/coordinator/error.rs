@@ -22,6 +22,9 @@ pub enum CoordinatorError {
     /// to release.
     #[error("{0}")]
     NoHandoffs(String),
+    /// The backend hands out no ownership epochs (docs/design.md §10).
+    #[error("{0}")]
+    NoEpochs(String),
     /// A concurrent change kept winning the race for the same records; retrying may
     /// succeed.
     #[error("{0}")]

@@ -46,6 +46,22 @@ use tokio::sync::watch;
 
 use crate::proto::v1::{AssignmentCommand, DeregisterAction};
 
+/// One partition a consumer owns or is warming, with the epoch of that ownership
+/// (docs/design.md §10): greater than every earlier owner's, never 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PartitionEpoch {
+    /// The partition.
+    pub partition: u32,
+    /// Its epoch; for a partition being warmed, the one the consumer will own it with.
+    pub epoch: u64,
+    /// Whether the consumer is warming it (it does not own it yet).
+    pub warming: bool,
+}
+
+/// The epochs of one consumer's partitions: a snapshot at once, then a new one after each
+/// change, in partition order. Ends with the consumer's registration on this instance.
+pub type EpochStream = Pin<Box<dyn Stream<Item = Vec<PartitionEpoch>> + Send>>;
+
 /// Commands for one registered consumer. Ends when the server ends the registration
 /// (drained: cleanly; replaced, expired or shutting down: with an error item).
 pub type CommandStream = Pin<Box<dyn Stream<Item = Result<AssignmentCommand, CoordinatorError>> + Send>>;
@@ -72,6 +88,14 @@ pub trait ConsumerGroupCoordinator: Send + Sync + 'static {
         topic: &str,
         partition: u32,
     ) -> Result<(), CoordinatorError>;
+
+    /// The epochs of the partitions `consumer` (registered on this instance) owns or is
+    /// warming in `topic` ([`EpochStream`]). A backend without epochs answers
+    /// [`CoordinatorError::NoEpochs`].
+    async fn watch_epochs(&self, consumer: &str, topic: &str) -> Result<EpochStream, CoordinatorError> {
+        let _ = (consumer, topic);
+        Err(CoordinatorError::NoEpochs("this assigner's backend hands out no ownership epochs".into()))
+    }
 
     /// `consumer` is shutting down; the answer says whether to wait for the drain.
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError>;

@@ -26,9 +26,9 @@ pub use crate::proto::SESSION_TTL_HEADER;
 /// The gRPC service.
 #[derive(Clone)]
 pub struct AssignerService {
-    coordinator: Arc<dyn ConsumerGroupCoordinator>,
-    metrics: Arc<Metrics>,
-    policy: Policy,
+    pub(super) coordinator: Arc<dyn ConsumerGroupCoordinator>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) policy: Policy,
 }
 
 /// What the server layer enforces before a call reaches the coordinator (see `limits`
@@ -70,7 +70,7 @@ impl AssignerService {
     }
 
     /// Refuses a consumer name the connection's certificate does not carry (when bound).
-    fn authorize<T>(&self, request: &Request<T>, consumer: &str, rpc: &str) -> Result<(), Status> {
+    pub(super) fn authorize<T>(&self, request: &Request<T>, consumer: &str, rpc: &str) -> Result<(), Status> {
         match &self.policy.identity {
             None => Ok(()),
             Some(rule) => rule.check(request.extensions().get::<super::tls::ConnInfo>(), consumer, rpc),
@@ -78,7 +78,7 @@ impl AssignerService {
     }
 
     /// Runs one call and counts it by method and status code.
-    async fn counted<T>(
+    pub(super) async fn counted<T>(
         &self,
         method: &'static str,
         call: impl Future<Output = Result<T, Status>>,

@@ -9,6 +9,7 @@
 //! ([`limits`]); the admin server stays plaintext on its own address and only reads.
 
 pub mod admin;
+mod epochs;
 pub mod grpc;
 pub mod identity;
 pub mod limits;
@@ -22,7 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator};
 use crate::metrics::Metrics;
-use crate::proto::v1::kafka_assigner_server::KafkaAssignerServer;
+use crate::proto::v1::{
+    kafka_assigner_server::KafkaAssignerServer, ownership_epochs_server::OwnershipEpochsServer,
+};
 use crate::store::{LeaseStore, MemoryStore, MeteredStore};
 
 /// Errors starting the server.
@@ -154,12 +157,11 @@ impl AssignerServer {
             gate: limits::StreamGate::new(limits),
             unary_timeout: limits.unary_timeout,
         };
-        let service = KafkaAssignerServer::new(grpc::AssignerService::with_policy(
-            coordinator.clone(),
-            metrics.clone(),
-            policy,
-        ))
-        .max_decoding_message_size(limits.max_request_bytes);
+        let assigner = grpc::AssignerService::with_policy(coordinator.clone(), metrics.clone(), policy);
+        // The epochs companion (docs/design.md §10) shares the contract's checks.
+        let epochs =
+            OwnershipEpochsServer::new(assigner.clone()).max_decoding_message_size(limits.max_request_bytes);
+        let service = KafkaAssignerServer::new(assigner).max_decoding_message_size(limits.max_request_bytes);
         let grpc_stop = stop.clone();
         let incoming = tls::incoming(grpc_listener, tls, stop.clone());
         let (keepalive_interval, keepalive_timeout) = (limits.keepalive_interval, limits.keepalive_timeout);
@@ -175,6 +177,7 @@ impl AssignerServer {
                 .add_service(reflection)
                 .add_service(reflection_v1alpha)
                 .add_service(service)
+                .add_service(epochs)
                 .serve_with_incoming_shutdown(incoming, grpc_stop.cancelled_owned())
                 .await;
             if let Err(error) = result {

@@ -15,6 +15,7 @@ pub fn code_of(error: &CoordinatorError) -> Code {
         CoordinatorError::InvalidName(_) => Code::InvalidArgument,
         CoordinatorError::UnknownTopic(_) | CoordinatorError::UnknownConsumer(_) => Code::NotFound,
         CoordinatorError::NoHandoffs(_) => Code::FailedPrecondition,
+        CoordinatorError::NoEpochs(_) => Code::Unimplemented,
         // Retrying the same call may succeed: the race is over, or the consumer's newer
         // stream is the one to use.
         CoordinatorError::Contended(_) | CoordinatorError::Replaced(_) => Code::Aborted,
@@ -87,6 +88,7 @@ mod tests {
             (CoordinatorError::UnknownTopic("x".into()), Code::NotFound),
             (CoordinatorError::UnknownConsumer("x".into()), Code::NotFound),
             (CoordinatorError::NoHandoffs("x".into()), Code::FailedPrecondition),
+            (CoordinatorError::NoEpochs("x".into()), Code::Unimplemented),
             (CoordinatorError::Contended("x".into()), Code::Aborted),
             (CoordinatorError::ShuttingDown, Code::Unavailable),
             (CoordinatorError::NotReading("x".into()), Code::ResourceExhausted),

@@ -9,6 +9,7 @@ mod client_session;
 mod compose;
 mod compose_up;
 mod container_faults;
+mod epochs;
 mod every_backend;
 mod example_consumer;
 mod faults;

@@ -4,10 +4,10 @@ use async_trait::async_trait;
 
 use super::Fleet;
 use super::records::{FleetKey, MemberRecord};
-use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{Rewrite, rewrite_bound};
 use crate::coordinator::shared::instance::{Backend, HandoffCall};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
+use crate::coordinator::{PartitionEpoch, StatusView};
 use crate::proto::v1::DeregisterAction;
 use crate::store::StoreError;
 
@@ -78,5 +78,10 @@ impl Backend for Fleet {
 
     fn status(&self) -> StatusView {
         super::status::status(self)
+    }
+
+    fn epochs(&self, topic: &str, consumer: &str) -> Option<Vec<PartitionEpoch>> {
+        let cache = self.core.mirror().read();
+        Some(cache.topics.get(topic).map(|entry| entry.epochs_of(consumer)).unwrap_or_default())
     }
 }

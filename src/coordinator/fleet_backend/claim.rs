@@ -79,13 +79,13 @@ async fn claim_step(
     // Partitions hidden from the consumer because they were given back (read before the
     // cache: the relay only ever shrinks this set, and only this task grows it).
     let hidden = inner.core.streams().with(key, |stream| stream.told.releasing.clone()).unwrap_or_default();
-    let decision = {
+    let (decision, decided_at) = {
         let cache = inner.core.mirror().read();
         if cache.revision < *seen {
             return Ok(()); // our last write is not in the cache yet
         }
         let Some(entry) = cache.topics.get(topic) else { return Ok(()) };
-        claim_decide::decide(entry, consumer, *registration, &hidden)
+        (claim_decide::decide(entry, consumer, *registration, &hidden), cache.revision)
     };
     // Not registered yet, leaving, or replaced (the relay handles those), or a stream
     // that ended.
@@ -123,9 +123,8 @@ async fn claim_step(
     }
 
     if !decision.claim.is_empty() {
-        let txn = |partitions: &[AtRevision]| {
-            claim_decide::claim_txn(keys, topic, consumer, registered_at, instance_lease, partitions)
-        };
+        let claim = claim_decide::Claim { topic, consumer, registered_at, instance_lease, decided_at };
+        let txn = |partitions: &[AtRevision]| claim_decide::claim_txn(keys, claim, partitions);
         let mut claimed = Vec::new();
         let outcome = inner.core.store().txn(txn(&decision.claim)).await?;
         if outcome.succeeded {

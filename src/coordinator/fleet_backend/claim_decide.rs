@@ -71,18 +71,31 @@ pub fn give_back_txn(keys: &FleetKeys, topic: &str, partitions: &[AtRevision]) -
     })
 }
 
-/// Writes `consumer`'s leases of `partitions` under the instance lease `instance_lease`,
-/// each only if it is still at its revision (0: still absent), and all only while the
-/// consumer's registration is the one written at `registered_at`.
-pub fn claim_txn(
-    keys: &FleetKeys,
-    topic: &str,
-    consumer: &str,
-    registered_at: Revision,
-    instance_lease: SessionId,
-    partitions: &[AtRevision],
-) -> Txn {
-    let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string() });
+/// What a claim writes (see [`claim_txn`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Claim<'a> {
+    /// The topic.
+    pub topic: &'a str,
+    /// The claiming consumer.
+    pub consumer: &'a str,
+    /// The mod revision of its registration: the claim holds only while it is that one.
+    pub registered_at: Revision,
+    /// The instance lease the leases are bound to.
+    pub instance_lease: SessionId,
+    /// The revision of the cache the claim was decided from: the claimed leases' epoch is
+    /// one above it (docs/design.md §10). Every earlier owner of a partition that is free
+    /// in that cache had its lease written, and deleted, at or below it; a claim from an
+    /// older cache fails its compare.
+    pub decided_at: Revision,
+}
+
+/// Writes the consumer's leases of `partitions` under the instance lease, each only if it
+/// is still at its revision (0: still absent), and all only while the consumer's
+/// registration is the one written at `registered_at`.
+pub fn claim_txn(keys: &FleetKeys, claim: Claim<'_>, partitions: &[AtRevision]) -> Txn {
+    let Claim { topic, consumer, registered_at, instance_lease, decided_at } = claim;
+    let epoch = u64::try_from(decided_at).unwrap_or(0) + 1;
+    let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
     let member = Compare::ModRevision(keys.member(topic, consumer), registered_at);
     partitions.iter().fold(Txn::new().when(member), |txn, (p, revision)| {
         let lease = keys.lease(topic, *p);
@@ -168,11 +181,26 @@ mod tests {
         let txn = give_back_txn(&keys, "t", &[(3, 14)]);
         assert_eq!(txn.compares, vec![Compare::ModRevision(keys.lease("t", 3), 14)]);
         assert_eq!(txn.ops, vec![Op::delete(keys.lease("t", 3))]);
-        let txn = claim_txn(&keys, "t", "b", 3, SessionId(7), &[(2, 0)]);
+        let claim = Claim {
+            topic: "t",
+            consumer: "b",
+            registered_at: 3,
+            instance_lease: SessionId(7),
+            decided_at: 20,
+        };
+        let txn = claim_txn(&keys, claim, &[(2, 0)]);
         assert_eq!(
             txn.compares,
             vec![Compare::ModRevision(keys.member("t", "b"), 3), Compare::ModRevision(keys.lease("t", 2), 0)]
         );
-        assert!(matches!(&txn.ops[..], [Op::Put { session: Some(SessionId(7)), .. }]));
+        let [Op::Put { session: Some(SessionId(7)), value, .. }] = &txn.ops[..] else {
+            panic!("{:?}", txn.ops)
+        };
+        let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
+        assert_eq!(
+            (record.owner.as_str(), record.epoch),
+            ("b", 21),
+            "one above the cache it was decided from"
+        );
     }
 }

@@ -42,6 +42,11 @@ pub struct LeaseRecord {
     pub v: u32,
     /// The owning consumer.
     pub owner: String,
+    /// The epoch of this ownership (docs/design.md §10): one above the cache revision the
+    /// claim was decided from, so above every earlier owner's. 0 in records written before
+    /// epochs existed (their mod revision stands in).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// A parsed fleet key.

@@ -17,6 +17,8 @@ pub struct FleetTopic {
     pub members: BTreeMap<String, Versioned<MemberRecord>>,
     /// Lease owner by partition.
     pub leases: BTreeMap<u32, Versioned<String>>,
+    /// The epoch of each lease (docs/design.md §10), by partition.
+    pub epochs: BTreeMap<u32, u64>,
 }
 
 impl FleetTopic {
@@ -38,6 +40,17 @@ impl FleetTopic {
     pub fn held_by(&self, consumer: &str) -> BTreeSet<u32> {
         let count = self.partition_count();
         self.leases.iter().filter(|(p, o)| **p < count && o.value == consumer).map(|(p, _)| *p).collect()
+    }
+
+    /// The epochs of the partitions whose lease `consumer` holds, in partition order.
+    pub fn epochs_of(&self, consumer: &str) -> Vec<crate::coordinator::PartitionEpoch> {
+        self.held_by(consumer)
+            .into_iter()
+            .filter_map(|partition| {
+                let epoch = *self.epochs.get(&partition)?;
+                Some(crate::coordinator::PartitionEpoch { partition, epoch, warming: false })
+            })
+            .collect()
     }
 
     /// Mod revision of a partition's lease (0 when free).
@@ -70,6 +83,9 @@ impl FleetCache {
             }),
             FleetKey::Lease(t, p) => decode::<LeaseRecord>(&kv.key, &kv.value).map(|r| {
                 let owner = r.owner.clone();
+                // Records from before epochs: the mod revision stands in.
+                let epoch = if r.epoch == 0 { u64::try_from(rev).unwrap_or(0) } else { r.epoch };
+                self.topic(t).epochs.insert(*p, epoch);
                 let before = self.topic(t).leases.insert(*p, Versioned { value: r.owner, mod_revision: rev });
                 changes.consumers(t, before.iter().map(|o| o.value.as_str()).chain([owner.as_str()]));
             }),
@@ -115,6 +131,7 @@ impl MirrorCache for FleetCache {
                     changes.consumers(&t, [c.as_str()]);
                 }
                 Some(FleetKey::Lease(t, p)) => {
+                    self.topic(&t).epochs.remove(&p);
                     let before = self.topic(&t).leases.remove(&p);
                     changes.consumers(&t, before.iter().map(|o| o.value.as_str()));
                 }

@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::registrar::Registrar;
-use crate::coordinator::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView};
+use crate::coordinator::{
+    CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, PartitionEpoch, StatusView,
+};
 use crate::proto::v1::DeregisterAction;
 
 /// What a consumer reports about a handoff.
@@ -48,6 +50,14 @@ pub trait Backend: Registrar {
 
     /// The read-only status view.
     fn status(&self) -> StatusView;
+
+    /// The epochs of the partitions `consumer` owns or is warming in `topic`, from the
+    /// cache (docs/design.md §10), in partition order; `None` when the backend has no
+    /// epochs.
+    fn epochs(&self, topic: &str, consumer: &str) -> Option<Vec<PartitionEpoch>> {
+        let _ = (topic, consumer);
+        None
+    }
 
     /// What a graceful stop does beyond ending the streams (the handoff leader resigns).
     async fn on_shutdown(&self) {}
@@ -115,6 +125,10 @@ impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
 
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
         self.backend.deregister(consumer).await
+    }
+
+    async fn watch_epochs(&self, consumer: &str, topic: &str) -> Result<EpochStream, CoordinatorError> {
+        super::epochs::watch(&self.backend, consumer, topic)
     }
 
     async fn status(&self) -> StatusView {

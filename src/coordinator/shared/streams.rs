@@ -377,6 +377,11 @@ impl<T: Told> Streams<LocalStream<T>> {
         self.map.get(&(key.0.clone(), key.1.clone())).is_some_and(|s| s.session == key.2)
     }
 
+    /// The session of the stream `consumer` holds for `topic` here, if it holds one.
+    pub fn session_of(&self, topic: &str, consumer: &str) -> Option<SessionId> {
+        self.map.get(&(topic.to_string(), consumer.to_string())).map(|s| s.session)
+    }
+
     /// Runs `f` on the stream `key`, if it is held.
     pub fn with<R>(&self, key: &StreamKey, f: impl FnOnce(&mut LocalStream<T>) -> R) -> Option<R> {
         let mut stream = self.map.get_mut(&(key.0.clone(), key.1.clone()))?;

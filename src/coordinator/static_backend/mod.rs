@@ -37,7 +37,7 @@ use super::shared::{
     Readiness,
     streams::{LocalStream, Streams},
 };
-use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView};
+use super::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, StatusView};
 use crate::metrics::Metrics;
 use crate::proto::v1::DeregisterAction;
 
@@ -138,6 +138,10 @@ impl ConsumerGroupCoordinator for StaticCoordinator {
 
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
         calls::deregister(&self.inner, consumer)
+    }
+
+    async fn watch_epochs(&self, consumer: &str, topic: &str) -> Result<EpochStream, CoordinatorError> {
+        register::watch_epochs(&self.inner, consumer, topic)
     }
 
     async fn status(&self) -> StatusView {

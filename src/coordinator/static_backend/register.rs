@@ -3,13 +3,17 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
+use futures::StreamExt;
+
 use super::Static;
 use crate::coordinator::shared::{
     outgoing::{command_channel, command_stream},
     streams::{EndReason, LocalStream},
     wire::update,
 };
-use crate::coordinator::{CommandStream, CoordinatorError, validate_consumer_name, validate_topic_name};
+use crate::coordinator::{
+    CommandStream, CoordinatorError, EpochStream, PartitionEpoch, validate_consumer_name, validate_topic_name,
+};
 use crate::store::SessionId;
 
 /// Registers `consumer` for `topic`: `NOT_FOUND` for a topic or consumer the configuration
@@ -52,4 +56,47 @@ pub(super) fn register(
         inner.streams.end(&key, EndReason::Shutdown, None);
     });
     Ok(command_stream(rx))
+}
+
+/// The static backend's epoch of every ownership (docs/design.md §10): the configuration
+/// decides who owns what, and nothing ever moves while it runs.
+pub(super) const STATIC_EPOCH: u64 = 1;
+
+/// The epochs of a registered consumer's configured partitions: one snapshot, every
+/// partition at [`STATIC_EPOCH`]; the stream ends with the consumer's registration.
+pub(super) fn watch_epochs(
+    inner: &Arc<Static>,
+    consumer: &str,
+    topic: &str,
+) -> Result<EpochStream, CoordinatorError> {
+    validate_consumer_name(consumer)?;
+    validate_topic_name(topic)?;
+    let registered = inner
+        .streams
+        .session_of(topic, consumer)
+        .map(|session| (topic.to_string(), consumer.to_string(), session));
+    let commands = registered.as_ref().and_then(|key| inner.streams.with(key, |stream| stream.tx.clone()));
+    let (Some(commands), Some(&count)) = (commands, inner.config.topic_partitions.get(topic)) else {
+        return Err(CoordinatorError::UnknownConsumer(format!(
+            "consumer '{consumer}' has no registration for topic '{topic}' on this assigner instance: \
+             call Register first"
+        )));
+    };
+    let epochs: Vec<PartitionEpoch> = inner
+        .config
+        .assignment
+        .partitions(topic, consumer, count)?
+        .into_iter()
+        .map(|partition| PartitionEpoch { partition, epoch: STATIC_EPOCH, warming: false })
+        .collect();
+    let shutdown = inner.shutdown.clone();
+    let end = async move {
+        tokio::select! {
+            () = commands.closed() => {}
+            () = shutdown.cancelled() => {}
+        }
+        None::<Vec<PartitionEpoch>>
+    };
+    let rest = futures::stream::once(end).filter_map(std::future::ready);
+    Ok(Box::pin(futures::stream::once(std::future::ready(epochs)).chain(rest)))
 }

@@ -1,0 +1,150 @@
+//! The `OwnershipEpochs` service (`proto/kafka_assigner/v1/epochs.proto`, docs/design.md
+//! §10) over real gRPC: the static backend's constant epochs, the fleet backend's (on the
+//! memory store and on etcd) that grow with every new owner of a partition, refused calls
+//! with their codes, and a stream that ends with the consumer's registration.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::StreamExt;
+use kafka_assigner::coordinator::{FleetConfig, FleetCoordinator, StaticConfig, StaticCoordinator};
+use kafka_assigner::metrics::Metrics;
+use kafka_assigner::proto::v1::{
+    EpochSnapshot, WatchEpochsRequest, kafka_assigner_client::KafkaAssignerClient,
+    ownership_epochs_client::OwnershipEpochsClient,
+};
+use kafka_assigner::server::AssignerServer;
+use tonic::{Code, Streaming};
+
+use crate::support::assigner::{
+    Backend, PROMPT, TTL, TestCluster, TestConsumer, TestStore, connect, on_both_backends,
+};
+
+/// Opens `WatchEpochs` for `consumer` on `url`.
+async fn watch(url: &str, consumer: &str, topic: &str) -> Result<Streaming<EpochSnapshot>, tonic::Status> {
+    let mut client = OwnershipEpochsClient::connect(url.to_string()).await.expect("connect");
+    let request = WatchEpochsRequest { consumer_name: consumer.into(), topic: topic.into() };
+    client.watch_epochs(request).await.map(|r| r.into_inner())
+}
+
+/// The next snapshot, as partition → (epoch, warming).
+async fn next(stream: &mut Streaming<EpochSnapshot>) -> BTreeMap<u32, (u64, bool)> {
+    let item = tokio::time::timeout(PROMPT, stream.next()).await.expect("a snapshot in time");
+    let snapshot = item.expect("the stream is open").expect("not an error");
+    snapshot.partitions.iter().map(|p| (p.partition, (p.epoch, p.warming))).collect()
+}
+
+/// The next snapshot that satisfies `done`.
+async fn next_until(
+    stream: &mut Streaming<EpochSnapshot>,
+    done: impl Fn(&BTreeMap<u32, (u64, bool)>) -> bool,
+) -> BTreeMap<u32, (u64, bool)> {
+    loop {
+        let snapshot = next(stream).await;
+        if done(&snapshot) {
+            return snapshot;
+        }
+    }
+}
+
+async fn register(url: &str, consumer: &str, topic: &str) -> TestConsumer {
+    let client = KafkaAssignerClient::connect(url.to_string()).await.expect("connect");
+    TestConsumer::register(client, consumer, topic).await.expect("registers")
+}
+
+/// The static backend: one snapshot of the configured partitions, all at epoch 1; calls
+/// for nobody registered are refused with a code that says why; the stream ends when the
+/// consumer's registration does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_backend_epochs_are_constant_and_end_with_the_registration() {
+    let topics: BTreeMap<String, u32> = [("events".to_string(), 4)].into();
+    let config =
+        StaticConfig::from_settings("static-epochs".into(), topics, Some("a=events:0-1;b=events:2-3"), None)
+            .expect("config");
+    let metrics = Arc::new(Metrics::new());
+    let coordinator = Arc::new(StaticCoordinator::new(config, metrics.clone()));
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let server = AssignerServer::start(coordinator, metrics, any, any).await.expect("serves");
+    let url = server.grpc_url();
+
+    let refused = |result: Result<Streaming<EpochSnapshot>, tonic::Status>| match result {
+        Ok(_) => panic!("WatchEpochs was accepted"),
+        Err(status) => status,
+    };
+    let status = refused(watch(&url, "a", "events").await);
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(status.message().contains("call Register first"), "{}", status.message());
+    assert_eq!(refused(watch(&url, "", "events").await).code(), Code::InvalidArgument);
+    assert_eq!(refused(watch(&url, "a", "").await).code(), Code::InvalidArgument);
+
+    let mut a = register(&url, "a", "events").await;
+    assert_eq!(a.expect_snapshot().await, BTreeSet::from([0, 1]));
+    let mut epochs = watch(&url, "a", "events").await.expect("a is registered");
+    assert_eq!(next(&mut epochs).await, BTreeMap::from([(0, (1, false)), (1, (1, false))]));
+    a.crash().await;
+    let end = tokio::time::timeout(PROMPT, epochs.next()).await.expect("the epochs end with a's stream");
+    assert!(end.is_none(), "{end:?}");
+}
+
+/// The handoff backend hands out no epochs yet: `UNIMPLEMENTED`, and the contract's calls
+/// are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_backend_answers_unimplemented() {
+    let cluster = TestCluster::start(Backend::Memory, 1, |_| {}).await;
+    let url = cluster.instance(0).grpc_url.clone();
+    let mut a = register(&url, "a", "events").await;
+    a.expect_snapshot().await;
+    let status = watch(&url, "a", "events").await.err().expect("refused");
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+}
+
+on_both_backends!(fleet_epochs_grow_with_every_new_owner);
+
+/// The fleet backend: a consumer's leases carry epochs; when a second consumer joins, the
+/// partitions the first gives back are owned by the second with greater epochs, and the
+/// first's snapshot no longer holds them; the epochs of what the first kept do not change.
+async fn fleet_epochs_grow_with_every_new_owner(backend: Backend) {
+    let TestStore { prefix, memory, etcd, .. } = TestStore::start(backend, "fleet-epochs").await;
+    let mut config = FleetConfig {
+        backend: format!("fleet-{}", backend.name()),
+        prefix,
+        lease_ttl: TTL,
+        claim_interval: Duration::from_millis(200),
+        ..FleetConfig::default()
+    };
+    config.topic_partitions.insert("events".into(), 4);
+    let store = connect(memory.as_ref(), etcd.as_ref()).await;
+    let metrics = Arc::new(Metrics::new());
+    let fleet = FleetCoordinator::start(store, config, metrics.clone()).await.expect("fleet starts");
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let server = AssignerServer::start(Arc::new(fleet), metrics, any, any).await.expect("serves");
+    let url = server.grpc_url();
+
+    let mut a = register(&url, "a", "events").await;
+    a.wait_owned(4, PROMPT).await;
+    let mut a_epochs = watch(&url, "a", "events").await.expect("a is registered");
+    let first = next_until(&mut a_epochs, |s| s.len() == 4).await;
+    assert!(first.values().all(|(epoch, warming)| *epoch > 0 && !warming), "{first:?}");
+
+    let mut b = register(&url, "b", "events").await;
+    b.wait_owned(2, PROMPT * 2).await;
+    let kept = next_until(&mut a_epochs, |s| s.len() == 2).await;
+    let mut b_epochs = watch(&url, "b", "events").await.expect("b is registered");
+    let taken = next_until(&mut b_epochs, |s| s.len() == 2).await;
+    for (partition, (epoch, _)) in &kept {
+        assert_eq!(first[partition].0, *epoch, "a's kept partition {partition} keeps its epoch");
+    }
+    for (partition, (epoch, _)) in &taken {
+        assert!(
+            *epoch > first[partition].0,
+            "b's epoch of partition {partition} ({epoch}) is above a's ({})",
+            first[partition].0
+        );
+        assert!(!kept.contains_key(partition));
+    }
+    drop((a, b, server, memory, etcd));
+}
