@@ -142,6 +142,31 @@ impl MemoryStore {
         }
     }
 
+    /// An empty store whose revisions start at `revision` (at least 1) instead of 1.
+    ///
+    /// The memory backend starts at the start time in microseconds since the Unix epoch, so
+    /// revisions (and the ownership epochs made from them, docs/design.md §10) stay above
+    /// those of an earlier run of the process, whose state is gone: it would take more than
+    /// one write per microsecond, sustained, for a run to outpace the clock.
+    pub fn starting_at(revision: Revision) -> Self {
+        let store = Self::new();
+        {
+            let mut state = store.inner.lock_now();
+            state.revision = revision.max(1);
+            state.compacted = state.revision;
+        }
+        store
+    }
+
+    /// [`starting_at`](Self::starting_at) the current time in microseconds since the Unix
+    /// epoch (1 if the clock is before it).
+    pub fn starting_now() -> Self {
+        let micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |since| Revision::try_from(since.as_micros()).unwrap_or(Revision::MAX / 2));
+        Self::starting_at(micros)
+    }
+
     /// The current revision.
     pub fn revision(&self) -> Revision {
         self.inner.lock_now().revision

@@ -192,3 +192,25 @@ fn a_store_whose_runtime_ended_expires_on_the_callers_runtime() {
     drop(first);
     runtime().block_on(bound_key_expires(&store, None));
 }
+
+/// A store started at a revision writes above it, and a watch from its start sees every
+/// write: what the memory backend relies on so a restarted process never hands out lower
+/// revisions (ownership epochs) than the run before.
+#[tokio::test]
+async fn a_store_starting_at_a_revision_writes_above_it() {
+    let store = MemoryStore::starting_at(1_000_000);
+    assert_eq!(store.revision(), 1_000_000);
+    let mut watch = store.watch_prefix("", store.revision() + 1).await.unwrap();
+    let written = store.put("a", b"1".to_vec(), None).await.unwrap();
+    assert_eq!(written, 1_000_001);
+    let kv = store.get("a").await.unwrap().unwrap();
+    assert_eq!((kv.create_revision, kv.mod_revision), (1_000_001, 1_000_001));
+    assert_eq!(watch.next().await.unwrap().unwrap().revision, 1_000_001);
+    let a_later_run = MemoryStore::starting_now();
+    assert!(
+        a_later_run.revision() > 1_700_000_000_000_000,
+        "microseconds since 1970: {}",
+        a_later_run.revision()
+    );
+    assert!(MemoryStore::starting_now().revision() >= a_later_run.revision());
+}
