@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::registrar::Registrar;
-use crate::coordinator::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView};
+use crate::coordinator::{
+    CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView, TopicPlacement,
+};
 use crate::proto::v1::DeregisterAction;
 
 /// What a consumer reports about a handoff.
@@ -48,6 +50,11 @@ pub trait Backend: Registrar {
 
     /// The read-only status view.
     fn status(&self) -> StatusView;
+
+    /// How each topic is placed (the handoff backend's loads and shadow plan).
+    fn placement(&self) -> Vec<TopicPlacement> {
+        Vec::new()
+    }
 
     /// What a graceful stop does beyond ending the streams (the handoff leader resigns).
     async fn on_shutdown(&self) {}
@@ -119,6 +126,10 @@ impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
 
     async fn status(&self) -> StatusView {
         self.backend.status()
+    }
+
+    async fn placement(&self) -> Vec<TopicPlacement> {
+        self.backend.placement()
     }
 
     fn session_ttl(&self) -> Option<Duration> {
