@@ -203,7 +203,8 @@ pub struct PlacementReport {
     pub moves: Vec<(u32, MoveReason)>,
     /// Under `load`: moves the plan wanted but held back, and why.
     pub deferred: BTreeMap<u32, Deferral>,
-    /// Under `shadow`: the load plan, not acted on.
+    /// Under `shadow`, when weights or capacities differ: the load plan, not acted on (with
+    /// every weight and capacity equal it is the count plan itself, and is not computed).
     pub shadow: Option<LoadPreview>,
 }
 
@@ -270,23 +271,16 @@ pub fn load_targets(
 }
 
 /// The load plan from `topic` as it stands, with a full budget and nothing cooling down:
-/// what `shadow` publishes. `count_targets`, when given, are [`crate::assignment::Balanced`]'s
-/// targets, reused for a uniform topic (where the load plan is the same).
+/// what `shadow` publishes.
 pub fn preview(
     topic: &Placement<'_>,
     settings: &PlacementSettings,
     zones: &BTreeMap<u32, String>,
-    count_targets: Option<&BTreeMap<u32, String>>,
 ) -> LoadPreview {
-    let target = match count_targets {
-        Some(t) if uniform(topic) => t.clone(),
-        _ => {
-            let none = BTreeSet::new();
-            let max_moves = Some(settings.max_moves_per_minute);
-            LoadBalanced { settings: settings.load(max_moves), cooling: &none, partition_zones: zones }
-                .assign(topic)
-        }
-    };
+    let none = BTreeSet::new();
+    let max_moves = Some(settings.max_moves_per_minute);
+    let target = LoadBalanced { settings: settings.load(max_moves), cooling: &none, partition_zones: zones }
+        .assign(topic);
     let moves = live_moves(topic, &target)
         .into_iter()
         .filter_map(|p| Some((p, topic.current.get(&p)?.clone(), target.get(&p)?.clone())))
@@ -309,12 +303,15 @@ pub struct Holdings {
 }
 
 impl Holdings {
-    /// From `topic` (its `current` counts warms at their target).
-    pub fn of(topic: &Placement<'_>) -> Self {
+    /// From `topic` (its `current` counts warms at their target); the counts only under
+    /// `load`, the one mode that reads them.
+    pub fn of(topic: &Placement<'_>, mode: PlacementMode) -> Self {
         let mut held: BTreeMap<String, usize> = topic.active.keys().map(|c| (c.clone(), 0)).collect();
-        for owner in topic.current.values() {
-            if let Some(n) = held.get_mut(owner) {
-                *n += 1;
+        if mode == PlacementMode::Load {
+            for owner in topic.current.values() {
+                if let Some(n) = held.get_mut(owner) {
+                    *n += 1;
+                }
             }
         }
         let floor = (topic.partition_count as usize).checked_div(held.len()).unwrap_or(0);

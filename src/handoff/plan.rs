@@ -1,5 +1,8 @@
 //! The leader's reconcile step: from the stored state and `now`, decide what moves.
 //!
+//! The targets come from the placement ([`plan_placed`], docs/design.md §11): the rollout
+//! rule during a rollout, else by count (`count`, `shadow`) or by load (`load`).
+//!
 //! Per partition, in this order (docs/design.md §5):
 //! 1. settle handoffs whose participants died, whose target is no longer the target, or
 //!    whose time limit passed (a warm that never got ready is cancelled and the partition
@@ -174,15 +177,17 @@ pub fn plan_placed(
     prune(state, now, cooldowns);
     let prepared = Prepared::new(state);
     let topic = prepared.topic(state);
-    let holdings = Holdings::of(&topic);
     let settings = inputs.settings;
+    let holdings = Holdings::of(&topic, settings.mode);
     let mut placed = PlacementReport::default();
     let target = match (rollout, settings.mode) {
         (Some(rollout), _) => RolloutRule(rollout).assign(&topic),
         (None, PlacementMode::Count) => Balanced.assign(&topic),
         (None, PlacementMode::Shadow) => {
             let target = Balanced.assign(&topic);
-            placed.shadow = Some(placement::preview(&topic, settings, inputs.zones, Some(&target)));
+            if !placement::uniform(&topic) {
+                placed.shadow = Some(placement::preview(&topic, settings, inputs.zones));
+            }
             target
         }
         (None, PlacementMode::Load) => {
@@ -211,7 +216,7 @@ pub fn load_preview(
     zones: &BTreeMap<u32, String>,
 ) -> LoadPreview {
     let prepared = Prepared::new(state);
-    placement::preview(&prepared.topic(state), settings, zones, None)
+    placement::preview(&prepared.topic(state), settings, zones)
 }
 
 /// What every plan does first: expired cool-downs go, and records of partitions beyond
