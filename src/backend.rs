@@ -3,16 +3,17 @@
 
 use std::sync::Arc;
 
-use crate::config::{Backend, DrainPolicy, ServeArgs, StoreKind};
+use crate::config::{Backend, DrainPolicy, PlacementArg, ServeArgs, StoreKind};
 use crate::coordinator::{
     ConsumerGroupCoordinator, CoordinatorError, FleetConfig, FleetCoordinator, HandoffConfig,
     HandoffCoordinator, PartitionCounts, StaticConfig, StaticCoordinator,
 };
 use crate::drain::{DrainDecider, FixedDecider, K8sDrainDecider, K8sSettings, RolloutView};
-use crate::handoff::PlanConfig;
+use crate::handoff::{PlacementMode, PlacementSettings, PlanConfig};
 use crate::kafka::KafkaMetadata;
 use crate::metrics::Metrics;
 use crate::store::{EtcdStore, EtcdStoreConfig, LeaseStore, MemoryStore, MeteredStore};
+use crate::weights::{ExplicitWeights, WeightSource, WeightsError};
 
 /// Errors building a backend from flags.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +30,9 @@ pub enum BackendError {
     /// `--drain-policy k8s` could not build its Kubernetes client.
     #[error("{0}")]
     Drain(#[from] crate::drain::DrainError),
+    /// `--partition-weights` / `--partition-weights-file` cannot be used.
+    #[error("{0}")]
+    Weights(#[from] WeightsError),
 }
 
 /// What `--drain-policy` builds: the `Deregister` decider and, under `k8s`, the Kubernetes
@@ -69,8 +73,9 @@ pub async fn coordinator_from_args(
         Backend::Memory => StoreKind::Memory,
         Backend::Etcd => StoreKind::Etcd,
     };
-    // Kafka settings first: a bad one stops the start before anything connects.
+    // Kafka settings and weights first: a bad one stops the start before anything connects.
     let kafka = kafka_from_args(args)?;
+    let weights = weights_from_args(args)?;
     let drain = match args.backend {
         // The fleet drains nothing (Deregister is always SHUTDOWN_NOW), but under `k8s` its
         // member records take the consumers' info from the Kubernetes view.
@@ -80,6 +85,11 @@ pub async fn coordinator_from_args(
     let store = open_store(store_kind, args, &metrics).await?;
     let instance_id = args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id);
     if args.backend == Backend::Fleet {
+        if weights.is_some() || args.placement == PlacementArg::Load {
+            tracing::warn!(
+                "the fleet backend places by count: --placement and partition weights are ignored"
+            );
+        }
         let config = FleetConfig {
             instance_id,
             backend: format!("fleet-{:?}", args.store).to_lowercase(),
@@ -112,9 +122,50 @@ pub async fn coordinator_from_args(
         topic_partitions: args.topic_partitions.0.clone(),
         kafka,
         topic_refresh_interval: args.topic_refresh_interval,
+        placement: placement_from_args(args),
+        weights,
+        weights_refresh: args.weights_refresh,
         ..HandoffConfig::default()
     };
     Ok(Arc::new(HandoffCoordinator::start(store, config, metrics).await?))
+}
+
+/// The placement settings of `--placement`, `--load-tolerance`, `--load-min-gain`,
+/// `--max-moves-per-minute` and `--move-cooldown`.
+pub fn placement_from_args(args: &ServeArgs) -> PlacementSettings {
+    let mode = match args.placement {
+        PlacementArg::Count => PlacementMode::Count,
+        PlacementArg::Load => PlacementMode::Load,
+        PlacementArg::Shadow => PlacementMode::Shadow,
+    };
+    PlacementSettings {
+        mode,
+        tolerance: args.load_tolerance,
+        min_gain: args.load_min_gain,
+        max_moves_per_minute: args.max_moves_per_minute as usize,
+        move_cooldown_ms: args.move_cooldown.as_millis() as u64,
+    }
+}
+
+/// The explicit weights of `--partition-weights` and `--partition-weights-file` (the file
+/// watched every `--weights-refresh`), if either is set. A file that cannot be read or
+/// parsed stops the start.
+pub fn weights_from_args(args: &ServeArgs) -> Result<Option<Arc<dyn WeightSource>>, BackendError> {
+    if args.partition_weights.is_none() && args.partition_weights_file.is_none() {
+        if args.placement == PlacementArg::Load {
+            tracing::warn!(
+                "--placement load without --partition-weights[-file]: partitions weigh what their topic \
+                 records say (1 unless something stored weights)"
+            );
+        }
+        return Ok(None);
+    }
+    let flag = args.partition_weights.clone().unwrap_or_default();
+    let weights = Arc::new(ExplicitWeights::new(flag, args.partition_weights_file.clone())?);
+    // The task ends when the coordinator drops the weights.
+    let _ = ExplicitWeights::watch(&weights, args.weights_refresh);
+    tracing::info!(source = %weights.describe(), "partition weights given by the operator");
+    Ok(Some(weights))
 }
 
 /// The Kafka metadata client of `--kafka-brokers` (with `--kafka-config`), if set.

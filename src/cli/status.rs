@@ -1,7 +1,9 @@
 //! `kafka-assigner status`: reads `/status` from a running assigner's admin port and
 //! prints it as a table (like `kafka-consumer-groups --describe`) or as JSON. The document
 //! and its HTTP fetch are the client crate's (`kafka_assigner_client::status`, one reader
-//! for this command and the container tests); here are the flags and the table.
+//! for this command and the container tests); here are the flags and the table. The
+//! placement part of the document (`placement`: loads, shares and the shadow load plan,
+//! docs/design.md §11) is read here from the raw document, so older readers are unaffected.
 
 use std::{
     collections::BTreeMap,
@@ -36,7 +38,106 @@ pub async fn run(args: &StatusArgs) -> Result<String, StatusError> {
         // Serialising a JSON value into a String cannot fail.
         return Ok(serde_json::to_string_pretty(&raw).unwrap_or_default() + "\n");
     }
-    Ok(render_table(&status, now_ms()))
+    let mut out = render_table(&status, now_ms());
+    let placement = placement_of(&raw);
+    if !placement.is_empty() {
+        out.push('\n');
+        out.push_str(&render_placement(&placement));
+    }
+    Ok(out)
+}
+
+/// One topic's `placement` entry of the `/status` document.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct Placement {
+    /// Topic name.
+    pub topic: String,
+    /// `count`, `load` or `shadow`.
+    pub mode: String,
+    /// Total weight of the partitions.
+    #[serde(default)]
+    pub total_weight: u64,
+    /// Max/mean of the consumers' normalized loads.
+    #[serde(default)]
+    pub imbalance: f64,
+    /// Each consumer's load.
+    #[serde(default)]
+    pub consumers: Vec<Load>,
+    /// Under `shadow`: what placement by load would do.
+    #[serde(default)]
+    pub load_plan: Option<LoadPlan>,
+}
+
+/// A consumer's load in a [`Placement`].
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct Load {
+    /// Consumer name.
+    pub name: String,
+    /// Partitions it owns.
+    #[serde(default)]
+    pub partitions: usize,
+    /// Their total weight.
+    #[serde(default)]
+    pub load: u64,
+    /// Its share of the total weight.
+    #[serde(default)]
+    pub share: f64,
+}
+
+/// The shadow load plan of a [`Placement`].
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct LoadPlan {
+    /// Partitions it would move.
+    #[serde(default)]
+    pub moves: usize,
+    /// The imbalance it would reach.
+    #[serde(default)]
+    pub imbalance_after: f64,
+}
+
+/// The `placement` entries of a raw `/status` document (none when absent or unreadable:
+/// a server without placement by load).
+pub fn placement_of(raw: &serde_json::Value) -> Vec<Placement> {
+    raw.get("placement").and_then(|p| serde_json::from_value(p.clone()).ok()).unwrap_or_default()
+}
+
+/// The placement tables: per topic the mode, max/mean and (shadow) the load plan; per
+/// consumer its partitions, load and share.
+pub fn render_placement(placement: &[Placement]) -> String {
+    let mut topics = Vec::new();
+    let mut loads = Vec::new();
+    for t in placement {
+        let (moves, after) = match &t.load_plan {
+            Some(plan) => (plan.moves.to_string(), format!("{:.2}", plan.imbalance_after)),
+            None => ("-".to_string(), "-".to_string()),
+        };
+        topics.push(vec![
+            t.topic.clone(),
+            t.mode.clone(),
+            t.total_weight.to_string(),
+            format!("{:.2}", t.imbalance),
+            moves,
+            after,
+        ]);
+        for c in &t.consumers {
+            let share = if c.share > 0.0 { format!("{:.1}", c.share) } else { "-".to_string() };
+            let percent = if t.total_weight > 0 {
+                format!("{:.1}%", c.load as f64 * 100.0 / t.total_weight as f64)
+            } else {
+                "-".to_string()
+            };
+            let row = [&t.topic, &c.name, &c.partitions.to_string(), &c.load.to_string(), &percent, &share];
+            loads.push(row.iter().map(|s| s.to_string()).collect());
+        }
+    }
+    let mut out = String::from("PLACEMENT\n");
+    let header = ["TOPIC", "MODE", "WEIGHT", "MAX/MEAN", "LOAD PLAN MOVES", "LOAD PLAN MAX/MEAN"];
+    out.push_str(&table(&header, &topics));
+    if !loads.is_empty() {
+        out.push('\n');
+        out.push_str(&table(&["TOPIC", "CONSUMER", "OWNED", "LOAD", "OF TOTAL", "SHARE"], &loads));
+    }
+    out
 }
 
 fn now_ms() -> u64 {
@@ -175,6 +276,35 @@ mod tests {
         assert_eq!(age(2_140), "2.1s");
         assert_eq!(age(185_000), "3m05s");
         assert_eq!(age(7_440_000), "2h04m");
+    }
+
+    #[test]
+    fn placement_shows_mode_loads_shares_and_the_shadow_plan() {
+        let raw = serde_json::json!({
+            "instance": "a-1",
+            "placement": [{
+                "topic": "events", "mode": "shadow", "total_weight": 32, "imbalance": 2.5,
+                "consumers": [
+                    {"name": "c-0", "partitions": 3, "load": 20, "share": 8.0, "normalized": 2.5},
+                    {"name": "c-1", "partitions": 3, "load": 3, "share": 8.0, "normalized": 0.375},
+                    {"name": "c-2", "partitions": 1, "load": 1, "share": 0.0, "normalized": 0.0}
+                ],
+                "load_plan": {"moves": 4, "imbalance_after": 1.0, "would_move": []}
+            }, {"topic": "orders", "mode": "shadow", "total_weight": 2, "imbalance": 1.0, "consumers": []}]
+        });
+        let text = render_placement(&placement_of(&raw));
+        let has =
+            |line: &str| text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") == line);
+        for line in [
+            "TOPIC MODE WEIGHT MAX/MEAN LOAD PLAN MOVES LOAD PLAN MAX/MEAN",
+            "events shadow 32 2.50 4 1.00",
+            "orders shadow 2 1.00 - -",
+            "events c-0 3 20 62.5% 8.0",
+            "events c-2 1 1 3.1% -",
+        ] {
+            assert!(has(line), "missing '{line}' in\n{text}");
+        }
+        assert!(placement_of(&serde_json::json!({"instance": "x"})).is_empty());
     }
 
     #[test]

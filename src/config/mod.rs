@@ -4,7 +4,7 @@
 //! `KAFKA_ASSIGNER_LEASE_TTL=5s`); a flag on the command line wins. Bad values stop the
 //! server at start with a message naming the flag.
 
-use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -12,6 +12,8 @@ pub mod security;
 
 pub use crate::drain::DrainPolicy;
 use crate::duration::{humantime_or_zero, parse_duration};
+pub use crate::weights::TopicWeights;
+use crate::weights::parse_weights_flag;
 
 /// Top-level command line.
 #[derive(Debug, Parser)]
@@ -74,6 +76,19 @@ pub enum StoreKind {
     Memory,
     /// etcd (`--etcd-endpoints`; many instances).
     Etcd,
+}
+
+/// How the handoff leader places partitions (docs/design.md §11); the fleet always places
+/// by count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PlacementArg {
+    /// By partition count, as before placement by load existed.
+    Count,
+    /// By partition weight, within `--load-tolerance`, budgeted and with cool-downs.
+    Load,
+    /// By count, and the load plan computed and published (`/status`, metrics) without
+    /// acting on it: upgrading changes no placement.
+    Shadow,
 }
 
 /// `kafka-assigner serve` flags.
@@ -195,6 +210,44 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_TOPIC_REFRESH_INTERVAL", value_parser = parse_duration, default_value = "60s")]
     pub topic_refresh_interval: Duration,
 
+    /// How the leader places partitions (memory and etcd backends): `count`, `load` (by
+    /// partition weight) or `shadow` (by count, publishing what `load` would move).
+    #[arg(long, env = "KAFKA_ASSIGNER_PLACEMENT", value_enum, default_value = "shadow")]
+    pub placement: PlacementArg,
+
+    /// Placement by load: nothing moves for balance while every consumer's load is within
+    /// this fraction above its share (max/mean ≤ 1 + tolerance).
+    #[arg(long, env = "KAFKA_ASSIGNER_LOAD_TOLERANCE", value_parser = parse_fraction, default_value = "0.10")]
+    pub load_tolerance: f64,
+
+    /// Placement by load: a partition is never moved for balance to lower the highest
+    /// normalized load by less than this (fraction of a share).
+    #[arg(long, env = "KAFKA_ASSIGNER_LOAD_MIN_GAIN", value_parser = parse_fraction, default_value = "0.01")]
+    pub load_min_gain: f64,
+
+    /// Placement by load: moves of partitions away from a live consumer one topic may
+    /// start per minute (failover and drains are never held back).
+    #[arg(long, env = "KAFKA_ASSIGNER_MAX_MOVES_PER_MINUTE", default_value = "10", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_moves_per_minute: u32,
+
+    /// Placement by load: after a partition was handed off, it does not move again for
+    /// balance for this long (`0s`: no cool-down). Never holds back failover.
+    #[arg(long, env = "KAFKA_ASSIGNER_MOVE_COOLDOWN", value_parser = humantime_or_zero, default_value = "5m")]
+    pub move_cooldown: Duration,
+
+    /// Partition weights, e.g. `events:0=10,1=3;orders:5=2` (unlisted partitions weigh 1).
+    #[arg(long, env = "KAFKA_ASSIGNER_PARTITION_WEIGHTS", value_parser = parse_weights_flag)]
+    pub partition_weights: Option<TopicWeights>,
+
+    /// Partition weights as JSON, `{"events": {"0": 10, "1": 3}}`, re-read when it
+    /// changes; where it and `--partition-weights` both give a topic, the file wins.
+    #[arg(long, env = "KAFKA_ASSIGNER_PARTITION_WEIGHTS_FILE")]
+    pub partition_weights_file: Option<PathBuf>,
+
+    /// How often the weights file is looked at and the leader stores changed weights.
+    #[arg(long, env = "KAFKA_ASSIGNER_WEIGHTS_REFRESH", value_parser = parse_duration, default_value = "10s")]
+    pub weights_refresh: Duration,
+
     /// TLS and credentials to etcd.
     #[command(flatten)]
     pub etcd_security: security::EtcdSecurityArgs,
@@ -246,6 +299,16 @@ pub fn parse_topic_partitions(text: &str) -> Result<TopicPartitions, String> {
         }
     }
     Ok(TopicPartitions(map))
+}
+
+/// Parses a fraction such as `0.10`: a finite number ≥ 0.
+pub fn parse_fraction(text: &str) -> Result<f64, String> {
+    let value: f64 =
+        text.trim().parse().map_err(|_| format!("'{text}' is not a number (e.g. 0.10 for 10 %)"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("'{text}' must be a number ≥ 0 (e.g. 0.10 for 10 %)"));
+    }
+    Ok(value)
 }
 
 /// Parses `key=value` librdkafka settings, comma-separated (`security.protocol=SASL_SSL,
@@ -356,6 +419,53 @@ mod tests {
         {
             let err = Cli::try_parse_from(["kafka-assigner", "serve", flag, value]).unwrap_err().to_string();
             assert!(err.contains(flag), "{err}");
+        }
+    }
+
+    #[test]
+    fn placement_flags() {
+        let serve = |args: &[&str]| {
+            let mut all = vec!["kafka-assigner", "serve"];
+            all.extend_from_slice(args);
+            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command else { unreachable!() };
+            args
+        };
+        let defaults = serve(&[]);
+        assert_eq!(defaults.placement, PlacementArg::Shadow);
+        assert_eq!((defaults.load_tolerance, defaults.load_min_gain), (0.10, 0.01));
+        assert_eq!(defaults.max_moves_per_minute, 10);
+        assert_eq!(defaults.move_cooldown, Duration::from_secs(300));
+        assert_eq!((defaults.partition_weights, defaults.partition_weights_file), (None, None));
+        assert_eq!(defaults.weights_refresh, Duration::from_secs(10));
+        let args = serve(&[
+            "--placement",
+            "load",
+            "--load-tolerance",
+            "0.2",
+            "--max-moves-per-minute",
+            "3",
+            "--move-cooldown",
+            "0s",
+            "--partition-weights",
+            "events:0=10,1=3;orders:5=2",
+        ]);
+        assert_eq!(args.placement, PlacementArg::Load);
+        assert_eq!(args.load_tolerance, 0.2);
+        assert_eq!(args.max_moves_per_minute, 3);
+        assert_eq!(args.move_cooldown, Duration::ZERO);
+        let weights = args.partition_weights.expect("weights");
+        assert_eq!(weights.0["events"], [(0, 10), (1, 3)].into_iter().collect());
+        for (flag, value) in [
+            ("--placement", "weight"),
+            ("--load-tolerance", "nan"),
+            ("--load-min-gain", "much"),
+            ("--max-moves-per-minute", "0"),
+            ("--move-cooldown", "soon"),
+            ("--partition-weights", "events:0=ten"),
+            ("--weights-refresh", "0s"),
+        ] {
+            let err = Cli::try_parse_from(["kafka-assigner", "serve", flag, value]).unwrap_err().to_string();
+            assert!(err.contains(flag), "{flag}: {err}");
         }
     }
 

@@ -29,7 +29,7 @@ pub mod handoff_backend;
 mod shared;
 pub mod static_backend;
 
-pub use crate::status::{ConsumerStatusView, HandoffStatusView, StatusView, TopicStatus};
+pub use crate::status::{ConsumerStatusView, HandoffStatusView, StatusView, TopicPlacement, TopicStatus};
 pub use error::{CoordinatorError, StreamEnd};
 pub use fleet_backend::{FleetConfig, FleetCoordinator};
 pub use handoff_backend::{HandoffConfig, HandoffCoordinator, records};
@@ -102,6 +102,12 @@ pub trait ConsumerGroupCoordinator: Send + Sync + 'static {
 
     /// A read-only view of the state, for the admin surface.
     async fn status(&self) -> StatusView;
+
+    /// How each topic is placed (loads, shares, the shadow load plan: docs/design.md §11),
+    /// for `/status` and the placement gauges; empty for backends that do not place by load.
+    async fn placement(&self) -> Vec<TopicPlacement> {
+        Vec::new()
+    }
 
     /// How long a consumer's session may outlive its stream (the backend's lease TTL), so
     /// a client can stop before the partitions can move; the gRPC layer announces it on

@@ -10,15 +10,23 @@
 //! * [`plan`] (the `Tick` event) is the leader's decision: targets from
 //!   [`crate::assignment::assign`], handoffs started, cancelled, timed out and completed
 //!   (docs/design.md §5); [`plan_with`] plans during a rollout of the consumers
-//!   ([`crate::assignment::assign_rollout`]).
+//!   ([`crate::assignment::assign_rollout`]), and [`plan_placed`] under a placement mode
+//!   ([`placement`]: by count, by load, or by count with the load plan in the shadow,
+//!   docs/design.md §11).
 //! * [`ConsumerView`] and [`diff_views`] derive the commands a consumer must be sent from
 //!   what it was told before and the state now.
 
+pub mod placement;
 mod plan;
 mod transitions;
 mod view;
 
-pub use plan::{Cooldowns, PlanConfig, PlanReport, plan, plan_with};
+pub use placement::{
+    Deferral, LoadPreview, MoveReason, PlacementMemory, PlacementMode, PlacementReport, PlacementSettings,
+};
+pub use plan::{
+    Cooldowns, PlacementInputs, PlanConfig, PlanReport, load_preview, plan, plan_placed, plan_with,
+};
 pub use transitions::{HandoffError, apply_ready, apply_released};
 pub use view::{Command, ConsumerView, diff_views};
 

@@ -1,5 +1,8 @@
 //! The leader's reconcile step: from the stored state and `now`, decide what moves.
 //!
+//! The targets come from the placement ([`plan_placed`], docs/design.md §11): the rollout
+//! rule during a rollout, else by count (`count`, `shadow`) or by load (`load`).
+//!
 //! Per partition, in this order (docs/design.md §5):
 //! 1. settle handoffs whose participants died, whose target is no longer the target, or
 //!    whose time limit passed (a warm that never got ready is cancelled and the partition
@@ -13,6 +16,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::placement::{
+    self, Holdings, LoadPreview, PlacementMemory, PlacementMode, PlacementReport, PlacementSettings,
+};
 use super::{Handoff, Millis, Phase, TopicState};
 use crate::assignment::{Assignor, Balanced, ConsumerInfo, Placement, Rollout, RolloutRule};
 
@@ -63,38 +69,57 @@ impl PlanReport {
     }
 }
 
-/// Target owner of each partition: the assignment, computed as if every warming handoff
-/// to an active consumer had already completed (so it counts towards its target's load),
-/// and keeping those warms with their target first, so an in-flight move keeps its target.
-/// During a `rollout`, the rollout rule ([`RolloutRule`]): outgoing consumers receive
-/// nothing, the others are filled up to their final share, and a draining consumer's
-/// partitions may wait (their target is then their owner). Otherwise [`Balanced`].
-fn targets(state: &TopicState, rollout: Option<&Rollout>) -> BTreeMap<u32, String> {
-    let active: BTreeMap<String, ConsumerInfo> = state
-        .consumers
-        .keys()
-        .filter(|c| state.is_active(c))
-        .map(|c| (c.clone(), state.info.get(c).cloned().unwrap_or_default()))
-        .collect();
-    let draining: BTreeSet<String> =
-        state.consumers.keys().filter(|c| !state.is_active(c)).cloned().collect();
-    let mut planned = state.owners.clone();
-    let mut warming = BTreeSet::new();
-    for (partition, handoff) in &state.handoffs {
-        if handoff.phase == Phase::Warming && state.is_active(&handoff.to) {
-            planned.insert(*partition, handoff.to.clone());
-            warming.insert(*partition);
+/// What the assignors are given about a topic, built once per plan: the active consumers
+/// with their info, the draining ones, the owners as if every warming handoff to an active
+/// consumer had completed (so it counts towards its target's load), and those warms (kept
+/// with their target first, so an in-flight move keeps its target).
+struct Prepared {
+    active: BTreeMap<String, ConsumerInfo>,
+    draining: BTreeSet<String>,
+    planned: BTreeMap<u32, String>,
+    warming: BTreeSet<u32>,
+}
+
+impl Prepared {
+    fn new(state: &TopicState) -> Self {
+        let active: BTreeMap<String, ConsumerInfo> = state
+            .consumers
+            .keys()
+            .filter(|c| state.is_active(c))
+            .map(|c| (c.clone(), state.info.get(c).cloned().unwrap_or_default()))
+            .collect();
+        let draining: BTreeSet<String> =
+            state.consumers.keys().filter(|c| !state.is_active(c)).cloned().collect();
+        let mut planned = state.owners.clone();
+        let mut warming = BTreeSet::new();
+        for (partition, handoff) in &state.handoffs {
+            if handoff.phase == Phase::Warming && state.is_active(&handoff.to) {
+                planned.insert(*partition, handoff.to.clone());
+                warming.insert(*partition);
+            }
+        }
+        Self { active, draining, planned, warming }
+    }
+
+    fn topic<'a>(&'a self, state: &'a TopicState) -> Placement<'a> {
+        Placement {
+            partition_count: state.partition_count,
+            weights: &state.weights,
+            active: &self.active,
+            draining: &self.draining,
+            current: &self.planned,
+            keep_first: &self.warming,
         }
     }
-    // A started warm is kept: its target gives it up last.
-    let topic = Placement {
-        partition_count: state.partition_count,
-        weights: &state.weights,
-        active: &active,
-        draining: &draining,
-        current: &planned,
-        keep_first: &warming,
-    };
+}
+
+/// Target owner of each partition (see [`Prepared`]). During a `rollout`, the rollout rule
+/// ([`RolloutRule`]): outgoing consumers receive nothing, the others are filled up to their
+/// final share, and a draining consumer's partitions may wait (their target is then their
+/// owner). Otherwise [`Balanced`].
+fn targets(state: &TopicState, rollout: Option<&Rollout>) -> BTreeMap<u32, String> {
+    let prepared = Prepared::new(state);
+    let topic = prepared.topic(state);
     match rollout {
         None => Balanced.assign(&topic),
         Some(rollout) => RolloutRule(rollout).assign(&topic),
@@ -120,14 +145,98 @@ pub fn plan_with(
     cooldowns: &mut Cooldowns,
     rollout: Option<&Rollout>,
 ) -> PlanReport {
-    let mut report = PlanReport::default();
+    prune(state, now, cooldowns);
+    let target = targets(state, rollout);
+    apply_targets(state, now, config, cooldowns, &target)
+}
+
+/// How the leader places partitions in [`plan_placed`] (docs/design.md §11).
+#[derive(Clone, Copy, Debug)]
+pub struct PlacementInputs<'a> {
+    /// The mode and the tuning.
+    pub settings: &'a PlacementSettings,
+    /// The zone of each partition whose zone is known.
+    pub zones: &'a BTreeMap<u32, String>,
+    /// The leader's memory of the topic's recent moves (its budget and cool-downs).
+    pub memory: &'a PlacementMemory,
+}
+
+/// [`plan_with`] under a placement mode: a rollout plans by the rollout rule as always;
+/// otherwise `count` and `shadow` by [`Balanced`] (`shadow` computing the load plan
+/// alongside, into the report only) and `load` by [`crate::assignment::LoadBalanced`]
+/// within what is left of the budget and outside the cool-downs. The memory is only read:
+/// the caller records the moves once they are written ([`PlacementMemory::record`]).
+pub fn plan_placed(
+    state: &mut TopicState,
+    now: Millis,
+    config: &PlanConfig,
+    cooldowns: &mut Cooldowns,
+    rollout: Option<&Rollout>,
+    inputs: PlacementInputs<'_>,
+) -> (PlanReport, PlacementReport) {
+    prune(state, now, cooldowns);
+    let prepared = Prepared::new(state);
+    let topic = prepared.topic(state);
+    let settings = inputs.settings;
+    let holdings = Holdings::of(&topic, settings.mode);
+    let mut placed = PlacementReport::default();
+    let target = match (rollout, settings.mode) {
+        (Some(rollout), _) => RolloutRule(rollout).assign(&topic),
+        (None, PlacementMode::Count) => Balanced.assign(&topic),
+        (None, PlacementMode::Shadow) => {
+            let target = Balanced.assign(&topic);
+            if !placement::uniform(&topic) {
+                placed.shadow = Some(placement::preview(&topic, settings, inputs.zones));
+            }
+            target
+        }
+        (None, PlacementMode::Load) => {
+            let (target, deferred) =
+                placement::load_targets(&topic, settings, inputs.zones, inputs.memory, now);
+            placed.deferred = deferred;
+            target
+        }
+    };
+    let report = apply_targets(state, now, config, cooldowns, &target);
+    placed.moves = placement::classify(
+        &report.started,
+        &report.assigned_directly,
+        &holdings,
+        settings.mode,
+        rollout.is_some(),
+    );
+    (report, placed)
+}
+
+/// The load plan of `state` as it stands (warms counted at their target), with a full
+/// budget and nothing cooling down: what `shadow` publishes ([`placement::preview`]).
+pub fn load_preview(
+    state: &TopicState,
+    settings: &PlacementSettings,
+    zones: &BTreeMap<u32, String>,
+) -> LoadPreview {
+    let prepared = Prepared::new(state);
+    placement::preview(&prepared.topic(state), settings, zones)
+}
+
+/// What every plan does first: expired cool-downs go, and records of partitions beyond
+/// the count (never produced by us; defensive) too.
+fn prune(state: &mut TopicState, now: Millis, cooldowns: &mut Cooldowns) {
     cooldowns.0.retain(|_, until| *until > now);
-    // Records of partitions beyond the count (never produced by us; defensive) go away.
     state.owners.retain(|p, _| *p < state.partition_count);
     state.handoffs.retain(|p, _| *p < state.partition_count);
-    let target = targets(state, rollout);
+}
 
-    settle_handoffs(state, now, config, &target, cooldowns, &mut report);
+/// Steps 1 to 3 towards `target` (see the module docs).
+fn apply_targets(
+    state: &mut TopicState,
+    now: Millis,
+    config: &PlanConfig,
+    cooldowns: &mut Cooldowns,
+    target: &BTreeMap<u32, String>,
+) -> PlanReport {
+    let mut report = PlanReport::default();
+    settle_handoffs(state, now, config, target, cooldowns, &mut report);
 
     for partition in 0..state.partition_count {
         let owner_live = state.owners.get(&partition).is_some_and(|o| state.is_live(o));
@@ -144,7 +253,7 @@ pub fn plan_with(
     for h in state.handoffs.values().filter(|h| h.phase == Phase::Warming) {
         *warming.entry(h.to.clone()).or_default() += 1;
     }
-    for (partition, to) in &target {
+    for (partition, to) in target {
         let Some(owner) = state.owners.get(partition) else { continue };
         if owner == to || state.handoffs.contains_key(partition) || cooldowns.0.contains_key(partition) {
             continue;

@@ -92,6 +92,24 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
+/// A partition move of a topic.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MoveLabels {
+    /// The topic.
+    pub topic: String,
+    /// `join`, `leave`, `balance`, `rollout` or `failover`.
+    pub reason: &'static str,
+}
+
+/// A balance move held back.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeferredLabels {
+    /// The topic.
+    pub topic: String,
+    /// `budget` or `cooldown`.
+    pub why: &'static str,
+}
+
 /// Buckets for store requests and the handoff fast path: 0.25 ms to about 4 s.
 pub fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_25, 2.0, 15))

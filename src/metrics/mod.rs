@@ -9,11 +9,13 @@
 //!   consumers by status, handoffs in flight by phase) are rebuilt from the coordinator's
 //!   status view at every scrape ([`Metrics::render`]), so a consumer's series disappear
 //!   with the consumer. Every instance reports the fleet as its cache sees it: aggregate
-//!   them with `max`, not `sum`.
+//!   them with `max`, not `sum`. The placement gauges (load imbalance, the shadow plan)
+//!   are rebuilt the same way from the placement status ([`Metrics::render_with_placement`]).
 
 pub mod grpc;
 mod handoffs;
 pub mod labels;
+mod placement;
 mod scrape;
 
 use std::sync::Mutex;
@@ -24,7 +26,10 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use labels::{DrainLabels, GrpcLabels, LimitLabels, OpLabels, ReasonLabels, StoreErrorLabels};
+use labels::{
+    DeferredLabels, DrainLabels, GrpcLabels, LimitLabels, MoveLabels, OpLabels, ReasonLabels,
+    StoreErrorLabels,
+};
 
 /// A family of histograms with the same buckets.
 pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -84,6 +89,7 @@ pub struct Metrics {
     /// `Deregister` answers by decision and reason.
     pub drain_decisions: Family<DrainLabels, Counter>,
     fleet: scrape::FleetGauges,
+    placement: placement::PlacementMetrics,
     warm_starts: handoffs::WarmStarts,
     /// Serialises refresh + encode, so two scrapes never interleave their rebuilds.
     scrape_lock: Mutex<()>,
@@ -205,6 +211,7 @@ impl Metrics {
         let streams_ended = counters(r, "streams_ended", "Register streams ended, by reason");
         let drain_decisions = counters(r, "drain_decisions", "Deregister answers by decision and reason");
         let fleet = scrape::FleetGauges::register(r);
+        let placement = placement::PlacementMetrics::register(r);
         Self {
             registry: std::mem::take(r),
             handoffs_started,
@@ -232,6 +239,7 @@ impl Metrics {
             streams_ended,
             drain_decisions,
             fleet,
+            placement,
             warm_starts: handoffs::WarmStarts::default(),
             scrape_lock: Mutex::new(()),
         }
@@ -249,10 +257,32 @@ impl Metrics {
     /// Rebuilds the fleet gauges from `status`, then encodes everything: what `/metrics`
     /// serves.
     pub fn render(&self, status: &crate::status::StatusView) -> String {
+        self.render_with_placement(status, &[])
+    }
+
+    /// Rebuilds the fleet gauges from `status` and the placement gauges from `placement`,
+    /// then encodes everything: what `/metrics` serves for a handoff backend.
+    pub fn render_with_placement(
+        &self,
+        status: &crate::status::StatusView,
+        placement: &[crate::status::TopicPlacement],
+    ) -> String {
         let _guard = self.scrape_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         self.fleet.refresh(status);
+        self.placement.refresh(placement);
         self.warm_starts.retain_in_flight(status);
         self.encode()
+    }
+
+    /// The leader wrote a move of a partition of `topic`, for `reason` (`join`, `leave`,
+    /// `balance`, `rollout`, `failover`).
+    pub fn observe_partition_move(&self, topic: &str, reason: &'static str) {
+        self.placement.moves.get_or_create(&MoveLabels { topic: topic.to_string(), reason }).inc();
+    }
+
+    /// A balance move of `topic` started being held back, `why` (`budget`, `cooldown`).
+    pub fn observe_move_deferred(&self, topic: &str, why: &'static str) {
+        self.placement.deferred.get_or_create(&DeferredLabels { topic: topic.to_string(), why }).inc();
     }
 
     /// A leader reconcile round wrote its changes, which move `moved` partitions (a round

@@ -1,5 +1,6 @@
 //! The admin HTTP server: `/live`, `/ready`, `/metrics` (Prometheus) and `/status`
-//! (consumers, partitions and handoffs as JSON).
+//! (consumers, partitions and handoffs as JSON, and under `placement` how each topic is
+//! placed: loads, shares and the shadow load plan, docs/design.md §11).
 
 use std::sync::Arc;
 
@@ -35,10 +36,13 @@ async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
 async fn metrics_text(State(state): State<AdminState>) -> impl IntoResponse {
     (
         [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        state.metrics.render(&state.coordinator.status().await),
+        state
+            .metrics
+            .render_with_placement(&state.coordinator.status().await, &state.coordinator.placement().await),
     )
 }
 
 async fn status(State(state): State<AdminState>) -> impl IntoResponse {
-    Json(state.coordinator.status().await)
+    let view = state.coordinator.status().await;
+    Json(crate::status::StatusDocument { view, placement: state.coordinator.placement().await })
 }

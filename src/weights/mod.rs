@@ -7,6 +7,12 @@
 
 use std::collections::BTreeMap;
 
+mod explicit;
+
+pub use explicit::{
+    ExplicitWeights, Reload, TopicWeights, WeightsError, parse_weights_flag, parse_weights_json,
+};
+
 /// Where partition weights (and, when known, partition zones) come from.
 ///
 /// Reads are synchronous snapshots: a source that learns (Kafka) refreshes in its own task
@@ -26,4 +32,10 @@ pub trait WeightSource: Send + Sync + 'static {
 
     /// Names the source in logs and `/status` (for instance "Kafka at host:9092").
     fn describe(&self) -> String;
+}
+
+impl std::fmt::Debug for dyn WeightSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
 }

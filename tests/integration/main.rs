@@ -28,6 +28,7 @@ mod log_format;
 mod manifests;
 mod metrics;
 mod multi_instance;
+mod placement;
 mod probe_cli;
 #[cfg(feature = "testcontainers")]
 mod readme_container;

@@ -251,6 +251,10 @@ impl Backend for Handoff {
         super::status::status(self)
     }
 
+    fn placement(&self) -> Vec<crate::coordinator::TopicPlacement> {
+        super::placement::placement(self)
+    }
+
     async fn on_shutdown(&self) {
         super::leader::resign(self).await;
     }

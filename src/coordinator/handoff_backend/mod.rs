@@ -6,14 +6,17 @@
 //! * `relay.rs`: after every revision, each local consumer is sent the commands derived
 //!   from the new state ([`crate::handoff::diff_views`]);
 //! * `leader/`: election (leadership is one `watch` value), reconcile with
-//!   [`crate::handoff::plan`] in fenced batched transactions, and the Kafka topic refresh;
+//!   [`crate::handoff::plan_placed`] in fenced batched transactions, the Kafka topic
+//!   refresh, and the weights refresh (the weight source's weights into the topic records);
 //! * `calls.rs`: `PartitionReady` / `PartitionReleased`, applied by whichever instance
 //!   receives them with compare-and-swap (no leader round trip), and `Deregister`;
-//! * `status.rs`: the status view.
+//! * `status.rs`: the status view; `placement.rs`: its placement part (loads, shares and,
+//!   in shadow mode, the load plan).
 
 mod calls;
 mod decide;
 mod leader;
+mod placement;
 pub mod records;
 mod register;
 mod relay;
@@ -30,9 +33,10 @@ use super::StoreCoordinator;
 use super::shared::{Core, CoreSettings, batch::Batcher, topics::Topics};
 use super::{CoordinatorError, PartitionCounts};
 use crate::drain::DrainPolicy;
-use crate::handoff::{ConsumerView, PlanConfig};
+use crate::handoff::{ConsumerView, PlacementSettings, PlanConfig};
 use crate::metrics::Metrics;
 use crate::store::LeaseStore;
+use crate::weights::WeightSource;
 
 use records::Keys;
 use state::Cache;
@@ -81,6 +85,15 @@ pub struct HandoffConfig {
     pub rebalance_delay: Duration,
     /// How often the watcher re-reads the whole prefix as a safety net.
     pub resync_interval: Duration,
+    /// How the leader places partitions (docs/design.md §11): by count, by load, or by
+    /// count with the load plan in the shadow (the default).
+    pub placement: PlacementSettings,
+    /// Where partition weights come from (`--partition-weights[-file]`, or learned from
+    /// Kafka); the leader stores them in the topic records. `None`: nothing writes weights
+    /// (every partition weighs what its record says, by default 1).
+    pub weights: Option<Arc<dyn WeightSource>>,
+    /// How often the leader asks `weights` and stores the weights that changed.
+    pub weights_refresh: Duration,
 }
 
 impl Default for HandoffConfig {
@@ -102,6 +115,9 @@ impl Default for HandoffConfig {
             settle_period: None,
             rebalance_delay: Duration::from_millis(300),
             resync_interval: Duration::from_secs(300),
+            placement: PlacementSettings::default(),
+            weights: None,
+            weights_refresh: Duration::from_secs(10),
         }
     }
 }

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use super::registrar::Registrar;
 use crate::coordinator::{
     CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, PartitionEpoch, StatusView,
+    TopicPlacement,
 };
 use crate::proto::v1::DeregisterAction;
 
@@ -57,6 +58,11 @@ pub trait Backend: Registrar {
     fn epochs(&self, topic: &str, consumer: &str) -> Option<Vec<PartitionEpoch>> {
         let _ = (topic, consumer);
         None
+    }
+
+    /// How each topic is placed (the handoff backend's loads and shadow plan).
+    fn placement(&self) -> Vec<TopicPlacement> {
+        Vec::new()
     }
 
     /// What a graceful stop does beyond ending the streams (the handoff leader resigns).
@@ -133,6 +139,10 @@ impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
 
     async fn status(&self) -> StatusView {
         self.backend.status()
+    }
+
+    async fn placement(&self) -> Vec<TopicPlacement> {
+        self.backend.placement()
     }
 
     fn session_ttl(&self) -> Option<Duration> {

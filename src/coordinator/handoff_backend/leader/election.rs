@@ -9,6 +9,7 @@ use crate::store::{Compare, Op, Txn};
 pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
     if inner.leadership.send_replace(None).is_some() {
         me.cooldowns.clear();
+        me.placement.clear();
         if let Some(refresh) = me.refresh.take() {
             refresh.abort();
         }
@@ -71,6 +72,7 @@ pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
     };
     me.written = me.written.max(revision);
     me.next_refresh = None; // a new leader refreshes at once
+    me.next_weights = None;
     settle(inner, me, "leadership won");
     inner.leadership.send_replace(Some(Fence { session, revision }));
     tracing::info!(instance = %inner.config.instance_id, revision, "leadership won");

@@ -7,6 +7,10 @@
 //! the **fence**. Every write the leader makes also compares the leader key's create
 //! revision with the fence: a deposed leader's write fails and changes nothing.
 //!
+//! With a weight source configured, the leader asks it for the weights of every stored
+//! topic every `weights_refresh` and stores those that changed meaningfully in the topic
+//! record ([`weights`]), so a new leader starts from them.
+//!
 //! With Kafka configured, the leader also refreshes the partition counts of the stored
 //! topics every `topic_refresh_interval` (in a task of its own: Kafka may be slow) and
 //! grows a topic's record when Kafka's count grew; the next reconcile assigns the new
@@ -15,6 +19,7 @@
 mod election;
 mod reconcile;
 mod view;
+mod weights;
 
 pub(super) use election::resign;
 
@@ -23,7 +28,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use tokio::task::JoinHandle;
 
 use super::Handoff;
-use crate::handoff::Cooldowns;
+use crate::handoff::{Cooldowns, PlacementMemory};
 use crate::store::{Compare, Revision, SessionId};
 
 /// The leader plans at most about one part in `PLAN_PACE + 1` of the time: after a plan
@@ -61,6 +66,11 @@ struct Leadership {
     wake_at: Option<tokio::time::Instant>,
     /// Per-topic cooldowns of the planner; lost with leadership.
     cooldowns: BTreeMap<String, Cooldowns>,
+    /// Per-topic budget and cool-downs of placement by load (docs/design.md §11); lost
+    /// with leadership: a new leader starts with a fresh budget and no cool-downs.
+    placement: BTreeMap<String, PlacementMemory>,
+    /// When the weights refresh is next due.
+    next_weights: Option<tokio::time::Instant>,
     /// Revision our last write produced; reconcile again only once the cache has it.
     written: Revision,
     /// No plan before this ([`PLAN_PACE`]).
@@ -129,6 +139,7 @@ pub(super) async fn leader_loop(inner: Arc<Handoff>) {
         }
         if let Some(fence) = inner.fence() {
             start_topic_refresh(&inner, &mut me, fence);
+            weights::refresh_when_due(&inner, &mut me, fence).await;
         }
         let next = tokio::time::Instant::now() + inner.config.reconcile_interval;
         let wake = me.wake_at.take().map_or(next, |at| at.min(next));

@@ -1,13 +1,18 @@
 //! Reconcile: plan every topic from one consistent read of the cache with
-//! [`crate::handoff::plan`], and write each topic's changes in batched transactions fenced
-//! by our leadership, each write also guarded by the revision of the record it replaces.
+//! [`crate::handoff::plan_placed`] (under the configured placement, docs/design.md §11),
+//! and write each topic's changes in batched transactions fenced by our leadership, each
+//! write also guarded by the revision of the record it replaces. The moves of the batches
+//! that were written are counted by reason and, under `load`, spend the topic's budget and
+//! start their cool-downs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::election::still_leading;
 use super::{Fence, Leadership};
 use crate::coordinator::handoff_backend::{Handoff, now_ms, relay};
-use crate::handoff::{PlanReport, Write, diff_writes, plan_with};
+use crate::handoff::{
+    MoveReason, PlacementInputs, PlacementReport, PlanReport, Write, diff_writes, plan_placed,
+};
 use crate::store::{Compare, Revision, Txn};
 
 /// etcd refuses transactions with more than 128 compares (or operations) by default; a
@@ -18,7 +23,10 @@ const PARTITIONS_PER_TXN: usize = 30;
 
 /// Builds the fenced transactions for one topic's writes, a batch per
 /// [`PARTITIONS_PER_TXN`] partitions. Each batch compares the fence and, once each, the
-/// `guards` of its partitions: what the plan for that partition was decided from.
+/// `guards` of its partitions: what the plan for that partition was decided from. (The
+/// reconcile loop builds them one at a time from [`chunks`] and [`fenced_txn`], to know
+/// which partitions each committed batch wrote.)
+#[cfg(test)]
 pub fn fenced_batches(
     leader_key: &str,
     fence: Fence,
@@ -26,6 +34,12 @@ pub fn fenced_batches(
     guards: impl Fn(u32) -> Vec<Compare>,
     ops: impl Fn(&[Write]) -> Vec<crate::store::Op>,
 ) -> Vec<Txn> {
+    chunks(writes).iter().map(|batch| fenced_txn(leader_key, fence, batch, &guards, &ops)).collect()
+}
+
+/// `writes` cut into batches of at most [`PARTITIONS_PER_TXN`] partitions, a partition's
+/// writes never split.
+fn chunks(writes: &[Write]) -> Vec<Vec<Write>> {
     let mut batches: Vec<Vec<Write>> = Vec::new();
     let mut partitions = 0;
     let mut last = None;
@@ -42,19 +56,25 @@ pub fn fenced_batches(
         }
     }
     batches
-        .into_iter()
-        .map(|batch| {
-            let mut compares = vec![Compare::CreateRevision(leader_key.to_string(), fence.revision)];
-            let mut partitions: Vec<u32> = batch.iter().map(Write::partition).collect();
-            partitions.dedup();
-            for compare in partitions.into_iter().flat_map(&guards) {
-                if !compares.contains(&compare) {
-                    compares.push(compare);
-                }
-            }
-            Txn { compares, ops: ops(&batch) }
-        })
-        .collect()
+}
+
+/// One batch's transaction: the fence, then each partition's guards once.
+fn fenced_txn(
+    leader_key: &str,
+    fence: Fence,
+    batch: &[Write],
+    guards: &impl Fn(u32) -> Vec<Compare>,
+    ops: &impl Fn(&[Write]) -> Vec<crate::store::Op>,
+) -> Txn {
+    let mut compares = vec![Compare::CreateRevision(leader_key.to_string(), fence.revision)];
+    let mut partitions: Vec<u32> = batch.iter().map(Write::partition).collect();
+    partitions.dedup();
+    for compare in partitions.into_iter().flat_map(guards) {
+        if !compares.contains(&compare) {
+            compares.push(compare);
+        }
+    }
+    Txn { compares, ops: ops(batch) }
 }
 
 /// Who has been joining one topic, to plan a burst of joins once.
@@ -113,6 +133,8 @@ struct TopicPlan {
     basis: BTreeMap<u32, Basis>,
     /// Whether it was planned as a rollout.
     rollout: bool,
+    /// Its moves, classified.
+    moves: Vec<(u32, MoveReason)>,
 }
 
 /// Plans and writes every topic (see the module docs). While `settling`, a topic with a
@@ -170,7 +192,12 @@ pub(super) async fn reconcile_all(
                 let rollout = super::view::from_view(inner, &mut before);
                 let mut after = before.clone();
                 let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
-                let report = plan_with(&mut after, now, &inner.config.plan, cooldowns, rollout.as_ref());
+                let memory = me.placement.entry(topic.clone()).or_default();
+                let zones = zones_of(inner, topic);
+                let inputs = PlacementInputs { settings: &inner.config.placement, zones: &zones, memory };
+                let (report, placed) =
+                    plan_placed(&mut after, now, &inner.config.plan, cooldowns, rollout.as_ref(), inputs);
+                observe_placement(inner, topic, memory, &placed);
                 let writes = diff_writes(&before, &after);
                 if writes.is_empty() {
                     return None;
@@ -194,14 +221,22 @@ pub(super) async fn reconcile_all(
                         (p, basis)
                     })
                     .collect();
-                Some(TopicPlan { topic: topic.clone(), writes, report, basis, rollout: rollout.is_some() })
+                let moves = placed.moves;
+                Some(TopicPlan {
+                    topic: topic.clone(),
+                    writes,
+                    report,
+                    basis,
+                    rollout: rollout.is_some(),
+                    moves,
+                })
             })
             .collect()
     };
     let planning = instant.elapsed();
     let leader_key = inner.core.keys().leader();
     let keys = &inner.core.keys();
-    for TopicPlan { topic, writes, report, basis, rollout } in plans {
+    for TopicPlan { topic, writes, report, basis, rollout, moves } in plans {
         let guards = |p: u32| {
             let b = basis.get(&p).cloned().unwrap_or_default();
             let mut compares = vec![
@@ -216,14 +251,19 @@ pub(super) async fn reconcile_all(
             }
             compares
         };
-        let batches =
-            fenced_batches(&leader_key, fence, &writes, guards, |w| inner.core.keys().write_ops(&topic, w));
+        let ops = |w: &[Write]| inner.core.keys().write_ops(&topic, w);
+        let batches = chunks(&writes);
         let count = batches.len();
         let mut all_applied = true;
-        for txn in batches {
+        let mut applied = BTreeSet::new();
+        for batch in batches {
+            let txn = fenced_txn(&leader_key, fence, &batch, &guards, &ops);
             // Owner and handoff records only: their cache reads no create revision.
             match relay::commit_and_tell(inner, txn).await {
-                Ok(outcome) if outcome.succeeded => me.written = me.written.max(outcome.revision),
+                Ok(outcome) if outcome.succeeded => {
+                    me.written = me.written.max(outcome.revision);
+                    applied.extend(batch.iter().map(Write::partition));
+                }
                 Ok(_) => {
                     // A compare failed: the plan was made from a stale view. Nothing of
                     // this batch was written; the next revision plans again.
@@ -240,6 +280,13 @@ pub(super) async fn reconcile_all(
                 }
             }
         }
+        let made: Vec<(u32, MoveReason)> = moves.into_iter().filter(|(p, _)| applied.contains(p)).collect();
+        if let Some(memory) = me.placement.get_mut(&topic) {
+            memory.record(now, &made, &inner.config.placement);
+        }
+        for (_, reason) in &made {
+            inner.core.metrics().observe_partition_move(&topic, reason.name());
+        }
         if all_applied {
             record(inner, &topic, &report, writes.len(), count, rollout);
         }
@@ -248,6 +295,40 @@ pub(super) async fn reconcile_all(
         }
     }
     planning
+}
+
+/// The zones the weight source knows for `topic`'s partitions (none under `count`, which
+/// does not read them).
+fn zones_of(inner: &Handoff, topic: &str) -> BTreeMap<u32, String> {
+    if inner.config.placement.mode == crate::handoff::PlacementMode::Count {
+        return BTreeMap::new();
+    }
+    inner.config.weights.as_ref().and_then(|source| source.zones(topic)).unwrap_or_default()
+}
+
+/// Counts the moves a plan newly held back, and logs a shadow plan whose size changed.
+fn observe_placement(
+    inner: &Handoff,
+    topic: &str,
+    memory: &mut crate::handoff::PlacementMemory,
+    placed: &PlacementReport,
+) {
+    for (partition, why) in memory.note_deferred(&placed.deferred) {
+        inner.core.metrics().observe_move_deferred(topic, why.name());
+        tracing::debug!(topic, partition, why = why.name(), "balance move deferred");
+    }
+    if let Some(shadow) = &placed.shadow
+        && memory.last_shadow != Some(shadow.moves.len())
+    {
+        memory.last_shadow = Some(shadow.moves.len());
+        tracing::info!(
+            topic,
+            would_move = shadow.moves.len(),
+            imbalance = format!("{:.3}", shadow.imbalance_before),
+            imbalance_after = format!("{:.3}", shadow.imbalance_after),
+            "shadow placement by load (not acted on)"
+        );
+    }
 }
 
 fn record(inner: &Handoff, topic: &str, report: &PlanReport, writes: usize, txns: usize, rollout: bool) {

@@ -1,0 +1,118 @@
+//! The weights refresh (docs/design.md §11): every `weights_refresh`, the leader asks the
+//! weight source for the weights of each stored topic and writes those that changed
+//! meaningfully into the topic record, fenced by its leadership and compare-and-swap on
+//! the record's mod revision (the partition count is kept as stored). Placement reads the
+//! weights from the records only, so every leader, and every instance's status, plans from
+//! the same weights, and a new leader starts from the stored ones.
+//!
+//! A change is meaningful when a partition gained or lost its weight, or a weight moved by
+//! more than [`CHANGE_PERCENT`] % of the larger of its old and new values: a learned rate
+//! that jitters by a percent or two does not write etcd at every refresh, and placement
+//! (whose tolerance is 10 % by default) would not act on such a change anyway.
+
+use std::collections::BTreeMap;
+
+use super::{Fence, Leadership};
+use crate::coordinator::handoff_backend::Handoff;
+use crate::coordinator::handoff_backend::records::{TopicRecord, encode};
+use crate::store::{Compare, Op, Revision, Txn};
+
+/// A stored weight is rewritten when the new one differs by more than this percentage.
+pub(super) const CHANGE_PERCENT: u64 = 5;
+
+/// Runs the weights refresh if one is due (see the module docs).
+pub(super) async fn refresh_when_due(inner: &Handoff, me: &mut Leadership, fence: Fence) {
+    let Some(source) = inner.config.weights.as_ref() else { return };
+    let now = tokio::time::Instant::now();
+    if me.next_weights.is_some_and(|due| now < due) {
+        return;
+    }
+    me.next_weights = Some(now + inner.config.weights_refresh);
+    let updates: Vec<(String, TopicRecord, Revision)> = {
+        let cache = inner.core.mirror().read();
+        cache
+            .topics
+            .iter()
+            .filter_map(|(topic, entry)| {
+                let config = entry.config.as_ref()?;
+                let wanted = source.weights(topic)?;
+                let weights = to_store(&config.value.weights, &wanted, config.value.partition_count)?;
+                Some((topic.clone(), TopicRecord { weights, ..config.value.clone() }, config.mod_revision))
+            })
+            .collect()
+    };
+    for (topic, record, revision) in updates {
+        let key = inner.core.keys().topic(&topic);
+        let txn = Txn::new()
+            .when(inner.fenced(fence))
+            .when(Compare::ModRevision(key.clone(), revision))
+            .then(Op::put(&key, encode(&record)));
+        match inner.core.store().txn(txn).await {
+            Ok(outcome) if outcome.succeeded => {
+                me.written = me.written.max(outcome.revision);
+                tracing::info!(
+                    topic,
+                    weighted = record.weights.len(),
+                    source = %source.describe(),
+                    "partition weights stored"
+                );
+            }
+            Ok(_) => tracing::debug!(topic, "weights refresh raced a change (or leadership was lost)"),
+            Err(error) => tracing::warn!(%error, topic, "weights refresh: cannot store the weights"),
+        }
+        if inner.fence() != Some(fence) {
+            return;
+        }
+    }
+}
+
+/// The weights to store for a topic of `partition_count` partitions whose record holds
+/// `stored`, given what the source says now (`wanted`; partitions beyond the count are
+/// dropped); `None` when the change is not meaningful (module docs).
+pub(super) fn to_store(
+    stored: &BTreeMap<u32, u64>,
+    wanted: &BTreeMap<u32, u64>,
+    partition_count: u32,
+) -> Option<BTreeMap<u32, u64>> {
+    let wanted: BTreeMap<u32, u64> = wanted.range(..partition_count).map(|(p, w)| (*p, *w)).collect();
+    let same_partitions = stored.len() == wanted.len() && stored.keys().eq(wanted.keys());
+    let moved = |(old, new): (&u64, &u64)| {
+        let (old, new) = (u128::from(*old), u128::from(*new));
+        old.abs_diff(new) * 100 > old.max(new) * u128::from(CHANGE_PERCENT)
+    };
+    let changed = !same_partitions || stored.values().zip(wanted.values()).any(moved);
+    changed.then_some(wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(u32, u64)]) -> BTreeMap<u32, u64> {
+        pairs.iter().copied().collect()
+    }
+
+    #[test]
+    fn only_meaningful_changes_are_written() {
+        let stored = map(&[(0, 100), (1, 20)]);
+        assert_eq!(to_store(&stored, &stored, 4), None, "unchanged");
+        assert_eq!(to_store(&stored, &map(&[(0, 105), (1, 20)]), 4), None, "5 % is jitter");
+        assert_eq!(
+            to_store(&stored, &map(&[(0, 106), (1, 20)]), 4),
+            Some(map(&[(0, 106), (1, 20)])),
+            "more than 5 % is a change"
+        );
+        assert_eq!(
+            to_store(&stored, &map(&[(0, 100), (1, 20), (2, 1)]), 4),
+            Some(map(&[(0, 100), (1, 20), (2, 1)]))
+        );
+        assert_eq!(
+            to_store(&stored, &map(&[(0, 100)]), 4),
+            Some(map(&[(0, 100)])),
+            "a partition lost its weight"
+        );
+        assert_eq!(to_store(&stored, &map(&[]), 4), Some(map(&[])), "every weight back to the default");
+        assert_eq!(to_store(&map(&[]), &map(&[(7, 3)]), 4), None, "partitions beyond the count are dropped");
+        assert_eq!(to_store(&map(&[(0, 0)]), &map(&[(0, 1)]), 4), Some(map(&[(0, 1)])), "from zero");
+    }
+}
