@@ -53,8 +53,9 @@ impl ReadyShape {
     /// Writes the three records under `prefix` (the instance's key layout) with `store`.
     async fn create(store: &dyn LeaseStore, prefix: &str) -> Result<Self, BoxError> {
         let keys = kafka_assigner::coordinator::records::Keys::new(prefix);
-        let owner_value = encode(&AssignmentRecord { v: RECORD_VERSION, owner: "b".into() });
-        let handoff = Handoff { from: "a".into(), to: "b".into(), phase: Phase::Releasing, since: 1 << 40 };
+        let owner_value = encode(&AssignmentRecord { v: RECORD_VERSION, owner: "b".into(), epoch: 1 });
+        let handoff =
+            Handoff { from: "a".into(), to: "b".into(), phase: Phase::Releasing, since: 1 << 40, epoch: 0 };
         let handoff_value = encode(&HandoffRecord { v: RECORD_VERSION, handoff });
         let consumer_key = keys.consumer("bench", "b");
         // About the size of a registration record.
@@ -215,7 +216,8 @@ impl CpuStages {
         for p in 0..partitions {
             state.owners.insert(p, if p < partitions * 3 / 4 { "a" } else { "b" }.into());
             if (partitions / 2..partitions * 3 / 4).contains(&p) {
-                let handoff = Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: now };
+                let handoff =
+                    Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: now, epoch: 0 };
                 state.handoffs.insert(p, handoff);
             }
         }

@@ -66,6 +66,11 @@ pub struct Handoff {
     pub phase: Phase,
     /// When the current phase began (for the warm and release time limits).
     pub since: Millis,
+    /// The epoch `to` owns the partition with once the handoff completes (docs/design.md
+    /// §10), known from the start so a warming consumer is told it. 0 in records written
+    /// before epochs existed.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// The state of one topic, as stored.
@@ -83,6 +88,13 @@ pub struct TopicState {
     pub info: BTreeMap<String, ConsumerInfo>,
     /// Weights of the partitions that have one (the default weight otherwise).
     pub weights: BTreeMap<u32, u64>,
+    /// The epoch of each owned partition's ownership (docs/design.md §10).
+    pub epochs: BTreeMap<u32, u64>,
+    /// The epoch an ownership decided from this state gets (a direct assignment, a new
+    /// handoff's target): one above the store revision the state was read at, so above
+    /// every epoch already written (each was one above an earlier revision, and the
+    /// writes that decide from this state compare the records they replace).
+    pub next_epoch: u64,
 }
 
 impl TopicState {
@@ -113,6 +125,8 @@ pub enum Write {
         partition: u32,
         /// Its new owner.
         owner: String,
+        /// The epoch of this ownership.
+        epoch: u64,
     },
     /// Remove the owner record of a partition (only for partitions beyond the count).
     ClearOwner {
@@ -157,8 +171,11 @@ pub fn diff_writes(old: &TopicState, new: &TopicState) -> Vec<Write> {
         .copied()
         .collect();
     for partition in partitions {
+        let epoch = |state: &TopicState| state.epochs.get(&partition).copied().unwrap_or(0);
         match (old.owners.get(&partition), new.owners.get(&partition)) {
-            (a, Some(b)) if a != Some(b) => writes.push(Write::SetOwner { partition, owner: b.clone() }),
+            (a, Some(b)) if a != Some(b) || epoch(old) != epoch(new) => {
+                writes.push(Write::SetOwner { partition, owner: b.clone(), epoch: epoch(new) })
+            }
             (Some(_), None) => writes.push(Write::ClearOwner { partition }),
             _ => {}
         }

@@ -224,6 +224,7 @@ pub fn load_preview(
 fn prune(state: &mut TopicState, now: Millis, cooldowns: &mut Cooldowns) {
     cooldowns.0.retain(|_, until| *until > now);
     state.owners.retain(|p, _| *p < state.partition_count);
+    state.epochs.retain(|p, _| *p < state.partition_count);
     state.handoffs.retain(|p, _| *p < state.partition_count);
 }
 
@@ -245,6 +246,7 @@ fn apply_targets(
         }
         if let Some(to) = target.get(&partition) {
             state.owners.insert(partition, to.clone());
+            state.epochs.insert(partition, state.next_epoch);
             report.assigned_directly.push((partition, to.clone()));
         }
     }
@@ -264,7 +266,13 @@ fn apply_targets(
         }
         *count += 1;
         report.started.push((*partition, owner.clone(), to.clone()));
-        let handoff = Handoff { from: owner.clone(), to: to.clone(), phase: Phase::Warming, since: now };
+        let handoff = Handoff {
+            from: owner.clone(),
+            to: to.clone(),
+            phase: Phase::Warming,
+            since: now,
+            epoch: state.next_epoch,
+        };
         state.handoffs.insert(*partition, handoff);
     }
     report
@@ -296,6 +304,8 @@ fn settle_handoffs(
                     // below and step 2 gives the orphan to its real target: one move.)
                     state.handoffs.remove(&partition);
                     state.owners.insert(partition, h.to.clone());
+                    // The epoch it was warming for, as it was told.
+                    state.epochs.insert(partition, h.epoch);
                     report.assigned_directly.push((partition, h.to.clone()));
                 } else if !state.is_active(&h.to) || target.get(&partition) != Some(&h.to) {
                     state.handoffs.remove(&partition);

@@ -96,6 +96,8 @@ pub fn apply_ready(
     if let Some(handoff) = state.handoffs.get_mut(&partition) {
         handoff.phase = Phase::Releasing;
         handoff.since = now;
+        // The new owner owns it with the epoch it warmed for (docs/design.md §10).
+        state.epochs.insert(partition, handoff.epoch);
     }
     Ok(())
 }
@@ -128,7 +130,10 @@ mod tests {
         s.consumers.insert("b".into(), ConsumerStatus::Active);
         s.owners.insert(0, "a".into());
         s.owners.insert(1, "a".into());
-        s.handoffs.insert(0, Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0 });
+        s.handoffs.insert(
+            0,
+            Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0, epoch: 0 },
+        );
         s
     }
 

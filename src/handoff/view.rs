@@ -156,7 +156,10 @@ mod tests {
         s.consumers.insert("b".into(), ConsumerStatus::Active);
         s.owners.insert(0, "a".into());
         s.owners.insert(1, "a".into());
-        s.handoffs.insert(1, Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0 });
+        s.handoffs.insert(
+            1,
+            Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0, epoch: 0 },
+        );
         s
     }
 

@@ -163,6 +163,8 @@ pub struct Outcome {
     pub overlaps_in_window: u64,
     /// Partition moves by plan, each checked to be the leader's.
     pub plan_moves: u64,
+    /// Owner changes whose epochs were checked to grow.
+    pub epoch_checks: u64,
     /// Stalls that began, early expiries, restarts with the old stream left open.
     pub stalls: u64,
     pub revokes: u64,
@@ -332,6 +334,7 @@ impl Sim {
                 let writers = self.writers(batch.revision);
                 self.truth.apply(&self.keys, &batch, self.strict, &writers)?;
                 self.outcome.plan_moves = self.truth.plan_moves;
+                self.outcome.epoch_checks = self.truth.epoch_checks;
             }
             Woke::Truth(None) => return Err("the fault-free watch ended".into()),
             Woke::Reply(reply) => self.reply(reply),

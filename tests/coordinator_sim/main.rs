@@ -274,6 +274,7 @@ fn run_kind(kind: Kind) {
                 total.settled_after = total.settled_after.max(outcome.settled_after);
                 total.overlaps_in_window += outcome.overlaps_in_window;
                 total.plan_moves += outcome.plan_moves;
+                total.epoch_checks += outcome.epoch_checks;
                 total.stalls += outcome.stalls;
                 total.revokes += outcome.revokes;
                 total.half_open += outcome.half_open;
@@ -296,7 +297,8 @@ fn run_kind(kind: Kind) {
     );
     eprintln!(
         "{kind:?}: {} schedules in {:?}: {} commands, {} streams, {} ended while cut off (latest at {:.2} TTL), \
-         slowest settle {:?}, {} overlaps inside release windows, {} moves by plan; {} stalls, {} early \
+         slowest settle {:?}, {} overlaps inside release windows, {} moves by plan, {} new owners' epochs \
+         checked; {} stalls, {} early \
          expiries, {} restarts with the old stream open ({} of those replaced), {} readies raced by joins",
         seeds.len(),
         started.elapsed(),
@@ -307,6 +309,7 @@ fn run_kind(kind: Kind) {
         total.settled_after,
         total.overlaps_in_window,
         total.plan_moves,
+        total.epoch_checks,
         total.stalls,
         total.revokes,
         total.half_open,
@@ -317,6 +320,7 @@ fn run_kind(kind: Kind) {
     // the targeted faults happened.
     assert!(total.commands > seeds.len() as u64, "{kind:?}: hardly any command was delivered");
     assert!(total.plan_moves > 0, "{kind:?}: no partition was ever moved by plan");
+    assert!(total.epoch_checks > 0, "{kind:?}: no new owner's epoch was ever checked");
     if seeds.len() >= 10 {
         match kind {
             Kind::CutOff | Kind::Crashes => {

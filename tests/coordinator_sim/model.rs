@@ -116,6 +116,10 @@ pub struct Truth {
     registrations_seen: BTreeSet<(String, i64)>,
     /// Revisions at which a partition moved by plan (counted: the check is not vacuous).
     pub plan_moves: u64,
+    /// The last owner of each partition and the epoch it owns it with (docs/design.md §10).
+    epochs: BTreeMap<u32, (String, u64)>,
+    /// Owner changes whose epochs were compared (the check is not vacuous).
+    pub epoch_checks: u64,
 }
 
 impl Truth {
@@ -153,7 +157,10 @@ impl Truth {
             let bad = |e: kafka_assigner::store::StoreError| format!("undecodable {}: {e}", event.key);
             match (key, value) {
                 (Key::Assignment(_, p), Some(v)) => {
-                    let owner = decode::<AssignmentRecord>(&event.key, v).map_err(bad)?.owner;
+                    let record = decode::<AssignmentRecord>(&event.key, v).map_err(bad)?;
+                    self.epoch_grows(p, &record.owner, record.epoch)
+                        .map_err(|e| format!("revision {}: {e}", batch.revision))?;
+                    let owner = record.owner;
                     if self.owners.get(&p) != Some(&owner) {
                         self.owner_since.insert((p, owner.clone()), batch.revision);
                         given.push((p, owner.clone()));
@@ -165,6 +172,20 @@ impl Truth {
                 }
                 (Key::Handoff(_, p), Some(v)) => {
                     let handoff = decode::<HandoffRecord>(&event.key, v).map_err(bad)?.handoff;
+                    let source = self
+                        .epochs
+                        .get(&p)
+                        .filter(|(owner, _)| handoff.phase == Phase::Warming && *owner == handoff.from);
+                    if let Some((owner, epoch)) = source {
+                        ensure!(
+                            handoff.epoch > *epoch,
+                            "revision {}: partition {p}'s handoff to {} carries epoch {}, not above \
+                             {owner}'s {epoch}",
+                            batch.revision,
+                            handoff.to,
+                            handoff.epoch
+                        );
+                    }
                     if handoff.phase == Phase::Releasing {
                         self.released_from.insert((p, handoff.from.clone()), batch.revision);
                     }
@@ -210,6 +231,27 @@ impl Truth {
                 batch.revision
             );
         }
+        Ok(())
+    }
+
+    /// Epochs (docs/design.md §10): a partition's epoch never goes back, and a new owner's
+    /// is above every earlier owner's, so two owners never share one.
+    fn epoch_grows(&mut self, p: u32, owner: &str, epoch: u64) -> Result<(), String> {
+        ensure!(epoch > 0, "partition {p} was given to {owner} without an epoch");
+        if let Some((before, seen)) = self.epochs.get(&p) {
+            ensure!(
+                epoch >= *seen,
+                "partition {p}'s epoch went back from {seen} ({before}) to {epoch} ({owner})"
+            );
+            ensure!(
+                before == owner || epoch > *seen,
+                "partition {p}: {before} and {owner} share epoch {epoch}"
+            );
+            if before != owner {
+                self.epoch_checks += 1;
+            }
+        }
+        self.epochs.insert(p, (owner.to_string(), epoch));
         Ok(())
     }
 

@@ -76,6 +76,8 @@ pub(crate) struct Sim {
     pub(crate) step_no: usize,
     log: VecDeque<LogEntry>,
     pub(crate) stats: Stats,
+    /// The last owner and epoch of each partition (docs/design.md §10).
+    pub(crate) epochs_seen: BTreeMap<u32, (String, u64)>,
 }
 
 impl Sim {
@@ -112,6 +114,7 @@ impl Sim {
             step_no: 0,
             log: VecDeque::new(),
             stats: Stats::default(),
+            epochs_seen: BTreeMap::new(),
         }
     }
 
@@ -302,6 +305,8 @@ impl Sim {
     /// Applies one event through `step`, delivers the commands, and checks everything.
     pub(crate) fn do_step(&mut self, event: Event) -> Result<(), String> {
         self.step_no += 1;
+        // The step stands for one store revision: new ownerships get an epoch above it.
+        self.state.next_epoch = self.step_no as u64 + 1;
         let before = self.state.clone();
         let result = step(&mut self.state, &event, self.now, &self.config, &mut self.cooldowns);
         let outcome = match &result {
@@ -349,7 +354,8 @@ impl Sim {
         }
 
         self.relay()?;
-        self.check_state()
+        self.check_state()?;
+        self.check_epochs()
     }
 
     /// The relay, as an instance runs it: every live consumer gets the diff of what it was
@@ -396,7 +402,9 @@ impl Sim {
                 self.do_step(Event::Expired(c))?;
             }
             self.tick(1_000)?;
-            if self.state == start && self.cooldowns.0.is_empty() {
+            // The next epoch moves on every step; what is stored is what must not.
+            let unchanged = TopicState { next_epoch: start.next_epoch, ..self.state.clone() } == start;
+            if unchanged && self.cooldowns.0.is_empty() {
                 self.stats.quiesce_rounds_max = round + 1;
                 return self.check_settled();
             }

@@ -205,6 +205,41 @@ impl Sim {
     }
 
     /// Invariants of the state after any step.
+    /// Ownership epochs (docs/design.md §10): every owned partition has one; a partition's
+    /// epoch never decreases, and grows whenever its owner changes, so two owners never
+    /// share one; a warming handoff carries an epoch above its source's.
+    pub(crate) fn check_epochs(&mut self) -> Result<(), String> {
+        let s = &self.state;
+        for (p, owner) in &s.owners {
+            let Some(&epoch) = s.epochs.get(p) else {
+                return Err(format!("partition {p} has an owner, no epoch"));
+            };
+            ensure!(epoch > 0, "partition {p} owned by '{owner}' at epoch 0");
+            if let Some((before, seen)) = self.epochs_seen.get(p) {
+                ensure!(
+                    epoch >= *seen,
+                    "partition {p}: epoch went back from {seen} ({before}) to {epoch} ({owner})"
+                );
+                ensure!(
+                    before == owner || epoch > *seen,
+                    "partition {p}: '{before}' and '{owner}' share epoch {epoch}"
+                );
+            }
+            if let Some(h) = s.handoffs.get(p).filter(|h| h.phase == Phase::Warming) {
+                ensure!(
+                    h.epoch > epoch,
+                    "warming handoff of {p} at epoch {} is not above its owner's {epoch}",
+                    h.epoch
+                );
+            }
+        }
+        for (p, owner) in &s.owners {
+            let epoch = s.epochs.get(p).copied().unwrap_or(0);
+            self.epochs_seen.insert(*p, (owner.clone(), epoch));
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_state(&self) -> Result<(), String> {
         let s = &self.state;
         for name in s.consumers.keys() {

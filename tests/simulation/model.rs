@@ -14,11 +14,13 @@ pub(crate) const UNKNOWN: [&str; 2] = ["ghost", ""];
 /// Applies one persisted write to a state (owners and handoffs only).
 pub(crate) fn apply(state: &mut TopicState, write: &Write) {
     match write {
-        Write::SetOwner { partition, owner } => {
+        Write::SetOwner { partition, owner, epoch } => {
             state.owners.insert(*partition, owner.clone());
+            state.epochs.insert(*partition, *epoch);
         }
         Write::ClearOwner { partition } => {
             state.owners.remove(partition);
+            state.epochs.remove(partition);
         }
         Write::PutHandoff { partition, handoff } => {
             state.handoffs.insert(*partition, handoff.clone());
@@ -75,6 +77,8 @@ fn expected_call(
                 let h = next.handoffs.get_mut(&p).expect("handoff exists");
                 h.phase = Phase::Releasing;
                 h.since = now;
+                // §10: it owns the partition with the epoch it warmed for.
+                next.epochs.insert(p, h.epoch);
             }
             // A retried ready from the consumer that already owns it: accepted, no change.
             Some(h) if h.to == c && h.phase == Phase::Releasing => {}

@@ -95,7 +95,7 @@ mod tests {
             state.consumers.insert(name.into(), ConsumerStatus::Active);
         }
         state.owners.insert(3, "a".into());
-        let handoff = Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0 };
+        let handoff = Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0, epoch: 0 };
         state.handoffs.insert(3, handoff);
         PartitionSlice { state, consumer_revision: 7, owner_revision: 8, handoff_revision: 9 }
     }

@@ -45,6 +45,10 @@ pub struct AssignmentRecord {
     pub v: u32,
     /// The owning consumer.
     pub owner: String,
+    /// The epoch of this ownership (docs/design.md §10). 0 in records written before
+    /// epochs existed (the record's mod revision stands in).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// `{prefix}handoffs/{topic}/{partition}`: a handoff in flight.
@@ -125,9 +129,9 @@ impl Keys {
         writes
             .iter()
             .map(|w| match w {
-                Write::SetOwner { partition, owner } => Op::put(
+                Write::SetOwner { partition, owner, epoch } => Op::put(
                     self.assignment(topic, *partition),
-                    encode(&AssignmentRecord { v: RECORD_VERSION, owner: owner.clone() }),
+                    encode(&AssignmentRecord { v: RECORD_VERSION, owner: owner.clone(), epoch: *epoch }),
                 ),
                 Write::ClearOwner { partition } => Op::delete(self.assignment(topic, *partition)),
                 Write::PutHandoff { partition, handoff } => Op::put(
@@ -203,7 +207,7 @@ mod tests {
     fn records_are_versioned() {
         let h = HandoffRecord {
             v: RECORD_VERSION,
-            handoff: Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 5 },
+            handoff: Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 5, epoch: 0 },
         };
         let bytes = encode(&h);
         assert_eq!(decode::<HandoffRecord>("k", &bytes).unwrap(), h);

@@ -20,6 +20,8 @@ pub struct TopicEntry {
     pub consumers: BTreeMap<String, Versioned<ConsumerRecord>>,
     /// Owner by partition.
     pub owners: BTreeMap<u32, Versioned<String>>,
+    /// The epoch of each owner's ownership (docs/design.md §10), by partition.
+    pub epochs: BTreeMap<u32, u64>,
     /// Handoffs by partition.
     pub handoffs: BTreeMap<u32, Versioned<Handoff>>,
     /// Index: the partitions each consumer owns (kept with `owners`).
@@ -44,7 +46,31 @@ impl TopicEntry {
                 .map(|(n, r)| (n.clone(), r.value.info.clone()))
                 .collect(),
             weights: self.config.as_ref().map(|c| c.value.weights.clone()).unwrap_or_default(),
+            epochs: self.epochs.clone(),
+            next_epoch: 0,
         }
+    }
+
+    /// The epochs of the partitions `consumer` owns or is warming (docs/design.md §10), in
+    /// partition order: O(its partitions), from the indexes.
+    pub fn epochs_of(&self, consumer: &str) -> Vec<crate::coordinator::PartitionEpoch> {
+        use crate::coordinator::PartitionEpoch;
+        let owned = self.owned_by.get(consumer).into_iter().flatten().map(|p| PartitionEpoch {
+            partition: *p,
+            epoch: self.epochs.get(p).copied().unwrap_or(0),
+            warming: false,
+        });
+        let warming = self.handoffs_of.get(consumer).into_iter().flatten().filter_map(|p| {
+            let h = &self.handoffs.get(p)?.value;
+            (h.phase == Phase::Warming && h.to == consumer).then_some(PartitionEpoch {
+                partition: *p,
+                epoch: h.epoch,
+                warming: true,
+            })
+        });
+        let mut epochs: Vec<PartitionEpoch> = owned.chain(warming).collect();
+        epochs.sort_unstable();
+        epochs
     }
 
     /// The part of [`state`](Self::state) a call of `consumer` about `partition` reads:
@@ -61,6 +87,9 @@ impl TopicEntry {
         }
         if let Some(owner) = self.owners.get(&partition) {
             state.owners.insert(partition, owner.value.clone());
+        }
+        if let Some(epoch) = self.epochs.get(&partition) {
+            state.epochs.insert(partition, *epoch);
         }
         if let Some(handoff) = self.handoffs.get(&partition) {
             state.handoffs.insert(partition, handoff.value.clone());
@@ -182,6 +211,9 @@ impl Cache {
             }),
             Key::Assignment(t, p) => decode::<AssignmentRecord>(&kv.key, &kv.value).map(|r| {
                 let owner = r.owner.clone();
+                // Records from before epochs: the mod revision stands in.
+                let epoch = if r.epoch == 0 { u64::try_from(rev).unwrap_or(0) } else { r.epoch };
+                self.topic(t).epochs.insert(*p, epoch);
                 let before =
                     self.topic(t).set_owner(*p, Some(Versioned { value: r.owner, mod_revision: rev }));
                 changes.consumers(t, before.iter().map(String::as_str).chain([owner.as_str()]));
@@ -214,6 +246,7 @@ impl Cache {
                 changes.consumers(t, [c.as_str()]);
             }
             Key::Assignment(t, p) => {
+                self.topic(t).epochs.remove(p);
                 let before = self.topic(t).set_owner(*p, None);
                 changes.consumers(t, before.iter().map(String::as_str));
             }

@@ -189,6 +189,8 @@ pub(super) async fn reconcile_all(
             })
             .filter_map(|(topic, entry)| {
                 let mut before = entry.state();
+                // New ownerships get an epoch above every record this plan reads (§10).
+                before.next_epoch = u64::try_from(cache.revision).unwrap_or(0) + 1;
                 let rollout = super::view::from_view(inner, &mut before);
                 let mut after = before.clone();
                 let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
@@ -387,8 +389,9 @@ mod tests {
         // 300 partitions, each with an owner change and a handoff change: 600 writes.
         let mut writes = Vec::new();
         for partition in 0..300 {
-            writes.push(Write::SetOwner { partition, owner: "b".into() });
-            let handoff = Handoff { from: "a".into(), to: "b".into(), phase: Phase::Releasing, since: 0 };
+            writes.push(Write::SetOwner { partition, owner: "b".into(), epoch: 0 });
+            let handoff =
+                Handoff { from: "a".into(), to: "b".into(), phase: Phase::Releasing, since: 0, epoch: 0 };
             writes.push(Write::PutHandoff { partition, handoff });
         }
         let fence = Fence { session: SessionId(1), revision: 42 };
