@@ -1,6 +1,7 @@
 //! The `OwnershipEpochs` service (`proto/kafka_assigner/v1/epochs.proto`, docs/design.md
 //! §10) over real gRPC: the static backend's constant epochs, the fleet backend's (on the
-//! memory store and on etcd) that grow with every new owner of a partition, refused calls
+//! memory store and on etcd) and the handoff backend's that grow with every new owner of a
+//! partition, known to a warming consumer before it owns it; refused calls
 //! with their codes, and a stream that ends with the consumer's registration.
 
 use std::{
@@ -90,19 +91,44 @@ async fn static_backend_epochs_are_constant_and_end_with_the_registration() {
     assert!(end.is_none(), "{end:?}");
 }
 
-/// The handoff backend hands out no epochs yet: `UNIMPLEMENTED`, and the contract's calls
-/// are unaffected.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handoff_backend_answers_unimplemented() {
-    let cluster = TestCluster::start(Backend::Memory, 1, |_| {}).await;
+on_both_backends!(
+    handoff_epochs_are_known_at_the_warm_and_kept_at_the_flip,
+    fleet_epochs_grow_with_every_new_owner
+);
+
+/// The handoff backend: a partition being warmed shows the epoch its target will own it
+/// with, above the owner's; after `PartitionReady` the target owns it with that epoch, and
+/// the old owner's snapshot no longer has it.
+async fn handoff_epochs_are_known_at_the_warm_and_kept_at_the_flip(backend: Backend) {
+    let cluster = TestCluster::start(backend, 1, |_| {}).await;
     let url = cluster.instance(0).grpc_url.clone();
     let mut a = register(&url, "a", "events").await;
-    a.expect_snapshot().await;
-    let Err(status) = watch(&url, "a", "events").await else { panic!("WatchEpochs was accepted") };
-    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
-}
+    a.wait_owned(4, PROMPT).await;
+    let mut a_epochs = watch(&url, "a", "events").await.expect("a is registered");
+    let first = next_until(&mut a_epochs, |s| s.len() == 4).await;
+    assert!(first.values().all(|(epoch, warming)| *epoch > 0 && !warming), "{first:?}");
 
-on_both_backends!(fleet_epochs_grow_with_every_new_owner);
+    let mut b = register(&url, "b", "events").await;
+    b.wait_warms(2, PROMPT).await;
+    let mut b_epochs = watch(&url, "b", "events").await.expect("b is registered");
+    let warming = next_until(&mut b_epochs, |s| s.len() == 2).await;
+    for (partition, (epoch, is_warming)) in &warming {
+        assert!(is_warming, "b warms {partition}: {warming:?}");
+        assert!(
+            *epoch > first[partition].0,
+            "b's coming epoch of {partition} is above a's: {warming:?} {first:?}"
+        );
+    }
+    b.ready_all().await;
+    let owned = next_until(&mut b_epochs, |s| s.values().all(|(_, w)| !w)).await;
+    let expected: BTreeMap<u32, (u64, bool)> = warming.iter().map(|(p, (e, _))| (*p, (*e, false))).collect();
+    assert_eq!(owned, expected, "b owns what it warmed, with the epoch it was told");
+    let kept = next_until(&mut a_epochs, |s| s.len() == 2).await;
+    for (partition, epoch) in &kept {
+        assert_eq!(first[partition], *epoch, "a keeps {partition} with its epoch");
+    }
+    a.release_all().await;
+}
 
 /// The fleet backend: a consumer's leases carry epochs; when a second consumer joins, the
 /// partitions the first gives back are owned by the second with greater epochs, and the
