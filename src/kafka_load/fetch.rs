@@ -14,11 +14,8 @@
 //! partition, offset or leader is a gap in the observation, never a panic.
 
 use std::{
-    collections::BTreeMap,
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    collections::{BTreeMap, HashMap},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -27,13 +24,15 @@ use rdkafka::{
     config::RDKafkaLogLevel,
     consumer::{BaseConsumer, Consumer, ConsumerContext},
     error::{KafkaError as RdKafkaError, RDKafkaErrorCode},
-    statistics::Statistics,
 };
 
 use super::{
     KafkaLoadError,
     model::{PartitionObservation, TopicObservation},
 };
+
+/// How long each refresh serves librdkafka's queued events.
+const SERVE_EVENTS: Duration = Duration::from_millis(10);
 
 /// Requests sent so far by this client, by Kafka request type (`ListOffsets`, `Metadata`,
 /// `OffsetFetch`, ...), summed over brokers: from librdkafka's statistics.
@@ -51,8 +50,25 @@ pub(super) struct Snapshot {
 
 /// Forwards librdkafka's logs and errors to `tracing` and keeps the last request counts.
 struct LoadContext {
-    requests: Mutex<Option<RequestCounts>>,
-    statistics: AtomicU64,
+    /// Taken just before the client was created: `created + age` of a statistics report is
+    /// never later than when librdkafka made it.
+    created: Instant,
+    /// The last report's counts, and when it was made.
+    requests: Mutex<Option<(Instant, RequestCounts)>>,
+}
+
+/// The part of librdkafka's statistics JSON read here: with 10,000 partitions a report
+/// is megabytes, and decoding all of it (`ClientContext::stats`) would cost far more.
+#[derive(serde::Deserialize)]
+struct RequestStatistics {
+    /// Microseconds since the client was created.
+    age: u64,
+    brokers: HashMap<String, BrokerRequests>,
+}
+
+#[derive(serde::Deserialize)]
+struct BrokerRequests {
+    req: HashMap<String, i64>,
 }
 
 impl ClientContext for LoadContext {
@@ -74,9 +90,16 @@ impl ClientContext for LoadContext {
         tracing::warn!(target: "librdkafka", %error, reason, "Kafka client error (weights)");
     }
 
-    fn stats(&self, statistics: Statistics) {
+    fn stats_raw(&self, statistics: &[u8]) {
+        let report: RequestStatistics = match serde_json::from_slice(statistics) {
+            Ok(report) => report,
+            Err(error) => {
+                tracing::debug!(%error, "librdkafka statistics not understood");
+                return;
+            }
+        };
         let mut counts = RequestCounts::new();
-        for broker in statistics.brokers.values() {
+        for broker in report.brokers.values() {
             for (kind, &sent) in &broker.req {
                 if let Ok(sent) = u64::try_from(sent)
                     && sent > 0
@@ -85,10 +108,10 @@ impl ClientContext for LoadContext {
                 }
             }
         }
+        let made = self.created + Duration::from_micros(report.age);
         if let Ok(mut last) = self.requests.lock() {
-            *last = Some(counts);
+            *last = Some((made, counts));
         }
-        self.statistics.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -133,7 +156,7 @@ impl Fetcher {
         }
         let debug = config.iter().any(|(key, _)| key == "debug");
         client_config.set_log_level(if debug { RDKafkaLogLevel::Debug } else { RDKafkaLogLevel::Warning });
-        let context = LoadContext { requests: Mutex::new(None), statistics: AtomicU64::new(0) };
+        let context = LoadContext { created: Instant::now(), requests: Mutex::new(None) };
         let consumer = client_config.create_with_context(context).map_err(|e| match e {
             RdKafkaError::ClientConfig(_, description, key, value) => {
                 KafkaLoadError::Config(format!("{key}={value}: {description}"))
@@ -149,12 +172,19 @@ impl Fetcher {
         let mut observed: BTreeMap<String, Result<TopicObservation, String>> = BTreeMap::new();
         let mut wanted = TopicPartitionList::new();
         for topic in topics {
-            let partitions = self.partitions(topic);
+            let partitions = if valid_topic_name(topic) {
+                self.partitions(topic)
+            } else {
+                Err("not a valid Kafka topic name".to_string())
+            };
             if let Ok(partitions) = &partitions {
                 for &partition in partitions.keys() {
-                    let partition = i32::try_from(partition).unwrap_or(i32::MAX);
+                    let Ok(partition) = i32::try_from(partition) else { continue };
+                    // Set on the element: `add_partition_offset` searches the whole list
+                    // for it, quadratic at 10,000 partitions.
                     wanted
-                        .add_partition_offset(topic, partition, Offset::End)
+                        .add_partition(topic, partition)
+                        .set_offset(Offset::End)
                         .map_err(|e| KafkaLoadError::Unavailable(format!("offset list: {e}")))?;
                 }
             }
@@ -221,30 +251,38 @@ impl Fetcher {
     }
 
     /// Serves queued librdkafka events (statistics, errors): this client is only polled
-    /// here. One event per `poll(0)`; a bound keeps a flood from holding the thread.
+    /// here. `poll` serves events until its timeout, so a backlog is served within a bound.
     fn serve_events(&self) {
-        for _ in 0..64 {
-            let _ = self.consumer.poll(Duration::ZERO);
-        }
+        let _ = self.consumer.poll(SERVE_EVENTS);
     }
 
-    /// Request counts from a statistics report built after this call began, waiting up
-    /// to `wait` for it; `None` without statistics or when none came in time.
+    /// Request counts from a statistics report made after this call began, waiting up to
+    /// `wait` for one; `None` without statistics or when none came in time.
     pub fn requests_sent(&self, wait: Duration) -> Option<RequestCounts> {
-        // Reports already queued predate the call: serve them first, then wait for two new
-        // ones (the first may have been built just before the call and queued after).
-        self.serve_events();
-        let seen = self.consumer.context().statistics.load(Ordering::SeqCst);
-        let deadline = Instant::now() + wait;
-        while self.consumer.context().statistics.load(Ordering::SeqCst) < seen + 2 {
+        let asked = Instant::now();
+        let deadline = asked + wait;
+        loop {
+            if let Ok(last) = self.consumer.context().requests.lock()
+                && let Some((made, counts)) = last.as_ref()
+                && *made >= asked
+            {
+                return Some(counts.clone());
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
             }
+            // Serves queued events (older reports first) until a report or the timeout.
             let _ = self.consumer.poll(left.min(Duration::from_millis(50)));
         }
-        self.consumer.context().requests.lock().ok().and_then(|last| last.clone())
     }
+}
+
+/// Kafka's rule for topic names (1 to 249 of `[a-zA-Z0-9._-]`); librdkafka's client
+/// panics on a name with a NUL byte, and the names come from consumers.
+fn valid_topic_name(topic: &str) -> bool {
+    (1..=249).contains(&topic.len())
+        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// Applies `change` to the observation of `topic`'s `partition`, if it was listed.

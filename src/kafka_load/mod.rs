@@ -293,3 +293,63 @@ impl Drop for KafkaLoad {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn closed(settings: KafkaLoadSettings) -> Result<KafkaLoad, KafkaLoadError> {
+        // Port 9: nothing listens; the client connects lazily.
+        KafkaLoad::new(&["127.0.0.1:9".into()], &[], Duration::from_millis(200), settings)
+    }
+
+    #[tokio::test]
+    async fn needs_brokers_and_valid_settings() {
+        let timeout = Duration::from_secs(1);
+        let settings = KafkaLoadSettings::default();
+        assert!(matches!(
+            KafkaLoad::new(&[], &[], timeout, settings.clone()),
+            Err(KafkaLoadError::Config(_))
+        ));
+        let zero = KafkaLoadSettings { refresh: Duration::ZERO, ..settings.clone() };
+        assert!(matches!(closed(zero), Err(KafkaLoadError::Config(_))));
+        let bad = [("no.such.property".to_string(), "1".to_string())];
+        let error = KafkaLoad::new(&["127.0.0.1:9".into()], &bad, timeout, settings).unwrap_err();
+        assert!(error.to_string().contains("no.such.property"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn asking_registers_the_topic_and_answers_none() {
+        let source = closed(KafkaLoadSettings::default()).unwrap();
+        assert_eq!(source.stats().topics, 0);
+        assert_eq!(source.weights("orders"), None);
+        assert_eq!(source.zones("events"), None);
+        assert_eq!(source.weights("orders"), None);
+        assert_eq!(source.stats(), LoadStats { refreshes: 0, errors: 0, topics: 2 });
+        assert_eq!(source.describe(), "Kafka at 127.0.0.1:9 (produce rate)");
+        let grouped = KafkaLoadSettings { lag_group: Some("g".into()), ..KafkaLoadSettings::default() };
+        assert!(closed(grouped).unwrap().describe().contains("lag of group 'g'"));
+    }
+
+    #[tokio::test]
+    async fn a_name_kafka_would_refuse_is_an_error_not_a_panic() {
+        let source = closed(KafkaLoadSettings::default()).unwrap();
+        assert_eq!(source.weights("bad\0name"), None);
+        assert_eq!(source.weights(&"x".repeat(250)), None);
+        // Neither reaches librdkafka: the refresh succeeds with both counted as errors.
+        source.refresh().await.unwrap();
+        assert_eq!(source.stats(), LoadStats { refreshes: 1, errors: 2, topics: 2 });
+        assert_eq!(source.weights("bad\0name"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_task_stops_when_cancelled() {
+        let source = Arc::new(closed(KafkaLoadSettings::default()).unwrap());
+        let stop = CancellationToken::new();
+        let task = source.spawn(stop.clone());
+        tokio::time::sleep(DEFAULT_REFRESH * 3).await;
+        assert_eq!(source.stats().refreshes, 0, "nothing to learn, nothing asked");
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(1), task).await.unwrap().unwrap();
+    }
+}

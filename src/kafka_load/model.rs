@@ -100,7 +100,10 @@ mod tests {
     const WINDOW: Duration = Duration::from_secs(60);
     const HORIZON: Duration = Duration::from_secs(60);
 
-    fn seen(entries: &[(u32, Option<i32>, Option<i64>, Option<i64>)]) -> TopicObservation {
+    /// partition, leader, end offset, committed offset.
+    type Seen = (u32, Option<i32>, Option<i64>, Option<i64>);
+
+    fn seen(entries: &[Seen]) -> TopicObservation {
         entries
             .iter()
             .map(|&(p, leader, end_offset, committed)| {
