@@ -22,7 +22,7 @@
 //! no broker rack, so the racks come from the operator ([`KafkaLoadSettings::broker_racks`]);
 //! a partition's zone is its leader's rack.
 
-pub mod fetch;
+mod fetch;
 pub mod model;
 pub mod rates;
 
