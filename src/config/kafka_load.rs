@@ -1,7 +1,9 @@
 //! The `serve` flags of partition weights learned from Kafka (docs/design.md §11), to be
 //! flattened into the serve flags; [`KafkaLoadArgs::settings`] turns them into
-//! [`KafkaLoadSettings`]. The brokers, librdkafka settings and request timeout are the
-//! `--kafka-brokers`, `--kafka-config` and `--kafka-timeout` flags.
+//! [`KafkaLoadSettings`]. Shared with other serve flags: the brokers, librdkafka settings
+//! and request timeout are `--kafka-brokers`, `--kafka-config` and `--kafka-timeout`, and
+//! Kafka is read every `--weights-refresh` (the interval at which the leader asks for
+//! weights: reading Kafka more often would learn nothing the leader uses).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -11,11 +13,6 @@ use crate::kafka_load::KafkaLoadSettings;
 /// Flags of weights learned from Kafka.
 #[derive(Clone, Debug, clap::Args)]
 pub struct KafkaLoadArgs {
-    /// How often partition weights are refreshed from Kafka (latest offsets, and the lag
-    /// group's committed offsets).
-    #[arg(long, env = "KAFKA_ASSIGNER_WEIGHTS_REFRESH", value_parser = parse_duration, default_value = "10s")]
-    pub weights_refresh: Duration,
-
     /// Time constant of the produce rate's moving average: a sustained change in a
     /// partition's rate is 63 % reflected after this long (`0s`: no smoothing).
     #[arg(long, env = "KAFKA_ASSIGNER_WEIGHTS_WINDOW", value_parser = humantime_or_zero, default_value = "60s")]
@@ -63,11 +60,12 @@ pub fn parse_broker_racks(text: &str) -> Result<BrokerRacks, String> {
 }
 
 impl KafkaLoadArgs {
-    /// The settings these flags ask for (a later `--broker-racks` wins for the same id).
-    pub fn settings(&self) -> KafkaLoadSettings {
+    /// The settings these flags ask for, Kafka read every `refresh` (`--weights-refresh`);
+    /// a later `--broker-racks` wins for the same id.
+    pub fn settings(&self, refresh: Duration) -> KafkaLoadSettings {
         let lag_group = self.lag_group.as_deref().map(str::trim).filter(|g| !g.is_empty()).map(String::from);
         KafkaLoadSettings {
-            refresh: self.weights_refresh,
+            refresh,
             window: self.weights_window,
             lag_group,
             lag_horizon: self.lag_horizon,
@@ -82,6 +80,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::kafka_load::DEFAULT_REFRESH;
 
     #[derive(Debug, Parser)]
     struct Flags {
@@ -91,7 +90,7 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<KafkaLoadSettings, String> {
         let all = std::iter::once("test").chain(args.iter().copied());
-        Flags::try_parse_from(all).map(|f| f.load.settings()).map_err(|e| e.to_string())
+        Flags::try_parse_from(all).map(|f| f.load.settings(DEFAULT_REFRESH)).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -103,8 +102,6 @@ mod tests {
     #[test]
     fn every_flag() {
         let settings = parse(&[
-            "--weights-refresh",
-            "2s",
             "--weights-window",
             "0s",
             "--lag-group",
@@ -117,7 +114,6 @@ mod tests {
             "3=zone-c,2=zone-x",
         ])
         .unwrap();
-        assert_eq!(settings.refresh, Duration::from_secs(2));
         assert_eq!(settings.window, Duration::ZERO);
         assert_eq!(settings.lag_group.as_deref(), Some("orders-consumers"));
         assert_eq!(settings.lag_horizon, Duration::from_secs(300));
@@ -127,9 +123,24 @@ mod tests {
     }
 
     #[test]
+    fn flattens_into_the_serve_flags_without_a_clash() {
+        #[derive(Debug, Parser)]
+        struct Serve {
+            #[command(flatten)]
+            serve: crate::config::ServeArgs,
+            #[command(flatten)]
+            load: KafkaLoadArgs,
+        }
+        use clap::CommandFactory;
+        Serve::command().debug_assert();
+        let parsed = Serve::try_parse_from(["serve", "--weights-refresh", "2s", "--lag-group", "g"]).unwrap();
+        let settings = parsed.load.settings(parsed.serve.weights_refresh);
+        assert_eq!((settings.refresh, settings.lag_group.as_deref()), (Duration::from_secs(2), Some("g")));
+    }
+
+    #[test]
     fn bad_values_name_their_flag() {
         for (flag, value) in [
-            ("--weights-refresh", "0s"),
             ("--weights-window", "soon"),
             ("--lag-horizon", "0s"),
             ("--broker-racks", "1:zone-a"),

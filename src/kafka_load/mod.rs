@@ -44,7 +44,7 @@ use model::TopicModel;
 
 use crate::weights::WeightSource;
 
-/// Default refresh interval (`--weights-refresh`).
+/// Default refresh interval (the default of `--weights-refresh`, shared with the leader).
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(10);
 /// Default EWMA time constant of the produce rate (`--weights-window`).
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
