@@ -36,6 +36,7 @@
 //! * [`testing`] — the assigner in-process for users' integration tests.
 //! * [`weights`] — where partition weights come from (Kafka, or the operator), for
 //!   placement by load.
+//! * [`kafka_load`] — partition weights learned from Kafka (produce rate, lag), and zones.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -48,6 +49,7 @@ pub mod drain;
 pub mod duration;
 pub mod handoff;
 pub mod kafka;
+pub mod kafka_load;
 pub mod metrics;
 pub mod server;
 pub mod status;

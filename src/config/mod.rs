@@ -8,6 +8,7 @@ use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration}
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub mod kafka_load;
 pub mod security;
 
 pub use crate::drain::DrainPolicy;

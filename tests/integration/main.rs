@@ -23,6 +23,7 @@ mod k8s_api;
 mod k8s_drain;
 mod k8s_info;
 mod k8s_rollout;
+mod kafka_load;
 mod kafka_metadata;
 mod log_format;
 mod manifests;
