@@ -11,6 +11,7 @@ use crate::coordinator::{
 use crate::drain::{DrainDecider, FixedDecider, K8sDrainDecider, K8sSettings, RolloutView};
 use crate::handoff::{PlacementMode, PlacementSettings, PlanConfig};
 use crate::kafka::KafkaMetadata;
+use crate::kafka_load::{KafkaLoad, Learning};
 use crate::metrics::Metrics;
 use crate::store::{EtcdStore, EtcdStoreConfig, LeaseStore, MemoryStore, MeteredStore};
 use crate::weights::{ExplicitWeights, WeightSource, WeightsError};
@@ -33,6 +34,9 @@ pub enum BackendError {
     /// `--partition-weights` / `--partition-weights-file` cannot be used.
     #[error("{0}")]
     Weights(#[from] WeightsError),
+    /// The Kafka client that learns partition weights could not be created.
+    #[error("{0}")]
+    KafkaLoad(#[from] crate::kafka_load::KafkaLoadError),
 }
 
 /// What `--drain-policy` builds: the `Deregister` decider and, under `k8s`, the Kubernetes
@@ -147,10 +151,21 @@ pub fn placement_from_args(args: &ServeArgs) -> PlacementSettings {
     }
 }
 
-/// The explicit weights of `--partition-weights` and `--partition-weights-file` (the file
-/// watched every `--weights-refresh`), if either is set. A file that cannot be read or
-/// parsed stops the start.
+/// Where partition weights come from: the explicit weights of `--partition-weights` and
+/// `--partition-weights-file` (the file watched every `--weights-refresh`) if either is
+/// set; otherwise, with `--kafka-brokers`, weights learned from Kafka (produce rate, lag of
+/// `--lag-group`; docs/design.md §11) every `--weights-refresh`. The operator's word wins:
+/// someone who gives weights knows the load better than the offsets tell. A file that
+/// cannot be read or parsed stops the start.
 pub fn weights_from_args(args: &ServeArgs) -> Result<Option<Arc<dyn WeightSource>>, BackendError> {
+    let kafka = !args.kafka_brokers.iter().all(|b| b.trim().is_empty());
+    if args.partition_weights.is_none() && args.partition_weights_file.is_none() && kafka {
+        let settings = args.kafka_load.settings(args.weights_refresh);
+        let load = KafkaLoad::new(&args.kafka_brokers, &args.kafka_settings(), args.kafka_timeout, settings)?;
+        let learning = Learning::start(load);
+        tracing::info!(source = %learning.describe(), "partition weights are learned from Kafka");
+        return Ok(Some(Arc::new(learning)));
+    }
     if args.partition_weights.is_none() && args.partition_weights_file.is_none() {
         if args.placement == PlacementArg::Load {
             tracing::warn!(
@@ -191,7 +206,8 @@ async fn open_store(
     metrics: &Arc<Metrics>,
 ) -> Result<Arc<dyn LeaseStore>, BackendError> {
     let store: Arc<dyn LeaseStore> = match kind {
-        StoreKind::Memory => Arc::new(MemoryStore::new()),
+        // Revisions (and so ownership epochs) above any an earlier run handed out.
+        StoreKind::Memory => Arc::new(MemoryStore::starting_now()),
         StoreKind::Etcd => {
             let security = args.etcd_security.security().map_err(BackendError::Config)?;
             let config = EtcdStoreConfig {

@@ -249,6 +249,11 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_WEIGHTS_REFRESH", value_parser = parse_duration, default_value = "10s")]
     pub weights_refresh: Duration,
 
+    /// Partition weights learned from Kafka (with `--kafka-brokers`, unless weights are
+    /// given): the rate window, the lag group and horizon, broker racks.
+    #[command(flatten)]
+    pub kafka_load: kafka_load::KafkaLoadArgs,
+
     /// TLS and credentials to etcd.
     #[command(flatten)]
     pub etcd_security: security::EtcdSecurityArgs,

@@ -280,6 +280,43 @@ impl WeightSource for KafkaLoad {
     }
 }
 
+/// A [`KafkaLoad`] with its refresh task running for as long as this value lives: what the
+/// server hands the coordinator, so dropping the coordinator's weights stops the task.
+pub struct Learning {
+    load: Arc<KafkaLoad>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl Learning {
+    /// Spawns `load`'s refresh task (inside a runtime) and keeps it running while the
+    /// returned value lives.
+    pub fn start(load: KafkaLoad) -> Self {
+        let load = Arc::new(load);
+        let stop = CancellationToken::new();
+        load.spawn(stop.clone());
+        Self { load, _stop: stop.drop_guard() }
+    }
+
+    /// The source, for its counters.
+    pub fn load(&self) -> &Arc<KafkaLoad> {
+        &self.load
+    }
+}
+
+impl WeightSource for Learning {
+    fn weights(&self, topic: &str) -> Option<BTreeMap<u32, u64>> {
+        self.load.weights(topic)
+    }
+
+    fn zones(&self, topic: &str) -> Option<BTreeMap<u32, String>> {
+        self.load.zones(topic)
+    }
+
+    fn describe(&self) -> String {
+        self.load.describe()
+    }
+}
+
 impl Drop for KafkaLoad {
     /// Closing librdkafka blocks (threads are joined): done on the blocking pool when
     /// dropped inside a runtime.
