@@ -4,6 +4,7 @@ mod busy_instance;
 mod client;
 #[cfg(feature = "testcontainers")]
 mod client_containers;
+mod client_epochs;
 mod client_in_process;
 mod client_session;
 mod compose;

@@ -1,5 +1,6 @@
-//! The client's RPCs: opening a `Register` stream, and `PartitionReady` /
-//! `PartitionReleased` / `Deregister` with retries of transient errors.
+//! The client's RPCs: opening a `Register` stream and, beside it, the `WatchEpochs`
+//! stream, and `PartitionReady` / `PartitionReleased` / `Deregister` with retries of
+//! transient errors.
 
 use std::time::Duration;
 
@@ -13,8 +14,9 @@ use tonic::{
 use super::Backoff;
 use crate::proto::SESSION_TTL_HEADER;
 use crate::proto::v1::{
-    AssignmentCommand, DeregisterAction, DeregisterRequest, PartitionReadyRequest, PartitionReleasedRequest,
-    RegisterRequest, TopicPartition, kafka_assigner_client::KafkaAssignerClient,
+    AssignmentCommand, DeregisterAction, DeregisterRequest, EpochSnapshot, PartitionReadyRequest,
+    PartitionReleasedRequest, RegisterRequest, TopicPartition, WatchEpochsRequest,
+    kafka_assigner_client::KafkaAssignerClient, ownership_epochs_client::OwnershipEpochsClient,
 };
 
 /// A gRPC client on one connection.
@@ -30,25 +32,52 @@ pub fn is_transient(status: &Status) -> bool {
     )
 }
 
-/// Connects to `endpoint` and opens the `Register` stream; also returns the session TTL
-/// the assigner announced, if it did.
+/// A `Register` stream just opened.
+pub struct Registered {
+    /// The contract's client on the stream's connection.
+    pub rpc: Rpc,
+    /// The connection itself (`WatchEpochs` goes to the same instance).
+    pub channel: Channel,
+    /// The commands.
+    pub stream: Streaming<AssignmentCommand>,
+    /// The session TTL the assigner announced, if it did.
+    pub announced_ttl: Option<Duration>,
+}
+
+/// Connects to `endpoint` and opens the `Register` stream.
 pub async fn register(
     endpoint: &Endpoint,
     consumer: &str,
     topic: &str,
     timeout: Duration,
-) -> Result<(Rpc, Streaming<AssignmentCommand>, Option<Duration>), Status> {
+) -> Result<Registered, Status> {
     let channel = endpoint
         .connect()
         .await
         .map_err(|e| Status::unavailable(format!("cannot connect to {}: {e}", endpoint.uri())))?;
-    let mut rpc = KafkaAssignerClient::new(channel);
+    let mut rpc = KafkaAssignerClient::new(channel.clone());
     let request = RegisterRequest { consumer_name: consumer.to_string(), topic: topic.to_string() };
     let response = tokio::time::timeout(timeout, rpc.register(request))
         .await
         .map_err(|_| Status::unavailable(format!("Register not answered within {timeout:?}")))??;
-    let ttl = announced_session_ttl(response.metadata());
-    Ok((rpc, response.into_inner(), ttl))
+    let announced_ttl = announced_session_ttl(response.metadata());
+    Ok(Registered { rpc, channel, stream: response.into_inner(), announced_ttl })
+}
+
+/// Opens `WatchEpochs` on `channel` (the `Register` stream's: the instance that holds the
+/// registration answers). `UNIMPLEMENTED` from an assigner without epochs is returned as is.
+pub async fn watch_epochs(
+    channel: Channel,
+    consumer: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Streaming<EpochSnapshot>, Status> {
+    let mut client = OwnershipEpochsClient::new(channel);
+    let request = WatchEpochsRequest { consumer_name: consumer.to_string(), topic: topic.to_string() };
+    let response = tokio::time::timeout(timeout, client.watch_epochs(request))
+        .await
+        .map_err(|_| Status::unavailable(format!("WatchEpochs not answered within {timeout:?}")))??;
+    Ok(response.into_inner())
 }
 
 /// The session TTL in the `Register` response headers ([`SESSION_TTL_HEADER`]). A missing,
@@ -244,7 +273,7 @@ mod tests {
     async fn refusals_that_mean_done_and_refused() {
         let server = server().await;
         let endpoint = Endpoint::from_shared(server.grpc_url()).expect("url");
-        let (_rpc, mut stream, ttl) =
+        let Registered { mut stream, announced_ttl: ttl, .. } =
             register(&endpoint, "c", "events", Duration::from_secs(2)).await.expect("Register");
         assert_eq!(ttl, Some(HandoffConfig::default().lease_ttl), "the server announces its session TTL");
         // The snapshot, then (the leader plans the new group after its rebalance delay)

@@ -1,5 +1,13 @@
 //! The client task: one `Register` stream at a time, reconnects with backoff and jitter
 //! across the endpoints, the client-side lease, and the shutdown dance.
+//!
+//! Beside each `Register` stream, once its first message is in, a `WatchEpochs` stream on
+//! the same connection (docs/design.md §10): commands wait in the [`EpochGate`] until the
+//! epochs they need have arrived, then go to the state machine. An epoch that does not
+//! arrive within the call timeout, or a `WatchEpochs` that fails or ends, drops the session
+//! like a broken stream (register again). An assigner without epochs (`UNIMPLEMENTED`)
+//! gives epoch 0 under [`EpochPolicy::IfServed`] and ends the client under
+//! [`EpochPolicy::Required`].
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,15 +21,20 @@ use tokio::{
     task::{JoinHandle, JoinSet},
     time::Instant,
 };
-use tonic::{Code, Status, Streaming, transport::Endpoint};
+use tonic::{
+    Code, Status, Streaming,
+    transport::{Channel, Endpoint},
+};
 
-use super::calls::{self, Ack, AckOutcome, CallSettings, Rpc};
+use super::calls::{self, Ack, AckOutcome, CallSettings, Registered, Rpc};
+use super::epochs::{Command as Gated, EpochGate};
 use super::state::{Action, ClientState, Input, Stage};
 use super::workers::Workers;
-use super::{ClientConfig, ClientError, ClientMetrics, Handler, ShutdownOutcome};
-use crate::proto::v1::{AssignmentCommand, DeregisterAction, assignment_command::Command};
+use super::{ClientConfig, ClientError, ClientMetrics, EpochPolicy, Handler, ShutdownOutcome};
+use crate::proto::v1::{AssignmentCommand, DeregisterAction, EpochSnapshot, assignment_command::Command};
 
-type Connecting = JoinHandle<Result<(Rpc, Streaming<AssignmentCommand>, Option<Duration>), Status>>;
+type Connecting = JoinHandle<Result<Registered, Status>>;
+type OpeningEpochs = JoinHandle<Result<Streaming<EpochSnapshot>, Status>>;
 
 /// Everything the client task holds.
 pub struct Driver<H> {
@@ -37,6 +50,14 @@ pub struct Driver<H> {
     rpc: watch::Sender<Option<Rpc>>,
     acks: JoinSet<(Ack, u32, AckOutcome)>,
     stream: Option<Streaming<AssignmentCommand>>,
+    /// The stream's connection, for `WatchEpochs`.
+    channel: Option<Channel>,
+    /// `WatchEpochs`, being opened.
+    opening_epochs: Option<OpeningEpochs>,
+    /// `WatchEpochs`, open.
+    epochs: Option<Streaming<EpochSnapshot>>,
+    /// Commands waiting for their epochs.
+    gate: EpochGate,
     /// The next message on the stream is the snapshot.
     expect_snapshot: bool,
     connecting: Option<Connecting>,
@@ -65,6 +86,7 @@ impl<H: Handler> Driver<H> {
         let (done_tx, done) = mpsc::unbounded_channel();
         let workers = Workers::new(handler, config.topic.clone(), metrics.clone(), done_tx);
         let session_timeout = config.session_timeout;
+        let gate = EpochGate::new(config.call_timeout);
         metrics.session_timeout_seconds.set(session_timeout.as_secs_f64());
         Self {
             config,
@@ -78,6 +100,10 @@ impl<H: Handler> Driver<H> {
             rpc: watch::channel(None).0,
             acks: JoinSet::new(),
             stream: None,
+            channel: None,
+            opening_epochs: None,
+            epochs: None,
+            gate,
             expect_snapshot: false,
             connecting: None,
             next_endpoint: 0,
@@ -158,10 +184,49 @@ impl<H: Handler> Driver<H> {
                         Err(status) => self.went_down(&format!("{:?}: {}", status.code(), status.message())),
                     }
                 }
+                Some(opened) = OptionFuture::from(self.opening_epochs.as_mut()), if self.opening_epochs.is_some() => {
+                    self.opening_epochs = None;
+                    match opened {
+                        Ok(Ok(epochs)) => {
+                            self.epochs = Some(epochs);
+                            self.gate.answered(true);
+                        }
+                        Ok(Err(status)) if status.code() == Code::Unimplemented => self.no_epochs(status)?,
+                        Ok(Err(status)) => {
+                            self.went_down(&format!("WatchEpochs: {:?}: {}", status.code(), status.message()))
+                        }
+                        Err(error) => self.went_down(&format!("WatchEpochs: {error}")),
+                    }
+                }
+                snapshot = next_message(&mut self.epochs), if self.epochs.is_some() => {
+                    match snapshot {
+                        Ok(Some(snapshot)) => {
+                            let partitions = snapshot.partitions.iter().map(|p| (p.partition, p.epoch, p.warming));
+                            self.gate.snapshot(partitions);
+                            self.release_gate();
+                        }
+                        // A drain ends both streams; the commands' end is what tells.
+                        Ok(None) | Err(_) if stopping => self.epochs = None,
+                        Ok(None) => self.went_down("the assigner ended the WatchEpochs stream"),
+                        Err(status) => {
+                            self.went_down(&format!("WatchEpochs: {:?}: {}", status.code(), status.message()))
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(self.gate.deadline().unwrap_or_else(far)),
+                    if self.gate.deadline().is_some() => {
+                    let why = format!(
+                        "{} did not arrive within {:?}: never handing a partition over without its epoch",
+                        self.gate.waiting_for(),
+                        self.config.call_timeout
+                    );
+                    self.metrics.epoch_timeouts.inc();
+                    self.went_down(&why);
+                }
                 Some(connected) = OptionFuture::from(self.connecting.as_mut()), if self.connecting.is_some() => {
                     self.connecting = None;
                     match connected {
-                        Ok(Ok((rpc, stream, announced))) => self.connected(rpc, stream, announced),
+                        Ok(Ok(registered)) => self.connected(registered),
                         Ok(Err(status)) if status.code() == Code::InvalidArgument => {
                             return Err(ClientError::Refused(status));
                         }
@@ -235,7 +300,7 @@ impl<H: Handler> Driver<H> {
                     self.metrics.abandoned_releases.inc();
                 }
                 other => {
-                    if let Action::Release(p) = other {
+                    if let Action::Release(p, _) = other {
                         self.release_deadlines.insert(p, Instant::now() + self.session_timeout);
                     }
                     if let Some(workers) = self.workers.as_mut() {
@@ -284,35 +349,88 @@ impl<H: Handler> Driver<H> {
         let part = |tp: Option<crate::proto::v1::TopicPartition>| tp.map(|tp| tp.partition);
         let partitions =
             |tps: Vec<crate::proto::v1::TopicPartition>| tps.into_iter().map(|tp| tp.partition).collect();
-        let (kind, input) = match command.command {
+        let (kind, gated) = match command.command {
             Some(Command::Assignment(update)) if snapshot => {
-                ("snapshot", Some(Input::Snapshot(partitions(update.assigned))))
+                ("snapshot", Some(Gated::Snapshot(partitions(update.assigned))))
             }
             Some(Command::Assignment(update)) => (
                 "assignment",
-                Some(Input::Update {
+                Some(Gated::Update {
                     assigned: partitions(update.assigned),
                     unassigned: partitions(update.unassigned),
                 }),
             ),
-            Some(Command::Warm(warm)) => ("warm", part(warm.partition).map(Input::Warm)),
-            Some(Command::Release(release)) => ("release", part(release.partition).map(Input::Release)),
+            Some(Command::Warm(warm)) => ("warm", part(warm.partition).map(Gated::Warm)),
+            Some(Command::Release(release)) => ("release", part(release.partition).map(Gated::Release)),
             None => ("empty", None),
         };
         ClientMetrics::count(&self.metrics.commands, kind);
+        let now = Instant::now();
         if snapshot {
-            // The stream is back: the lease is renewed, whatever the snapshot says.
-            self.lease_deadline = None;
+            // The registration exists now: its epochs can be asked for.
+            self.open_epochs();
             if kind != "snapshot" {
-                self.apply(Input::Snapshot(Vec::new()));
+                self.gate.push(Gated::Snapshot(Vec::new()), now);
             }
         }
-        match input {
-            Some(input) => {
-                tracing::debug!(?input, "command");
-                self.apply(input);
+        match gated {
+            Some(gated) => {
+                tracing::debug!(?gated, "command");
+                self.gate.push(gated, now);
             }
             None => tracing::warn!(kind, "a command without a partition; ignored"),
+        }
+        self.release_gate();
+    }
+
+    /// Applies the commands whose epochs are known, in order.
+    fn release_gate(&mut self) {
+        for input in self.gate.ready() {
+            if matches!(input, Input::Snapshot(_)) {
+                // The stream is back: the lease is renewed, whatever the snapshot says. Not
+                // before its epochs are in: until then the client holds nothing new, and what
+                // it held is still counted down.
+                self.lease_deadline = None;
+            }
+            self.apply(input);
+        }
+    }
+
+    /// Opens `WatchEpochs` on the stream's connection, in the background.
+    fn open_epochs(&mut self) {
+        let Some(channel) = self.channel.clone() else { return };
+        if let Some(opening) = self.opening_epochs.take() {
+            opening.abort();
+        }
+        self.epochs = None;
+        let (consumer, topic) = (self.config.consumer_name.clone(), self.config.topic.clone());
+        let timeout = self.config.call_timeout;
+        self.opening_epochs =
+            Some(tokio::spawn(async move { calls::watch_epochs(channel, &consumer, &topic, timeout).await }));
+    }
+
+    /// The assigner has no epochs (`UNIMPLEMENTED`): epoch 0, or the end under
+    /// [`EpochPolicy::Required`].
+    fn no_epochs(&mut self, status: Status) -> Result<(), ClientError> {
+        let endpoint = self.config.endpoints[self.next_endpoint % self.endpoints.len()].clone();
+        match self.config.epochs {
+            EpochPolicy::Required => {
+                tracing::error!(
+                    %endpoint,
+                    %status,
+                    "the assigner hands out no ownership epochs and they are required; stopping"
+                );
+                Err(ClientError::EpochsNotServed { endpoint, status })
+            }
+            EpochPolicy::IfServed => {
+                tracing::info!(
+                    %endpoint,
+                    "the assigner hands out no ownership epochs: partitions go to the handler with epoch 0"
+                );
+                self.gate.answered(false);
+                self.release_gate();
+                Ok(())
+            }
         }
     }
 
@@ -325,11 +443,14 @@ impl<H: Handler> Driver<H> {
             Some(tokio::spawn(async move { calls::register(&endpoint, &consumer, &topic, timeout).await }));
     }
 
-    fn connected(&mut self, rpc: Rpc, stream: Streaming<AssignmentCommand>, announced: Option<Duration>) {
+    fn connected(&mut self, registered: Registered) {
+        let Registered { rpc, channel, stream, announced_ttl } = registered;
         let endpoint = &self.config.endpoints[self.next_endpoint % self.endpoints.len()];
         tracing::info!(%endpoint, consumer = %self.config.consumer_name, "registered");
-        self.learn_session_ttl(announced);
+        self.learn_session_ttl(announced_ttl);
         self.stream = Some(stream);
+        self.channel = Some(channel);
+        self.drop_epochs();
         self.expect_snapshot = true;
         self.attempt = 0;
         self.rpc.send_replace(Some(rpc));
@@ -379,6 +500,8 @@ impl<H: Handler> Driver<H> {
     fn went_down(&mut self, why: &str) {
         tracing::warn!(why, "stream lost; reconnecting");
         self.stream = None;
+        self.channel = None;
+        self.drop_epochs();
         self.rpc.send_replace(None);
         self.connected_tx.send_replace(false);
         self.metrics.connected.set(0);
@@ -392,12 +515,22 @@ impl<H: Handler> Driver<H> {
         self.schedule_reconnect();
     }
 
+    /// Forgets the epochs stream and what waited for it (a new session starts over).
+    fn drop_epochs(&mut self) {
+        if let Some(opening) = self.opening_epochs.take() {
+            opening.abort();
+        }
+        self.epochs = None;
+        self.gate.reset();
+    }
+
     /// Unassigns what is left, runs the queued handler calls, sends the last
     /// acknowledgements (bounded), and marks the client disconnected.
     async fn finish(&mut self) {
         if let Some(connecting) = self.connecting.take() {
             connecting.abort();
         }
+        self.drop_epochs();
         self.apply(Input::LoseAll);
         self.stream = None;
         if let Some(workers) = self.workers.take() {
@@ -425,9 +558,7 @@ impl<H: Handler> Driver<H> {
 }
 
 /// The next message of the stream (pending forever without one).
-async fn next_message(
-    stream: &mut Option<Streaming<AssignmentCommand>>,
-) -> Result<Option<AssignmentCommand>, Status> {
+async fn next_message<T>(stream: &mut Option<Streaming<T>>) -> Result<Option<T>, Status> {
     match stream.as_mut() {
         Some(stream) => stream.message().await,
         None => std::future::pending().await,

@@ -11,6 +11,15 @@ pub struct Partition {
     pub topic: String,
     /// The partition number.
     pub partition: u32,
+    /// The epoch of this consumer's ownership of the partition (docs/design.md §10): greater
+    /// than the epoch of every earlier owner, so a sink that refuses epochs below the highest
+    /// it has seen ([`Fence`](crate::Fence)) cannot be written by a superseded owner. For
+    /// `warm`, the epoch the consumer will own the partition with; for `release` and
+    /// `unassigned`, the epoch it was held with.
+    ///
+    /// `0` means this server hands out no epochs: nothing to fence with (see
+    /// [`EpochPolicy`](crate::EpochPolicy)). A served epoch is never 0.
+    pub epoch: u64,
 }
 
 impl fmt::Display for Partition {
@@ -25,6 +34,10 @@ pub type WarmError = Box<dyn std::error::Error + Send + Sync>;
 /// What the client calls as the assigner moves partitions. Calls for one partition never
 /// overlap and come in the order the commands arrived; calls for different partitions may
 /// run at the same time.
+///
+/// Every partition handed to the handler carries its [`Partition::epoch`]: the client waits
+/// for it (on the assigner's `WatchEpochs` stream) before `warm` and `assigned`, and never
+/// calls either without it.
 ///
 /// * `warm(p)`: prepare `p` (load state, catch up) without processing it. `Ok` sends
 ///   `PartitionReady`; an error is logged and the assigner times the warm out.

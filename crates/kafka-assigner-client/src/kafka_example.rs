@@ -12,6 +12,14 @@
 //!   committed (synchronously) under one lock with the owned set, so a release never
 //!   commits a position the callback has not seen, and a killed consumer leaves at most
 //!   the message it was processing uncommitted.
+//! * Epochs (docs/design.md §10): every offset commit carries the partition's epoch in its
+//!   metadata (`epoch=<n>`), and `assigned(p)` refuses to resume from a commit whose epoch
+//!   is above its own: a newer owner has committed, so this ownership is already superseded
+//!   (it logs an error and leaves `p` alone). Kafka does not check the metadata on commit,
+//!   so a superseded owner can still commit once more; the check on resume keeps a stale
+//!   owner that comes back from starting over someone else's progress. A commit without
+//!   the metadata (from before epochs) counts as epoch 0, and so does a partition handed
+//!   out by an assigner without epochs: 0 resumes from 0 only, as with [`Fence`](crate::Fence).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -50,6 +58,20 @@ pub enum ExampleError {
         /// The bound.
         timeout: Duration,
     },
+    /// The group's committed offset carries a greater epoch than this consumer's ownership:
+    /// a newer owner committed, this ownership is superseded.
+    #[error(
+        "partition {partition}: the committed offset is from epoch {committed}, above ours ({ours}): \
+         a newer owner has committed; not resuming"
+    )]
+    NewerOwner {
+        /// The partition.
+        partition: i32,
+        /// The epoch in the committed offset's metadata.
+        committed: u64,
+        /// The epoch of this consumer's ownership.
+        ours: u64,
+    },
     /// A blocking task could not run.
     #[error("task: {0}")]
     Task(String),
@@ -71,10 +93,45 @@ pub struct KafkaSettings {
 /// Called for every message processed: partition, offset, payload.
 pub type OnMessage = Arc<dyn Fn(i32, i64, &[u8]) + Send + Sync>;
 
-/// Partitions being processed and the next offset of each.
+/// Partitions being processed: the next offset of each, and the epoch it is owned with.
 #[derive(Default)]
 struct Owned {
-    next: BTreeMap<i32, Option<i64>>,
+    next: BTreeMap<i32, Held>,
+}
+
+/// One partition being processed.
+struct Held {
+    /// The next offset (`None`: from the beginning, nothing processed yet).
+    next: Option<i64>,
+    /// The epoch of the ownership, written into every commit.
+    epoch: u64,
+}
+
+/// The metadata of an offset commit made with `epoch`.
+pub fn commit_metadata(epoch: u64) -> String {
+    format!("epoch={epoch}")
+}
+
+/// The epoch in an offset commit's metadata ([`commit_metadata`]); `0` for a commit without
+/// one (empty metadata, or anything else: from before epochs, or from another tool).
+pub fn epoch_of_metadata(metadata: &str) -> u64 {
+    metadata.trim().strip_prefix("epoch=").and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// `offset` of `topic`/`partition`, committed with `epoch` in the metadata.
+fn commit_list(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    epoch: u64,
+) -> Result<TopicPartitionList, ExampleError> {
+    let mut tpl = TopicPartitionList::new();
+    {
+        let mut element = tpl.add_partition(topic, partition);
+        element.set_offset(Offset::Offset(offset))?;
+        element.set_metadata(commit_metadata(epoch));
+    }
+    Ok(tpl)
 }
 
 /// The example consumer's [`Handler`] (see the module docs). Cheap to clone.
@@ -157,18 +214,19 @@ impl Inner {
         Ok(tpl)
     }
 
-    /// The group's committed offset of `partition` (`None`: nothing committed yet).
-    fn committed(&self, partition: i32) -> Result<Option<i64>, ExampleError> {
+    /// The group's committed offset of `partition` and the epoch it was committed with
+    /// (`None`: nothing committed yet).
+    fn committed(&self, partition: i32) -> Result<Option<(i64, u64)>, ExampleError> {
         let tpl = self.consumer.committed_offsets(self.tpl(partition, None)?, self.settings.timeout)?;
-        let offset = tpl.find_partition(&self.settings.topic, partition).map(|e| e.offset());
-        Ok(match offset {
-            Some(Offset::Offset(o)) if o >= 0 => Some(o),
+        let element = tpl.find_partition(&self.settings.topic, partition);
+        Ok(element.and_then(|e| match e.offset() {
+            Offset::Offset(o) if o >= 0 => Some((o, epoch_of_metadata(e.metadata()))),
             _ => None,
-        })
+        }))
     }
 
     fn warm_blocking(&self, partition: i32) -> Result<u64, ExampleError> {
-        let start = self.committed(partition)?;
+        let start = self.committed(partition)?.map(|(offset, _)| offset);
         let (low, end) =
             self.consumer.fetch_watermarks(&self.settings.topic, partition, self.settings.timeout)?;
         let start = start.unwrap_or(low);
@@ -194,13 +252,19 @@ impl Inner {
         Ok(read)
     }
 
-    fn assign_blocking(&self, partition: i32) -> Result<(), ExampleError> {
-        let start = self.committed(partition)?;
+    fn assign_blocking(&self, partition: i32, epoch: u64) -> Result<(), ExampleError> {
+        let committed = self.committed(partition)?;
+        if let Some((_, committed)) = committed
+            && committed > epoch
+        {
+            return Err(ExampleError::NewerOwner { partition, committed, ours: epoch });
+        }
+        let start = committed.map(|(offset, _)| offset);
         let offset = start.map_or(Offset::Beginning, Offset::Offset);
         let mut owned = lock(&self.owned);
-        owned.next.insert(partition, start);
+        owned.next.insert(partition, Held { next: start, epoch });
         self.consumer.incremental_assign(&self.tpl(partition, Some(offset))?)?;
-        tracing::info!(partition, ?start, owned = ?owned.next.keys().collect::<Vec<_>>(), "processing");
+        tracing::info!(partition, epoch, ?start, owned = ?owned.next.keys().collect::<Vec<_>>(), "processing");
         Ok(())
     }
 
@@ -208,9 +272,11 @@ impl Inner {
     /// processes under: nothing is processed after the commit).
     fn stop_blocking(&self, partition: i32) -> Result<(), ExampleError> {
         let mut owned = lock(&self.owned);
-        let Some(next) = owned.next.remove(&partition) else { return Ok(()) };
+        let Some(held) = owned.next.remove(&partition) else { return Ok(()) };
+        let next = held.next;
         if let Some(next) = next {
-            self.consumer.commit(&self.tpl(partition, Some(Offset::Offset(next)))?, CommitMode::Sync)?;
+            let commit = commit_list(&self.settings.topic, partition, next, held.epoch)?;
+            self.consumer.commit(&commit, CommitMode::Sync)?;
         }
         self.consumer.incremental_unassign(&self.tpl(partition, None)?)?;
         tracing::info!(partition, ?next, owned = ?owned.next.keys().collect::<Vec<_>>(), "stopped");
@@ -246,19 +312,17 @@ fn poll_loop(
             return;
         }
         // Not ours (any more), or older than where we (re)started: skip.
-        let Some(next) = owned.next.get_mut(&partition) else { continue };
-        if next.is_some_and(|n| offset < n) {
+        let Some(held) = owned.next.get_mut(&partition) else { continue };
+        if held.next.is_some_and(|n| offset < n) {
             continue;
         }
         on_message(partition, offset, message.payload().unwrap_or_default());
-        let mut tpl = TopicPartitionList::new();
-        let committed = tpl
-            .add_partition_offset(topic, partition, Offset::Offset(offset + 1))
-            .and_then(|()| consumer.commit(&tpl, CommitMode::Sync));
+        let committed = commit_list(topic, partition, offset + 1, held.epoch)
+            .and_then(|tpl| consumer.commit(&tpl, CommitMode::Sync).map_err(ExampleError::from));
         if let Err(error) = committed {
             tracing::warn!(%error, partition, offset, "commit failed; committed again on release");
         }
-        *next = Some(offset + 1);
+        held.next = Some(offset + 1);
     }
 }
 
@@ -272,8 +336,8 @@ impl Handler for KafkaHandler {
     }
 
     async fn assigned(&self, p: Partition) {
-        let partition = p.partition as i32;
-        if let Err(error) = self.blocking(move |h| h.assign_blocking(partition)).await {
+        let (partition, epoch) = (p.partition as i32, p.epoch);
+        if let Err(error) = self.blocking(move |h| h.assign_blocking(partition, epoch)).await {
             tracing::error!(%p, %error, "cannot start processing");
         }
     }
@@ -287,5 +351,23 @@ impl Handler for KafkaHandler {
 
     async fn unassigned(&self, p: Partition) {
         self.release(p).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_epoch_rides_in_the_commit_metadata() {
+        assert_eq!(commit_metadata(42), "epoch=42");
+        assert_eq!(epoch_of_metadata(&commit_metadata(42)), 42);
+        assert_eq!(epoch_of_metadata(&commit_metadata(u64::MAX)), u64::MAX);
+        for other in ["", "epoch=", "epoch=x", "something else", "epoch=-1"] {
+            assert_eq!(epoch_of_metadata(other), 0, "{other:?}");
+        }
+        let tpl = commit_list("orders", 3, 17, 9).expect("list");
+        let element = tpl.find_partition("orders", 3).expect("element");
+        assert_eq!((element.offset(), element.metadata()), (Offset::Offset(17), "epoch=9"));
     }
 }

@@ -14,7 +14,7 @@
 //! #[async_trait::async_trait]
 //! impl Handler for Printer {
 //!     async fn warm(&self, p: Partition) -> Result<(), WarmError> { println!("warm {p}"); Ok(()) }
-//!     async fn assigned(&self, p: Partition) { println!("assigned {p}") }
+//!     async fn assigned(&self, p: Partition) { println!("assigned {p} at epoch {}", p.epoch) }
 //!     async fn release(&self, p: Partition) { println!("release {p}") }
 //!     async fn unassigned(&self, p: Partition) { println!("unassigned {p}") }
 //! }
@@ -29,12 +29,34 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Fencing your sink with epochs
+//!
+//! Every [`Partition`] handed to the handler carries an `epoch` (docs/design.md §10): it
+//! grows each time the partition gets a new owner and never goes back. A warm handoff is
+//! make-before-break, and a consumer cut off from the assigner may not know yet that it
+//! lost a partition, so two consumers can briefly process one partition. Make that
+//! harmless where the writes land: tag every write (a row, an offset commit, a message)
+//! with the epoch of the partition it came from, and let the sink refuse a write whose
+//! epoch is below the highest it has seen for that partition. [`Fence`] is that check for
+//! a sink in your process (`fence.admit(&partition)?` before each write); a database does
+//! the same with a conditional write (`... WHERE epoch <= $epoch`), and the Kafka example
+//! (`kafka_example`, feature `kafka-example`) keeps the epoch in its offset commits'
+//! metadata and will not resume from a commit of a newer owner.
+//!
+//! The epochs come from the assigner's `OwnershipEpochs` service, beside the contract;
+//! [`ClientConfig::epochs`] says what to do with an assigner that has none
+//! ([`EpochPolicy`]).
+//!
+//! ## Modules
+//!
 //! * [`proto`]: the generated `kafka_assigner.v1` messages, client and server trait (the
 //!   server crate uses these too: one copy of the generated code).
 //! * [`state`]: pure — what the client owns and what it must do on each command.
 //! * `driver`: the task that holds the stream, reconnects with backoff and jitter across
 //!   the endpoints, runs the client-side lease and the shutdown (`Deregister`, drain).
 //! * `calls`: the RPCs, retrying `UNAVAILABLE` / `ABORTED`.
+//! * `epochs`: pure — the commands waiting for their partitions' epochs.
+//! * [`Fence`]: a sink-side check of epochs.
 //! * `workers`: one queue per partition, so handler calls for a partition never overlap.
 //! * [`signal`]: SIGTERM / Ctrl-C, for a consumer's `main` (and the assigner's).
 //! * `kafka_example` (cargo feature `kafka-example`): the rdkafka consumer of the
@@ -48,6 +70,8 @@
 mod backoff;
 mod calls;
 mod driver;
+mod epochs;
+mod fence;
 mod handler;
 #[cfg(feature = "kafka-example")]
 pub mod kafka_example;
@@ -62,6 +86,7 @@ pub mod testing;
 mod workers;
 
 pub use backoff::Backoff;
+pub use fence::{Fence, StaleEpoch};
 pub use handler::{Handler, Partition, WarmError};
 pub use metrics::ClientMetrics;
 
@@ -94,6 +119,18 @@ pub enum ClientError {
     /// Another registration under the same name replaced this one (`ABORTED` on the stream).
     #[error("replaced by another registration of the same consumer name: {0}")]
     Replaced(Status),
+    /// [`EpochPolicy::Required`], and the assigner hands out no ownership epochs
+    /// (`UNIMPLEMENTED` on `WatchEpochs`).
+    #[error(
+        "the assigner at {endpoint} hands out no ownership epochs, and ClientConfig::epochs is \
+         EpochPolicy::Required: {status}"
+    )]
+    EpochsNotServed {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// Its answer.
+        status: Status,
+    },
     /// The client task ended abnormally (a handler panicked, or the runtime is shutting down).
     #[error("the client task failed: {0}")]
     Task(String),
@@ -110,6 +147,23 @@ pub enum ShutdownOutcome {
     DrainTimedOut,
     /// `Deregister` could not be delivered before the drain deadline.
     NotDeregistered(String),
+}
+
+/// What the client does with an assigner that hands out no ownership epochs (its
+/// `WatchEpochs` answers `UNIMPLEMENTED`).
+///
+/// The default is [`IfServed`](Self::IfServed) for now, so a client works with every
+/// backend; it becomes [`Required`](Self::Required) once every backend serves epochs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EpochPolicy {
+    /// Epochs or nothing: such an assigner ends the client with
+    /// [`ClientError::EpochsNotServed`] before any partition reaches the handler. Use it
+    /// when the sink fences with epochs (a partition with epoch 0 would defeat the fence).
+    Required,
+    /// Run as before: every partition is handed to the handler with `epoch: 0` ("this server
+    /// hands out no epochs: nothing to fence with").
+    #[default]
+    IfServed,
 }
 
 /// Settings of an [`AssignerClient`].
@@ -141,6 +195,11 @@ pub struct ClientConfig {
     pub retry_limit: Duration,
     /// How long [`AssignerClient::shutdown`] serves releases after `WAIT_FOR_DRAIN`.
     pub drain_timeout: Duration,
+    /// What to do with an assigner that hands out no ownership epochs (default
+    /// [`EpochPolicy::IfServed`]). With epochs, `warm` and `assigned` wait for the
+    /// partition's epoch, at most [`call_timeout`](Self::call_timeout): past that the
+    /// session is dropped and registered again, never a partition handed over without it.
+    pub epochs: EpochPolicy,
 }
 
 impl ClientConfig {
@@ -160,6 +219,7 @@ impl ClientConfig {
             call_timeout: Duration::from_secs(5),
             retry_limit: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(60),
+            epochs: EpochPolicy::IfServed,
         }
         .with_server_lease_ttl(Duration::from_secs(10))
     }

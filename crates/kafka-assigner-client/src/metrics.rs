@@ -28,6 +28,8 @@ pub struct ClientMetrics {
     pub connects: Counter,
     /// Times the client-side lease ran out and everything was unassigned.
     pub lease_expirations: Counter,
+    /// Sessions dropped because a partition's epoch did not arrive within the call timeout.
+    pub epoch_timeouts: Counter,
     /// `release` calls still running when their partition stopped being held (the session
     /// was lost, or the release outlived the session timeout).
     pub abandoned_releases: Counter,
@@ -52,6 +54,11 @@ impl ClientMetrics {
             "lease_expirations",
             "Client-side lease expirations (everything unassigned)",
             self.lease_expirations.clone(),
+        );
+        r.register(
+            "epoch_timeouts",
+            "Sessions dropped because a partition's epoch did not arrive in time",
+            self.epoch_timeouts.clone(),
         );
         r.register(
             "abandoned_releases",

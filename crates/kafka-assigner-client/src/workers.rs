@@ -42,8 +42,9 @@ impl<H: Handler> Workers<H> {
         // A fresh queue is open and its receiver alive: this send cannot fail.
         let _ = tx.send(action);
         self.queues.insert(p, tx);
-        let partition = Partition { topic: self.topic.clone(), partition: p };
-        self.tasks.spawn(run(self.handler.clone(), partition, rx, self.done.clone(), self.metrics.clone()));
+        let (handler, topic, done, metrics) =
+            (self.handler.clone(), self.topic.clone(), self.done.clone(), self.metrics.clone());
+        self.tasks.spawn(run(handler, topic, p, rx, done, metrics));
     }
 
     /// Closes every queue and waits until the queued calls have run.
@@ -60,17 +61,20 @@ impl<H: Handler> Workers<H> {
 
 async fn run<H: Handler>(
     handler: Arc<H>,
-    partition: Partition,
+    topic: String,
+    p: u32,
     mut queue: mpsc::UnboundedReceiver<Action>,
     done: mpsc::UnboundedSender<Input>,
     metrics: ClientMetrics,
 ) {
-    let p = partition.partition;
+    // Each call carries the epoch the state machine gave it (docs/design.md §10).
+    let at = |epoch: u64| Partition { topic: topic.clone(), partition: p, epoch };
     while let Some(action) = queue.recv().await {
         // The driver may have stopped listening (shutdown): reports are then moot.
         match action {
-            Action::Warm(_) => {
-                tracing::info!(%partition, "warming");
+            Action::Warm(_, epoch) => {
+                let partition = at(epoch);
+                tracing::info!(%partition, epoch, "warming");
                 let ok = match handler.warm(partition.clone()).await {
                     Ok(()) => true,
                     Err(error) => {
@@ -81,24 +85,32 @@ async fn run<H: Handler>(
                 ClientMetrics::count(&metrics.handler_calls, if ok { "warm_ok" } else { "warm_error" });
                 let _ = done.send(Input::WarmFinished(p, ok));
             }
-            Action::Assigned(_) => {
-                tracing::info!(%partition, "assigned");
-                handler.assigned(partition.clone()).await;
+            Action::Assigned(_, epoch) => {
+                let partition = at(epoch);
+                tracing::info!(%partition, epoch, "assigned");
+                handler.assigned(partition).await;
                 ClientMetrics::count(&metrics.handler_calls, "assigned");
             }
-            Action::Release(_) => {
-                tracing::info!(%partition, "releasing");
-                handler.release(partition.clone()).await;
+            Action::Release(_, epoch) => {
+                let partition = at(epoch);
+                tracing::info!(%partition, epoch, "releasing");
+                handler.release(partition).await;
                 ClientMetrics::count(&metrics.handler_calls, "release");
                 let _ = done.send(Input::ReleaseFinished(p));
             }
-            Action::Unassigned(_) => {
-                tracing::info!(%partition, "unassigned");
-                handler.unassigned(partition.clone()).await;
+            Action::Unassigned(_, epoch) => {
+                let partition = at(epoch);
+                tracing::info!(%partition, epoch, "unassigned");
+                handler.unassigned(partition).await;
                 ClientMetrics::count(&metrics.handler_calls, "unassigned");
             }
             Action::SendReady(_) | Action::SendReleased(_) | Action::ReleaseAbandoned(_) => {
-                tracing::error!(%partition, ?action, "not a handler call, but queued as one; ignored");
+                tracing::error!(
+                    topic,
+                    partition = p,
+                    ?action,
+                    "not a handler call, but queued as one; ignored"
+                );
             }
         }
     }
