@@ -1,8 +1,7 @@
 //! The client library hands every partition to the handler with its ownership epoch
 //! (docs/design.md §10), against real assigners: the fleet backend (epochs that grow with
 //! every new owner, on the memory store and on etcd), the static backend (epoch 1), and
-//! the handoff backend, which answers `WatchEpochs` with `UNIMPLEMENTED` today: epoch 0
-//! under `EpochPolicy::IfServed`, a clear error under `EpochPolicy::Required`. And the
+//! the handoff backend (epochs known at the warm, kept at the flip). And the
 //! Kafka example (against rdkafka's `MockCluster`) commits with its epoch and will not
 //! resume from a newer owner's commit.
 
@@ -15,7 +14,7 @@ use std::{
 
 use async_trait::async_trait;
 use kafka_assigner::client::{
-    AssignerClient, ClientError, EpochPolicy, Fence, Handler, Partition, ShutdownOutcome, WarmError,
+    AssignerClient, EpochPolicy, Fence, Handler, Partition, ShutdownOutcome, WarmError,
     kafka_example::{KafkaHandler, KafkaSettings},
 };
 use kafka_assigner::coordinator::{FleetConfig, FleetCoordinator, StaticConfig, StaticCoordinator};
@@ -30,7 +29,7 @@ use rdkafka::{
 
 use crate::client::{config, wait_owned};
 use crate::support::{
-    assigner::{Backend, PROMPT, SMALL, TOPIC, TTL, TestCluster, TestStore, connect, on_both_backends},
+    assigner::{Backend, PROMPT, TOPIC, TTL, TestCluster, TestStore, connect, on_both_backends},
     wait_until,
 };
 
@@ -204,46 +203,49 @@ async fn static_backend_hands_out_epoch_one() {
     assert_eq!(unassigned, vec![(0, 1), (1, 1), (2, 1)], "stopping gives up epoch 1");
 }
 
-/// The handoff backend answers `WatchEpochs` with `UNIMPLEMENTED` today. Under `IfServed`
-/// (the default) the client works as before, every partition with epoch 0; under
-/// `Required` it ends with `EpochsNotServed` and hands the handler nothing.
-///
-/// Expectation to flip once the handoff backend serves epochs: `IfServed` then hands out
-/// epochs above 0, and `Required` works like `IfServed`.
+/// The handoff backend serves epochs: under `EpochPolicy::Required`, the first client owns
+/// everything with epochs above 0; a second client (the default policy) warms the
+/// partitions that move with the epoch it then owns them with, above the first's, which
+/// releases them with its own; a `Fence` then refuses the first client's epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handoff_backend_without_epochs_if_served_and_required() {
+async fn handoff_backend_epochs_from_warm_to_release() {
     let cluster = TestCluster::start(Backend::Memory, 1, |_| {}).await;
     let url = [cluster.instance(0).grpc_url.clone()];
 
-    // Another topic, so the refused client's registration (gone after a TTL) moves nothing here.
-    let refused = Arc::new(Epochs::default());
-    let mut required = config(&url, "r");
-    required.topic = SMALL.into();
-    required.epochs = EpochPolicy::Required;
-    let mut client_r = AssignerClient::start(required, refused.clone(), None).expect("client r");
-    let ended = tokio::time::timeout(PROMPT, client_r.join()).await.expect("r ends promptly");
-    match ended {
-        Err(ClientError::EpochsNotServed { endpoint, status }) => {
-            assert_eq!(endpoint, url[0]);
-            assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
-        }
-        other => panic!("expected EpochsNotServed, got {other:?}"),
-    }
-    let message =
-        ClientError::EpochsNotServed { endpoint: url[0].clone(), status: tonic::Status::unimplemented("x") };
-    assert!(message.to_string().contains("hands out no ownership epochs"), "{message}");
-    assert!(
-        refused.calls().is_empty(),
-        "nothing reached the handler without an epoch: {:?}",
-        refused.calls()
-    );
-
     let a = Arc::new(Epochs::default());
-    let client_a = AssignerClient::start(config(&url, "a"), a.clone(), None).expect("client a");
+    let mut required = config(&url, "a");
+    required.epochs = EpochPolicy::Required;
+    let client_a = AssignerClient::start(required, a.clone(), None).expect("client a");
     let owned = wait_owned(&mut client_a.owned(), "a owns everything", |o| o.len() == 4).await;
-    let epochs = wait_assigned(&a, &owned, "a").await;
-    assert!(epochs.values().all(|epoch| *epoch == 0), "no epochs served: {epochs:?}");
-    assert_eq!(client_a.shutdown().await.expect("a stops"), ShutdownOutcome::ShutdownNow);
+    let first = wait_assigned(&a, &owned, "a").await;
+    assert!(first.values().all(|epoch| *epoch > 0), "epochs served: {first:?}");
+
+    let b = Arc::new(Epochs::default());
+    let client_b = AssignerClient::start(config(&url, "b"), b.clone(), None).expect("client b");
+    let taken = wait_owned(&mut client_b.owned(), "b owns half", |o| o.len() == 2).await;
+    let second = wait_assigned(&b, &taken, "b").await;
+    let fence = Fence::new();
+    for (partition, epoch) in &second {
+        let warmed = b.calls().into_iter().find_map(|call| match call {
+            Call::Warm(p, e) if p == *partition => Some(e),
+            _ => None,
+        });
+        assert_eq!(warmed, Some(*epoch), "b warmed {partition} with the epoch it owns it with");
+        assert!(*epoch > first[partition], "b's epoch of {partition} is above a's: {second:?} {first:?}");
+        wait_until(PROMPT, &format!("a gives {partition} up"), || {
+            let done = a.given_up(*partition).is_some();
+            async move { done }
+        })
+        .await;
+        assert_eq!(a.given_up(*partition), Some(first[partition]), "a gives {partition} up with its epoch");
+        fence.admit_epoch(TOPIC, *partition, *epoch).expect("the new owner writes");
+        assert!(
+            fence.admit_epoch(TOPIC, *partition, first[partition]).is_err(),
+            "a is fenced off {partition}"
+        );
+    }
+    client_b.shutdown().await.expect("b stops");
+    client_a.shutdown().await.expect("a stops");
 }
 
 /// The Kafka example commits its offsets with `epoch=<n>` in the metadata; a consumer with

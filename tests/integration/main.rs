@@ -31,6 +31,7 @@ mod manifests;
 mod metrics;
 mod multi_instance;
 mod placement;
+mod placement_kafka;
 mod probe_cli;
 #[cfg(feature = "testcontainers")]
 mod readme_container;
