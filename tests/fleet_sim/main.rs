@@ -8,8 +8,9 @@
 //!
 //! * **Shape** (`schedule.rs`, from the seed): 2–3 instances, 2–5 consumers, one topic of
 //!   1–12 partitions, a TTL of 2–3 s, a claim interval of 100–300 ms, 12–20 s of actions.
-//!   Consumers call the `ConsumerGroupCoordinator` trait directly (no gRPC) and read their
-//!   streams at once.
+//!   Lossy runs have 3–5 consumers, 4–12 partitions, and only two join early (the others'
+//!   joins make the early ones give back). Consumers call the `ConsumerGroupCoordinator`
+//!   trait directly (no gRPC) and read their streams at once.
 //! * **Actions**, half churn: consumers join on a random instance, leave (`Deregister`;
 //!   they keep acting on their stream until it ends), crash (drop the stream; back within
 //!   half a TTL, after one to three, or never), move to another instance at once (sometimes
@@ -61,6 +62,11 @@
 //! prints every step as it happens, `FLEET_SIM_LOG=<filter>` the coordinator's own logs,
 //! `FLEET_SIM_SURVEY=1` runs every seed and lists the failures. A failure prints the seed,
 //! the shape, the last 300 steps and the store.
+//!
+//! Replays: the schedule, the consumers' draws and each wrapper's fault draws are fixed by
+//! the seed, but the coordinator's own randomness (`tokio::select!` branch order, hash
+//! seeds) is not seedable on stable tokio, so two replays of a seed may interleave
+//! differently (compare the digests); a failing seed fails again on nearly every replay.
 
 #![forbid(unsafe_code)]
 
