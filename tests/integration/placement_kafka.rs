@@ -25,6 +25,7 @@ use std::{
 };
 
 use kafka_assigner::client::AssignerClient;
+use kafka_assigner::coordinator::TopicStatus;
 use kafka_assigner::handoff::{PlacementMode, PlacementSettings};
 use kafka_assigner::kafka::KafkaMetadata;
 use kafka_assigner::kafka_load::{KafkaLoad, KafkaLoadSettings, Learning};
@@ -77,6 +78,16 @@ fn imbalance(owned: &BTreeMap<String, BTreeSet<u32>>, hot: u32) -> f64 {
     let total = f64::from(PARTITIONS - 1 + hot);
     let mean = total / owned.len() as f64;
     owned.values().map(|ps| f64::from(load(ps)) / mean).fold(0.0, f64::max)
+}
+
+/// No handoff in flight and every partition owned by a registered consumer (by load, not
+/// by count: [`is_stable`] wants counts balanced).
+fn settled(topic: &TopicStatus) -> bool {
+    topic.handoffs.is_empty()
+        && topic
+            .owners
+            .iter()
+            .all(|o| o.as_deref().is_some_and(|o| topic.consumers.iter().any(|c| c.name == o)))
 }
 
 /// Every `assigned` of a partition some other consumer was told before (a move) with when
@@ -200,12 +211,11 @@ async fn load_placement_learns_kafka_rates_and_moves_few_partitions_warm() {
     };
 
     // Load placement moves partitions off the hot consumer, warm, until within tolerance.
-    wait_until(PROMPT * 12, "max/mean consumer load is at most 1.15 and the topic is stable", || {
+    wait_until(PROMPT * 12, "max/mean consumer load is at most 1.15 and the topic is settled", || {
         let balanced = imbalance(&owned(&recorders), 1 + HOT_EXTRA) <= 1.15;
         let cluster = &cluster;
         async move {
-            balanced
-                && cluster.status().await.topics.iter().any(|t| t.topic == TOPIC && is_stable(t))
+            balanced && cluster.status().await.topics.iter().any(|t| t.topic == TOPIC && settled(t))
         }
     })
     .await;
@@ -240,11 +250,14 @@ async fn load_placement_learns_kafka_rates_and_moves_few_partitions_warm() {
         async move { done }
     })
     .await;
-    cluster.wait_status(PROMPT, "the topic is stable", |s| try_topic(s, TOPIC).is_some_and(is_stable)).await;
+    cluster.wait_status(PROMPT, "the topic is settled", |s| try_topic(s, TOPIC).is_some_and(settled)).await;
     let after_stop: Vec<_> = moves(&recorders).into_iter().filter(|(at, ..)| *at >= stopped_at).collect();
     let cooled = imbalance(&owned(&recorders), 1);
     producing.store(false, Ordering::SeqCst);
     producer_task.await.expect("producer");
+    let when: Vec<_> =
+        learned.iter().map(|(at, p, to)| (at.duration_since(learning_from), *p, to.clone())).collect();
+    println!("load placement e2e: moves after traffic began {when:?}");
     println!(
         "load placement e2e: max/mean by count {by_count:.3}, by load {by_load:.3} after {balanced_after:?} \
          ({} moves, all warm); hot producer stopped: max/mean {cooled:.3}, {} moves",
