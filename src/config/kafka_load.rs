@@ -128,13 +128,11 @@ mod tests {
         struct Serve {
             #[command(flatten)]
             serve: crate::config::ServeArgs,
-            #[command(flatten)]
-            load: KafkaLoadArgs,
         }
         use clap::CommandFactory;
         Serve::command().debug_assert();
         let parsed = Serve::try_parse_from(["serve", "--weights-refresh", "2s", "--lag-group", "g"]).unwrap();
-        let settings = parsed.load.settings(parsed.serve.weights_refresh);
+        let settings = parsed.serve.kafka_load.settings(parsed.serve.weights_refresh);
         assert_eq!((settings.refresh, settings.lag_group.as_deref()), (Duration::from_secs(2), Some("g")));
     }
 

@@ -152,17 +152,18 @@ pub enum ShutdownOutcome {
 /// What the client does with an assigner that hands out no ownership epochs (its
 /// `WatchEpochs` answers `UNIMPLEMENTED`).
 ///
-/// The default is [`IfServed`](Self::IfServed) for now, so a client works with every
-/// backend; it becomes [`Required`](Self::Required) once every backend serves epochs.
+/// The default is [`Required`](Self::Required): every backend of this release serves
+/// epochs, and a partition is never handed to code without one. [`IfServed`](Self::IfServed)
+/// lets a client run against an assigner from before epochs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EpochPolicy {
     /// Epochs or nothing: such an assigner ends the client with
-    /// [`ClientError::EpochsNotServed`] before any partition reaches the handler. Use it
-    /// when the sink fences with epochs (a partition with epoch 0 would defeat the fence).
-    Required,
-    /// Run as before: every partition is handed to the handler with `epoch: 0` ("this server
-    /// hands out no epochs: nothing to fence with").
+    /// [`ClientError::EpochsNotServed`] before any partition reaches the handler (a
+    /// partition with epoch 0 would defeat a sink's fence).
     #[default]
+    Required,
+    /// Run as before epochs existed: every partition is handed to the handler with
+    /// `epoch: 0` ("this server hands out no epochs: nothing to fence with").
     IfServed,
 }
 
@@ -196,7 +197,7 @@ pub struct ClientConfig {
     /// How long [`AssignerClient::shutdown`] serves releases after `WAIT_FOR_DRAIN`.
     pub drain_timeout: Duration,
     /// What to do with an assigner that hands out no ownership epochs (default
-    /// [`EpochPolicy::IfServed`]). With epochs, `warm` and `assigned` wait for the
+    /// [`EpochPolicy::Required`]). With epochs, `warm` and `assigned` wait for the
     /// partition's epoch, at most [`call_timeout`](Self::call_timeout): past that the
     /// session is dropped and registered again, never a partition handed over without it.
     pub epochs: EpochPolicy,
@@ -219,7 +220,7 @@ impl ClientConfig {
             call_timeout: Duration::from_secs(5),
             retry_limit: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(60),
-            epochs: EpochPolicy::IfServed,
+            epochs: EpochPolicy::Required,
         }
         .with_server_lease_ttl(Duration::from_secs(10))
     }
