@@ -342,6 +342,7 @@ mod tests {
                     since: 1_000,
                 }],
             }],
+            placement: Vec::new(),
         };
         let text = render_table(&status, 3_500);
         assert!(text.starts_with("instance a-1 (etcd backend, ready); leader: a-2\n"), "{text}");

@@ -67,6 +67,66 @@ pub struct Status {
     pub ready: bool,
     /// Per-topic state.
     pub topics: Vec<Topic>,
+    /// How each topic is placed, from a handoff backend (docs/design.md §11); absent from
+    /// the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<Placement>,
+}
+
+/// How one topic is placed: the consumers' loads and, under `--placement shadow`, what
+/// placement by load would do.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Placement {
+    /// Topic name.
+    pub topic: String,
+    /// `count`, `load` or `shadow`.
+    pub mode: String,
+    /// The total weight of the partitions.
+    pub total_weight: u64,
+    /// The highest consumer load over its share (max/mean).
+    pub imbalance: f64,
+    /// Each registered consumer's load.
+    pub consumers: Vec<ConsumerLoad>,
+    /// Under `shadow`: what placement by load would do now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_plan: Option<LoadPlan>,
+}
+
+/// One consumer's load in a [`Placement`].
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct ConsumerLoad {
+    /// Consumer name.
+    pub name: String,
+    /// Partitions it owns.
+    pub partitions: usize,
+    /// The total weight of those partitions.
+    pub load: u64,
+    /// The weight it would carry in a perfect split.
+    pub share: f64,
+    /// `load / share`.
+    pub normalized: f64,
+}
+
+/// What placement by load would do ([`Placement::load_plan`]).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct LoadPlan {
+    /// How many partitions it would move.
+    pub moves: usize,
+    /// The imbalance it would reach.
+    pub imbalance_after: f64,
+    /// The moves: partition, from, to.
+    pub would_move: Vec<PlannedMove>,
+}
+
+/// One move of a [`LoadPlan`].
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct PlannedMove {
+    /// Partition.
+    pub partition: u32,
+    /// Its owner now.
+    pub from: String,
+    /// The consumer it would move to.
+    pub to: String,
 }
 
 /// One topic of [`Status`].
