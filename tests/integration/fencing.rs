@@ -18,8 +18,8 @@
 //! other instances) while consumers keep joining and leaving; consumers' clients are
 //! dropped without `Deregister` and their writers stopped (a killed process: a write
 //! already sent may still land), then started again under the same name; the leader
-//! instance is crashed (`TestCluster::crash`). Epochs here are etcd revisions, so they are
-//! large and grow across partitions too.
+//! instance is crashed (`TestCluster::crash`). Epochs derive from store revisions
+//! (docs/design.md §10): large, and the sink's own writes (same etcd) push them on.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
