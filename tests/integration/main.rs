@@ -14,6 +14,7 @@ mod epochs;
 mod every_backend;
 mod example_consumer;
 mod faults;
+mod fencing;
 mod fleet_backend;
 mod fuzz;
 mod grpc_bad_input;
