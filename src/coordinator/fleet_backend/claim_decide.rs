@@ -94,7 +94,7 @@ pub struct Claim<'a> {
 /// registration is the one written at `registered_at`.
 pub fn claim_txn(keys: &FleetKeys, claim: Claim<'_>, partitions: &[AtRevision]) -> Txn {
     let Claim { topic, consumer, registered_at, instance_lease, decided_at } = claim;
-    let epoch = u64::try_from(decided_at).unwrap_or(0) + 1;
+    let epoch = crate::coordinator::shared::records::epoch_above(decided_at);
     let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
     let member = Compare::ModRevision(keys.member(topic, consumer), registered_at);
     partitions.iter().fold(Txn::new().when(member), |txn, (p, revision)| {

@@ -83,8 +83,7 @@ impl FleetCache {
             }),
             FleetKey::Lease(t, p) => decode::<LeaseRecord>(&kv.key, &kv.value).map(|r| {
                 let owner = r.owner.clone();
-                // Records from before epochs: the mod revision stands in.
-                let epoch = if r.epoch == 0 { u64::try_from(rev).unwrap_or(0) } else { r.epoch };
+                let epoch = crate::coordinator::shared::records::stored_epoch(r.epoch, rev);
                 self.topic(t).epochs.insert(*p, epoch);
                 let before = self.topic(t).leases.insert(*p, Versioned { value: r.owner, mod_revision: rev });
                 changes.consumers(t, before.iter().map(|o| o.value.as_str()).chain([owner.as_str()]));

@@ -211,8 +211,7 @@ impl Cache {
             }),
             Key::Assignment(t, p) => decode::<AssignmentRecord>(&kv.key, &kv.value).map(|r| {
                 let owner = r.owner.clone();
-                // Records from before epochs: the mod revision stands in.
-                let epoch = if r.epoch == 0 { u64::try_from(rev).unwrap_or(0) } else { r.epoch };
+                let epoch = crate::coordinator::shared::records::stored_epoch(r.epoch, rev);
                 self.topic(t).epochs.insert(*p, epoch);
                 let before =
                     self.topic(t).set_owner(*p, Some(Versioned { value: r.owner, mod_revision: rev }));

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use crate::store::StoreError;
+use crate::store::{Revision, StoreError};
 
 /// The record format this release writes.
 pub const RECORD_VERSION: u32 = 1;
@@ -29,6 +29,19 @@ impl TopicRecord {
     pub fn new(partition_count: u32) -> Self {
         Self { v: RECORD_VERSION, partition_count, weights: BTreeMap::new() }
     }
+}
+
+/// The epoch of an ownership decided from a cache at `revision` (docs/design.md §10): one
+/// above it, so above every epoch already written (each was at most the revision of its
+/// own record's write, which that cache has seen).
+pub fn epoch_above(revision: Revision) -> u64 {
+    u64::try_from(revision).unwrap_or(0) + 1
+}
+
+/// The epoch a stored ownership record stands for: its own, or, in a record written before
+/// epochs existed (0), the record's mod revision.
+pub fn stored_epoch(epoch: u64, mod_revision: Revision) -> u64 {
+    if epoch == 0 { u64::try_from(mod_revision).unwrap_or(0) } else { epoch }
 }
 
 /// Encodes a record.

@@ -190,7 +190,7 @@ pub(super) async fn reconcile_all(
             .filter_map(|(topic, entry)| {
                 let mut before = entry.state();
                 // New ownerships get an epoch above every record this plan reads (§10).
-                before.next_epoch = u64::try_from(cache.revision).unwrap_or(0) + 1;
+                before.next_epoch = crate::coordinator::shared::records::epoch_above(cache.revision);
                 let rollout = super::view::from_view(inner, &mut before);
                 let mut after = before.clone();
                 let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
