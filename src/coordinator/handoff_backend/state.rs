@@ -301,6 +301,21 @@ impl MirrorCache for Cache {
         self.revision
     }
 
+    fn set_revision(&mut self, revision: Revision) {
+        self.revision = revision;
+    }
+
+    /// Owner and handoff records, what a call or the leader writes (their compares hold
+    /// them); no other record is ever applied ahead.
+    fn mod_revision(&self, keys: &Keys, key: &str) -> Option<Revision> {
+        let entry = |topic: &str| self.topics.get(topic);
+        match keys.parse(key)? {
+            Key::Assignment(t, p) => Some(entry(&t).map_or(0, |e| e.owner_revision(p))),
+            Key::Handoff(t, p) => Some(entry(&t).map_or(0, |e| e.handoff_revision(p))),
+            _ => None,
+        }
+    }
+
     fn topic_key(keys: &Keys, topic: &str) -> String {
         keys.topic(topic)
     }

@@ -72,6 +72,14 @@ impl MirrorCache for Records {
         self.revision
     }
 
+    fn set_revision(&mut self, revision: Revision) {
+        self.revision = revision;
+    }
+
+    fn mod_revision(&self, _: &(), key: &str) -> Option<Revision> {
+        Some(self.kvs.get(key).map_or(0, |kv| kv.mod_revision))
+    }
+
     fn topic_key(_: &(), topic: &str) -> String {
         format!("{PREFIX}{topic}/config")
     }
