@@ -196,6 +196,6 @@ impl Registrar for TestBackend {
         }
         let gains = if seen.activated { vec![] } else { vec![update(topic, [], [])] };
         let lost = registration == Registration::Lost;
-        RelayStep::Tell(Tell { gains, losses: vec![], told: (), lost, end: None })
+        RelayStep::Tell(Tell { gains, losses: vec![], told: (), within: None, lost, end: None })
     }
 }

@@ -103,8 +103,19 @@ pub struct Changes(BTreeMap<String, Touched>);
 pub enum Touched {
     /// Every consumer of the topic (a re-read, a topic record).
     All,
-    /// These consumers.
-    Consumers(BTreeSet<String>),
+    /// These consumers, each with what of its view the batch may have changed.
+    Consumers(BTreeMap<String, Scope>),
+}
+
+/// What of one consumer's view a batch may have changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Anything: a record of the consumer itself changed.
+    Whole,
+    /// Only its part in these partitions (their owner or handoff records changed): the
+    /// relay may compare that part alone, so its work follows the change, not the
+    /// consumer's partitions.
+    Partitions(BTreeSet<u32>),
 }
 
 impl Changes {
@@ -113,11 +124,43 @@ impl Changes {
         self.0.insert(topic.to_string(), Touched::All);
     }
 
-    /// Marks these consumers of `topic`.
+    /// Marks these consumers of `topic` as wholly touched.
     pub fn consumers<'a>(&mut self, topic: &str, names: impl IntoIterator<Item = &'a str>) {
-        let touched = self.0.entry(topic.to_string()).or_insert_with(|| Touched::Consumers(BTreeSet::new()));
-        if let Touched::Consumers(set) = touched {
-            set.extend(names.into_iter().map(str::to_string));
+        if let Some(touched) = self.touched(topic) {
+            for name in names {
+                touched.insert(name.to_string(), Scope::Whole);
+            }
+        }
+    }
+
+    /// Marks `partition` of `topic` as touched for these consumers.
+    pub fn partition<'a>(&mut self, topic: &str, names: impl IntoIterator<Item = &'a str>, partition: u32) {
+        if let Some(touched) = self.touched(topic) {
+            for name in names {
+                let scope =
+                    touched.entry(name.to_string()).or_insert_with(|| Scope::Partitions(BTreeSet::new()));
+                if let Scope::Partitions(partitions) = scope {
+                    partitions.insert(partition);
+                }
+            }
+        }
+    }
+
+    /// The consumers touched in `topic`, to add to; `None` when the whole topic is.
+    fn touched(&mut self, topic: &str) -> Option<&mut BTreeMap<String, Scope>> {
+        let touched = self.0.entry(topic.to_string()).or_insert_with(|| Touched::Consumers(BTreeMap::new()));
+        match touched {
+            Touched::Consumers(names) => Some(names),
+            Touched::All => None,
+        }
+    }
+
+    /// What of `consumer`'s view in `topic` may have changed (`Whole` when the whole topic
+    /// was touched, or nothing of the consumer: a caller asks only for touched ones).
+    pub fn scope(&self, topic: &str, consumer: &str) -> &Scope {
+        match self.0.get(topic) {
+            Some(Touched::Consumers(names)) => names.get(consumer).unwrap_or(&Scope::Whole),
+            _ => &Scope::Whole,
         }
     }
 
