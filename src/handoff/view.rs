@@ -42,6 +42,45 @@ impl ConsumerView {
         view
     }
 
+    /// The part of this view within `partitions`.
+    pub fn within(&self, partitions: &BTreeSet<u32>) -> Self {
+        let mut part = Self::default();
+        for p in partitions {
+            if self.owned.contains(p) {
+                part.owned.insert(*p);
+            }
+            if let Some(from) = self.warming.get(p) {
+                part.warming.insert(*p, from.clone());
+            }
+            if let Some(to) = self.releasing.get(p) {
+                part.releasing.insert(*p, to.clone());
+            }
+        }
+        part
+    }
+
+    /// Replaces the part of this view within `partitions` by `part` (a view of them alone).
+    pub fn patch(&mut self, partitions: &BTreeSet<u32>, part: Self) {
+        for p in partitions {
+            self.owned.remove(p);
+            self.warming.remove(p);
+            self.releasing.remove(p);
+        }
+        self.owned.extend(part.owned);
+        self.warming.extend(part.warming);
+        self.releasing.extend(part.releasing);
+    }
+
+    /// Whether it owns nothing and takes part in no handoff, outside `partitions` (all of
+    /// it: `None`). The view shows every role: a warm's source and a release's target own
+    /// the partition, the others are listed.
+    pub fn is_idle_outside(&self, partitions: Option<&BTreeSet<u32>>) -> bool {
+        let outside = |p: &u32| partitions.is_none_or(|within| !within.contains(p));
+        !self.owned.iter().any(outside)
+            && !self.warming.keys().any(outside)
+            && !self.releasing.keys().any(outside)
+    }
+
     /// The views of every live consumer of `state`, in one pass over the partitions
     /// (what the relay needs after each revision; [`ConsumerView::of`] per consumer would
     /// be quadratic on a large topic).
@@ -217,5 +256,54 @@ mod tests {
             diff_views(&a0, &ConsumerView::of(&gone, "a")),
             vec![Command::Assignment { assigned: vec![], unassigned: vec![0, 1] }]
         );
+    }
+
+    /// A view of partitions `0..12`: each one owned, warming from `x`, releasing to `y`,
+    /// or nothing, as `roles` says.
+    fn view_from(roles: &[u8]) -> ConsumerView {
+        let mut view = ConsumerView::default();
+        for (p, role) in roles.iter().enumerate() {
+            let p = p as u32;
+            match role % 5 {
+                1 => {
+                    view.owned.insert(p);
+                }
+                2 => {
+                    view.warming.insert(p, "x".into());
+                }
+                3 => {
+                    view.owned.insert(p);
+                    view.releasing.insert(p, "y".into());
+                }
+                4 => {
+                    view.warming.insert(p, "z".into());
+                }
+                _ => {}
+            }
+        }
+        view
+    }
+
+    proptest::proptest! {
+        /// Comparing only the partitions where two views differ (and any others) gives the
+        /// commands of the whole comparison, and patching that part into the old view gives
+        /// the new one: what lets the relay compare only what a revision changed.
+        #[test]
+        fn comparing_the_changed_part_is_comparing_the_whole(
+            told in proptest::collection::vec(0u8..5, 12),
+            now in proptest::collection::vec(0u8..5, 12),
+            extra in proptest::collection::btree_set(0u32..12, 0..4),
+        ) {
+            let (told, now) = (view_from(&told), view_from(&now));
+            let mut within = extra;
+            within.extend((0..12).filter(|p| told.within(&BTreeSet::from([*p])) != now.within(&BTreeSet::from([*p]))));
+            let part = now.within(&within);
+            proptest::prop_assert_eq!(diff_views(&told.within(&within), &part), diff_views(&told, &now));
+            let outside_idle = told.is_idle_outside(Some(&within)) && part.is_idle_outside(None);
+            proptest::prop_assert_eq!(outside_idle, now.is_idle_outside(None));
+            let mut patched = told;
+            patched.patch(&within, part);
+            proptest::prop_assert_eq!(patched, now);
+        }
     }
 }

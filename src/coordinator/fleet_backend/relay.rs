@@ -40,6 +40,14 @@ impl Told for FleetTold {
         }
         vec![update(topic, [], self.owned.iter().copied())]
     }
+
+    /// The fleet relay compares whole views; a part replaces what it is about.
+    fn patch(&mut self, partitions: &BTreeSet<u32>, part: Self) {
+        self.owned.retain(|p| !partitions.contains(p));
+        self.releasing.retain(|p| !partitions.contains(p));
+        self.owned.extend(part.owned);
+        self.releasing.extend(part.releasing);
+    }
 }
 
 /// The relay model: what the local stream `seen` of `consumer` on `topic` must be told,
@@ -79,6 +87,7 @@ pub(super) fn relay_step(
         gains,
         losses: Vec::new(),
         told: FleetTold { owned: view, releasing },
+        within: None,
         lost: registration == Registration::Lost,
         end: None,
     })
@@ -98,7 +107,7 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
         let Some(entry) = cache.topics.get(topic) else { continue };
         let names: Vec<&String> = match touched {
             Touched::All => entry.members.keys().collect(),
-            Touched::Consumers(names) => names.iter().collect(),
+            Touched::Consumers(names) => names.keys().collect(),
         };
         for consumer in names {
             let Some(record) = entry.members.get(consumer) else { continue };

@@ -152,6 +152,10 @@ impl MirrorCache for FleetCache {
         self.revision
     }
 
+    fn set_revision(&mut self, revision: Revision) {
+        self.revision = revision;
+    }
+
     fn topic_key(keys: &FleetKeys, topic: &str) -> String {
         keys.topic(topic)
     }

@@ -17,13 +17,13 @@ use async_trait::async_trait;
 use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
 use crate::coordinator::shared::{
-    batch::KeyWrite,
+    batch::{KeyWrite, WrittenBatch},
     instance::{Backend, HandoffCall, Report},
 };
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::handoff::{ConsumerStatus, Millis, TopicState};
 use crate::proto::v1::DeregisterAction;
-use crate::store::{Op, Txn};
+use crate::store::Txn;
 
 async fn from_store(
     inner: &Handoff,
@@ -101,7 +101,7 @@ async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<Option<App
         let written = if attempt == 0 && direct.is_none() {
             let key = inner.core.keys().handoff(topic, partition);
             let batch = inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await?;
-            batch.map(|batch| tell_own_write(inner, batch.revision, &batch.ops)).is_some()
+            batch.map(|batch| tell_own_write(inner, &batch)).is_some()
         } else {
             relay::commit_and_tell(inner, Txn { compares, ops }).await?.succeeded
         };
@@ -116,10 +116,10 @@ async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<Option<App
     )))
 }
 
-/// Applies `ops`, committed by this instance at `revision`, to the mirror and tells the
-/// streams, unless the mirror has them already or must first see revisions before them.
-fn tell_own_write(inner: &Handoff, revision: crate::store::Revision, ops: &[Op]) {
-    if let Some(changes) = inner.core.apply_own_write(revision, ops) {
+/// Applies `batch`, committed by this instance, to the mirror and tells the streams, unless
+/// the mirror has it already or must first see revisions before it.
+fn tell_own_write(inner: &Handoff, batch: &WrittenBatch) {
+    if let Some(changes) = inner.core.apply_own_write(batch.revision, &batch.ops, &batch.compares) {
         super::relay::tell(inner, &changes);
     }
 }

@@ -68,7 +68,7 @@ impl Registrar for Handoff {
     ) -> RelayStep<ConsumerView> {
         let entry = cache.topics.get(topic);
         let view = entry.map(|e| e.view_of(consumer)).unwrap_or_default();
-        relay::relay_step(topic, consumer, seen, entry, view, cache.revision)
+        relay::relay_step(topic, consumer, seen, entry, view, None, cache.revision)
     }
 
     fn held(&self, cache: &Cache, key: &StreamKey) -> Held {

@@ -6,11 +6,11 @@
 //! applied, so a consumer never sees a half-applied transaction, and every instance derives
 //! the same commands from the same revision.
 
-use std::sync::Arc;
+use std::{collections::BTreeSet, sync::Arc};
 
 use super::{Handoff, state::Cache, state::TopicEntry};
 use crate::coordinator::shared::{
-    mirror::Changes,
+    mirror::{Changes, Scope},
     relay_step::{Registration, RelayStep, StreamSeen, Tell},
     streams::{EndReason, Told},
     wire::to_wire,
@@ -23,6 +23,10 @@ impl Told for ConsumerView {
     fn farewell(&self, topic: &str) -> Vec<AssignmentCommand> {
         wire(topic, diff_views(self, &ConsumerView::default()))
     }
+
+    fn patch(&mut self, partitions: &BTreeSet<u32>, part: Self) {
+        ConsumerView::patch(self, partitions, part);
+    }
 }
 
 fn wire(topic: &str, commands: Vec<Command>) -> Vec<AssignmentCommand> {
@@ -30,13 +34,16 @@ fn wire(topic: &str, commands: Vec<Command>) -> Vec<AssignmentCommand> {
 }
 
 /// The relay model: what the local stream `seen` of `consumer` on `topic` must be told,
-/// given the topic's cached state and the consumer's `view` of it. Pure.
+/// given the topic's cached state and the consumer's `view` of it: all of it, or with
+/// `within` its part in those partitions alone (what a revision changed; the rest of the
+/// view is what the stream was told). Pure.
 pub(super) fn relay_step(
     topic: &str,
     consumer: &str,
     seen: StreamSeen<'_, ConsumerView>,
     entry: Option<&TopicEntry>,
     view: ConsumerView,
+    within: Option<&BTreeSet<u32>>,
     revision: Revision,
 ) -> RelayStep<ConsumerView> {
     let record = entry.and_then(|e| e.consumers.get(consumer));
@@ -47,28 +54,29 @@ pub(super) fn relay_step(
         return step;
     }
     let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
-    // Idle: owns nothing and takes part in no handoff. The view shows every role: a warm's
-    // source and a release's target own the partition, the others are listed.
-    let idle = view.owned.is_empty() && view.warming.is_empty() && view.releasing.is_empty();
+    // The first message is always the whole snapshot, even when it is empty.
+    let within = within.filter(|_| seen.activated && seen.told_complete);
+    let idle = || view.is_idle_outside(None) && within.is_none_or(|ps| seen.told.is_idle_outside(Some(ps)));
+    let end = (draining && idle()).then_some((EndReason::Left, None));
     let mut gains = Vec::new();
-    let snapshot;
-    let told = if seen.activated {
-        seen.told
-    } else {
-        // The first message is always the snapshot, even when it is empty.
-        let owned = view.owned.iter().copied().collect();
-        gains.push(Command::Assignment { assigned: owned, unassigned: vec![] });
-        snapshot = ConsumerView { owned: view.owned.clone(), ..Default::default() };
-        &snapshot
-    };
-    let (more, losses) = split(diff_views(told, &view));
+    let (more, losses) = split(match within {
+        Some(partitions) => diff_views(&seen.told.within(partitions), &view),
+        None if seen.activated => diff_views(seen.told, &view),
+        None => {
+            let owned = view.owned.iter().copied().collect();
+            gains.push(Command::Assignment { assigned: owned, unassigned: vec![] });
+            let snapshot = ConsumerView { owned: view.owned.clone(), ..Default::default() };
+            diff_views(&snapshot, &view)
+        }
+    });
     gains.extend(more);
     RelayStep::Tell(Tell {
         gains: wire(topic, gains),
         losses: wire(topic, losses),
         told: view,
+        within: within.cloned(),
         lost: registration == Registration::Lost,
-        end: (draining && idle).then_some((EndReason::Left, None)),
+        end,
     })
 }
 
@@ -94,13 +102,22 @@ fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
     (gains, losses)
 }
 
-/// Relays the cache to the local streams `changes` concerns.
+/// Relays the cache to the local streams `changes` concerns, comparing only the
+/// partitions a revision changed where it says which.
 fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
     inner.core.streams().relay(changes, |topic, consumer, seen| {
         let entry = cache.topics.get(topic);
-        let view = entry.map(|e| e.view_of(consumer)).unwrap_or_default();
+        let within = match changes.scope(topic, consumer) {
+            Scope::Partitions(partitions) if seen.activated && seen.told_complete => Some(partitions),
+            _ => None,
+        };
+        let view = match (entry, within) {
+            (Some(entry), Some(partitions)) => entry.view_within(consumer, partitions),
+            (Some(entry), None) => entry.view_of(consumer),
+            (None, _) => ConsumerView::default(),
+        };
         let before = seen.told.releasing.clone();
-        let step = relay_step(topic, consumer, seen, entry, view, cache.revision);
+        let step = relay_step(topic, consumer, seen, entry, view, within, cache.revision);
         if let RelayStep::Tell(tell) = &step {
             let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
             inner.core.metrics().observe_releases_sent(&before, &tell.told.releasing, phase_start);

@@ -120,6 +120,27 @@ impl TopicEntry {
         view
     }
 
+    /// The part of [`view_of`](Self::view_of) within `partitions`: O(their number), for a
+    /// relay step that compares only the partitions a revision changed.
+    pub fn view_within(&self, consumer: &str, partitions: &BTreeSet<u32>) -> ConsumerView {
+        let mut view = ConsumerView::default();
+        for p in partitions {
+            if self.owners.get(p).is_some_and(|o| o.value == consumer) {
+                view.owned.insert(*p);
+            }
+            match self.handoffs.get(p).map(|h| &h.value) {
+                Some(h) if h.phase == Phase::Warming && h.to == consumer => {
+                    view.warming.insert(*p, h.from.clone());
+                }
+                Some(h) if h.phase == Phase::Releasing && h.from == consumer => {
+                    view.releasing.insert(*p, h.to.clone());
+                }
+                _ => {}
+            }
+        }
+        view
+    }
+
     /// Sets a partition's owner (keeping the index); returns the previous one.
     fn set_owner(&mut self, partition: u32, owner: Option<Versioned<String>>) -> Option<String> {
         let before = match owner {
@@ -215,14 +236,14 @@ impl Cache {
                 self.topic(t).epochs.insert(*p, epoch);
                 let before =
                     self.topic(t).set_owner(*p, Some(Versioned { value: r.owner, mod_revision: rev }));
-                changes.consumers(t, before.iter().map(String::as_str).chain([owner.as_str()]));
+                changes.partition(t, before.iter().map(String::as_str).chain([owner.as_str()]), *p);
             }),
             Key::Handoff(t, p) => decode::<HandoffRecord>(&kv.key, &kv.value).map(|r| {
                 let names = [r.handoff.from.clone(), r.handoff.to.clone()];
                 let before =
                     self.topic(t).set_handoff(*p, Some(Versioned { value: r.handoff, mod_revision: rev }));
                 let old = before.iter().flat_map(|h| [h.from.as_str(), h.to.as_str()]);
-                changes.consumers(t, old.chain(names.iter().map(String::as_str)));
+                changes.partition(t, old.chain(names.iter().map(String::as_str)), *p);
             }),
         };
         if let Err(error) = decoded {
@@ -247,11 +268,11 @@ impl Cache {
             Key::Assignment(t, p) => {
                 self.topic(t).epochs.remove(p);
                 let before = self.topic(t).set_owner(*p, None);
-                changes.consumers(t, before.iter().map(String::as_str));
+                changes.partition(t, before.iter().map(String::as_str), *p);
             }
             Key::Handoff(t, p) => {
                 let before = self.topic(t).set_handoff(*p, None);
-                changes.consumers(t, before.iter().flat_map(|h| [h.from.as_str(), h.to.as_str()]));
+                changes.partition(t, before.iter().flat_map(|h| [h.from.as_str(), h.to.as_str()]), *p);
             }
         }
     }
@@ -299,6 +320,21 @@ impl MirrorCache for Cache {
 
     fn revision(&self) -> Revision {
         self.revision
+    }
+
+    fn set_revision(&mut self, revision: Revision) {
+        self.revision = revision;
+    }
+
+    /// Owner and handoff records, what a call or the leader writes (their compares hold
+    /// them); no other record is ever applied ahead.
+    fn mod_revision(&self, keys: &Keys, key: &str) -> Option<Revision> {
+        let entry = |topic: &str| self.topics.get(topic);
+        match keys.parse(key)? {
+            Key::Assignment(t, p) => Some(entry(&t).map_or(0, |e| e.owner_revision(p))),
+            Key::Handoff(t, p) => Some(entry(&t).map_or(0, |e| e.handoff_revision(p))),
+            _ => None,
+        }
     }
 
     fn topic_key(keys: &Keys, topic: &str) -> String {

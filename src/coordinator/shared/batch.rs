@@ -64,6 +64,8 @@ pub struct WrittenBatch {
     pub revision: Revision,
     /// Every operation of the batch.
     pub ops: Arc<[Op]>,
+    /// Every compare of the batch (what its operations were decided from).
+    pub compares: Arc<[Compare]>,
 }
 
 /// How a batch ended, as each of its writers hears it: `None` if a compare lost.
@@ -224,9 +226,11 @@ async fn commit(store: &dyn LeaseStore, batch: Vec<Pending>) {
         txn.compares.extend(pending.write.compares.iter().cloned());
         txn.ops.extend(pending.write.ops.iter().cloned());
     }
-    let ops: Arc<[Op]> = txn.ops.clone().into();
-    let outcome =
-        store.txn(txn).await.map(|o| o.succeeded.then_some(WrittenBatch { revision: o.revision, ops }));
+    let (ops, compares): (Arc<[Op]>, Arc<[Compare]>) = (txn.ops.clone().into(), txn.compares.clone().into());
+    let outcome = store
+        .txn(txn)
+        .await
+        .map(|o| o.succeeded.then_some(WrittenBatch { revision: o.revision, ops, compares }));
     for pending in batch {
         let _ = pending.reply.send(outcome.clone());
     }

@@ -50,7 +50,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::store::LeaseStore;
+use crate::store::{LeaseStore, Txn};
 
 use lease::{LeaseHolder, LeaseState};
 use mirror::{Mirror, MirrorCache, Source};
@@ -335,9 +335,10 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         &self,
         revision: crate::store::Revision,
         ops: &[crate::store::Op],
+        compares: &[crate::store::Compare],
     ) -> Option<mirror::Changes> {
         let batch = mirror::own_batch(C::prefix(&self.keys), revision, ops)?;
-        self.mirror.apply_own_now(&self.keys, batch)
+        self.mirror.apply_own_now(&self.keys, batch, compares)
     }
 
     /// Commits `txn` and, if it succeeded, applies it to the mirror at once when nothing
@@ -347,11 +348,12 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     /// consumers.
     pub async fn commit_own(
         &self,
-        txn: crate::store::Txn,
+        txn: Txn,
     ) -> Result<(crate::store::TxnOutcome, Option<mirror::Changes>), crate::store::StoreError> {
-        let ops = txn.ops.clone();
+        let Txn { compares, ops } = txn.clone();
         let outcome = self.store.txn(txn).await?;
-        let changes = if outcome.succeeded { self.apply_own_write(outcome.revision, &ops) } else { None };
+        let changes =
+            if outcome.succeeded { self.apply_own_write(outcome.revision, &ops, &compares) } else { None };
         Ok((outcome, changes))
     }
 

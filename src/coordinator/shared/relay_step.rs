@@ -38,6 +38,9 @@ pub struct StreamSeen<'a, T> {
     pub activated: bool,
     /// What the consumer has been told so far.
     pub told: &'a T,
+    /// Whether `told` followed every relay step since the snapshot (then a step may
+    /// compare only what a revision changed).
+    pub told_complete: bool,
 }
 
 /// Where a stream's registration stands in the cache.
@@ -88,8 +91,13 @@ pub struct Tell<T> {
     pub gains: Vec<AssignmentCommand>,
     /// Sent once every stream of the relay pass heard its gains: what it loses.
     pub losses: Vec<AssignmentCommand>,
-    /// What the consumer has been told once these are sent.
+    /// What the consumer has been told once these are sent: all of it, or with `within`
+    /// its part in those partitions alone (the rest is unchanged).
     pub told: T,
+    /// The partitions `told` is about, when it is a part ([`Told::patch`]).
+    ///
+    /// [`Told::patch`]: super::streams::Told::patch
+    pub within: Option<std::collections::BTreeSet<u32>>,
     /// The store lost the registration: the stream is marked lost (and stays open).
     pub lost: bool,
     /// Why the stream ends after these commands, if it does.

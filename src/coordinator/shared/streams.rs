@@ -32,12 +32,18 @@ pub trait Told: Default + Send + Sync + 'static {
     /// stream ends because it was replaced, fenced or its session is gone). At most one
     /// command: the channel keeps one slot for it ([`LocalStream::farewell`]).
     fn farewell(&self, topic: &str) -> Vec<AssignmentCommand>;
+
+    /// Replaces what the consumer was told about `partitions` by `part` (what it was told
+    /// about them alone), after a relay step that compared only them ([`Tell::within`]).
+    fn patch(&mut self, partitions: &BTreeSet<u32>, part: Self);
 }
 
 impl Told for () {
     fn farewell(&self, _topic: &str) -> Vec<AssignmentCommand> {
         Vec::new()
     }
+
+    fn patch(&mut self, _: &BTreeSet<u32>, _: Self) {}
 }
 
 /// A consumer stream held by this instance.
@@ -55,6 +61,10 @@ pub struct LocalStream<T> {
     pub lost_since: Option<tokio::time::Instant>,
     /// What the consumer has been told so far.
     pub told: T,
+    /// Whether `told` followed every relay step since the snapshot. A step that told
+    /// nothing (the cache had not reached a registration written again, [`super::rebind`])
+    /// leaves it behind what changed meanwhile, until a step compares the whole view.
+    pub told_complete: bool,
     /// The stream's sender.
     pub tx: CommandSender,
     /// Set when the consumer stopped reading and the buffer filled: the stream must end.
@@ -81,6 +91,7 @@ impl<T: Told> LocalStream<T> {
             activated: false,
             lost_since: None,
             told: T::default(),
+            told_complete: true,
             tx,
             overflowed: false,
             later: Vec::new(),
@@ -175,6 +186,7 @@ impl<T: Told> LocalStream<T> {
             }
         }
         self.told = T::default();
+        self.told_complete = false;
     }
 
     /// Whether the stream is waiting for its registration to be written again.
@@ -200,6 +212,7 @@ impl<T> LocalStream<T> {
             registered_at: self.registered_at,
             activated: self.activated,
             told: &self.told,
+            told_complete: self.told_complete,
         }
     }
 }
@@ -209,7 +222,10 @@ impl<T: Told> LocalStream<T> {
     /// the stream must end, if it must.
     pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Option<Ending> {
         match step {
-            RelayStep::Wait => None,
+            RelayStep::Wait => {
+                self.told_complete = false;
+                None
+            }
             RelayStep::Replaced => {
                 self.farewell(topic);
                 Some((EndReason::Replaced, Some(replaced_error(topic, consumer))))
@@ -230,7 +246,13 @@ impl<T: Told> LocalStream<T> {
                 self.activated = true;
                 self.send(tell.gains);
                 self.defer(tell.losses);
-                self.told = tell.told;
+                match tell.within {
+                    Some(partitions) => self.told.patch(&partitions, tell.told),
+                    None => {
+                        self.told = tell.told;
+                        self.told_complete = true;
+                    }
+                }
                 tell.end
             }
         }
@@ -442,7 +464,7 @@ impl<T: Told> Streams<LocalStream<T>> {
         }
         for (topic, touched) in changes.iter() {
             let Touched::Consumers(names) = touched else { continue };
-            for consumer in names {
+            for consumer in names.keys() {
                 if let Some(mut stream) = self.map.get_mut(&(topic.clone(), consumer.clone())) {
                     visit(topic, consumer, &mut stream);
                 }

@@ -106,7 +106,7 @@ async fn in_one_pass_the_old_owner_hears_its_release_only_after_the_new_owner_to
         } else {
             (vec![update("t", [7], [])], vec![])
         };
-        RelayStep::Tell(Tell { gains, losses, told: (), lost: false, end: None })
+        RelayStep::Tell(Tell { gains, losses, told: (), within: None, lost: false, end: None })
     });
     let (mut old_rx, mut new_rx) = (command_stream(old_rx.0), command_stream(new_rx.0));
     assert!(old_rx.next().now_or_never().is_none(), "the release waits");
@@ -147,6 +147,7 @@ fn a_consumer_that_stops_reading_is_ended_resource_exhausted() {
                 gains: vec![command.clone()],
                 losses: vec![],
                 told: (),
+                within: None,
                 lost: false,
                 end: None,
             })
@@ -173,6 +174,12 @@ struct OwnsZero(bool);
 impl super::Told for OwnsZero {
     fn farewell(&self, topic: &str) -> Vec<AssignmentCommand> {
         if self.0 { vec![update(topic, [], [0])] } else { Vec::new() }
+    }
+
+    fn patch(&mut self, partitions: &std::collections::BTreeSet<u32>, part: Self) {
+        if partitions.contains(&0) {
+            *self = part;
+        }
     }
 }
 
@@ -217,4 +224,20 @@ fn fencing_ends_streams_saying_so_for_the_metric() {
         matches!(a_rx.try_recv(), Ok(Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _))));
     assert!(ended, "the stream ends as fenced");
     assert_eq!(a_end.try_recv(), Ok(EndReason::Disconnected), "the registration is kept for the TTL");
+}
+
+#[test]
+fn a_step_that_told_nothing_leaves_what_the_stream_knows_incomplete_until_a_whole_step() {
+    let (mut a, _rx, _end) = stream(1, 1);
+    a.activated = true;
+    assert!(a.told_complete);
+    let _ = a.apply("t", "a", RelayStep::Wait);
+    assert!(!a.told_complete, "changes relayed meanwhile were not told");
+    let part =
+        Tell { gains: vec![], losses: vec![], told: (), within: Some([1].into()), lost: false, end: None };
+    let _ = a.apply("t", "a", RelayStep::Tell(part));
+    assert!(!a.told_complete, "a part does not make it whole");
+    let whole = Tell { gains: vec![], losses: vec![], told: (), within: None, lost: false, end: None };
+    let _ = a.apply("t", "a", RelayStep::Tell(whole));
+    assert!(a.told_complete);
 }

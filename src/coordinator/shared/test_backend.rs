@@ -72,6 +72,14 @@ impl MirrorCache for Records {
         self.revision
     }
 
+    fn set_revision(&mut self, revision: Revision) {
+        self.revision = revision;
+    }
+
+    fn mod_revision(&self, _: &(), key: &str) -> Option<Revision> {
+        Some(self.kvs.get(key).map_or(0, |kv| kv.mod_revision))
+    }
+
     fn topic_key(_: &(), topic: &str) -> String {
         format!("{PREFIX}{topic}/config")
     }
@@ -188,6 +196,6 @@ impl Registrar for TestBackend {
         }
         let gains = if seen.activated { vec![] } else { vec![update(topic, [], [])] };
         let lost = registration == Registration::Lost;
-        RelayStep::Tell(Tell { gains, losses: vec![], told: (), lost, end: None })
+        RelayStep::Tell(Tell { gains, losses: vec![], told: (), within: None, lost, end: None })
     }
 }

@@ -96,7 +96,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     Ok(snapshot) => {
                         let fresh = C::from_snapshot(keys, snapshot);
                         let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
-                        if fresh.revision() < cache.revision() {
+                        if fresh.revision() < mirror.newest(&cache) {
                             // An own write was applied while the read was under way
                             // (`Mirror::apply_own_now`): the snapshot is older than the
                             // cache, and taking it would move the consumers back. Read again.
@@ -144,9 +144,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                 // A revision already applied as an own write: skip the copy.
                 Some(Ok(batch)) if batch.revision <= cache.revision() => {}
                 Some(Ok(batch)) => {
-                    for event in batch.events {
-                        cache.apply(keys, event, &mut changes);
-                    }
+                    mirror.apply_revision(&mut cache, keys, batch.revision, batch.events, &mut changes)
                 }
                 Some(Err(error)) => {
                     tracing::warn!(%error, mirror = mirror.name, "watch ended");

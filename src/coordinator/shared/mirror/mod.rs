@@ -18,7 +18,10 @@ pub use follower::Follower;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{Mutex, RwLock, RwLockReadGuard},
+    sync::{
+        Mutex, RwLock, RwLockReadGuard,
+        atomic::{AtomicI64, Ordering},
+    },
     time::Duration,
 };
 
@@ -26,7 +29,8 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{
-    KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind,
+    Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, StoreError, WatchBatch, WatchEvent,
+    WatchEventKind,
 };
 
 /// How many of its own writes a mirror keeps waiting for their turn; older ones are
@@ -74,6 +78,20 @@ pub fn own_batch(prefix: &str, revision: Revision, ops: &[Op]) -> Option<WatchBa
     (!events.is_empty()).then_some(WatchBatch { revision, events })
 }
 
+/// Whether `compares` hold every key `batch` writes at the mod revision `cache` holds for
+/// it: then nothing changed those keys between the cache and the batch's revision.
+fn writes_as_compared<C: MirrorCache>(
+    cache: &C,
+    keys: &C::Keys,
+    batch: &WatchBatch,
+    compares: &[Compare],
+) -> bool {
+    batch.events.iter().all(|event| {
+        let Some(cached) = cache.mod_revision(keys, &event.key) else { return false };
+        compares.iter().any(|c| matches!(c, Compare::ModRevision(k, r) if *k == event.key && *r == cached))
+    })
+}
+
 /// Who one applied batch concerns, per topic: only the consumers whose view it may have
 /// changed (a record names them: owner, handoff source and target, the registration), or
 /// the whole topic. It is what keeps the relay's work proportional to the change.
@@ -85,8 +103,19 @@ pub struct Changes(BTreeMap<String, Touched>);
 pub enum Touched {
     /// Every consumer of the topic (a re-read, a topic record).
     All,
-    /// These consumers.
-    Consumers(BTreeSet<String>),
+    /// These consumers, each with what of its view the batch may have changed.
+    Consumers(BTreeMap<String, Scope>),
+}
+
+/// What of one consumer's view a batch may have changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Anything: a record of the consumer itself changed.
+    Whole,
+    /// Only its part in these partitions (their owner or handoff records changed): the
+    /// relay may compare that part alone, so its work follows the change, not the
+    /// consumer's partitions.
+    Partitions(BTreeSet<u32>),
 }
 
 impl Changes {
@@ -95,11 +124,43 @@ impl Changes {
         self.0.insert(topic.to_string(), Touched::All);
     }
 
-    /// Marks these consumers of `topic`.
+    /// Marks these consumers of `topic` as wholly touched.
     pub fn consumers<'a>(&mut self, topic: &str, names: impl IntoIterator<Item = &'a str>) {
-        let touched = self.0.entry(topic.to_string()).or_insert_with(|| Touched::Consumers(BTreeSet::new()));
-        if let Touched::Consumers(set) = touched {
-            set.extend(names.into_iter().map(str::to_string));
+        if let Some(touched) = self.touched(topic) {
+            for name in names {
+                touched.insert(name.to_string(), Scope::Whole);
+            }
+        }
+    }
+
+    /// Marks `partition` of `topic` as touched for these consumers.
+    pub fn partition<'a>(&mut self, topic: &str, names: impl IntoIterator<Item = &'a str>, partition: u32) {
+        if let Some(touched) = self.touched(topic) {
+            for name in names {
+                let scope =
+                    touched.entry(name.to_string()).or_insert_with(|| Scope::Partitions(BTreeSet::new()));
+                if let Scope::Partitions(partitions) = scope {
+                    partitions.insert(partition);
+                }
+            }
+        }
+    }
+
+    /// The consumers touched in `topic`, to add to; `None` when the whole topic is.
+    fn touched(&mut self, topic: &str) -> Option<&mut BTreeMap<String, Scope>> {
+        let touched = self.0.entry(topic.to_string()).or_insert_with(|| Touched::Consumers(BTreeMap::new()));
+        match touched {
+            Touched::Consumers(names) => Some(names),
+            Touched::All => None,
+        }
+    }
+
+    /// What of `consumer`'s view in `topic` may have changed (`Whole` when the whole topic
+    /// was touched, or nothing of the consumer: a caller asks only for touched ones).
+    pub fn scope(&self, topic: &str, consumer: &str) -> &Scope {
+        match self.0.get(topic) {
+            Some(Touched::Consumers(names)) => names.get(consumer).unwrap_or(&Scope::Whole),
+            _ => &Scope::Whole,
         }
     }
 
@@ -133,8 +194,22 @@ pub trait MirrorCache: Sized {
     /// whole topics: their consumers must hear about it.
     fn differing(&self, other: &Self) -> Changes;
 
-    /// The store revision this cache reflects.
+    /// The store revision this cache reflects: every change under the prefix up to it is
+    /// applied (own writes applied ahead, [`Mirror::apply_own_now`], may be newer).
     fn revision(&self) -> Revision;
+
+    /// Sets [`revision`](Self::revision): after an own write was applied ahead of unseen
+    /// revisions (it goes back to where the watch is), or after a watched revision whose
+    /// every change the cache held already.
+    fn set_revision(&mut self, revision: Revision);
+
+    /// The mod revision of the record at `key` as cached (`0`: no record), or `None` for a
+    /// key whose record this cache does not version: a write of such a key is never applied
+    /// ahead of the revisions before it. The default versions nothing.
+    fn mod_revision(&self, keys: &Self::Keys, key: &str) -> Option<Revision> {
+        let _ = (keys, key);
+        None
+    }
 
     /// The key of `topic`'s record (its partition count).
     fn topic_key(keys: &Self::Keys, topic: &str) -> String;
@@ -182,6 +257,9 @@ pub struct Mirror<C> {
     own: Mutex<BTreeMap<Revision, Vec<WatchEvent>>>,
     /// Wakes the follower when an own write is offered.
     own_offered: Notify,
+    /// The newest own write applied ahead of revisions the cache has not seen yet
+    /// ([`Mirror::apply_own_now`]); `0` if none. Written under the cache's write lock.
+    ahead: AtomicI64,
 }
 
 impl<C: MirrorCache> Mirror<C> {
@@ -202,6 +280,7 @@ impl<C: MirrorCache> Mirror<C> {
             health,
             own: Mutex::new(BTreeMap::new()),
             own_offered: Notify::new(),
+            ahead: AtomicI64::new(0),
         })
     }
 
@@ -224,26 +303,42 @@ impl<C: MirrorCache> Mirror<C> {
         self.own_offered.notify_one();
     }
 
-    /// Applies a write this instance committed right away, in the committing task, if the
-    /// cache is at the revision just before it (nothing else happened in between), and
+    /// Applies a write this instance committed right away, in the committing task, and
     /// returns what it changed, for the caller to tell its consumers and then
     /// [`announce`](Self::announce): the fast path of a handoff, with no task between the
-    /// commit and the streams (docs/design.md §9). Otherwise it is offered
-    /// ([`Self::offer`]), the follower applies it in turn, and `None` is returned.
-    pub fn apply_own_now(&self, keys: &C::Keys, batch: WatchBatch) -> Option<Changes> {
+    /// commit and the streams (docs/design.md §9). It applies when the cache is at the
+    /// revision just before it (nothing else happened in between), or **ahead** of revisions
+    /// the cache has not seen, when `compares` (the transaction's) held every key it writes
+    /// at the mod revision the cache holds: those keys did not change in between, so the
+    /// write lands on exactly what the cache has, and what the unseen revisions changed are
+    /// other keys, which the watch brings later (a shared etcd's other writers make such
+    /// gaps the rule, not the exception). The cache's [`revision`](MirrorCache::revision)
+    /// stays where the watch is. Otherwise it is offered ([`Self::offer`]), the follower
+    /// applies it in turn, and `None` is returned.
+    pub fn apply_own_now(&self, keys: &C::Keys, batch: WatchBatch, compares: &[Compare]) -> Option<Changes> {
         let mut changes = Changes::default();
         let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
-        if batch.revision != cache.revision() + 1 {
-            drop(cache);
-            self.offer(batch);
-            return None;
+        let revision = batch.revision;
+        if revision == cache.revision() + 1 {
+            for event in batch.events {
+                cache.apply(keys, event, &mut changes);
+            }
+            // Own writes offered meanwhile that now follow without a gap.
+            self.apply_own(&mut cache, keys, &mut changes);
+            return Some(changes);
         }
-        for event in batch.events {
-            cache.apply(keys, event, &mut changes);
+        if revision > cache.revision() && writes_as_compared(&*cache, keys, &batch, compares) {
+            let watched = cache.revision();
+            for event in batch.events {
+                cache.apply(keys, event, &mut changes);
+            }
+            cache.set_revision(watched);
+            self.ahead.fetch_max(revision, Ordering::SeqCst);
+            return Some(changes);
         }
-        // Own writes offered meanwhile that now follow without a gap.
-        self.apply_own(&mut cache, keys, &mut changes);
-        Some(changes)
+        drop(cache);
+        self.offer(batch);
+        None
     }
 
     /// Applies the offered own writes that follow the cache's revision without a gap,
@@ -255,13 +350,40 @@ impl<C: MirrorCache> Mirror<C> {
             if revision <= cache.revision() {
                 entry.remove();
             } else if revision == cache.revision() + 1 {
-                for event in entry.remove() {
-                    cache.apply(keys, event, changes);
-                }
+                self.apply_revision(cache, keys, revision, entry.remove(), changes);
             } else {
                 break;
             }
         }
+    }
+
+    /// Applies the changes of one revision after the cache's, as the watch delivers them
+    /// (or an own write offered for its turn), and moves the cache to that revision. A key
+    /// an own write changed ahead of the watch ([`Self::apply_own_now`]) may hold this
+    /// revision's record or a newer one already: that change is skipped, so the cache never
+    /// goes back.
+    fn apply_revision(
+        &self,
+        cache: &mut C,
+        keys: &C::Keys,
+        revision: Revision,
+        events: Vec<WatchEvent>,
+        changes: &mut Changes,
+    ) {
+        let ahead = self.ahead.load(Ordering::SeqCst) >= revision;
+        for event in events {
+            if ahead && cache.mod_revision(keys, &event.key).is_some_and(|held| held >= revision) {
+                continue;
+            }
+            cache.apply(keys, event, changes);
+        }
+        cache.set_revision(cache.revision().max(revision));
+    }
+
+    /// The newest revision the cache holds a change of: its revision, or an own write
+    /// applied ahead of it. A re-read older than this would take the consumers back.
+    fn newest(&self, cache: &C) -> Revision {
+        cache.revision().max(self.ahead.load(Ordering::SeqCst))
     }
 
     /// Reads the cache. A poisoned lock still holds a whole cache (writers replace or
@@ -433,6 +555,90 @@ mod tests {
         settle().await;
         assert!(!mirror.read().kvs.contains_key(&format!("{PREFIX}z/x")));
         stop.cancel();
+    }
+
+    /// Commits a put of `key` (under the prefix) guarded by its mod revision `held`, and
+    /// returns its batch as the committing task has it, with the compares.
+    async fn commit_put(
+        store: &MemoryStore,
+        key: &str,
+        value: &str,
+        held: crate::store::Revision,
+    ) -> (crate::store::WatchBatch, Vec<crate::store::Compare>) {
+        use crate::store::{Compare, Op, Txn};
+        let key = format!("{PREFIX}{key}");
+        let txn = Txn::new().when(Compare::ModRevision(key.clone(), held)).then(Op::put(key, value));
+        let outcome = store.txn(txn.clone()).await.expect("committed");
+        assert!(outcome.succeeded);
+        (super::own_batch(PREFIX, outcome.revision, &txn.ops).expect("a put"), txn.compares)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_own_write_whose_compares_hold_its_keys_is_applied_ahead_of_unseen_revisions() {
+        let store = MemoryStore::new();
+        let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
+        let base = store.revision();
+        // Another writer of the same store, outside the prefix: a revision the watch of the
+        // prefix never delivers.
+        store.put("/elsewhere/k", b"0".to_vec(), None).await.expect("written");
+        let (batch, compares) = commit_put(&store, "a/x", "1", 0).await;
+        assert_eq!(batch.revision, base + 2);
+        // Without the compares the gap cannot be crossed: offered, nothing applied.
+        assert!(mirror.apply_own_now(&(), batch.clone(), &[]).is_none());
+        assert!(mirror.read().kvs.is_empty());
+        let changes = mirror.apply_own_now(&(), batch, &compares).expect("applied ahead");
+        assert_eq!(changes.topics(), BTreeSet::from(["a".to_string()]));
+        assert_eq!(mirror.read().kvs[&format!("{PREFIX}a/x")].value, b"1");
+        assert_eq!(mirror.read().revision, base, "the revision stays where the watch is");
+        // A write decided from the store while the cache lags (it has not seen `b/x`
+        // written): applying it ahead would delete a record the cache does not have, and
+        // the watch would then bring that record back. Its compare says so: offered.
+        let key = format!("{PREFIX}b/x");
+        let written = store.put(&key, b"2".to_vec(), None).await.expect("written");
+        let txn = crate::store::Txn::new()
+            .when(crate::store::Compare::ModRevision(key.clone(), written))
+            .when(crate::store::Compare::ModRevision(format!("{PREFIX}b/y"), 0))
+            .then(crate::store::Op::delete(key))
+            .then(crate::store::Op::put(format!("{PREFIX}b/y"), "3"));
+        let outcome = store.txn(txn.clone()).await.expect("committed");
+        let lagging = super::own_batch(PREFIX, outcome.revision, &txn.ops).expect("a put");
+        assert!(mirror.apply_own_now(&(), lagging, &txn.compares).is_none());
+        assert!(!mirror.read().kvs.contains_key(&format!("{PREFIX}b/y")));
+        // The watch brings both revisions: the own write's copy changes nothing, the other is applied.
+        let (relayed, stop) = run(store.clone(), mirror.clone(), Duration::from_secs(300));
+        settle().await;
+        assert_eq!(mirror.read().revision, store.revision());
+        let keys: Vec<String> = mirror.read().kvs.keys().cloned().collect();
+        assert_eq!(keys, [format!("{PREFIX}a/x"), format!("{PREFIX}b/y")]);
+        let relayed = relayed.lock().expect("lock").clone();
+        assert!(relayed.iter().all(|topics| !topics.contains("a")), "'a' told twice: {relayed:?}");
+        stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watched_revision_never_takes_a_key_back_behind_an_own_write_applied_ahead() {
+        let store = MemoryStore::new();
+        let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
+        store.put("/elsewhere/k", b"0".to_vec(), None).await.expect("written");
+        let (first, compares) = commit_put(&store, "a/x", "1", 0).await;
+        let (held, first_events) = (first.revision, first.events.clone());
+        assert!(mirror.apply_own_now(&(), first, &compares).is_some());
+        let (second, compares) = commit_put(&store, "a/x", "2", held).await;
+        let second_events = second.events.clone();
+        assert!(mirror.apply_own_now(&(), second, &compares).is_some(), "its compare holds the first");
+        // The watch now delivers the first revision alone, then the second: the key must
+        // stay at the second's record after each of them.
+        for (revision, events) in [(held, first_events), (held + 1, second_events)] {
+            let mut changes = super::Changes::default();
+            let mut cache = mirror.cache.write().expect("lock");
+            mirror.apply_revision(&mut cache, &(), revision, events, &mut changes);
+            assert_eq!(cache.revision, revision);
+            assert_eq!(cache.kvs[&format!("{PREFIX}a/x")].value, b"2", "taken back at {revision}");
+            assert!(changes.topics().is_empty(), "nothing new to tell at {revision}");
+        }
+        // A re-read older than the write applied ahead would take it back as well: the
+        // follower reads again until it has the write.
+        assert_eq!(mirror.newest(&mirror.read()), held + 1);
     }
 
     #[test]
