@@ -54,7 +54,8 @@ pub(super) fn relay_step(
         return step;
     }
     let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
-    // The first message is always the whole snapshot, even when it is empty.
+    // A part is compared only once the stream heard its snapshot (the first message is
+    // always the whole snapshot, even when it is empty) and followed every step since.
     let within = within.filter(|_| seen.activated && seen.told_complete);
     let idle = || view.is_idle_outside(None) && within.is_none_or(|ps| seen.told.is_idle_outside(Some(ps)));
     let end = (draining && idle()).then_some((EndReason::Left, None));
