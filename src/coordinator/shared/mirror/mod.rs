@@ -320,9 +320,9 @@ impl<C: MirrorCache> Mirror<C> {
         let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         let revision = batch.revision;
         if revision == cache.revision() + 1 {
-            for event in batch.events {
-                cache.apply(keys, event, &mut changes);
-            }
+            // Like a watched revision: a writer of a shared batch may come after another
+            // applied it ahead and a newer write followed on its keys.
+            self.apply_revision(&mut cache, keys, revision, batch.events, &mut changes);
             // Own writes offered meanwhile that now follow without a gap.
             self.apply_own(&mut cache, keys, &mut changes);
             return Some(changes);

@@ -238,3 +238,35 @@ async fn the_periodic_resync_re_reads_without_relaying_anything_unchanged() {
     assert!(relayed.iter().all(BTreeSet::is_empty), "nothing differed: {relayed:?}");
     stop.cancel();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_late_writer_of_a_batch_applied_ahead_never_takes_its_keys_back() {
+    let store = MemoryStore::new();
+    let mirror = Arc::new(Mirror::<Records>::load(&store, &(), "test").await.expect("loads"));
+    // Somebody else's revision under the prefix, not seen yet.
+    let unseen = store.put(&format!("{PREFIX}c/x"), b"0".to_vec(), None).await.expect("written");
+    let (first, compares) = commit_put(&store, "a/x", "1", 0).await;
+    assert!(mirror.apply_own_now(&(), first.clone(), &compares).is_some(), "applied ahead");
+    let (second, compares) = commit_put(&store, "a/x", "2", first.revision).await;
+    assert!(mirror.apply_own_now(&(), second, &compares).is_some(), "applied ahead");
+    // The watch brings the unseen revision: the first write now follows without a gap.
+    let events = vec![crate::store::WatchEvent {
+        key: format!("{PREFIX}c/x"),
+        revision: unseen,
+        kind: crate::store::WatchEventKind::Put(crate::store::KeyValue {
+            key: format!("{PREFIX}c/x"),
+            value: b"0".to_vec(),
+            create_revision: unseen,
+            mod_revision: unseen,
+            session: None,
+        }),
+    }];
+    {
+        let mut cache = mirror.cache.write().expect("lock");
+        mirror.apply_revision(&mut cache, &(), unseen, events, &mut super::Changes::default());
+    }
+    // Another writer of the first write's batch hears its answer only now.
+    let changes = mirror.apply_own_now(&(), first, &[]).expect("it follows the cache");
+    assert_eq!(mirror.read().kvs[&format!("{PREFIX}a/x")].value, b"2", "taken back");
+    assert!(changes.topics().is_empty(), "nothing to tell: {changes:?}");
+}
