@@ -10,6 +10,7 @@ use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
 use super::{Handoff, relay, state::Cache};
 use crate::coordinator::shared::{
     Core,
+    mirror::Scope,
     registrar::{Held, Registrar},
     relay_step::{RelayStep, StreamSeen},
     streams::StreamKey,
@@ -66,9 +67,7 @@ impl Registrar for Handoff {
         consumer: &str,
         seen: StreamSeen<'_, ConsumerView>,
     ) -> RelayStep<ConsumerView> {
-        let entry = cache.topics.get(topic);
-        let view = entry.map(|e| e.view_of(consumer)).unwrap_or_default();
-        relay::relay_step(topic, consumer, seen, entry, view, None, cache.revision)
+        relay::relay_step(topic, consumer, seen, cache.topics.get(topic), &Scope::Whole, cache.revision)
     }
 
     fn held(&self, cache: &Cache, key: &StreamKey) -> Held {

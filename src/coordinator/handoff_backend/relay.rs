@@ -34,16 +34,15 @@ fn wire(topic: &str, commands: Vec<Command>) -> Vec<AssignmentCommand> {
 }
 
 /// The relay model: what the local stream `seen` of `consumer` on `topic` must be told,
-/// given the topic's cached state and the consumer's `view` of it: all of it, or with
-/// `within` its part in those partitions alone (what a revision changed; the rest of the
-/// view is what the stream was told). Pure.
+/// given the topic's cached state and what of the consumer's view may have changed
+/// (`scope`): all of it is compared, or only its part in the partitions a revision changed,
+/// the rest being what the stream was told. Pure.
 pub(super) fn relay_step(
     topic: &str,
     consumer: &str,
     seen: StreamSeen<'_, ConsumerView>,
     entry: Option<&TopicEntry>,
-    view: ConsumerView,
-    within: Option<&BTreeSet<u32>>,
+    scope: &Scope,
     revision: Revision,
 ) -> RelayStep<ConsumerView> {
     let record = entry.and_then(|e| e.consumers.get(consumer));
@@ -53,10 +52,18 @@ pub(super) fn relay_step(
     if let Some(step) = RelayStep::not_relayed(registration) {
         return step;
     }
-    let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
     // A part is compared only once the stream heard its snapshot (the first message is
     // always the whole snapshot, even when it is empty) and followed every step since.
-    let within = within.filter(|_| seen.activated && seen.told_complete);
+    let within = match scope {
+        Scope::Partitions(partitions) if seen.activated && seen.told_complete => Some(partitions),
+        _ => None,
+    };
+    let view = match (entry, within) {
+        (Some(entry), Some(partitions)) => entry.view_within(consumer, partitions),
+        (Some(entry), None) => entry.view_of(consumer),
+        (None, _) => ConsumerView::default(),
+    };
+    let draining = record.is_some_and(|r| r.value.status == ConsumerStatus::Draining);
     let idle = || view.is_idle_outside(None) && within.is_none_or(|ps| seen.told.is_idle_outside(Some(ps)));
     let end = (draining && idle()).then_some((EndReason::Left, None));
     let mut gains = Vec::new();
@@ -108,17 +115,8 @@ fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
 fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
     inner.core.streams().relay(changes, |topic, consumer, seen| {
         let entry = cache.topics.get(topic);
-        let within = match changes.scope(topic, consumer) {
-            Scope::Partitions(partitions) if seen.activated && seen.told_complete => Some(partitions),
-            _ => None,
-        };
-        let view = match (entry, within) {
-            (Some(entry), Some(partitions)) => entry.view_within(consumer, partitions),
-            (Some(entry), None) => entry.view_of(consumer),
-            (None, _) => ConsumerView::default(),
-        };
         let before = seen.told.releasing.clone();
-        let step = relay_step(topic, consumer, seen, entry, view, within, cache.revision);
+        let step = relay_step(topic, consumer, seen, entry, changes.scope(topic, consumer), cache.revision);
         if let RelayStep::Tell(tell) = &step {
             let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
             inner.core.metrics().observe_releases_sent(&before, &tell.told.releasing, phase_start);

@@ -106,16 +106,7 @@ impl TopicEntry {
         let owned = self.owned_by.get(consumer).cloned().unwrap_or_default();
         let mut view = ConsumerView { owned, ..ConsumerView::default() };
         for p in self.handoffs_of.get(consumer).into_iter().flatten() {
-            let Some(h) = self.handoffs.get(p) else { continue };
-            match h.value.phase {
-                Phase::Warming if h.value.to == consumer => {
-                    view.warming.insert(*p, h.value.from.clone());
-                }
-                Phase::Releasing if h.value.from == consumer => {
-                    view.releasing.insert(*p, h.value.to.clone());
-                }
-                _ => {}
-            }
+            self.note_handoff(&mut view, consumer, *p);
         }
         view
     }
@@ -128,17 +119,24 @@ impl TopicEntry {
             if self.owners.get(p).is_some_and(|o| o.value == consumer) {
                 view.owned.insert(*p);
             }
-            match self.handoffs.get(p).map(|h| &h.value) {
-                Some(h) if h.phase == Phase::Warming && h.to == consumer => {
-                    view.warming.insert(*p, h.from.clone());
-                }
-                Some(h) if h.phase == Phase::Releasing && h.from == consumer => {
-                    view.releasing.insert(*p, h.to.clone());
-                }
-                _ => {}
-            }
+            self.note_handoff(&mut view, consumer, *p);
         }
         view
+    }
+
+    /// Adds to `view` the part `consumer` takes in `partition`'s handoff, if any: warming it
+    /// (the target while warming) or releasing it (the source while releasing).
+    fn note_handoff(&self, view: &mut ConsumerView, consumer: &str, partition: u32) {
+        let Some(h) = self.handoffs.get(&partition).map(|h| &h.value) else { return };
+        match h.phase {
+            Phase::Warming if h.to == consumer => {
+                view.warming.insert(partition, h.from.clone());
+            }
+            Phase::Releasing if h.from == consumer => {
+                view.releasing.insert(partition, h.to.clone());
+            }
+            _ => {}
+        }
     }
 
     /// Sets a partition's owner (keeping the index); returns the previous one.
