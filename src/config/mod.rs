@@ -360,6 +360,14 @@ pub fn default_instance_id() -> String {
 mod tests {
     use super::*;
 
+    /// The arguments of `kafka-assigner serve` with `args`.
+    fn serve(args: &[&str]) -> ServeArgs {
+        let mut all = vec!["kafka-assigner", "serve"];
+        all.extend_from_slice(args);
+        let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command else { unreachable!() };
+        args
+    }
+
     #[test]
     fn topic_partitions() {
         let parsed = parse_topic_partitions("events=12, orders=4").unwrap();
@@ -392,12 +400,6 @@ mod tests {
 
     #[test]
     fn kafka_flags() {
-        let serve = |args: &[&str]| {
-            let mut all = vec!["kafka-assigner", "serve"];
-            all.extend_from_slice(args);
-            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command else { unreachable!() };
-            args
-        };
         let defaults = serve(&[]);
         assert!(defaults.kafka_brokers.is_empty());
         assert!(defaults.kafka_settings().is_empty());
@@ -430,12 +432,6 @@ mod tests {
 
     #[test]
     fn placement_flags() {
-        let serve = |args: &[&str]| {
-            let mut all = vec!["kafka-assigner", "serve"];
-            all.extend_from_slice(args);
-            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command else { unreachable!() };
-            args
-        };
         let defaults = serve(&[]);
         assert_eq!(defaults.placement, PlacementArg::Shadow);
         assert_eq!((defaults.load_tolerance, defaults.load_min_gain), (0.10, 0.01));
@@ -487,12 +483,6 @@ mod tests {
 
     #[test]
     fn fleet_and_static_flags() {
-        let serve = |args: &[&str]| {
-            let mut all = vec!["kafka-assigner", "serve"];
-            all.extend_from_slice(args);
-            let Command::Serve(args) = Cli::try_parse_from(all).unwrap().command else { unreachable!() };
-            args
-        };
         let args = serve(&["--backend", "fleet", "--store", "etcd"]);
         assert_eq!((args.backend, args.store), (Backend::Fleet, StoreKind::Etcd));
         assert_eq!(serve(&["--backend", "fleet"]).store, StoreKind::Memory);

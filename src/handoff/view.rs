@@ -28,18 +28,18 @@ impl ConsumerView {
             return view;
         }
         view.owned = state.owners.iter().filter(|(_, o)| *o == consumer).map(|(p, _)| *p).collect();
-        for (p, h) in &state.handoffs {
-            match h.phase {
-                Phase::Warming if h.to == consumer => {
-                    view.warming.insert(*p, h.from.clone());
-                }
-                Phase::Releasing if h.from == consumer => {
-                    view.releasing.insert(*p, h.to.clone());
-                }
-                _ => {}
-            }
+        for (p, h) in state.handoffs.iter().filter(|(_, h)| role_holder(h) == consumer) {
+            view.take_role(*p, h);
         }
         view
+    }
+
+    /// Notes the role its consumer ([`role_holder`]) has in the handoff `h` of `partition`.
+    fn take_role(&mut self, partition: u32, h: &Handoff) {
+        match h.phase {
+            Phase::Warming => self.warming.insert(partition, h.from.clone()),
+            Phase::Releasing => self.releasing.insert(partition, h.to.clone()),
+        };
     }
 
     /// The part of this view within `partitions`.
@@ -104,16 +104,20 @@ impl ConsumerView {
             }
         }
         for (p, h) in handoffs {
-            let (consumer, peer) = match h.phase {
-                Phase::Warming => (&h.to, &h.from),
-                Phase::Releasing => (&h.from, &h.to),
-            };
-            if let Some(view) = views.get_mut(consumer) {
-                let map = if h.phase == Phase::Warming { &mut view.warming } else { &mut view.releasing };
-                map.insert(*p, peer.clone());
+            if let Some(view) = views.get_mut(role_holder(h)) {
+                view.take_role(*p, h);
             }
         }
         views
+    }
+}
+
+/// The consumer a handoff asks for something now: its target while it warms, its source
+/// while it releases (the other side only owns the partition).
+fn role_holder(h: &Handoff) -> &str {
+    match h.phase {
+        Phase::Warming => &h.to,
+        Phase::Releasing => &h.from,
     }
 }
 

@@ -14,7 +14,7 @@ use crate::coordinator::shared::{
     Core,
     records::{decode, encode},
     registrar::{Held, Registrar},
-    relay_step::{RelayStep, StreamSeen},
+    relay::{RelayStep, StreamSeen},
     streams::StreamKey,
 };
 use crate::store::{KeyValue, Revision, SessionId};

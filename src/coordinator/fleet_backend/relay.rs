@@ -17,7 +17,7 @@ use super::{
 use crate::coordinator::shared::{
     mirror::{Changes, Touched},
     registration,
-    relay_step::{Registration, RelayStep, StreamSeen, Tell},
+    relay::{Registration, RelayStep, StreamSeen, Tell},
     streams::Told,
     wire::update,
 };
@@ -96,9 +96,13 @@ pub(super) fn relay_step(
 /// Relays the cache to the local streams `changes` concerns.
 pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
     let core = &inner.core;
-    core.streams().relay(changes, |topic, consumer, seen| {
-        relay_step(topic, consumer, seen, cache.topics.get(topic), cache.revision)
-    });
+    let mut pass = core.streams().pass(changes);
+    while let Some(visit) = pass.next() {
+        let topic = visit.topic();
+        let step = relay_step(topic, visit.consumer(), visit.seen(), cache.topics.get(topic), cache.revision);
+        visit.apply(step);
+    }
+    pass.finish();
     // A consumer that deregistered after its stream had dropped: no stream ends, so no
     // stream task deletes its registration. The instance it was registered through does,
     // so its leases are free now rather than after the TTL.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::records::{FleetKey, FleetKeys, LeaseRecord, MemberRecord};
 use crate::coordinator::shared::mirror::{Changes, MirrorCache, Versioned};
 use crate::coordinator::shared::records::{TopicRecord, decode};
-use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
+use crate::store::{KeyValue, Revision};
 
 /// Everything stored about one topic.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -69,6 +69,18 @@ pub struct FleetCache {
 }
 
 impl FleetCache {
+    fn topic(&mut self, topic: &str) -> &mut FleetTopic {
+        self.topics.entry(topic.to_string()).or_default()
+    }
+}
+
+impl MirrorCache for FleetCache {
+    type Keys = FleetKeys;
+
+    fn prefix(keys: &FleetKeys) -> &str {
+        keys.root()
+    }
+
     fn put(&mut self, keys: &FleetKeys, kv: KeyValue, changes: &mut Changes) {
         let Some(key) = keys.parse(&kv.key) else { return };
         let rev = kv.mod_revision;
@@ -95,47 +107,22 @@ impl FleetCache {
         }
     }
 
-    fn topic(&mut self, topic: &str) -> &mut FleetTopic {
-        self.topics.entry(topic.to_string()).or_default()
-    }
-}
-
-impl MirrorCache for FleetCache {
-    type Keys = FleetKeys;
-
-    fn prefix(keys: &FleetKeys) -> &str {
-        keys.root()
-    }
-
-    fn from_snapshot(keys: &FleetKeys, snapshot: PrefixSnapshot) -> Self {
-        let mut cache = FleetCache { revision: snapshot.revision, ..Default::default() };
-        let mut ignored = Changes::default();
-        for kv in snapshot.kvs {
-            cache.put(keys, kv, &mut ignored);
-        }
-        cache
-    }
-
-    fn apply(&mut self, keys: &FleetKeys, event: WatchEvent, changes: &mut Changes) {
-        self.revision = self.revision.max(event.revision);
-        match event.kind {
-            WatchEventKind::Put(kv) => self.put(keys, kv, changes),
-            WatchEventKind::Delete => match keys.parse(&event.key) {
-                Some(FleetKey::Topic(t)) => {
-                    self.topic(&t).count = None;
-                    changes.topic(&t);
-                }
-                Some(FleetKey::Member(t, c)) => {
-                    self.topic(&t).members.remove(&c);
-                    changes.consumers(&t, [c.as_str()]);
-                }
-                Some(FleetKey::Lease(t, p)) => {
-                    self.topic(&t).epochs.remove(&p);
-                    let before = self.topic(&t).leases.remove(&p);
-                    changes.consumers(&t, before.iter().map(|o| o.value.as_str()));
-                }
-                None => {}
-            },
+    fn delete(&mut self, keys: &FleetKeys, key: &str, changes: &mut Changes) {
+        match keys.parse(key) {
+            Some(FleetKey::Topic(t)) => {
+                self.topic(&t).count = None;
+                changes.topic(&t);
+            }
+            Some(FleetKey::Member(t, c)) => {
+                self.topic(&t).members.remove(&c);
+                changes.consumers(&t, [c.as_str()]);
+            }
+            Some(FleetKey::Lease(t, p)) => {
+                self.topic(&t).epochs.remove(&p);
+                let before = self.topic(&t).leases.remove(&p);
+                changes.consumers(&t, before.iter().map(|o| o.value.as_str()));
+            }
+            None => {}
         }
     }
 

@@ -12,7 +12,7 @@ use crate::coordinator::shared::{
     Core,
     mirror::Scope,
     registrar::{Held, Registrar},
-    relay_step::{RelayStep, StreamSeen},
+    relay::{RelayStep, StreamSeen},
     streams::StreamKey,
 };
 use crate::handoff::{ConsumerStatus, ConsumerView};

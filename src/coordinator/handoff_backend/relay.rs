@@ -11,7 +11,7 @@ use std::{collections::BTreeSet, sync::Arc};
 use super::{Handoff, state::Cache, state::TopicEntry};
 use crate::coordinator::shared::{
     mirror::{Changes, Scope},
-    relay_step::{Registration, RelayStep, StreamSeen, Tell},
+    relay::{Registration, RelayStep, StreamSeen, Tell},
     streams::{EndReason, Told},
     wire::to_wire,
 };
@@ -113,16 +113,20 @@ fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
 /// Relays the cache to the local streams `changes` concerns, comparing only the
 /// partitions a revision changed where it says which.
 fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
-    inner.core.streams().relay(changes, |topic, consumer, seen| {
+    let mut pass = inner.core.streams().pass(changes);
+    while let Some(visit) = pass.next() {
+        let (topic, consumer) = (visit.topic(), visit.consumer());
         let entry = cache.topics.get(topic);
-        let before = seen.told.releasing.clone();
-        let step = relay_step(topic, consumer, seen, entry, changes.scope(topic, consumer), cache.revision);
+        let scope = changes.scope(topic, consumer);
+        let step = relay_step(topic, consumer, visit.seen(), entry, scope, cache.revision);
         if let RelayStep::Tell(tell) = &step {
             let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
-            inner.core.metrics().observe_releases_sent(&before, &tell.told.releasing, phase_start);
+            let before = &visit.seen().told.releasing;
+            inner.core.metrics().observe_releases_sent(before, &tell.told.releasing, phase_start);
         }
-        step
-    });
+        visit.apply(step);
+    }
+    pass.finish();
 }
 
 /// Tells the local streams what `changes` changed for them, then announces the revision

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, TopicRecord, decode};
 use crate::coordinator::shared::mirror::{Changes, MirrorCache, Versioned};
 use crate::handoff::{ConsumerView, Handoff, Phase, TopicState};
-use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
+use crate::store::{KeyValue, Revision};
 
 /// Everything stored about one topic.
 #[derive(Clone, Debug, Default)]
@@ -211,6 +211,18 @@ pub struct Cache {
 }
 
 impl Cache {
+    fn topic(&mut self, topic: &str) -> &mut TopicEntry {
+        self.topics.entry(topic.to_string()).or_default()
+    }
+}
+
+impl MirrorCache for Cache {
+    type Keys = Keys;
+
+    fn prefix(keys: &Keys) -> &str {
+        keys.prefix()
+    }
+
     fn put(&mut self, keys: &Keys, kv: KeyValue, changes: &mut Changes) {
         let Some(key) = keys.parse(&kv.key) else { return };
         let rev = kv.mod_revision;
@@ -272,35 +284,6 @@ impl Cache {
                 let before = self.topic(t).set_handoff(*p, None);
                 changes.partition(t, before.iter().flat_map(|h| [h.from.as_str(), h.to.as_str()]), *p);
             }
-        }
-    }
-
-    fn topic(&mut self, topic: &str) -> &mut TopicEntry {
-        self.topics.entry(topic.to_string()).or_default()
-    }
-}
-
-impl MirrorCache for Cache {
-    type Keys = Keys;
-
-    fn prefix(keys: &Keys) -> &str {
-        keys.prefix()
-    }
-
-    fn from_snapshot(keys: &Keys, snapshot: PrefixSnapshot) -> Self {
-        let mut cache = Cache { revision: snapshot.revision, ..Default::default() };
-        let mut ignored = Changes::default();
-        for kv in snapshot.kvs {
-            cache.put(keys, kv, &mut ignored);
-        }
-        cache
-    }
-
-    fn apply(&mut self, keys: &Keys, event: WatchEvent, changes: &mut Changes) {
-        self.revision = self.revision.max(event.revision);
-        match event.kind {
-            WatchEventKind::Put(kv) => self.put(keys, kv, changes),
-            WatchEventKind::Delete => self.delete(keys, &event.key, changes),
         }
     }
 

@@ -5,19 +5,15 @@
 
 use std::sync::Arc;
 
-use super::registrar::Registrar;
+use super::instance::Backend;
 use crate::coordinator::{CoordinatorError, EpochStream, PartitionEpoch};
 
-/// How a backend answers the epochs of a consumer's partitions of a topic from its cache
-/// (`None`: it has no epochs).
-pub type EpochsOf<B> = fn(&B, &str, &str) -> Option<Vec<PartitionEpoch>>;
-
-/// The epochs of `consumer`'s partitions of `topic` ([`EpochStream`]), as `epochs` reads
-/// them from `backend`'s cache. `consumer` must hold a stream for `topic` on this instance
-/// (`UnknownConsumer` otherwise); a backend without epochs answers `NoEpochs`.
-pub fn watch<B: Registrar>(
+/// The epochs of `consumer`'s partitions of `topic` ([`EpochStream`]), as `backend` reads
+/// them from its cache ([`Backend::epochs`]). `consumer` must hold a stream for `topic` on
+/// this instance (`UnknownConsumer` otherwise); a backend without epochs answers
+/// `NoEpochs`.
+pub fn watch<B: Backend>(
     backend: &Arc<B>,
-    epochs: EpochsOf<B>,
     consumer: &str,
     topic: &str,
 ) -> Result<EpochStream, CoordinatorError> {
@@ -35,14 +31,13 @@ pub fn watch<B: Registrar>(
             "consumer '{consumer}' of topic '{topic}' just left this assigner instance; register again"
         )));
     };
-    if epochs(backend, topic, consumer).is_none() {
+    if backend.epochs(topic, consumer).is_none() {
         return Err(CoordinatorError::NoEpochs(
             "this assigner's backend hands out no ownership epochs".into(),
         ));
     }
     let state = Watching {
         backend: backend.clone(),
-        epochs,
         changed: core.mirror().subscribe(),
         stopping: core.shutdown().clone(),
         commands,
@@ -55,7 +50,6 @@ pub fn watch<B: Registrar>(
 /// What one epochs stream keeps between snapshots.
 struct Watching<B> {
     backend: Arc<B>,
-    epochs: EpochsOf<B>,
     /// The cache's revision: every change of it may change the epochs.
     changed: tokio::sync::watch::Receiver<crate::store::Revision>,
     stopping: tokio_util::sync::CancellationToken,
@@ -66,7 +60,7 @@ struct Watching<B> {
     last: Option<Vec<PartitionEpoch>>,
 }
 
-impl<B: Registrar> Watching<B> {
+impl<B: Backend> Watching<B> {
     /// The next snapshot that differs from the last one, or the end.
     async fn next(mut self) -> Option<(Vec<PartitionEpoch>, Self)> {
         loop {
@@ -74,7 +68,7 @@ impl<B: Registrar> Watching<B> {
                 return None;
             }
             let (topic, consumer, _) = &self.key;
-            let now = (self.epochs)(&self.backend, topic, consumer)?;
+            let now = self.backend.epochs(topic, consumer)?;
             if self.last.as_ref() != Some(&now) {
                 self.last = Some(now.clone());
                 return Some((now, self));

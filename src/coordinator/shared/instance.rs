@@ -134,7 +134,7 @@ impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
     }
 
     async fn watch_epochs(&self, consumer: &str, topic: &str) -> Result<EpochStream, CoordinatorError> {
-        super::epochs::watch(&self.backend, B::epochs, consumer, topic)
+        super::epochs::watch(&self.backend, consumer, topic)
     }
 
     async fn status(&self) -> StatusView {

@@ -5,7 +5,9 @@
 //! * the store, the backend's keys and the metrics;
 //! * the [`mirror`] (a cache kept equal to the store prefix by a watch, re-read on gaps);
 //! * the [`streams`] registry of the consumer streams this instance holds, and their
-//!   [`outgoing`] channels (where a release waits until the new owner's `assigned` left);
+//!   [`outgoing`] channels (where a release waits until the new owner's `assigned` left),
+//!   and the [`relay`] passes that tell them each revision (the backend's pure step per
+//!   stream, applied by a pass the backend drives);
 //! * [`register`]: the registration of a consumer stream;
 //! * [`lease`]: the instance's one store session, kept on a thread of its own, and
 //!   self-fencing;
@@ -34,7 +36,7 @@ pub mod records;
 pub mod register;
 pub mod registrar;
 pub mod registration;
-pub mod relay_step;
+pub mod relay;
 pub mod relay_watch;
 pub mod streams;
 pub mod sweep;

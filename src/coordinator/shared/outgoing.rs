@@ -1,7 +1,7 @@
 //! A consumer stream's command channel, and the gate that makes the new owner hear first.
 //!
 //! Within one relay pass, what consumers gain (`assigned`, `WarmPartition`) is sent before
-//! what they lose (`unassigned`, `ReleasePartition`), see [`super::streams::Streams::relay`].
+//! what they lose (`unassigned`, `ReleasePartition`), see [`super::relay::RelayPass`].
 //! Putting the gains into their channels first is not enough: every stream is written to
 //! the network by its own task, and the runtime runs those tasks in any order (tokio even
 //! runs the task woken last first), so the old owner could read its release before the new

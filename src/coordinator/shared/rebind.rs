@@ -12,7 +12,7 @@
 //! away meanwhile is `unassigned`). A stream whose registration could not be written again
 //! within one TTL ends with `UNAVAILABLE`.
 //!
-//! [`Registration::Lost`]: super::relay_step::Registration::Lost
+//! [`Registration::Lost`]: super::relay::Registration::Lost
 
 use std::{sync::Arc, time::Duration};
 

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Core;
 use super::mirror::MirrorCache;
-use super::relay_step::{RelayStep, StreamSeen};
+use super::relay::{RelayStep, StreamSeen};
 use super::streams::{StreamKey, Told};
 use crate::handoff::Millis;
 use crate::store::{KeyValue, Revision, SessionId};
@@ -130,7 +130,7 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     }
 
     /// The relay model: what the stream `seen` of `consumer` on `topic` must be told, given
-    /// `cache` ([`super::relay_step`]). Pure.
+    /// `cache` ([`super::relay`]). Pure.
     fn relay_step(
         &self,
         cache: &Self::Cache,

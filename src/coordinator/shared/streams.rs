@@ -10,10 +10,9 @@
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use super::mirror::{Changes, Touched};
 use super::outgoing::{CommandSender, Outgoing, PassGate, STREAM_BUFFER};
-pub use super::relay_step::{EndReason, Ending};
-use super::relay_step::{RelayStep, StreamSeen};
+pub use super::relay::{EndReason, Ending};
+use super::relay::{RelayStep, StreamSeen};
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
@@ -70,9 +69,9 @@ pub struct LocalStream<T> {
     /// Set when the consumer stopped reading and the buffer filled: the stream must end.
     overflowed: bool,
     /// Commands held back until every stream of the relay pass has heard its gains.
-    later: Vec<AssignmentCommand>,
+    pub(super) later: Vec<AssignmentCommand>,
     /// The gate of the relay pass visiting this stream: what it sends meanwhile is a gain.
-    pass: Option<PassGate>,
+    pub(super) pass: Option<PassGate>,
     /// Tells the session task why the stream ended (once).
     end: Option<oneshot::Sender<EndReason>>,
 }
@@ -138,7 +137,7 @@ impl<T: Told> LocalStream<T> {
         let _ = self.tx.try_send(outgoing);
     }
 
-    /// Holds `commands` back until the end of the relay pass ([`Streams::relay`]), or the
+    /// Holds `commands` back until the end of the relay pass ([`super::relay::RelayPass`]), or the
     /// next [`flush`](Self::flush).
     pub fn defer(&mut self, commands: impl IntoIterator<Item = AssignmentCommand>) {
         self.later.extend(commands);
@@ -152,14 +151,14 @@ impl<T: Told> LocalStream<T> {
 
     /// Sends what [`defer`](Self::defer) held back as losses of the pass `gate`: each waits
     /// in the channel until the pass's gains were taken ([`super::outgoing`]).
-    fn flush_after(&mut self, gate: &PassGate) {
+    pub(super) fn flush_after(&mut self, gate: &PassGate) {
         for command in std::mem::take(&mut self.later) {
             self.push(gate.loss(command));
         }
     }
 
     /// The ending of a stream whose consumer stopped reading, if it did.
-    fn overflow(&self, topic: &str, consumer: &str) -> Option<Ending> {
+    pub(super) fn overflow(&self, topic: &str, consumer: &str) -> Option<Ending> {
         self.overflowed.then(|| {
             let error = CoordinatorError::NotReading(format!(
                 "consumer '{consumer}' of topic '{topic}' is not reading its stream ({STREAM_BUFFER} commands \
@@ -268,10 +267,10 @@ pub fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
 
 /// The local streams, at most one per (topic, consumer).
 pub struct Streams<S> {
-    map: DashMap<(String, String), S>,
+    pub(super) map: DashMap<(String, String), S>,
     metrics: Arc<Metrics>,
     /// Woken when a relay pass found a stream whose registration the store lost.
-    lost: tokio::sync::Notify,
+    pub(super) lost: tokio::sync::Notify,
     /// Held while a stream is admitted ([`Streams::admit`]) and while every stream is
     /// fenced ([`Streams::fence_all`]): a registration answered late (a slow store answer,
     /// a busy runtime) can then never slip its stream in after the fence ran.
@@ -415,68 +414,6 @@ impl<T: Told> Streams<LocalStream<T>> {
         let mut names: Vec<_> = self.map.iter().map(|e| e.key().clone()).collect();
         names.sort_unstable();
         names
-    }
-
-    /// Brings every stream `changes` concerns up to date with what the relay model `step`
-    /// decides for it ([`super::relay_step`]; pure: it only reads what the stream was told),
-    /// then ends those it says must end. Only the named consumers are visited
-    /// (a whole topic only when `changes` says so), so the work follows the change, not
-    /// the number of streams.
-    ///
-    /// In two rounds: what a consumer gains (`assigned`, `WarmPartition`) is sent to every
-    /// stream first, what it loses ([`LocalStream::defer`]: `unassigned`, `ReleasePartition`)
-    /// only after, and each loss waits in its channel until the transport took the pass's
-    /// gains ([`super::outgoing`]), so a partition moving between two consumers of this
-    /// instance never looks ownerless.
-    pub fn relay(
-        &self,
-        changes: &Changes,
-        mut step: impl FnMut(&str, &str, StreamSeen<'_, T>) -> RelayStep<T>,
-    ) {
-        let mut ended = Vec::new();
-        let mut deferred = Vec::new();
-        let gate = PassGate::new();
-        let mut visit = |topic: &str, consumer: &str, stream: &mut LocalStream<T>| {
-            stream.pass = Some(gate.clone());
-            let decided = step(topic, consumer, stream.seen());
-            let end = stream.apply(topic, consumer, decided);
-            stream.pass = None;
-            let end = end.or_else(|| stream.overflow(topic, consumer));
-            let key = (topic.to_string(), consumer.to_string(), stream.session);
-            if !stream.later.is_empty() {
-                deferred.push(key.clone());
-            }
-            if let Some(end) = end {
-                ended.push((key, end));
-            } else if stream.is_lost() {
-                self.lost.notify_one();
-            }
-        };
-        let whole: BTreeSet<&String> =
-            changes.iter().filter(|(_, t)| matches!(t, Touched::All)).map(|(topic, _)| topic).collect();
-        if !whole.is_empty() {
-            for mut entry in self.map.iter_mut() {
-                let (topic, consumer) = entry.key().clone();
-                if whole.contains(&topic) {
-                    visit(&topic, &consumer, entry.value_mut());
-                }
-            }
-        }
-        for (topic, touched) in changes.iter() {
-            let Touched::Consumers(names) = touched else { continue };
-            for consumer in names.keys() {
-                if let Some(mut stream) = self.map.get_mut(&(topic.clone(), consumer.clone())) {
-                    visit(topic, consumer, &mut stream);
-                }
-            }
-        }
-        for key in deferred {
-            self.with(&key, |stream| stream.flush_after(&gate));
-        }
-        // Removal takes the shard's lock: only after the iteration has released it.
-        for (key, (reason, last)) in ended {
-            self.end(&key, reason, last);
-        }
     }
 
     /// Drops every stream as a dead process would: each consumer gets an `UNAVAILABLE`

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc::error::TryRecvError, oneshot};
 
-use super::{Changes, EndReason, LocalStream, STREAM_BUFFER, Streams};
+use super::{EndReason, LocalStream, STREAM_BUFFER, Streams};
+use crate::coordinator::shared::mirror::Changes;
 use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel, command_stream};
-use crate::coordinator::shared::relay_step::{RelayStep, Tell};
+use crate::coordinator::shared::relay::{RelayStep, StreamSeen, Tell};
 use crate::coordinator::shared::wire::update;
 use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::metrics::Metrics;
@@ -68,6 +69,20 @@ fn ending_names_the_session_so_a_stale_cleanup_cannot_remove_the_newer_stream() 
     assert!(streams.names().is_empty());
 }
 
+/// A relay pass over `changes` whose model is `step`.
+fn relay(
+    streams: &Streams<LocalStream<()>>,
+    changes: &Changes,
+    mut step: impl FnMut(&str, &str, StreamSeen<'_, ()>) -> RelayStep<()>,
+) {
+    let mut pass = streams.pass(changes);
+    while let Some(visit) = pass.next() {
+        let decided = step(visit.topic(), visit.consumer(), visit.seen());
+        visit.apply(decided);
+    }
+    pass.finish();
+}
+
 #[test]
 fn relay_visits_the_given_topics_and_ends_what_it_says() {
     let (streams, _) = registry();
@@ -80,7 +95,7 @@ fn relay_visits_the_given_topics_and_ends_what_it_says() {
     let mut visited = Vec::new();
     let mut changes = Changes::default();
     changes.topic("t");
-    streams.relay(&changes, |topic, consumer, _| {
+    relay(&streams, &changes, |topic, consumer, _| {
         visited.push(format!("{topic}/{consumer}"));
         if consumer == "a" { RelayStep::Farewell } else { RelayStep::Wait }
     });
@@ -100,7 +115,7 @@ async fn in_one_pass_the_old_owner_hears_its_release_only_after_the_new_owner_to
     let mut changes = Changes::default();
     changes.topic("t");
     // The old owner is visited first: the order of visits must not matter.
-    streams.relay(&changes, |_, consumer, _| {
+    relay(&streams, &changes, |_, consumer, _| {
         let (gains, losses) = if consumer == "old" {
             (vec![], vec![update("t", [], [7])])
         } else {
@@ -142,7 +157,7 @@ fn a_consumer_that_stops_reading_is_ended_resource_exhausted() {
     for _ in 0..STREAM_BUFFER + 10 {
         let mut changes = Changes::default();
         changes.topic("t");
-        streams.relay(&changes, |_, _, _| {
+        relay(&streams, &changes, |_, _, _| {
             RelayStep::Tell(Tell {
                 gains: vec![command.clone()],
                 losses: vec![],

@@ -10,15 +10,12 @@ use std::{
 
 use super::mirror::{Changes, MirrorCache};
 use super::registrar::{Held, Registrar};
-use super::relay_step::{Registration, RelayStep, StreamSeen, Tell};
+use super::relay::{Registration, RelayStep, StreamSeen, Tell};
 use super::topics::Topics;
 use super::wire::update;
 use super::{Core, CoreSettings};
 use crate::metrics::Metrics;
-use crate::store::{
-    FaultyStore, KeyValue, LeaseStore, MemoryStore, PrefixSnapshot, Revision, SessionId, WatchEvent,
-    WatchEventKind,
-};
+use crate::store::{FaultyStore, KeyValue, LeaseStore, MemoryStore, Revision, SessionId};
 
 /// The prefix everything lives under.
 pub const PREFIX: &str = "/t/";
@@ -41,18 +38,16 @@ impl MirrorCache for Records {
         PREFIX
     }
 
-    fn from_snapshot(_: &(), snapshot: PrefixSnapshot) -> Self {
-        let kvs = snapshot.kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
-        Records { revision: snapshot.revision, kvs }
+    fn put(&mut self, _: &(), kv: KeyValue, changes: &mut Changes) {
+        if let Some(topic) = topic_of(&kv.key) {
+            changes.topic(&topic);
+        }
+        self.kvs.insert(kv.key.clone(), kv);
     }
 
-    fn apply(&mut self, _: &(), event: WatchEvent, changes: &mut Changes) {
-        self.revision = self.revision.max(event.revision);
-        match event.kind {
-            WatchEventKind::Put(kv) => self.kvs.insert(event.key.clone(), kv),
-            WatchEventKind::Delete => self.kvs.remove(&event.key),
-        };
-        if let Some(topic) = topic_of(&event.key) {
+    fn delete(&mut self, _: &(), key: &str, changes: &mut Changes) {
+        self.kvs.remove(key);
+        if let Some(topic) = topic_of(key) {
             changes.topic(&topic);
         }
     }
@@ -126,9 +121,12 @@ impl TestBackend {
             let mut follower = watcher.core.follower(Duration::from_secs(300));
             while let Some(changes) = follower.next().await {
                 let cache = watcher.core.mirror.read();
-                watcher.core.streams.relay(&changes, |topic, consumer, seen| {
-                    watcher.relay_step(&cache, topic, consumer, seen)
-                });
+                let mut pass = watcher.core.streams.pass(&changes);
+                while let Some(visit) = pass.next() {
+                    let step = watcher.relay_step(&cache, visit.topic(), visit.consumer(), visit.seen());
+                    visit.apply(step);
+                }
+                pass.finish();
                 watcher.core.mirror.announce(&cache);
             }
         });

@@ -177,18 +177,41 @@ impl Changes {
 }
 
 /// The in-memory copy of a store prefix that a [`Mirror`] keeps up to date.
-pub trait MirrorCache: Sized {
+pub trait MirrorCache: Sized + Default {
     /// What parses the keys under the prefix.
     type Keys: Send + Sync + 'static;
 
     /// The prefix this cache mirrors.
     fn prefix(keys: &Self::Keys) -> &str;
 
+    /// Takes in the record `kv` (written or rewritten), noting in `changes` whose view it
+    /// may have changed. A key the cache does not know, or a record it cannot read, is
+    /// skipped: the rest keeps working.
+    fn put(&mut self, keys: &Self::Keys, kv: KeyValue, changes: &mut Changes);
+
+    /// Forgets the record at `key` (deleted), noting in `changes` whose view it may have
+    /// changed.
+    fn delete(&mut self, keys: &Self::Keys, key: &str, changes: &mut Changes);
+
     /// A cache holding exactly `snapshot`.
-    fn from_snapshot(keys: &Self::Keys, snapshot: PrefixSnapshot) -> Self;
+    fn from_snapshot(keys: &Self::Keys, snapshot: PrefixSnapshot) -> Self {
+        let mut cache = Self::default();
+        cache.set_revision(snapshot.revision);
+        let mut ignored = Changes::default();
+        for kv in snapshot.kvs {
+            cache.put(keys, kv, &mut ignored);
+        }
+        cache
+    }
 
     /// Applies one watched change, noting in `changes` whose view it may have changed.
-    fn apply(&mut self, keys: &Self::Keys, event: WatchEvent, changes: &mut Changes);
+    fn apply(&mut self, keys: &Self::Keys, event: WatchEvent, changes: &mut Changes) {
+        self.set_revision(self.revision().max(event.revision));
+        match event.kind {
+            WatchEventKind::Put(kv) => self.put(keys, kv, changes),
+            WatchEventKind::Delete => self.delete(keys, &event.key, changes),
+        }
+    }
 
     /// The topics whose state differs between `self` and `other` (after a re-read), as
     /// whole topics: their consumers must hear about it.
