@@ -11,13 +11,13 @@
 
 use super::decide::{Decision, PartitionSlice, decide};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
-use super::{Handoff, now_ms, relay};
+use super::{Handoff, now_ms};
 use async_trait::async_trait;
 
 use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
 use crate::coordinator::shared::{
-    batch::{KeyWrite, WrittenBatch},
+    batch::KeyWrite,
     instance::{Backend, HandoffCall, Report},
 };
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
@@ -95,17 +95,14 @@ async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<Option<App
                 // "Already in effect" only on the store's word, not a lagging cache's.
                 Decision::InEffect => continue,
             };
-        // Alone when nothing else is queued (or after a batch lost), with the calls that
-        // arrive with it otherwise.
-        let direct = if attempt == 0 { inner.calls.direct().await } else { None };
-        let written = if attempt == 0 && direct.is_none() {
+        // With the calls that arrive with it first; alone after its batch lost (another
+        // call's compare may have lost it).
+        let written = if attempt == 0 {
             let key = inner.core.keys().handoff(topic, partition);
-            let batch = inner.calls.write_with_batch(KeyWrite { key, compares, ops }).await?;
-            batch.map(|batch| tell_own_write(inner, &batch)).is_some()
+            inner.writes.write(KeyWrite { key, compares, ops }).await?
         } else {
-            relay::commit_and_tell(inner, Txn { compares, ops }).await?.succeeded
+            inner.writes.txn(Txn { compares, ops }).await?.succeeded
         };
-        drop(direct);
         if written {
             let phase_since = current.state.handoffs.get(&partition).map(|h| h.since);
             return Ok(Some(Applied { phase_since }));
@@ -114,19 +111,6 @@ async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<Option<App
     Err(CoordinatorError::Contended(format!(
         "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
     )))
-}
-
-/// Applies `batch`, committed by this instance, to the mirror and tells the streams, unless
-/// the mirror has it already or must first see revisions before it.
-fn tell_own_write(inner: &Handoff, batch: &WrittenBatch) {
-    if let Some(changes) = inner.core.apply_own_write(batch.revision, &batch.ops, &batch.compares) {
-        super::relay::tell(inner, &changes);
-    }
-}
-
-/// Writes the batched calls until shutdown (each writer applies its batch itself).
-pub(super) async fn write_calls(inner: std::sync::Arc<Handoff>) {
-    inner.calls.run(inner.core.shared_store(), inner.core.shutdown().clone()).await
 }
 
 /// `PartitionReady` flips ownership to the caller and starts the release;

@@ -15,6 +15,7 @@
 
 mod calls;
 mod decide;
+mod driver;
 mod leader;
 mod placement;
 pub mod records;
@@ -30,7 +31,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use tokio::sync::watch;
 
 use super::StoreCoordinator;
-use super::shared::{Core, CoreSettings, batch::Batcher, topics::Topics};
+use super::shared::{Core, CoreSettings, topics::Topics};
 use super::{CoordinatorError, PartitionCounts};
 use crate::drain::DrainPolicy;
 use crate::handoff::{ConsumerView, PlacementSettings, PlanConfig};
@@ -130,8 +131,9 @@ pub struct Handoff {
     /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
     /// gauge and the leader loop read.
     leadership: watch::Sender<Option<Fence>>,
-    /// The consumer calls' writes (`PartitionReady`, `PartitionReleased`), batched.
-    calls: Batcher,
+    /// Where the consumer calls' writes and the leader's transactions go: the instance's
+    /// loop ([`driver`]), which commits them, applies them and tells the streams.
+    writes: driver::Writes,
 }
 
 use crate::coordinator::shared::now_ms;
@@ -152,15 +154,10 @@ impl StoreCoordinator<Handoff> {
         let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
         let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
         let core = Core::load(store, keys, metrics, settings, "handoff").await?;
-        let inner = Arc::new(Handoff {
-            core,
-            config,
-            leadership: watch::Sender::new(None),
-            calls: Batcher::default(),
-        });
+        let (writes, inputs) = driver::channel();
+        let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None), writes });
         super::shared::register::start_lease(&inner).await?;
-        tokio::spawn(calls::write_calls(inner.clone()));
-        tokio::spawn(relay::watch_loop(inner.clone()));
+        tokio::spawn(driver::run(inner.clone(), inputs));
         tokio::spawn(leader::leader_loop(inner.clone()));
         tokio::spawn(leader::publish_gauge(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "coordinator started");

@@ -6,7 +6,7 @@
 //! applied, so a consumer never sees a half-applied transaction, and every instance derives
 //! the same commands from the same revision.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::collections::BTreeSet;
 
 use super::{Handoff, state::Cache, state::TopicEntry};
 use crate::coordinator::shared::{
@@ -17,7 +17,7 @@ use crate::coordinator::shared::{
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
 use crate::proto::v1::AssignmentCommand;
-use crate::store::{Revision, StoreError, Txn, TxnOutcome};
+use crate::store::Revision;
 
 impl Told for ConsumerView {
     fn farewell(&self, topic: &str) -> Vec<AssignmentCommand> {
@@ -135,25 +135,4 @@ pub(super) fn tell(inner: &Handoff, changes: &Changes) {
     let cache = inner.core.mirror().read();
     relay(inner, &cache, changes);
     inner.core.mirror().announce(&cache);
-}
-
-/// Commits `txn` (owner and handoff records only) in this task and, if it succeeded,
-/// applies it to the mirror and tells the streams at once: the handoff's fast path, with no
-/// task between the commit and the streams (docs/design.md §9). The leader's plan takes the
-/// same path, so its own consumers need not wait for the watch either.
-pub(super) async fn commit_and_tell(inner: &Handoff, txn: Txn) -> Result<TxnOutcome, StoreError> {
-    let (outcome, changes) = inner.core.commit_own(txn).await?;
-    if let Some(changes) = changes {
-        tell(inner, &changes);
-    }
-    Ok(outcome)
-}
-
-/// Keeps the cache equal to the store and tells the consumers every change. Runs until
-/// shutdown.
-pub(super) async fn watch_loop(inner: Arc<Handoff>) {
-    let mut follower = inner.core.follower(inner.config.resync_interval);
-    while let Some(changes) = follower.next().await {
-        tell(&inner, &changes);
-    }
 }

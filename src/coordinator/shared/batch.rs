@@ -69,23 +69,30 @@ pub struct WrittenBatch {
 }
 
 /// How a batch ended, as each of its writers hears it: `None` if a compare lost.
-type Answer = Result<Option<WrittenBatch>, StoreError>;
+pub type Answer = Result<Option<WrittenBatch>, StoreError>;
 
-struct Pending {
-    write: KeyWrite,
-    reply: oneshot::Sender<Answer>,
+/// A write waiting for its batch, and where its answer goes.
+pub struct Pending {
+    /// The write.
+    pub write: KeyWrite,
+    /// Where the batch's answer goes.
+    pub reply: oneshot::Sender<Answer>,
+}
+
+impl Pending {
+    /// A pending `write`, and the receiver of its answer.
+    pub fn new(write: KeyWrite) -> (Self, oneshot::Receiver<Answer>) {
+        let (reply, answer) = oneshot::channel();
+        (Self { write, reply }, answer)
+    }
 }
 
 /// A queue of writes of one instance, and its writer.
 pub struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
     incoming: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
-    /// Transactions in flight, batches and [`Direct`] writes alike.
+    /// Batch transactions in flight.
     in_flight: Arc<Semaphore>,
-    /// Writes queued and not yet taken into a batch.
-    queued: std::sync::atomic::AtomicUsize,
-    /// Writers deciding whether to write alone ([`Batcher::direct`]).
-    arriving: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for Batcher {
@@ -95,64 +102,19 @@ impl Default for Batcher {
             queue,
             incoming: std::sync::Mutex::new(Some(incoming)),
             in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
-            queued: std::sync::atomic::AtomicUsize::new(0),
-            arriving: std::sync::atomic::AtomicUsize::new(0),
         }
     }
-}
-
-/// Leave to write alone, in the caller's own task, while nothing waits to be batched
-/// ([`Batcher::direct`]). Holds a place among the transactions in flight until dropped.
-pub struct Direct {
-    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Batcher {
-    /// Leave to commit one write directly, without the writer task's two hops, when it
-    /// arrived alone: a lone `PartitionReady` is then committed, applied and relayed by the
-    /// task that received it. `None` when writes arrive together (they share transactions,
-    /// [`Self::write`]) or every transaction slot is taken. "Together" is what is runnable
-    /// at once: the caller yields once, so that the calls woken with it count themselves
-    /// before any decides.
-    pub async fn direct(&self) -> Option<Direct> {
-        use std::sync::atomic::Ordering;
-        /// Counts a writer among those deciding, until it has decided or was dropped.
-        struct Arriving<'a>(&'a std::sync::atomic::AtomicUsize);
-        impl Drop for Arriving<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        self.arriving.fetch_add(1, Ordering::SeqCst);
-        let arriving = Arriving(&self.arriving);
-        tokio::task::yield_now().await;
-        let alone = self.arriving.load(Ordering::SeqCst) == 1 && self.queued.load(Ordering::SeqCst) == 0;
-        drop(arriving);
-        if !alone {
-            return None;
-        }
-        self.in_flight.clone().try_acquire_owned().ok().map(|slot| Direct { _slot: slot })
-    }
-
     /// Queues `write` for the next batch and waits for its outcome. `UNAVAILABLE` once the
     /// writer has stopped.
     pub async fn write(&self, write: KeyWrite) -> Result<Batched, StoreError> {
-        Ok(self.write_with_batch(write).await?.map_or(Batched::Lost, |b| Batched::Written(b.revision)))
-    }
-
-    /// [`write`](Self::write), answering the batch it was written in (`None`: a compare of
-    /// the batch lost): the caller may apply its operations to its mirror at once (each
-    /// writer of the batch gets them; the first to apply them does, the others find the
-    /// revision already there).
-    pub async fn write_with_batch(&self, write: KeyWrite) -> Result<Option<WrittenBatch>, StoreError> {
-        let (reply, answer) = oneshot::channel();
+        let (pending, answer) = Pending::new(write);
         let stopped = || StoreError::Unavailable("the registration writer has stopped".into());
-        self.queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        if self.queue.send(Pending { write, reply }).is_err() {
-            self.queued.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            return Err(stopped());
-        }
-        answer.await.map_err(|_| stopped())?
+        self.queue.send(pending).map_err(|_| stopped())?;
+        let written = answer.await.map_err(|_| stopped())??;
+        Ok(written.map_or(Batched::Lost, |b| Batched::Written(b.revision)))
     }
 
     /// Writes the queued writes in batches until `stop` is cancelled. Runs once: a second
@@ -183,10 +145,12 @@ impl Batcher {
                 waiting.push_back(pending);
             }
             let batch = take_batch(&mut waiting);
-            self.queued.fetch_sub(batch.len(), std::sync::atomic::Ordering::SeqCst);
             let store = store.clone();
             tokio::spawn(async move {
-                commit(&*store, batch).await;
+                let answer = commit(&*store, &batch).await;
+                for pending in batch {
+                    let _ = pending.reply.send(answer.clone());
+                }
                 drop(permit);
             });
         }
@@ -196,7 +160,7 @@ impl Batcher {
 /// Takes up to [`BATCH`] writes of distinct keys, within [`TXN_LIMIT`], off the front of
 /// `waiting`, keeping the order of the rest (a second write of a key waits for the next
 /// batch). The first write is always taken.
-fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
+pub fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
     let mut batch = Vec::new();
     let mut keys = HashSet::new();
     let mut rest = VecDeque::new();
@@ -219,21 +183,16 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
     batch
 }
 
-/// Commits `batch` in one transaction and answers each of its writes.
-async fn commit(store: &dyn LeaseStore, batch: Vec<Pending>) {
+/// Commits `batch` in one transaction; the answer is for each of its writes.
+pub async fn commit(store: &dyn LeaseStore, batch: &[Pending]) -> Answer {
     let mut txn = Txn::new();
-    for pending in &batch {
+    for pending in batch {
         txn.compares.extend(pending.write.compares.iter().cloned());
         txn.ops.extend(pending.write.ops.iter().cloned());
     }
     let (ops, compares): (Arc<[Op]>, Arc<[Compare]>) = (txn.ops.clone().into(), txn.compares.clone().into());
-    let outcome = store
-        .txn(txn)
-        .await
-        .map(|o| o.succeeded.then_some(WrittenBatch { revision: o.revision, ops, compares }));
-    for pending in batch {
-        let _ = pending.reply.send(outcome.clone());
-    }
+    let outcome = store.txn(txn).await?;
+    Ok(outcome.succeeded.then_some(WrittenBatch { revision: outcome.revision, ops, compares }))
 }
 
 #[cfg(test)]

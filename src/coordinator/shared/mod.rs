@@ -52,7 +52,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::store::{LeaseStore, Txn};
+use crate::store::LeaseStore;
 
 use lease::{LeaseHolder, LeaseState};
 use mirror::{Mirror, MirrorCache, Source};
@@ -341,22 +341,6 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     ) -> Option<mirror::Changes> {
         let batch = mirror::own_batch(C::prefix(&self.keys), revision, ops)?;
         self.mirror.apply_own_now(&self.keys, batch, compares)
-    }
-
-    /// Commits `txn` and, if it succeeded, applies it to the mirror at once when nothing
-    /// else happened in between ([`Self::apply_own_write`]; offered to the follower
-    /// otherwise). `txn` must write only records whose cache reads no create revision
-    /// (owners, handoffs). Returns the outcome, and what changed, for the caller to tell its
-    /// consumers.
-    pub async fn commit_own(
-        &self,
-        txn: Txn,
-    ) -> Result<(crate::store::TxnOutcome, Option<mirror::Changes>), crate::store::StoreError> {
-        let Txn { compares, ops } = txn.clone();
-        let outcome = self.store.txn(txn).await?;
-        let changes =
-            if outcome.succeeded { self.apply_own_write(outcome.revision, &ops, &compares) } else { None };
-        Ok((outcome, changes))
     }
 
     /// Follows the store into the mirror ([`mirror::Follower`]), re-reading the whole

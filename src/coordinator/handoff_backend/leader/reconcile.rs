@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::election::still_leading;
 use super::{Fence, Leadership};
-use crate::coordinator::handoff_backend::{Handoff, now_ms, relay};
+use crate::coordinator::handoff_backend::{Handoff, now_ms};
 use crate::handoff::{
     MoveReason, PlacementInputs, PlacementReport, PlanReport, Write, diff_writes, plan_placed,
 };
@@ -261,7 +261,7 @@ pub(super) async fn reconcile_all(
         for batch in batches {
             let txn = fenced_txn(&leader_key, fence, &batch, &guards, &ops);
             // Owner and handoff records only: their cache reads no create revision.
-            match relay::commit_and_tell(inner, txn).await {
+            match inner.writes.txn(txn).await {
                 Ok(outcome) if outcome.succeeded => {
                     me.written = me.written.max(outcome.revision);
                     applied.extend(batch.iter().map(Write::partition));

@@ -38,18 +38,25 @@ pub struct Follower<'a, C: MirrorCache> {
     source: Source<'a, C::Keys>,
     phase: Phase,
     backoff: Duration,
+    /// When a failed re-read may be tried again.
+    retry_at: Option<tokio::time::Instant>,
 }
 
 impl<'a, C: MirrorCache> Follower<'a, C> {
     pub(super) fn new(mirror: &'a Mirror<C>, source: Source<'a, C::Keys>) -> Self {
         let from = mirror.read().revision() + 1;
-        Self { mirror, source, phase: Phase::Watch(from), backoff: FIRST_BACKOFF }
+        Self { mirror, source, phase: Phase::Watch(from), backoff: FIRST_BACKOFF, retry_at: None }
     }
 
     /// Waits until the cache has advanced (a watched revision, an own write, a re-read
     /// after a gap or the periodic resync) and returns what changed, for the caller to tell
     /// its consumers and then [`Mirror::announce`]. After a broken watch the changes may be
     /// empty: the re-read that follows brings what differs. `None` once the instance stops.
+    ///
+    /// Cancel-safe: dropped before it returns (another branch of the caller's `select!`
+    /// won), it has applied nothing, and the next call goes on where this one was (the
+    /// watch stays open, a failed re-read keeps its backoff), so an instance's loop can wait
+    /// on it beside its other inputs.
     pub async fn next(&mut self) -> Option<Changes> {
         let Source { store, keys, shutdown, resync_interval } = self.source;
         let (mirror, name) = (self.mirror, self.mirror.name);
@@ -57,8 +64,9 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
             if shutdown.is_cancelled() {
                 return None;
             }
-            match std::mem::replace(&mut self.phase, Phase::Reread { interrupted: true }) {
+            match &mut self.phase {
                 Phase::Watch(from) => {
+                    let from = *from;
                     let watch = tokio::select! {
                         _ = shutdown.cancelled() => return None,
                         w = store.watch_prefix(C::prefix(keys), from) => w,
@@ -70,98 +78,105 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                             let resync = Box::pin(tokio::time::sleep(jittered(resync_interval)));
                             self.phase = Phase::Following(stream, resync);
                         }
-                        Err(error) => tracing::warn!(%error, mirror = name, "watch failed; re-reading state"),
+                        Err(error) => {
+                            tracing::warn!(%error, mirror = name, "watch failed; re-reading state");
+                            self.phase = Phase::Reread { interrupted: true };
+                        }
                     }
                 }
-                Phase::Following(mut stream, mut resync) => {
+                Phase::Following(stream, resync) => {
                     // `None`: an own write was offered, no watch item is at hand.
                     let item = tokio::select! {
                         _ = shutdown.cancelled() => return None,
-                        _ = &mut resync => {
+                        _ = resync.as_mut() => {
                             self.phase = Phase::Reread { interrupted: false };
                             continue;
                         }
                         item = stream.next() => Some(item),
                         _ = mirror.own_offered.notified() => None,
                     };
-                    let (changes, advanced, failed) = self.apply(&mut stream, item);
-                    if !failed {
-                        self.phase = Phase::Following(stream, resync);
+                    let (changes, advanced, failed) = apply(mirror, keys, stream, item);
+                    if failed {
+                        self.phase = Phase::Reread { interrupted: true };
                     }
                     if advanced || failed {
                         return Some(changes);
                     }
                 }
-                Phase::Reread { interrupted } => match store.get_prefix(C::prefix(keys)).await {
-                    Ok(snapshot) => {
-                        let fresh = C::from_snapshot(keys, snapshot);
-                        let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
-                        if fresh.revision() < mirror.newest(&cache) {
-                            // An own write was applied while the read was under way
-                            // (`Mirror::apply_own_now`): the snapshot is older than the
-                            // cache, and taking it would move the consumers back. Read again.
-                            self.phase = Phase::Reread { interrupted };
-                            continue;
-                        }
-                        self.phase = Phase::Watch(fresh.revision() + 1);
-                        let changes = cache.differing(&fresh);
-                        *cache = fresh;
-                        drop(cache);
-                        mirror.set_following(true, interrupted);
-                        return Some(changes);
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, mirror = name, "cannot re-read state; retrying");
-                        mirror.set_following(false, false);
-                        self.phase = Phase::Reread { interrupted };
+                Phase::Reread { interrupted } => {
+                    let interrupted = *interrupted;
+                    if let Some(at) = self.retry_at {
                         tokio::select! {
                             _ = shutdown.cancelled() => return None,
-                            _ = tokio::time::sleep(self.backoff) => {}
+                            _ = tokio::time::sleep_until(at) => {}
                         }
-                        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                        self.retry_at = None;
                     }
-                },
+                    match store.get_prefix(C::prefix(keys)).await {
+                        Ok(snapshot) => {
+                            let fresh = C::from_snapshot(keys, snapshot);
+                            let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
+                            if fresh.revision() < mirror.newest(&cache) {
+                                // An own write was applied while the read was under way
+                                // (`Mirror::apply_own_now`): the snapshot is older than the
+                                // cache, and taking it would move the consumers back. Read again.
+                                continue;
+                            }
+                            self.phase = Phase::Watch(fresh.revision() + 1);
+                            let changes = cache.differing(&fresh);
+                            *cache = fresh;
+                            drop(cache);
+                            mirror.set_following(true, interrupted);
+                            return Some(changes);
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, mirror = name, "cannot re-read state; retrying");
+                            mirror.set_following(false, false);
+                            self.retry_at = Some(tokio::time::Instant::now() + self.backoff);
+                            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                        }
+                    }
+                }
             }
         }
     }
+}
 
-    /// Applies `item` and every watch item ready with it, then the own writes that follow
-    /// without a gap: whole revisions, so consumers never see part of a transaction.
-    /// Returns the changes, whether the cache advanced, and whether the watch failed (then
-    /// the phase is left at [`Phase::Reread`]).
-    fn apply(
-        &mut self,
-        stream: &mut WatchStream,
-        mut item: Option<Option<Result<crate::store::WatchBatch, crate::store::StoreError>>>,
-    ) -> (Changes, bool, bool) {
-        let (mirror, keys) = (self.mirror, self.source.keys);
-        let mut changes = Changes::default();
-        let mut failed = false;
-        let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
-        let before = cache.revision();
-        while let Some(next) = item {
-            match next {
-                // A revision already applied as an own write: skip the copy.
-                Some(Ok(batch)) if batch.revision <= cache.revision() => {}
-                Some(Ok(batch)) => {
-                    mirror.apply_revision(&mut cache, keys, batch.revision, batch.events, &mut changes)
-                }
-                Some(Err(error)) => {
-                    tracing::warn!(%error, mirror = mirror.name, "watch ended");
-                    failed = true;
-                    break;
-                }
-                None => {
-                    failed = true;
-                    break;
-                }
+/// Applies `item` and every watch item ready with it, then the own writes that follow
+/// without a gap: whole revisions, so consumers never see part of a transaction. Returns
+/// the changes, whether the cache advanced, and whether the watch failed.
+fn apply<C: MirrorCache>(
+    mirror: &Mirror<C>,
+    keys: &C::Keys,
+    stream: &mut WatchStream,
+    mut item: Option<Option<Result<crate::store::WatchBatch, crate::store::StoreError>>>,
+) -> (Changes, bool, bool) {
+    let mut changes = Changes::default();
+    let mut failed = false;
+    let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
+    let before = cache.revision();
+    while let Some(next) = item {
+        match next {
+            // A revision already applied as an own write: skip the copy.
+            Some(Ok(batch)) if batch.revision <= cache.revision() => {}
+            Some(Ok(batch)) => {
+                mirror.apply_revision(&mut cache, keys, batch.revision, batch.events, &mut changes)
             }
-            item = stream.next().now_or_never();
+            Some(Err(error)) => {
+                tracing::warn!(%error, mirror = mirror.name, "watch ended");
+                failed = true;
+                break;
+            }
+            None => {
+                failed = true;
+                break;
+            }
         }
-        if !failed {
-            mirror.apply_own(&mut cache, keys, &mut changes);
-        }
-        let advanced = cache.revision() != before;
-        (changes, advanced, failed)
+        item = stream.next().now_or_never();
     }
+    if !failed {
+        mirror.apply_own(&mut cache, keys, &mut changes);
+    }
+    let advanced = cache.revision() != before;
+    (changes, advanced, failed)
 }
