@@ -1,32 +1,22 @@
 //! One run: the fleet over one store, the consumers, the main loop that delivers every
 //! command and answer, and the invariant checks after every instant.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::future::poll_fn;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
 use kafka_assigner::coordinator::{CommandStream, CoordinatorError, HandoffCoordinator, records::Keys};
-use kafka_assigner::proto::v1::{AssignmentCommand, DeregisterAction};
-use kafka_assigner::server::status::code_of;
-use kafka_assigner::store::{FaultyStore, LeaseStore, MemoryStore, Revision, WatchStream};
-use tokio::sync::mpsc;
+use kafka_assigner::proto::v1::DeregisterAction;
+use kafka_assigner::store::{MemoryStore, Revision, WatchBatch};
 use tokio::time::Instant;
-use tonic::Code;
 
 use crate::invariants;
 use crate::model::{Belief, Todo, Truth};
-use crate::schedules::{Action, Kind, Rng, Shape};
+use crate::schedules::{Action, Kind, SALT, Shape};
+use crate::sim_support::run::{self, Driven, Item};
+use crate::sim_support::world::{self, Backend, World};
 
 pub const TOPIC: &str = "events";
 pub const PREFIX: &str = "/sim/";
-/// Scheduler rounds the checker lets pass before it looks: every task woken at this
-/// instant (a watch batch crosses a few tasks before a relay sends) has run by then.
-const SETTLE_ROUNDS: usize = 24;
-/// How many lines the failure report shows.
-const LOG_LEN: usize = 400;
 
 /// What a spawned call reports back to the loop.
 pub enum Reply {
@@ -115,37 +105,72 @@ pub enum Agenda {
     CheckSettled,
 }
 
-/// One assigner instance: its fault wrapper and, while it runs, its coordinator.
-pub struct Instance {
-    pub faulty: FaultyStore,
-    pub coordinator: Option<HandoffCoordinator>,
-    pub starting: bool,
-    /// The cut-off (or stall) in force: (id, since).
-    pub cut: Option<(u64, Instant)>,
+/// The handoff backend's own state of an instance.
+#[derive(Default)]
+pub struct Ext {
     /// The id of the last stall of its connection the sim has seen begin.
     pub stall_seen: u64,
     /// When a stream it held last ended (its registration is then deleted a TTL later).
     pub dropped_at: Option<Instant>,
-    /// Counts crashes: an answer from an earlier generation never reached its client.
-    pub generation: u64,
 }
 
-/// Where a consumer stands.
-pub enum Phase {
-    Offline,
-    Registering,
-    Online { inc: u64, instance: usize, belief: Belief, draining: bool },
-}
+/// Where a consumer stands (`leaving`: it deregistered and drains).
+pub type Phase = world::Phase<Belief>;
 
-pub struct Consumer {
-    pub name: String,
-    /// Whether it wants to be online (false once it crashed for good or left).
-    pub want: bool,
-    pub phase: Phase,
-    /// Counts registration attempts, so a late answer to an abandoned one is recognised.
-    pub attempt: u64,
-    /// `PartitionReady` calls in flight.
-    pub readies: u32,
+/// What [`World`] needs of this simulation.
+pub struct Handoff;
+
+impl Backend for Handoff {
+    type Coordinator = HandoffCoordinator;
+    type Belief = Belief;
+    type Ext = Ext;
+    type Reply = Reply;
+    type Agenda = Agenda;
+    type Action = Action;
+    const SALT: u64 = SALT;
+    const LOG_LEN: usize = 400;
+
+    fn registered(
+        consumer: usize,
+        attempt: u64,
+        generation: u64,
+        result: Result<CommandStream, CoordinatorError>,
+    ) -> Reply {
+        Reply::Registered { consumer, attempt, generation, result }
+    }
+    fn deregistered(consumer: usize, inc: u64, result: Result<DeregisterAction, CoordinatorError>) -> Reply {
+        Reply::Deregistered { consumer, inc, result }
+    }
+    fn started(instance: usize, result: Result<HandoffCoordinator, CoordinatorError>) -> Reply {
+        Reply::Started { instance, result }
+    }
+    fn act(action: Action) -> Agenda {
+        Agenda::Act(action)
+    }
+    fn reconnect(consumer: usize) -> Agenda {
+        Agenda::Reconnect { consumer }
+    }
+    fn deregister_again(consumer: usize, inc: u64) -> Agenda {
+        Agenda::Deregister { consumer, inc }
+    }
+    fn restart(instance: usize) -> Agenda {
+        Agenda::Restart { instance }
+    }
+    fn restore(instance: usize, cut: u64) -> Agenda {
+        Agenda::Restore { instance, cut }
+    }
+    fn fence_deadline(instance: usize, cut: u64) -> Agenda {
+        Agenda::FenceDeadline { instance, cut }
+    }
+    fn quiesce() -> Agenda {
+        Agenda::Quiesce
+    }
+    fn owned(belief: &Belief) -> &BTreeSet<u32> {
+        &belief.owned
+    }
+    fn stream_dropped(ext: &mut Ext) {
+        ext.dropped_at = Some(Instant::now());
+    }
 }
 
 /// What a run measured.
@@ -175,8 +200,29 @@ pub struct Outcome {
     pub zombies_replaced: u64,
 }
 
+impl Outcome {
+    /// Adds another run's measures to these (the longest times are kept).
+    pub fn add(&mut self, o: &Outcome) {
+        self.commands += o.commands;
+        self.streams_opened += o.streams_opened;
+        self.fenced += o.fenced;
+        self.max_fence_ttl = self.max_fence_ttl.max(o.max_fence_ttl);
+        self.settled_after = self.settled_after.max(o.settled_after);
+        self.overlaps_in_window += o.overlaps_in_window;
+        self.plan_moves += o.plan_moves;
+        self.epoch_checks += o.epoch_checks;
+        self.stalls += o.stalls;
+        self.revokes += o.revokes;
+        self.half_open += o.half_open;
+        self.zombies_replaced += o.zombies_replaced;
+        self.ready_races += o.ready_races;
+    }
+}
+
+/// One run: the shared world and what the handoff backend's checks keep.
 pub struct Sim {
-    pub seed: u64,
+    /// Instances, consumers, streams, agenda and log (shared with `fleet_sim`).
+    pub world: World<Handoff>,
     /// Whether the schedules may trigger the bugs this simulation found (fixed; the
     /// default, see `main.rs`); `COORD_SIM_STRICT=0` steers around them.
     pub strict: bool,
@@ -185,34 +231,12 @@ pub struct Sim {
     pub open_bugs: bool,
     pub shape: Shape,
     pub keys: Keys,
-    pub instances: Vec<Instance>,
-    pub consumers: Vec<Consumer>,
-    /// Open streams, by incarnation id, polled in this order.
-    pub open: Vec<(u64, usize, CommandStream)>,
-    /// Half-open streams: their consumer restarted; read (and ignored) until they end.
-    pub zombies: Vec<(u64, usize, CommandStream)>,
+    /// `PartitionReady` calls in flight, by consumer.
+    pub readies: Vec<u32>,
     /// Transactions the instances applied, by revision: (instance, keys written).
     writes: BTreeMap<Revision, Vec<(usize, Vec<String>)>>,
-    pub agenda: BTreeMap<(Instant, u64), Agenda>,
-    pub seq: u64,
-    pub next_inc: u64,
     pub truth: Truth,
-    god: WatchStream,
-    pub replies_tx: mpsc::UnboundedSender<Reply>,
-    replies: mpsc::UnboundedReceiver<Reply>,
-    pub start: Instant,
-    pub quiescing: bool,
-    pub done: bool,
-    pub log: VecDeque<String>,
     pub outcome: Outcome,
-}
-
-enum Woke {
-    Truth(Option<kafka_assigner::store::WatchBatch>),
-    Reply(Reply),
-    Item(u64, usize, Option<Result<AssignmentCommand, CoordinatorError>>),
-    Zombie(u64, usize, Option<Result<AssignmentCommand, CoordinatorError>>),
-    Agenda,
 }
 
 impl Sim {
@@ -220,177 +244,35 @@ impl Sim {
     pub async fn new(seed: u64, kind: Kind, strict: bool) -> Result<Sim, String> {
         let shape = Shape::draw(seed, kind);
         let store = MemoryStore::new();
-        let keys = Keys::new(PREFIX);
-        let snapshot = store.get_prefix(PREFIX).await.map_err(|e| e.to_string())?;
-        let god = store.watch_prefix(PREFIX, snapshot.revision + 1).await.map_err(|e| e.to_string())?;
-        let (replies_tx, replies) = mpsc::unbounded_channel();
-        let mut sim = Sim {
-            seed,
+        let mut world = World::new(seed, TOPIC, &store, PREFIX, shape.pool, false).await?;
+        for i in 0..shape.instances {
+            let faulty = world.wrapper(&store, i);
+            faulty.record_writes(true);
+            let coordinator = crate::fleet::start(&faulty, &shape, i).await.map_err(|e| e.to_string())?;
+            world.add_instance(faulty, coordinator, Ext::default());
+        }
+        world.schedule(shape.actions.clone(), shape.active);
+        Ok(Sim {
+            world,
             strict,
             open_bugs: std::env::var("COORD_SIM_OPEN").is_ok_and(|v| v == "1"),
-            keys,
-            instances: Vec::new(),
-            consumers: (0..shape.pool)
-                .map(|i| Consumer {
-                    name: format!("c{i}"),
-                    want: false,
-                    phase: Phase::Offline,
-                    attempt: 0,
-                    readies: 0,
-                })
-                .collect(),
-            open: Vec::new(),
-            zombies: Vec::new(),
+            keys: Keys::new(PREFIX),
+            readies: vec![0; shape.pool],
             writes: BTreeMap::new(),
-            agenda: BTreeMap::new(),
-            seq: 0,
-            next_inc: 0,
             truth: Truth::default(),
-            god,
-            replies_tx,
-            replies,
-            start: Instant::now(),
-            quiescing: false,
-            done: false,
-            log: VecDeque::new(),
             outcome: Outcome::default(),
             shape,
-        };
-        for i in 0..sim.shape.instances {
-            let faulty =
-                FaultyStore::new(Arc::new(store.clone()), seed.wrapping_mul(31).wrapping_add(i as u64));
-            faulty.record_writes(true);
-            let coordinator = crate::fleet::start(&faulty, &sim.shape, i).await.map_err(|e| e.to_string())?;
-            sim.instances.push(Instance {
-                faulty,
-                coordinator: Some(coordinator),
-                starting: false,
-                cut: None,
-                stall_seen: 0,
-                dropped_at: None,
-                generation: 0,
-            });
-        }
-        for (at, action) in sim.shape.actions.clone() {
-            sim.at(sim.start + at, Agenda::Act(action));
-        }
-        sim.at(sim.start + sim.shape.active, Agenda::Quiesce);
-        Ok(sim)
-    }
-
-    /// Puts `what` on the agenda at `when`.
-    pub fn at(&mut self, when: Instant, what: Agenda) {
-        self.seq += 1;
-        self.agenda.insert((when, self.seq), what);
-    }
-
-    /// Puts `what` on the agenda `after` from now.
-    pub fn after(&mut self, after: Duration, what: Agenda) {
-        self.at(Instant::now() + after, what);
-    }
-
-    /// A draw keyed by this run's seed and `tag`.
-    pub fn draw(&self, tag: &[u64]) -> Rng {
-        Rng::keyed(self.seed, tag)
-    }
-
-    pub fn note(&mut self, line: String) {
-        let ms = (Instant::now() - self.start).as_millis();
-        if self.log.len() == LOG_LEN {
-            self.log.pop_front();
-        }
-        self.log.push_back(format!("[{ms:>6} ms] {line}"));
+        })
     }
 
     /// Runs the schedule to its end; `Err` names the broken invariant.
     pub async fn run(&mut self) -> Result<(), String> {
-        while !self.done {
-            let next = self.agenda.first_key_value().map(|((t, _), _)| *t);
-            let next = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            let woke = tokio::select! {
-                biased;
-                batch = self.god.next() => Woke::Truth(batch.map(|b| b.map_err(|e| e.to_string())).transpose().map_err(|e| format!("the fault-free watch failed: {e}"))?),
-                Some(reply) = self.replies.recv() => Woke::Reply(reply),
-                (inc, consumer, item) = poll_fn(|cx| poll_streams(&mut self.open, cx)) => Woke::Item(inc, consumer, item),
-                (inc, consumer, item) = poll_fn(|cx| poll_streams(&mut self.zombies, cx)) => Woke::Zombie(inc, consumer, item),
-                () = tokio::time::sleep_until(next) => Woke::Agenda,
-            };
-            self.handle(woke).await?;
-            self.settle().await?;
-            self.observe_stalls();
-            let beliefs = self.consumers.iter().filter_map(|c| match &c.phase {
-                Phase::Online { belief, .. } => Some((c.name.as_str(), belief)),
-                _ => None,
-            });
-            self.outcome.overlaps_in_window +=
-                invariants::exclusive(&self.truth, self.shape.partitions, beliefs)?;
-        }
-        Ok(())
-    }
-
-    async fn handle(&mut self, woke: Woke) -> Result<(), String> {
-        match woke {
-            Woke::Truth(Some(batch)) => {
-                let writers = self.writers(batch.revision);
-                self.truth.apply(&self.keys, &batch, self.strict, &writers)?;
-                self.outcome.plan_moves = self.truth.plan_moves;
-                self.outcome.epoch_checks = self.truth.epoch_checks;
-            }
-            Woke::Truth(None) => return Err("the fault-free watch ended".into()),
-            Woke::Reply(reply) => self.reply(reply),
-            Woke::Item(inc, consumer, item) => self.item(inc, consumer, item)?,
-            Woke::Zombie(inc, consumer, item) => self.zombie_item(inc, consumer, item),
-            Woke::Agenda => {
-                let now = Instant::now();
-                while let Some(entry) = self.agenda.first_entry() {
-                    if entry.key().0 > now {
-                        break;
-                    }
-                    let what = entry.remove();
-                    self.act(what).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Lets every task woken at this instant run, delivering what they produce, until
-    /// nothing more comes: then the instant is over and the invariants may be checked.
-    async fn settle(&mut self) -> Result<(), String> {
-        loop {
-            for _ in 0..SETTLE_ROUNDS {
-                tokio::task::yield_now().await;
-            }
-            let mut any = false;
-            while let Some(batch) = self.god.next().now_or_never() {
-                any = true;
-                self.handle(Woke::Truth(batch.transpose().map_err(|e| e.to_string())?)).await?;
-            }
-            while let Ok(reply) = self.replies.try_recv() {
-                any = true;
-                self.reply(reply);
-            }
-            while let Some((inc, consumer, item)) =
-                poll_fn(|cx| poll_streams(&mut self.open, cx)).now_or_never()
-            {
-                any = true;
-                self.item(inc, consumer, item)?;
-            }
-            while let Some((inc, consumer, item)) =
-                poll_fn(|cx| poll_streams(&mut self.zombies, cx)).now_or_never()
-            {
-                any = true;
-                self.zombie_item(inc, consumer, item);
-            }
-            if !any {
-                return Ok(());
-            }
-        }
+        run::run(self).await
     }
 
     /// Which instances wrote what at `revision` (from their fault wrappers' logs).
     fn writers(&mut self, revision: Revision) -> Vec<(usize, Vec<String>)> {
-        for (i, instance) in self.instances.iter().enumerate() {
+        for (i, instance) in self.world.instances.iter().enumerate() {
             for written in instance.faulty.take_writes() {
                 self.writes.entry(written.revision).or_default().push((i, written.keys));
             }
@@ -399,45 +281,47 @@ impl Sim {
         let at = std::mem::replace(&mut self.writes, later).remove(&revision);
         at.unwrap_or_default()
     }
-
-    /// An item of a half-open stream: nobody acts on it; its end is noted.
-    fn zombie_item(&mut self, inc: u64, c: usize, item: Option<Result<AssignmentCommand, CoordinatorError>>) {
-        let ended = match item {
-            Some(Ok(_)) => return,
-            Some(Err(error)) => {
-                if code_of(&error) == Code::Aborted {
-                    self.outcome.zombies_replaced += 1;
-                }
-                format!("{:?} {error}", code_of(&error))
-            }
-            None => "cleanly".to_string(),
-        };
-        self.zombies.retain(|(i, _, _)| *i != inc);
-        self.note(format!("{}#{inc} (half-open) ended: {ended}", self.consumers[c].name));
-    }
-
-    /// The consumers with an open stream, and their beliefs.
-    pub fn online(&self) -> BTreeMap<&str, &Belief> {
-        self.consumers
-            .iter()
-            .filter_map(|c| match &c.phase {
-                Phase::Online { belief, draining: false, .. } if c.want => Some((c.name.as_str(), belief)),
-                _ => None,
-            })
-            .collect()
-    }
 }
 
-/// Polls the open streams in order; the first with an item wins.
-#[allow(clippy::type_complexity)]
-fn poll_streams(
-    open: &mut [(u64, usize, CommandStream)],
-    cx: &mut Context<'_>,
-) -> Poll<(u64, usize, Option<Result<AssignmentCommand, CoordinatorError>>)> {
-    for (inc, consumer, stream) in open.iter_mut() {
-        if let Poll::Ready(item) = stream.poll_next_unpin(cx) {
-            return Poll::Ready((*inc, *consumer, item));
+impl Driven for Sim {
+    type K = Handoff;
+
+    fn world(&mut self) -> &mut World<Handoff> {
+        &mut self.world
+    }
+
+    fn on_truth(&mut self, batch: WatchBatch) -> Result<(), String> {
+        let writers = self.writers(batch.revision);
+        self.truth.apply(&self.keys, &batch, self.strict, &writers)?;
+        self.outcome.plan_moves = self.truth.plan_moves;
+        self.outcome.epoch_checks = self.truth.epoch_checks;
+        Ok(())
+    }
+
+    fn on_reply(&mut self, reply: Reply) {
+        self.reply(reply);
+    }
+
+    fn on_item(&mut self, inc: u64, c: usize, item: Item) -> Result<(), String> {
+        self.item(inc, c, item)
+    }
+
+    fn on_zombie(&mut self, inc: u64, c: usize, item: Item) {
+        if self.world.zombie_item(inc, c, item) {
+            self.outcome.zombies_replaced += 1;
         }
     }
-    Poll::Pending
+
+    async fn act(&mut self, what: Agenda) -> Result<(), String> {
+        self.act(what).await
+    }
+
+    /// After every instant: the stalls that began are noted, and no two consumers believe
+    /// they own a partition outside a handoff's release window.
+    fn end_of_instant(&mut self) -> Result<(), String> {
+        self.observe_stalls();
+        self.outcome.overlaps_in_window +=
+            invariants::exclusive(&self.truth, self.shape.partitions, self.world.beliefs())?;
+        Ok(())
+    }
 }

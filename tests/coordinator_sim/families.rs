@@ -87,71 +87,72 @@ fn writes_ownership(txn: &Txn) -> bool {
 impl Sim {
     /// The instance that leads now, if one does.
     pub fn leader(&self) -> Option<usize> {
-        (0..self.instances.len())
-            .find(|i| self.instances[*i].coordinator.as_ref().is_some_and(|c| c.is_leader()))
+        (0..self.world.instances.len())
+            .find(|i| self.world.instances[*i].coordinator.as_ref().is_some_and(|c| c.is_leader()))
     }
 
     pub fn stall(&mut self, instance: usize, leader: bool, period: Duration, at_write: bool, lose: bool) {
         let i = if leader {
-            self.leader().unwrap_or(instance % self.instances.len())
+            self.leader().unwrap_or(instance % self.world.instances.len())
         } else {
-            instance % self.instances.len()
+            instance % self.world.instances.len()
         };
-        if self.instances[i].cut.is_some() {
+        if self.world.instances[i].cut.is_some() {
             return;
         }
         let then = if lose { AfterStall::Lose } else { AfterStall::Deliver };
-        let faulty = &self.instances[i].faulty;
+        let faulty = &self.world.instances[i].faulty;
         if at_write {
             faulty.stall_at_txn(period, then, writes_ownership);
         } else {
             faulty.stall(period, then);
         }
-        self.note(format!("i{i}: stall armed ({period:?}, {then:?}, at next ownership write: {at_write})"));
+        self.world
+            .note(format!("i{i}: stall armed ({period:?}, {then:?}, at next ownership write: {at_write})"));
     }
 
     /// Notes the stalls that began (an armed one starts when its write comes): while one
     /// lasts, the instance is out of touch as if cut off, and held to the same fence.
     pub fn observe_stalls(&mut self) {
-        for i in 0..self.instances.len() {
-            let Some(stall) = self.instances[i].faulty.last_stall() else { continue };
-            if stall.id == self.instances[i].stall_seen {
+        for i in 0..self.world.instances.len() {
+            let Some(stall) = self.world.instances[i].faulty.last_stall() else { continue };
+            if stall.id == self.world.instances[i].ext.stall_seen {
                 continue;
             }
-            self.instances[i].stall_seen = stall.id;
+            self.world.instances[i].ext.stall_seen = stall.id;
             self.stalled(i, stall);
         }
     }
 
     /// A stall began, or one in force was extended (same `since`).
     fn stalled(&mut self, i: usize, stall: Stall) {
-        self.note(format!("i{i}: stalled until +{:?} ({:?})", stall.until - stall.since, stall.then));
+        self.world.note(format!("i{i}: stalled until +{:?} ({:?})", stall.until - stall.since, stall.then));
         self.outcome.stalls += 1;
         if Instant::now() >= stall.until {
             return;
         }
-        let cut = match self.instances[i].cut {
+        let cut = match self.world.instances[i].cut {
             Some((cut, since)) if since == stall.since => cut,
             Some(_) => return, // cut off meanwhile: the cut's own checks apply
             None => {
-                self.seq += 1;
-                self.instances[i].cut = Some((self.seq, stall.since));
-                self.seq
+                self.world.seq += 1;
+                self.world.instances[i].cut = Some((self.world.seq, stall.since));
+                self.world.seq
             }
         };
-        self.at(stall.until, Agenda::Unstalled { instance: i, cut });
+        self.world.at(stall.until, Agenda::Unstalled { instance: i, cut });
         if stall.until >= stall.since + self.shape.ttl {
-            self.at(stall.since + self.shape.ttl, Agenda::FenceDeadline { instance: i, cut });
+            self.world.at(stall.since + self.shape.ttl, Agenda::FenceDeadline { instance: i, cut });
         }
     }
 
     /// The stall of the instance's connection that the sim treats as the cut `cut` is over,
     /// unless it was extended.
     pub fn unstalled(&mut self, i: usize, cut: u64) {
-        let over = self.instances[i].faulty.last_stall().is_none_or(|s| s.until <= Instant::now());
-        if over && self.instances[i].cut.is_some_and(|(id, _)| id == cut) {
-            self.note(format!("i{i}: its stall is over"));
-            self.instances[i].cut = None;
+        let over = self.world.instances[i].faulty.last_stall().is_none_or(|s| s.until <= Instant::now());
+        if over && self.world.instances[i].cut.is_some_and(|(id, _)| id == cut) {
+            self.world.note(format!("i{i}: its stall is over"));
+            self.world.instances[i].cut = None;
         }
     }
 
@@ -161,28 +162,33 @@ impl Sim {
     /// leader may give the warm's partition another target meanwhile. Returns the instance
     /// the call goes through.
     pub fn race_ready(&mut self, c: usize, inc: u64, p: u32, via: usize) -> usize {
-        if self.shape.kind != Kind::ReadyRaces || self.quiescing {
+        if self.shape.kind != Kind::ReadyRaces || self.world.quiescing {
             return via;
         }
-        let mut rng = self.draw(&[10, inc, p as u64, self.seq]);
+        let mut rng = self.world.draw(&[10, inc, p as u64, self.world.seq]);
         if rng.below(2) != 0 {
             return via;
         }
-        let (n, leader) = (self.instances.len(), self.leader());
+        let (n, leader) = (self.world.instances.len(), self.leader());
         let free = |i: &usize| {
-            Some(*i) != leader && self.instances[*i].coordinator.is_some() && self.instances[*i].cut.is_none()
+            Some(*i) != leader
+                && self.world.instances[*i].coordinator.is_some()
+                && self.world.instances[*i].cut.is_none()
         };
         let Some(v) = (0..n).map(|k| (via + k) % n).find(free) else { return via };
         // Past the rebalance delay a burst waits for, short of the fence.
         let ttl = self.shape.ttl.as_millis() as u64;
         let period = rng.millis(350, (ttl * 3 / 5).max(400));
-        self.instances[v].faulty.stall_at_txn(period, AfterStall::Deliver, writes_ownership);
-        self.note(format!("{}#{inc}: ready {p} races a burst of joins through i{v}", self.consumers[c].name));
+        self.world.instances[v].faulty.stall_at_txn(period, AfterStall::Deliver, writes_ownership);
+        self.world.note(format!(
+            "{}#{inc}: ready {p} races a burst of joins through i{v}",
+            self.world.consumers[c].name
+        ));
         self.outcome.ready_races += 1;
-        for k in (0..self.consumers.len()).filter(|k| *k != c) {
-            if matches!(self.consumers[k].phase, Phase::Offline) {
-                self.consumers[k].want = true;
-                self.join(k, v + 1);
+        for k in (0..self.world.consumers.len()).filter(|k| *k != c) {
+            if matches!(self.world.consumers[k].phase, Phase::Offline) {
+                self.world.consumers[k].want = true;
+                self.world.join(k, v + 1);
             }
         }
         v
@@ -191,65 +197,70 @@ impl Sim {
     /// The store expires the leader's session while it is in touch (see the module docs).
     pub async fn revoke(&mut self, delay: Duration, restart: Option<(usize, Duration)>) {
         let Some(l) = self.leader() else { return };
-        if self.instances[l].cut.is_some() {
+        if self.world.instances[l].cut.is_some() {
             return;
         }
         // Open bug F (see `main.rs`): a lost registration is written again as active, so a
         // draining consumer's drain is forgotten and its stream never ends. Unless told to
         // run into it, the store does not expire a session with a draining stream on it.
-        let draining = self
+        let leaving = self
+            .world
             .consumers
             .iter()
-            .any(|c| matches!(c.phase, Phase::Online { instance, draining: true, .. } if instance == l));
-        if draining && !self.open_bugs {
-            self.note(format!("i{l}: its session is not expired now (open bug F)"));
+            .any(|c| matches!(c.phase, Phase::Online { instance, leaving: true, .. } if instance == l));
+        if leaving && !self.open_bugs {
+            self.world.note(format!("i{l}: its session is not expired now (open bug F)"));
             return;
         }
         if !delay.is_zero() {
-            self.instances[l].faulty.delay(Duration::ZERO, delay);
-            self.after(self.shape.ttl, Agenda::StopDelaying { instance: l });
+            self.world.instances[l].faulty.delay(Duration::ZERO, delay);
+            self.world.after(self.shape.ttl, Agenda::StopDelaying { instance: l });
         }
-        let expired = self.instances[l].faulty.expire_all_sessions().await;
-        self.note(format!("i{l} (the leader): the store expires its sessions early: {expired:?}"));
+        let expired = self.world.instances[l].faulty.expire_all_sessions().await;
+        self.world.note(format!("i{l} (the leader): the store expires its sessions early: {expired:?}"));
         self.outcome.revokes += 1;
         let Some((pick, wait)) = restart else { return };
         // One of its consumers restarts on another instance, its old stream left open.
-        let on_it: Vec<usize> = (0..self.consumers.len())
-            .filter(|c| matches!(self.consumers[*c].phase, Phase::Online { instance, draining: false, .. } if instance == l))
+        let on_it: Vec<usize> = (0..self.world.consumers.len())
+            .filter(|c| matches!(self.world.consumers[*c].phase, Phase::Online { instance, leaving: false, .. } if instance == l))
             .collect();
         if on_it.is_empty() {
             return;
         }
         let consumer = on_it[pick % on_it.len()];
-        let instance = l + 1 + pick % (self.instances.len() - 1);
-        self.after(wait, Agenda::Act(Action::RestartConsumer { consumer, instance }));
+        let instance = l + 1 + pick % (self.world.instances.len() - 1);
+        self.world.after(wait, Agenda::Act(Action::RestartConsumer { consumer, instance }));
     }
 
     /// The consumer restarts and registers on `instance`; its old stream stays open, read by
     /// nobody, until its instance ends it or notices the connection is dead.
     pub fn restart_consumer(&mut self, c: usize, instance: usize) {
-        let Phase::Online { inc, instance: old, draining: false, .. } = self.consumers[c].phase else {
+        let Phase::Online { inc, instance: old, leaving: false, .. } = self.world.consumers[c].phase else {
             return;
         };
-        let Some(at) = self.open.iter().position(|(i, _, _)| *i == inc) else { return };
-        let (inc, consumer, stream) = self.open.remove(at);
-        self.note(format!("{}#{inc}@i{old} restarts; its old stream stays open", self.consumers[c].name));
-        self.zombies.push((inc, consumer, stream));
+        let Some(at) = self.world.open.iter().position(|(i, _, _)| *i == inc) else { return };
+        let (inc, consumer, stream) = self.world.open.remove(at);
+        self.world.note(format!(
+            "{}#{inc}@i{old} restarts; its old stream stays open",
+            self.world.consumers[c].name
+        ));
+        self.world.zombies.push((inc, consumer, stream));
         self.outcome.half_open += 1;
         // The instance notices the dead connection within 1–3 TTL (keepalives).
         let ttl = self.shape.ttl.as_millis() as u64;
-        let noticed = self.draw(&[9, inc]).millis(ttl, 3 * ttl);
-        self.after(noticed, Agenda::DropZombie { inc });
-        self.consumers[c].phase = Phase::Offline;
-        self.consumers[c].want = true;
-        self.join(c, instance);
+        let noticed = self.world.draw(&[9, inc]).millis(ttl, 3 * ttl);
+        self.world.after(noticed, Agenda::DropZombie { inc });
+        self.world.consumers[c].phase = Phase::Offline;
+        self.world.consumers[c].want = true;
+        self.world.join(c, instance);
     }
 
     /// The instance notices that a half-open stream's connection is dead.
     pub fn drop_zombie(&mut self, inc: u64) {
-        if let Some(at) = self.zombies.iter().position(|(i, _, _)| *i == inc) {
-            let (inc, c, _) = self.zombies.remove(at);
-            self.note(format!("{}#{inc}: its old connection is found dead", self.consumers[c].name));
+        if let Some(at) = self.world.zombies.iter().position(|(i, _, _)| *i == inc) {
+            let (inc, c, _) = self.world.zombies.remove(at);
+            self.world
+                .note(format!("{}#{inc}: its old connection is found dead", self.world.consumers[c].name));
         }
     }
 }

@@ -108,21 +108,18 @@
 //!
 //! # Layout
 //!
-//! `schedules.rs` (shapes, actions, draws), `families.rs` (the targeted families),
-//! `driver.rs` (the loop and the checks per instant), `fleet.rs` (actions, faults, the
-//! quiet phase), `consumers.rs` (consumer calls), `replies.rs` (commands and answers),
-//! `model.rs` (beliefs, truth), `invariants.rs`.
+//! `schedules.rs` (shapes, actions), `families.rs` (the targeted families),
+//! `driver.rs` (the backend's hooks into the loop, the checks per instant), `fleet.rs`
+//! (actions, faults, the quiet phase), `consumers.rs` (consumer calls), `replies.rs`
+//! (commands and answers), `model.rs` (beliefs, truth), `invariants.rs`. What `fleet_sim`
+//! drives the same way (draws, the loop, registering and reconnecting, cut-offs and
+//! restarts, the knobs and survey) is in `tests/sim_support`.
 
 #![forbid(unsafe_code)]
 
-/// Returns `Err(message)` from the enclosing function unless `$cond` holds.
-macro_rules! ensure {
-    ($cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            return Err(format!($($arg)+));
-        }
-    };
-}
+#[macro_use]
+#[path = "../sim_support/mod.rs"]
+mod sim_support;
 
 mod consumers;
 mod driver;
@@ -133,102 +130,70 @@ mod model;
 mod replies;
 mod schedules;
 
+use std::time::Duration;
+
 use driver::{Outcome, Sim};
 use kafka_assigner::coordinator::ConsumerGroupCoordinator;
 use schedules::{FAMILIES, KINDS, Kind};
+use sim_support::runner::{self, Knobs, Watchdog};
 
+/// This simulation's environment variables.
+const KNOBS: Knobs = Knobs("COORD_SIM_");
 /// Schedules of the random kinds, in all, when no variable says otherwise.
 const DEFAULT_SCHEDULES: u64 = 360;
 /// Schedules of each targeted family when no variable says otherwise.
 const DEFAULT_FAMILY_SCHEDULES: u64 = 60;
-
-fn env_u64(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    Some(value.parse().unwrap_or_else(|_| panic!("{name}={value} is not a number")))
-}
-
 /// Wall-clock seconds one schedule may take when no variable says otherwise. A schedule
 /// takes well under a second; one that spins without letting paused time advance (a
 /// livelock: a loop that never awaits a timer) would otherwise hang the test for good.
 const DEFAULT_SCHEDULE_BUDGET_SECS: u64 = 120;
 
-/// Ends the test binary, naming the seed, if the schedule it guards has not finished within
-/// its wall-clock budget (`COORD_SIM_SCHEDULE_BUDGET_SECS`). A stuck runtime cannot be
-/// interrupted from outside, so the watchdog, on a thread of its own, exits the process:
-/// the test fails instead of hanging CI.
-struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
-
-impl Watchdog {
-    fn start(seed: u64, kind: Kind) -> Self {
-        let budget = std::time::Duration::from_secs(
-            env_u64("COORD_SIM_SCHEDULE_BUDGET_SECS").unwrap_or(DEFAULT_SCHEDULE_BUDGET_SECS),
-        );
-        let (done, finished) = std::sync::mpsc::channel::<()>();
-        std::thread::spawn(move || {
-            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(budget) {
-                eprintln!(
-                    "coordinator simulation failed: seed {seed} ({kind:?}) did not finish within {budget:?} of wall \
-                     time: the coordinator spins without letting time pass (replay: COORD_SIM_SEED={seed})"
-                );
-                std::process::exit(101);
-            }
-        });
-        Self(Some(done))
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(done) = self.0.take() {
-            let _ = done.send(());
-        }
-    }
-}
-
-/// Runs one schedule on its own paused current-thread runtime, under a [`Watchdog`].
+/// Runs one schedule on its own paused runtime, under a [`Watchdog`] of
+/// `COORD_SIM_SCHEDULE_BUDGET_SECS`.
 fn run_one(seed: u64, kind: Kind, strict: bool) -> Result<Outcome, String> {
-    let _watchdog = Watchdog::start(seed, kind);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(async move {
+    let budget =
+        Duration::from_secs(KNOBS.u64("SCHEDULE_BUDGET_SECS").unwrap_or(DEFAULT_SCHEDULE_BUDGET_SECS));
+    let watchdog = Watchdog::start(
+        budget,
+        format!(
+            "coordinator simulation failed: seed {seed} ({kind:?}) did not finish within {budget:?} of wall \
+             time: the coordinator spins without letting time pass (replay: COORD_SIM_SEED={seed})"
+        ),
+    );
+    runner::run_paused(watchdog, async move {
         let mut sim =
             Sim::new(seed, kind, strict).await.map_err(|e| format!("seed {seed}: setup failed: {e}"))?;
-        match sim.run().await {
-            Ok(()) => Ok(sim.outcome.clone()),
-            Err(why) => {
-                let mut report = format!(
-                    "coordinator simulation failed: seed {seed} (replay: COORD_SIM_SEED={seed})\n  {why}\n  shape: \
-                     {:?} instances={} pool={} partitions={} ttl={:?} reconcile={:?} warm cap={}\n  last steps:\n",
-                    sim.shape.kind,
-                    sim.shape.instances,
-                    sim.shape.pool,
-                    sim.shape.partitions,
-                    sim.shape.ttl,
-                    sim.shape.reconcile,
-                    sim.shape.max_warming
-                );
-                for line in &sim.log {
-                    report.push_str(&format!("    {line}\n"));
-                }
-                report.push_str(&format!("  store: {:?}\n", sim.truth));
-                for (i, instance) in sim.instances.iter().enumerate() {
-                    if let Some(coordinator) = &instance.coordinator {
-                        let status = coordinator.status().await;
-                        let topics: Vec<_> = status.topics.iter().map(|t| (&t.owners, &t.handoffs)).collect();
-                        report.push_str(&format!(
-                            "  i{i}: ready={} leader={:?} leads={} {topics:?}\n",
-                            status.ready,
-                            status.leader,
-                            coordinator.is_leader()
-                        ));
-                    }
-                }
-                Err(report)
+        let Err(why) = sim.run().await else { return Ok(sim.outcome.clone()) };
+        let shape = &sim.shape;
+        let mut report = runner::report(
+            &format!("coordinator simulation failed: seed {seed} (replay: COORD_SIM_SEED={seed})"),
+            &why,
+            &format!(
+                "{:?} instances={} pool={} partitions={} ttl={:?} reconcile={:?} warm cap={}",
+                shape.kind,
+                shape.instances,
+                shape.pool,
+                shape.partitions,
+                shape.ttl,
+                shape.reconcile,
+                shape.max_warming
+            ),
+            &sim.world.log,
+        );
+        report.push_str(&format!("  store: {:?}\n", sim.truth));
+        for (i, instance) in sim.world.instances.iter().enumerate() {
+            if let Some(coordinator) = &instance.coordinator {
+                let status = coordinator.status().await;
+                let topics: Vec<_> = status.topics.iter().map(|t| (&t.owners, &t.handoffs)).collect();
+                report.push_str(&format!(
+                    "  i{i}: ready={} leader={:?} leads={} {topics:?}\n",
+                    status.ready,
+                    status.leader,
+                    coordinator.is_leader()
+                ));
             }
         }
+        Err(report)
     })
 }
 
@@ -237,63 +202,33 @@ fn run_one(seed: u64, kind: Kind, strict: bool) -> Result<Outcome, String> {
 /// only `COORD_SIM_SEED` if it is one of its seeds.
 fn seeds_of(kind: Kind) -> Vec<u64> {
     let (group, total): (&[Kind], u64) = match KINDS.iter().position(|k| *k == kind) {
-        Some(_) => (&KINDS, env_u64("COORD_SIM_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES)),
+        Some(_) => (&KINDS, KNOBS.u64("SCHEDULES").unwrap_or(DEFAULT_SCHEDULES)),
         None => (
             &FAMILIES,
-            env_u64("COORD_SIM_FAMILY_SCHEDULES").unwrap_or(DEFAULT_FAMILY_SCHEDULES) * FAMILIES.len() as u64,
+            KNOBS.u64("FAMILY_SCHEDULES").unwrap_or(DEFAULT_FAMILY_SCHEDULES) * FAMILIES.len() as u64,
         ),
     };
     let index = group.iter().position(|k| *k == kind).expect("a known kind") as u64;
-    let kinds = group.len() as u64;
-    if let Some(seed) = env_u64("COORD_SIM_SEED") {
-        return if seed % kinds == index { vec![seed] } else { Vec::new() };
-    }
-    let base = env_u64("COORD_SIM_BASE").unwrap_or(0) / kinds * kinds;
-    (0..total.div_ceil(kinds)).map(|k| base + k * kinds + index).collect()
+    KNOBS.seeds(index, group.len() as u64, total)
 }
 
-/// Runs this kind's seeds; panics with the first failure's report.
+/// Runs this kind's seeds; panics with the first failure's report (or, in a survey,
+/// with the list of the failed seeds).
 fn run_kind(kind: Kind) {
     let seeds = seeds_of(kind);
     if seeds.is_empty() {
         return;
     }
-    let strict = env_u64("COORD_SIM_STRICT").is_none_or(|v| v != 0);
-    // A survey: every seed runs, the failures are listed at the end.
-    let survey = env_u64("COORD_SIM_SURVEY").is_some_and(|v| v != 0);
-    let mut failed = Vec::new();
+    let strict = KNOBS.u64("STRICT").is_none_or(|v| v != 0);
     let started = std::time::Instant::now();
     let mut total = Outcome::default();
-    for seed in &seeds {
-        match run_one(*seed, kind, strict) {
-            Ok(outcome) => {
-                total.commands += outcome.commands;
-                total.streams_opened += outcome.streams_opened;
-                total.fenced += outcome.fenced;
-                total.max_fence_ttl = total.max_fence_ttl.max(outcome.max_fence_ttl);
-                total.settled_after = total.settled_after.max(outcome.settled_after);
-                total.overlaps_in_window += outcome.overlaps_in_window;
-                total.plan_moves += outcome.plan_moves;
-                total.epoch_checks += outcome.epoch_checks;
-                total.stalls += outcome.stalls;
-                total.revokes += outcome.revokes;
-                total.half_open += outcome.half_open;
-                total.zombies_replaced += outcome.zombies_replaced;
-                total.ready_races += outcome.ready_races;
-            }
-            Err(report) if survey => {
-                let why = report.lines().nth(1).unwrap_or_default().trim().to_string();
-                eprintln!("{kind:?}: seed {seed} failed after {:?}: {why}", started.elapsed());
-                failed.push(*seed);
-            }
-            Err(report) => panic!("{report}"),
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{kind:?}: {} of {} schedules failed: seeds {failed:?}",
-        failed.len(),
-        seeds.len()
+    let label = format!("{kind:?}");
+    runner::run_seeds(
+        &label,
+        &seeds,
+        KNOBS.on("SURVEY"),
+        |seed| run_one(seed, kind, strict),
+        |_, outcome| total.add(&outcome),
     );
     eprintln!(
         "{kind:?}: {} schedules in {:?}: {} commands, {} streams, {} ended while cut off (latest at {:.2} TTL), \

@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+pub use crate::sim_support::draws::Rng;
+use crate::sim_support::draws::{actions_until, early_joins, rejoin_after};
+
 /// What kind of faults a schedule injects (every kind has consumer churn).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -95,55 +98,13 @@ pub struct Shape {
     pub actions: Vec<(Duration, Action)>,
 }
 
-/// SplitMix64: small, seedable, and no dependency.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x5DEE_CE66_D1CE_5EED)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// A duration uniform in `low..=high` milliseconds.
-    pub fn millis(&mut self, low: u64, high: u64) -> Duration {
-        Duration::from_millis(low + self.below(high.saturating_sub(low) + 1))
-    }
-
-    /// A seeded draw that depends only on `seed` and `tag`, not on how many draws came
-    /// before: consumers answering in whatever order the run delivers commands still get
-    /// the same delays.
-    pub fn keyed(seed: u64, tag: &[u64]) -> Rng {
-        let mut rng = Rng::new(seed);
-        for t in tag {
-            rng.0 ^= t.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            rng.next();
-        }
-        rng
-    }
-}
+/// The salt of this simulation's seeds (`sim_support::draws::Rng`).
+pub const SALT: u64 = 0x5DEE_CE66_D1CE_5EED;
 
 impl Shape {
     /// Draws the shape and the actions of schedule `seed` of `kind`.
     pub fn draw(seed: u64, kind: Kind) -> Shape {
-        let mut rng = Rng::new(seed);
+        let mut rng = Rng::new(seed, SALT);
         let instances = 2 + rng.below(2) as usize;
         let mut pool = 2 + rng.below(4) as usize;
         let mut partitions = 1 + rng.below(12) as u32;
@@ -151,8 +112,6 @@ impl Shape {
         let reconcile = rng.millis(100, 300);
         let mut max_warming = 1 + rng.below(4) as usize;
         let active = Duration::from_secs(15 + rng.below(10));
-        let mut actions = Vec::new();
-        let mut at = Duration::ZERO;
         let mut early = pool;
         if kind == Kind::ReadyRaces {
             // Room for bursts: a small group first, whose newcomers warm many partitions,
@@ -163,33 +122,25 @@ impl Shape {
             early = 2;
         }
         // Every consumer joins early, so each run starts from a populated fleet.
-        for consumer in 0..early {
-            at += rng.millis(0, 300);
-            actions.push((at, Action::Join { consumer, instance: rng.below(8) as usize }));
-        }
+        let (mut actions, at) =
+            early_joins(&mut rng, early, |consumer, instance| Action::Join { consumer, instance });
         let mut last_revoke: Option<Duration> = None;
-        loop {
-            at += rng.millis(50, 700);
-            if at >= active {
-                break;
-            }
+        actions_until(&mut rng, &mut actions, at, active, (50, 700), |rng, at| {
             let action = match kind {
                 Kind::Stalls | Kind::Revokes | Kind::ReadyRaces => {
-                    crate::families::draw_action(kind, ttl, &mut rng)
+                    crate::families::draw_action(kind, ttl, rng)
                 }
-                _ => draw_action(kind, ttl, &mut rng),
+                _ => draw_action(kind, ttl, rng),
             };
             // One revoke at a time: the next comes once the last one's rebinds are over.
             if let Some(Action::Revoke { .. }) = action {
                 if last_revoke.is_some_and(|last| at < last + 3 * ttl) {
-                    continue;
+                    return None;
                 }
                 last_revoke = Some(at);
             }
-            if let Some(action) = action {
-                actions.push((at, action));
-            }
-        }
+            action
+        });
         Shape { kind, instances, pool, partitions, ttl, reconcile, max_warming, active, actions }
     }
 }
@@ -201,11 +152,7 @@ pub fn churn(consumer: usize, instance: usize, ttl: Duration, rng: &mut Rng) -> 
     match rng.below(6) {
         0..=2 => Action::Join { consumer, instance },
         3 | 4 => {
-            let rejoin = match rng.below(3) {
-                0 => Some(rng.millis(50, ttl_ms / 2)),
-                1 => Some(rng.millis(ttl_ms, 3 * ttl_ms)),
-                _ => None,
-            };
+            let rejoin = rejoin_after(rng, ttl_ms);
             Action::CrashConsumer { consumer, rejoin }
         }
         _ => Action::Deregister { consumer, instance },

@@ -1,30 +1,23 @@
 //! One run: the instances over one store, the consumers, and the loop that delivers every
 //! command, answer and store revision, checking the invariants as it goes.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::future::poll_fn;
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
 use kafka_assigner::coordinator::fleet_backend::FleetKeys;
 use kafka_assigner::coordinator::{CommandStream, CoordinatorError, FleetConfig, FleetCoordinator};
 use kafka_assigner::metrics::Metrics;
-use kafka_assigner::proto::v1::{AssignmentCommand, DeregisterAction};
-use kafka_assigner::store::{FaultyStore, LeaseStore, MemoryStore, WatchBatch, WatchStream};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
+use kafka_assigner::proto::v1::DeregisterAction;
+use kafka_assigner::store::{FaultyStore, MemoryStore, WatchBatch};
 
 use crate::invariants::{Belief, Truth};
-use crate::schedule::{Action, Rng, Shape};
+use crate::schedule::{Action, SALT, Shape};
+use crate::sim_support::run::{self, Driven, Item};
+use crate::sim_support::world::{self, Backend, World};
 
 pub const TOPIC: &str = "events";
 pub const PREFIX: &str = "/fsim/";
-/// Scheduler rounds let pass before the loop looks whether the instant is over.
-const SETTLE_ROUNDS: usize = 24;
-/// Lines the failure report shows.
-const LOG_LEN: usize = 300;
 
 /// What a spawned call reports back to the loop.
 pub enum Reply {
@@ -81,32 +74,71 @@ pub enum Agenda {
     CheckSettled,
 }
 
-pub struct Instance {
-    pub faulty: FaultyStore,
-    pub coordinator: Option<FleetCoordinator>,
-    pub starting: bool,
-    /// The cut-off or stall in force: (id, since).
-    pub cut: Option<(u64, Instant)>,
-    /// Counts crashes: an answer from an earlier generation never reached its client.
-    pub generation: u64,
-    /// The latest lossy spell and delay (a later one outlives an earlier one's end).
+/// The fleet backend's own state of an instance: its latest lossy spell and delay (a
+/// later one outlives an earlier one's end).
+#[derive(Default)]
+pub struct Ext {
+    /// The latest lossy spell's token.
     pub lossy: u64,
+    /// The latest delay's token.
     pub delayed: u64,
 }
 
-pub enum Phase {
-    Offline,
-    Registering,
-    Online { inc: u64, instance: usize, belief: Belief, leaving: bool },
-}
+/// Where a consumer stands (`leaving`: it deregistered).
+pub type Phase = world::Phase<Belief>;
 
-pub struct Consumer {
-    pub name: String,
-    /// Whether it wants to be online (false once it left or crashed for good).
-    pub want: bool,
-    pub phase: Phase,
-    /// The registration attempt in flight: the instance in the high half.
-    pub attempt: u64,
+/// What [`World`] needs of this simulation.
+pub struct Fleet;
+
+impl Backend for Fleet {
+    type Coordinator = FleetCoordinator;
+    type Belief = Belief;
+    type Ext = Ext;
+    type Reply = Reply;
+    type Agenda = Agenda;
+    type Action = Action;
+    const SALT: u64 = SALT;
+    const LOG_LEN: usize = 300;
+
+    fn registered(
+        consumer: usize,
+        attempt: u64,
+        generation: u64,
+        result: Result<CommandStream, CoordinatorError>,
+    ) -> Reply {
+        Reply::Registered { consumer, attempt, generation, result }
+    }
+    fn deregistered(consumer: usize, inc: u64, result: Result<DeregisterAction, CoordinatorError>) -> Reply {
+        Reply::Deregistered { consumer, inc, result }
+    }
+    fn started(instance: usize, result: Result<FleetCoordinator, CoordinatorError>) -> Reply {
+        Reply::Started { instance, result }
+    }
+    fn act(action: Action) -> Agenda {
+        Agenda::Act(action)
+    }
+    fn reconnect(consumer: usize) -> Agenda {
+        Agenda::Reconnect { consumer }
+    }
+    fn deregister_again(consumer: usize, inc: u64) -> Agenda {
+        Agenda::Deregister { consumer, inc }
+    }
+    fn restart(instance: usize) -> Agenda {
+        Agenda::Restart { instance }
+    }
+    fn restore(instance: usize, cut: u64) -> Agenda {
+        Agenda::Restore { instance, cut }
+    }
+    fn fence_deadline(instance: usize, cut: u64) -> Agenda {
+        Agenda::FenceDeadline { instance, cut }
+    }
+    fn quiesce() -> Agenda {
+        Agenda::Quiesce
+    }
+    fn owned(belief: &Belief) -> &BTreeSet<u32> {
+        &belief.owned
+    }
+    fn stream_dropped(_: &mut Ext) {}
 }
 
 /// What a run measured.
@@ -125,36 +157,27 @@ pub struct Outcome {
     pub digest: u64,
 }
 
-pub struct Sim {
-    pub seed: u64,
-    pub shape: Shape,
-    pub keys: FleetKeys,
-    pub instances: Vec<Instance>,
-    pub consumers: Vec<Consumer>,
-    /// Open streams by incarnation, polled in this order; half-open ones (read, ignored).
-    pub open: Vec<(u64, usize, CommandStream)>,
-    pub zombies: Vec<(u64, usize, CommandStream)>,
-    pub agenda: BTreeMap<(Instant, u64), Agenda>,
-    pub seq: u64,
-    pub next_inc: u64,
-    pub truth: Truth,
-    god: WatchStream,
-    pub replies_tx: mpsc::UnboundedSender<Reply>,
-    replies: mpsc::UnboundedReceiver<Reply>,
-    pub start: Instant,
-    pub quiescing: bool,
-    pub done: bool,
-    pub log: VecDeque<String>,
-    pub trace: bool,
-    pub outcome: Outcome,
+impl Outcome {
+    /// Adds another run's measures to these (the longest times are kept).
+    pub fn add(&mut self, o: &Outcome) {
+        self.commands += o.commands;
+        self.streams += o.streams;
+        self.stopped += o.stopped;
+        self.fenced += o.fenced;
+        self.max_fence_ttl = self.max_fence_ttl.max(o.max_fence_ttl);
+        self.settled_after = self.settled_after.max(o.settled_after);
+        self.lost_answers += o.lost_answers;
+    }
 }
 
-enum Woke {
-    Truth(Option<Result<WatchBatch, String>>),
-    Reply(Reply),
-    Item(u64, usize, Option<Result<AssignmentCommand, CoordinatorError>>),
-    Zombie(u64, usize, Option<Result<AssignmentCommand, CoordinatorError>>),
-    Agenda,
+/// One run: the shared world and what the fleet backend's checks keep.
+pub struct Sim {
+    /// Instances, consumers, streams, agenda and log (shared with `coordinator_sim`).
+    pub world: World<Fleet>,
+    pub shape: Shape,
+    pub keys: FleetKeys,
+    pub truth: Truth,
+    pub outcome: Outcome,
 }
 
 /// Starts instance `i` over its fault wrapper.
@@ -177,165 +200,32 @@ pub async fn start(
 }
 
 impl Sim {
+    /// Sets up the store, the instances and the agenda of schedule `seed`.
     pub async fn new(seed: u64, trace: bool) -> Result<Sim, String> {
         let shape = Shape::draw(seed);
         let store = MemoryStore::new();
-        let snapshot = store.get_prefix(PREFIX).await.map_err(|e| e.to_string())?;
-        let god = store.watch_prefix(PREFIX, snapshot.revision + 1).await.map_err(|e| e.to_string())?;
-        let (replies_tx, replies) = mpsc::unbounded_channel();
-        let consumers = (0..shape.pool)
-            .map(|i| Consumer { name: format!("c{i}"), want: false, phase: Phase::Offline, attempt: 0 })
-            .collect();
-        let mut sim = Sim {
-            seed,
+        let mut world = World::new(seed, TOPIC, &store, PREFIX, shape.pool, trace).await?;
+        for i in 0..shape.instances {
+            let faulty = world.wrapper(&store, i);
+            let coordinator = start(&faulty, &shape, i).await.map_err(|e| e.to_string())?;
+            world.add_instance(faulty, coordinator, Ext::default());
+        }
+        world.schedule(shape.actions.clone(), shape.active);
+        Ok(Sim {
+            world,
             keys: FleetKeys::new(PREFIX),
-            instances: Vec::new(),
-            consumers,
-            open: Vec::new(),
-            zombies: Vec::new(),
-            agenda: BTreeMap::new(),
-            seq: 0,
-            next_inc: 0,
             truth: Truth::default(),
-            god,
-            replies_tx,
-            replies,
-            start: Instant::now(),
-            quiescing: false,
-            done: false,
-            log: VecDeque::new(),
-            trace,
             outcome: Outcome::default(),
             shape,
-        };
-        for i in 0..sim.shape.instances {
-            let faulty =
-                FaultyStore::new(Arc::new(store.clone()), seed.wrapping_mul(31).wrapping_add(i as u64));
-            let coordinator = start(&faulty, &sim.shape, i).await.map_err(|e| e.to_string())?;
-            sim.instances.push(Instance {
-                faulty,
-                coordinator: Some(coordinator),
-                starting: false,
-                cut: None,
-                generation: 0,
-                lossy: 0,
-                delayed: 0,
-            });
-        }
-        for (at, action) in sim.shape.actions.clone() {
-            sim.at(sim.start + at, Agenda::Act(action));
-        }
-        sim.at(sim.start + sim.shape.active, Agenda::Quiesce);
-        Ok(sim)
-    }
-
-    pub fn at(&mut self, when: Instant, what: Agenda) {
-        self.seq += 1;
-        self.agenda.insert((when, self.seq), what);
-    }
-
-    pub fn after(&mut self, after: Duration, what: Agenda) {
-        self.at(Instant::now() + after, what);
-    }
-
-    /// A draw keyed by this run's seed and `tag`.
-    pub fn draw(&self, tag: &[u64]) -> Rng {
-        Rng::keyed(self.seed, tag)
-    }
-
-    pub fn note(&mut self, line: String) {
-        let line = format!("[{:>6} ms] {line}", (Instant::now() - self.start).as_millis());
-        // FNV-1a over every line: two replays of a seed compare their digests.
-        for byte in line.bytes().chain([b'\n']) {
-            self.outcome.digest = (self.outcome.digest ^ u64::from(byte)).wrapping_mul(0x100_0000_01B3);
-        }
-        if self.trace {
-            eprintln!("{line}");
-        }
-        if self.log.len() == LOG_LEN {
-            self.log.pop_front();
-        }
-        self.log.push_back(line);
+        })
     }
 
     /// Runs the schedule to its end; `Err` names the broken invariant.
     pub async fn run(&mut self) -> Result<(), String> {
-        self.outcome.digest = 0xCBF2_9CE4_8422_2325;
-        while !self.done {
-            let next = self.agenda.first_key_value().map(|((t, _), _)| *t);
-            let next = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            let woke = tokio::select! {
-                biased;
-                batch = self.god.next() => Woke::Truth(batch.map(|b| b.map_err(|e| e.to_string()))),
-                Some(reply) = self.replies.recv() => Woke::Reply(reply),
-                (inc, c, item) = poll_fn(|cx| poll_streams(&mut self.open, cx)) => Woke::Item(inc, c, item),
-                (inc, c, item) = poll_fn(|cx| poll_streams(&mut self.zombies, cx)) => Woke::Zombie(inc, c, item),
-                () = tokio::time::sleep_until(next) => Woke::Agenda,
-            };
-            self.handle(woke).await?;
-            self.settle().await?;
-            self.check_backing()?;
-        }
-        self.outcome.lost_answers = self.instances.iter().map(|i| i.faulty.stats().lost_answers).sum();
+        run::run(self).await?;
+        self.outcome.lost_answers = self.world.instances.iter().map(|i| i.faulty.stats().lost_answers).sum();
+        self.outcome.digest = self.world.digest;
         Ok(())
-    }
-
-    async fn handle(&mut self, woke: Woke) -> Result<(), String> {
-        match woke {
-            Woke::Truth(Some(Ok(batch))) => {
-                if let Some(line) = self.truth.apply(&self.keys, TOPIC, &batch)? {
-                    self.note(line);
-                }
-            }
-            Woke::Truth(other) => {
-                return Err(format!("the fault-free watch ended: {:?}", other.map(|r| r.err())));
-            }
-            Woke::Reply(reply) => self.reply(reply),
-            Woke::Item(inc, c, item) => self.item(inc, c, item)?,
-            Woke::Zombie(inc, c, item) => self.zombie_item(inc, c, item),
-            Woke::Agenda => {
-                let now = Instant::now();
-                while let Some(entry) = self.agenda.first_entry() {
-                    if entry.key().0 > now {
-                        break;
-                    }
-                    let what = entry.remove();
-                    self.act(what).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Lets every task woken at this instant run, delivering what they produce, until
-    /// nothing more comes: then the instant is over.
-    async fn settle(&mut self) -> Result<(), String> {
-        loop {
-            for _ in 0..SETTLE_ROUNDS {
-                tokio::task::yield_now().await;
-            }
-            let mut any = false;
-            while let Some(batch) = self.god.next().now_or_never() {
-                any = true;
-                self.handle(Woke::Truth(batch.map(|b| b.map_err(|e| e.to_string())))).await?;
-            }
-            while let Ok(reply) = self.replies.try_recv() {
-                any = true;
-                self.reply(reply);
-            }
-            while let Some((inc, c, item)) = poll_fn(|cx| poll_streams(&mut self.open, cx)).now_or_never() {
-                any = true;
-                self.item(inc, c, item)?;
-            }
-            while let Some((inc, c, item)) = poll_fn(|cx| poll_streams(&mut self.zombies, cx)).now_or_never()
-            {
-                any = true;
-                self.zombie_item(inc, c, item);
-            }
-            if !any {
-                return Ok(());
-            }
-        }
     }
 
     /// (a′) Every believed partition is backed by the believer's lease in the store, at the
@@ -343,7 +233,7 @@ impl Sim {
     /// is in the store, and a lease goes only after its believer was told (a give-back, a
     /// leave) or fenced (its session expired; the fence comes first, docs/design.md §6).
     fn check_backing(&self) -> Result<(), String> {
-        for (name, belief) in self.beliefs() {
+        for (name, belief) in self.world.beliefs() {
             for p in &belief.owned {
                 let lease = self.truth.leases.get(p);
                 ensure!(
@@ -355,32 +245,39 @@ impl Sim {
         }
         Ok(())
     }
-
-    /// The beliefs of the consumers whose stream is open (half-open ones are dead).
-    pub fn beliefs(&self) -> impl Iterator<Item = (&str, &Belief)> {
-        self.consumers.iter().filter_map(|c| match &c.phase {
-            Phase::Online { belief, .. } => Some((c.name.as_str(), belief)),
-            _ => None,
-        })
-    }
-
-    /// A running instance: `i` (modulo the fleet) if it runs, else the next one that does.
-    pub fn running(&self, i: usize) -> Option<usize> {
-        let n = self.instances.len();
-        (0..n).map(|k| (i + k) % n).find(|k| self.instances[*k].coordinator.is_some())
-    }
 }
 
-/// Polls the streams in order; the first with an item wins.
-#[allow(clippy::type_complexity)]
-fn poll_streams(
-    open: &mut [(u64, usize, CommandStream)],
-    cx: &mut Context<'_>,
-) -> Poll<(u64, usize, Option<Result<AssignmentCommand, CoordinatorError>>)> {
-    for (inc, consumer, stream) in open.iter_mut() {
-        if let Poll::Ready(item) = stream.poll_next_unpin(cx) {
-            return Poll::Ready((*inc, *consumer, item));
-        }
+impl Driven for Sim {
+    type K = Fleet;
+
+    fn world(&mut self) -> &mut World<Fleet> {
+        &mut self.world
     }
-    Poll::Pending
+
+    fn on_truth(&mut self, batch: WatchBatch) -> Result<(), String> {
+        if let Some(line) = self.truth.apply(&self.keys, TOPIC, &batch)? {
+            self.world.note(line);
+        }
+        Ok(())
+    }
+
+    fn on_reply(&mut self, reply: Reply) {
+        self.reply(reply);
+    }
+
+    fn on_item(&mut self, inc: u64, c: usize, item: Item) -> Result<(), String> {
+        self.item(inc, c, item)
+    }
+
+    fn on_zombie(&mut self, inc: u64, c: usize, item: Item) {
+        self.world.zombie_item(inc, c, item);
+    }
+
+    async fn act(&mut self, what: Agenda) -> Result<(), String> {
+        self.act(what).await
+    }
+
+    fn end_of_instant(&mut self) -> Result<(), String> {
+        self.check_backing()
+    }
 }

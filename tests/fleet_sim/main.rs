@@ -54,6 +54,9 @@
 //! operator's revoke): the fleet then keeps the streams open while the leases are gone,
 //! so strict exclusivity cannot hold, by design (`shared/lease.rs`).
 //!
+//! What `coordinator_sim` drives the same way (draws, the loop, registering and
+//! reconnecting, cut-offs and restarts, the knobs and survey) is in `tests/sim_support`.
+//!
 //! # Running
 //!
 //! Six tests, one per kind; seed `s` runs `KINDS[s % 6]`. `FLEET_SIM_SCHEDULES=N` runs N
@@ -70,14 +73,9 @@
 
 #![forbid(unsafe_code)]
 
-/// Returns `Err(message)` from the enclosing function unless `$cond` holds.
-macro_rules! ensure {
-    ($cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            return Err(format!($($arg)+));
-        }
-    };
-}
+#[macro_use]
+#[path = "../sim_support/mod.rs"]
+mod sim_support;
 
 mod consumers;
 mod driver;
@@ -89,108 +87,72 @@ use std::time::Duration;
 
 use driver::{Outcome, Sim};
 use schedule::{KINDS, Kind};
+use sim_support::runner::{self, Knobs, Watchdog};
 
+/// This simulation's environment variables.
+const KNOBS: Knobs = Knobs("FLEET_SIM_");
+/// Schedules in all when no variable says otherwise.
 const DEFAULT_SCHEDULES: u64 = 300;
 /// Wall time one schedule may take: one that spins without letting paused time advance
 /// would otherwise hang the test for good.
 const SCHEDULE_BUDGET: Duration = Duration::from_secs(120);
 
-fn env_u64(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    Some(value.parse().unwrap_or_else(|_| panic!("{name}={value} is not a number")))
-}
-
-/// Exits the process, naming the seed, if the schedule has not finished within its budget
-/// (a stuck runtime cannot be interrupted from outside).
-fn watchdog(seed: u64) -> std::sync::mpsc::Sender<()> {
-    let (done, finished) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(SCHEDULE_BUDGET) {
-            eprintln!("fleet simulation: seed {seed} did not finish within {SCHEDULE_BUDGET:?} of wall time");
-            std::process::exit(101);
-        }
-    });
-    done
-}
-
-/// Runs one schedule on its own paused current-thread runtime.
+/// Runs one schedule on its own paused runtime, under a [`Watchdog`].
 fn run_one(seed: u64, trace: bool) -> Result<Outcome, String> {
-    let _done = watchdog(seed);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(async move {
+    let watchdog = Watchdog::start(
+        SCHEDULE_BUDGET,
+        format!("fleet simulation: seed {seed} did not finish within {SCHEDULE_BUDGET:?} of wall time"),
+    );
+    runner::run_paused(watchdog, async move {
         let mut sim = Sim::new(seed, trace).await.map_err(|e| format!("seed {seed}: setup failed: {e}"))?;
-        let result = sim.run().await;
+        let Err(why) = sim.run().await else { return Ok(sim.outcome.clone()) };
         let shape = &sim.shape;
-        let Err(why) = result else { return Ok(sim.outcome.clone()) };
-        let mut report = format!(
-            "fleet simulation failed: seed {seed} (replay: FLEET_SIM_SEED={seed} FLEET_SIM_TRACE=1)\n  {why}\n  \
-             shape: {:?} instances={} consumers={} partitions={} ttl={:?} claim interval={:?}\n  last steps:\n",
-            shape.kind, shape.instances, shape.pool, shape.partitions, shape.ttl, shape.claim_interval
+        let mut report = runner::report(
+            &format!(
+                "fleet simulation failed: seed {seed} (replay: FLEET_SIM_SEED={seed} FLEET_SIM_TRACE=1)"
+            ),
+            &why,
+            &format!(
+                "{:?} instances={} consumers={} partitions={} ttl={:?} claim interval={:?}",
+                shape.kind, shape.instances, shape.pool, shape.partitions, shape.ttl, shape.claim_interval
+            ),
+            &sim.world.log,
         );
-        for line in &sim.log {
-            report.push_str(&format!("    {line}\n"));
-        }
-        report.push_str(&format!("  store: leases {:?}\n  members {:?}\n", sim.truth.leases, sim.truth.members));
+        report.push_str(&format!(
+            "  store: leases {:?}\n  members {:?}\n",
+            sim.truth.leases, sim.truth.members
+        ));
         Err(report)
     })
 }
 
-/// The seeds of `kind`: its share of `FLEET_SIM_SCHEDULES` from `FLEET_SIM_BASE`, or
-/// `FLEET_SIM_SEED` alone if it is one of its seeds.
-fn seeds_of(kind: Kind) -> Vec<u64> {
-    let kinds = KINDS.len() as u64;
-    let index = KINDS.iter().position(|k| *k == kind).unwrap_or_default() as u64;
-    if let Some(seed) = env_u64("FLEET_SIM_SEED") {
-        return if seed % kinds == index { vec![seed] } else { Vec::new() };
-    }
-    let total = env_u64("FLEET_SIM_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES);
-    let base = env_u64("FLEET_SIM_BASE").unwrap_or(0) / kinds * kinds;
-    (0..total.div_ceil(kinds)).map(|k| base + k * kinds + index).collect()
-}
-
+/// Runs the seeds of `kind` (its share of `FLEET_SIM_SCHEDULES` from `FLEET_SIM_BASE`, or
+/// `FLEET_SIM_SEED` alone if it is one of its seeds); panics with the first failure's
+/// report (or, in a survey, with the list of the failed seeds).
 fn run_kind(kind: Kind) {
-    let seeds = seeds_of(kind);
+    let index = KINDS.iter().position(|k| *k == kind).unwrap_or_default() as u64;
+    let seeds = KNOBS.seeds(index, KINDS.len() as u64, KNOBS.u64("SCHEDULES").unwrap_or(DEFAULT_SCHEDULES));
     if seeds.is_empty() {
         return;
     }
     if let Ok(filter) = std::env::var("FLEET_SIM_LOG") {
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     }
-    let trace = env_u64("FLEET_SIM_TRACE").is_some_and(|v| v != 0);
-    let survey = env_u64("FLEET_SIM_SURVEY").is_some_and(|v| v != 0);
+    let trace = KNOBS.on("TRACE");
     let started = std::time::Instant::now();
-    let (mut total, mut failed) = (Outcome::default(), Vec::new());
-    for seed in &seeds {
-        match run_one(*seed, trace) {
-            Ok(o) => {
-                if seeds.len() == 1 {
-                    eprintln!("{kind:?}: seed {seed} passed; log digest {:016x}", o.digest);
-                }
-                total.commands += o.commands;
-                total.streams += o.streams;
-                total.stopped += o.stopped;
-                total.fenced += o.fenced;
-                total.max_fence_ttl = total.max_fence_ttl.max(o.max_fence_ttl);
-                total.settled_after = total.settled_after.max(o.settled_after);
-                total.lost_answers += o.lost_answers;
+    let mut total = Outcome::default();
+    let (label, single) = (format!("{kind:?}"), seeds.len() == 1);
+    runner::run_seeds(
+        &label,
+        &seeds,
+        KNOBS.on("SURVEY"),
+        |seed| run_one(seed, trace),
+        |seed, outcome| {
+            if single {
+                eprintln!("{kind:?}: seed {seed} passed; log digest {:016x}", outcome.digest);
             }
-            Err(report) if survey => {
-                let why = report.lines().nth(1).unwrap_or_default().trim().to_string();
-                eprintln!("{kind:?}: seed {seed} failed: {why}");
-                failed.push(*seed);
-            }
-            Err(report) => panic!("{report}"),
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{kind:?}: {} of {} schedules failed: seeds {failed:?}",
-        failed.len(),
-        seeds.len()
+            total.add(&outcome);
+        },
     );
     eprintln!(
         "{kind:?}: {} schedules in {:?}: {} commands, {} streams, {} partitions told to stop, {} streams fenced \

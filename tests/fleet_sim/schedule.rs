@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+pub use crate::sim_support::draws::Rng;
+use crate::sim_support::draws::{actions_until, early_joins, rejoin_after};
+
 /// What a schedule stresses besides consumer churn (every kind has churn).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -71,61 +74,20 @@ pub struct Shape {
     pub actions: Vec<(Duration, Action)>,
 }
 
-/// SplitMix64: small, seedable, no dependency.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x0F1E_E751_10DD_BA11)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `low..=high` milliseconds.
-    pub fn millis(&mut self, low: u64, high: u64) -> Duration {
-        Duration::from_millis(low + self.below(high.saturating_sub(low) + 1))
-    }
-
-    /// A draw that depends only on the seed and `tag`, not on how many draws came before.
-    pub fn keyed(seed: u64, tag: &[u64]) -> Rng {
-        let mut rng = Rng::new(seed);
-        for t in tag {
-            rng.0 ^= t.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            rng.next();
-        }
-        rng
-    }
-}
+/// The salt of this simulation's seeds (`sim_support::draws::Rng`).
+pub const SALT: u64 = 0x0F1E_E751_10DD_BA11;
 
 impl Shape {
     /// Draws the shape and actions of schedule `seed`.
     pub fn draw(seed: u64) -> Shape {
         let kind = KINDS[(seed % KINDS.len() as u64) as usize];
-        let mut rng = Rng::new(seed);
+        let mut rng = Rng::new(seed, SALT);
         let instances = 2 + rng.below(2) as usize;
         let mut pool = 2 + rng.below(4) as usize;
         let mut partitions = 1 + rng.below(12) as u32;
         let ttl = Duration::from_secs(2 + rng.below(2));
         let claim_interval = rng.millis(100, 300);
         let active = Duration::from_secs(12 + rng.below(9));
-        let mut actions = Vec::new();
-        let mut at = Duration::ZERO;
         // Everyone joins early, so each run starts from a populated fleet; but in lossy
         // runs some are left to join later, each join making the others give back.
         let mut early = pool;
@@ -134,17 +96,11 @@ impl Shape {
             partitions = 4 + rng.below(9) as u32;
             early = 2;
         }
-        for consumer in 0..early {
-            at += rng.millis(0, 300);
-            actions.push((at, Action::Join { consumer, instance: rng.below(8) as usize }));
-        }
-        loop {
-            at += rng.millis(100, 900);
-            if at >= active {
-                break;
-            }
-            actions.push((at, draw_action(kind, ttl, &mut rng)));
-        }
+        let (mut actions, at) =
+            early_joins(&mut rng, early, |consumer, instance| Action::Join { consumer, instance });
+        actions_until(&mut rng, &mut actions, at, active, (100, 900), |rng, _| {
+            Some(draw_action(kind, ttl, rng))
+        });
         Shape { kind, instances, pool, partitions, ttl, claim_interval, active, actions }
     }
 }
@@ -153,11 +109,7 @@ fn churn(consumer: usize, instance: usize, ttl_ms: u64, rng: &mut Rng) -> Action
     match rng.below(8) {
         0..=2 => Action::Join { consumer, instance },
         3 | 4 => {
-            let rejoin = match rng.below(3) {
-                0 => Some(rng.millis(50, ttl_ms / 2)),
-                1 => Some(rng.millis(ttl_ms, 3 * ttl_ms)),
-                _ => None,
-            };
+            let rejoin = rejoin_after(rng, ttl_ms);
             Action::Crash { consumer, rejoin }
         }
         5 => Action::Leave { consumer, instance },
