@@ -1,6 +1,9 @@
 //! The warm-handoff backend over a [`LeaseStore`] (the `memory` and `etcd` backends).
 //!
 //! A thin layer over the shared [`Core`]:
+//! * `driver.rs`: the instance's one loop, the only writer of its cache and the only relay:
+//!   it follows the store, commits the calls' writes (batched) and the leader's
+//!   transactions, applies each commit and tells the streams;
 //! * `records.rs` / `state.rs`: the key layout, the records and the cache of them;
 //! * `register.rs`: the consumer record, and the restart hold after a `SHUTDOWN_NOW`;
 //! * `relay.rs`: after every revision, each local consumer is sent the commands derived
@@ -8,8 +11,9 @@
 //! * `leader/`: election (leadership is one `watch` value), reconcile with
 //!   [`crate::handoff::plan_placed`] in fenced batched transactions, the Kafka topic
 //!   refresh, and the weights refresh (the weight source's weights into the topic records);
-//! * `calls.rs`: `PartitionReady` / `PartitionReleased`, applied by whichever instance
-//!   receives them with compare-and-swap (no leader round trip), and `Deregister`;
+//! * `calls.rs`: `PartitionReady` / `PartitionReleased`, decided (`decide.rs`, pure) by
+//!   whichever instance receives them and written by its loop with compare-and-swap (no
+//!   leader round trip), and `Deregister`;
 //! * `status.rs`: the status view; `placement.rs`: its placement part (loads, shares and,
 //!   in shadow mode, the load plan).
 

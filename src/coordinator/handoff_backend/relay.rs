@@ -123,10 +123,34 @@ fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
             let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
             let before = &visit.seen().told.releasing;
             inner.core.metrics().observe_releases_sent(before, &tell.told.releasing, phase_start);
+            #[cfg(debug_assertions)]
+            assert_part_completes(topic, consumer, visit.seen().told, tell, entry);
         }
         visit.apply(step);
     }
     pass.finish();
+}
+
+/// Checked in debug builds (every test and simulation): after a step that compared only
+/// the partitions a revision changed, the stream knows the consumer's whole view. The
+/// instance's loop is the only relay (`driver.rs`), so a stream that followed every step
+/// since its last whole one (`told_complete`) already knows everything outside that part.
+#[cfg(debug_assertions)]
+fn assert_part_completes(
+    topic: &str,
+    consumer: &str,
+    told: &ConsumerView,
+    tell: &crate::coordinator::shared::relay::Tell<ConsumerView>,
+    entry: Option<&TopicEntry>,
+) {
+    let (Some(partitions), Some(entry)) = (&tell.within, entry) else { return };
+    let mut known = told.clone();
+    known.patch(partitions, tell.told.clone());
+    let whole = entry.view_of(consumer);
+    assert_eq!(
+        known, whole,
+        "consumer '{consumer}' of topic '{topic}' would know another view than its own after a step within {partitions:?}"
+    );
 }
 
 /// Tells the local streams what `changes` changed for them, then announces the revision

@@ -13,6 +13,11 @@
 //! compare lost (a cache behind the store, a concurrent write elsewhere), the whole batch
 //! is answered [`Batched::Lost`] and each of its writes falls back to its own
 //! read and compare-and-swap.
+//!
+//! [`Batcher`] writes the registrations in a task of its own. The handoff instance's loop
+//! (`handoff_backend/driver.rs`) batches the consumer calls' writes with the same
+//! [`take_batch`] and [`commit`], inside the loop, so that it applies and relays each
+//! batch it committed itself.
 
 use std::{
     collections::{HashSet, VecDeque},

@@ -19,7 +19,7 @@
 //! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
 //! * readiness, shutdown and crash.
 //!
-//! [`batch`] writes registrations (and the handoff backend's calls) that arrive together
+//! [`batch`] writes registrations (and batches the handoff backend's calls) that arrive together
 //! in one transaction; [`cas`],
 //! [`validate`] and [`wire`] are small helpers every backend uses.
 

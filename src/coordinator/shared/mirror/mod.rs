@@ -326,7 +326,7 @@ impl<C: MirrorCache> Mirror<C> {
         self.own_offered.notify_one();
     }
 
-    /// Applies a write this instance committed right away, in the committing task, and
+    /// Applies a write this instance committed right away, in the task that committed it, and
     /// returns what it changed, for the caller to tell its consumers and then
     /// [`announce`](Self::announce): the fast path of a handoff, with no task between the
     /// commit and the streams (docs/design.md §9). It applies when the cache is at the
