@@ -63,8 +63,8 @@ pub struct Samples {
 
 /// One handoff in µs, step by step: `grpc_in + before_txn + etcd + after_commit + grpc_out`
 /// is `total`. The commit is seen when the instance's watch brings it back and the
-/// follower relays it; or, on the own-write fast path (the release left before the watch
-/// brought the commit back), when the store answers and the call relays it itself.
+/// instance's loop relays it; or, on the own-write fast path (the release left before the
+/// watch brought the commit back), when the store answers and the loop relays it then.
 #[derive(Clone, Copy)]
 struct Path {
     grpc_in: f64,
@@ -83,7 +83,7 @@ struct Path {
     answer_lag: Option<f64>,
     /// The leader's plan of the topic, and how much of it fell in commit seen → release.
     plan: Option<(f64, f64)>,
-    /// The call relayed its own write (the fast path).
+    /// The loop relayed the write on the store's answer (the fast path).
     fast: bool,
 }
 
@@ -291,8 +291,8 @@ pub fn tables(s: &Samples, samples: u32) -> String {
     out.push_str(
         "\n**Inside each handoff**, p50 of each step (the instance's steps from pass-through probes around \
          its coordinator, its store and the leader's plan; the commit is seen when the instance's watch \
-         brings it back to the follower, which relays it, unless the call relayed it first: the fast \
-         path, counted below):\n\n\
+         brings it back to the instance's loop, which relays it, unless the loop had the store's answer \
+         first and relayed it then: the fast path, counted below):\n\n\
          | step | handoff (benched: the instance leads) | no plan | the leader apart | minimal instance |\n\
          | --- | --- | --- | --- | --- |\n",
     );
@@ -337,7 +337,7 @@ pub fn tables(s: &Samples, samples: u32) -> String {
     let _ = writeln!(
         out,
         "| handoffs whose commit the watch brought back before the store's answer | {} | |\n\
-         | handoffs relayed by the call itself (the own-write fast path) | {} | |\n\
+         | handoffs relayed on the store's answer (the own-write fast path) | {} | |\n\
          | handoffs whose release waited while the leader planned the topic | {} | |",
         count(|p| p.answer_lag.is_some_and(|lag| lag > 0.0)),
         count(|p| p.fast),
@@ -356,7 +356,7 @@ pub fn tables(s: &Samples, samples: u32) -> String {
     let names = [
         "gap: handoff − raw chain",
         "gRPC in + out",
-        "coordinator until its txn (validation, cache read, the alone-check's yield)",
+        "coordinator until its txn (validation, cache read, the hop to the instance's loop)",
         "txn sent → commit seen, over the raw chain",
         "  the ready's shape: 3 + 2 vs 1 + 1 (`etcd_client` alone)",
         "  the store layer: `EtcdStore` vs `etcd_client` (alone)",
