@@ -1,31 +1,29 @@
 //! `PartitionReady`, `PartitionReleased`, `Deregister` and the status view.
 //!
 //! Ready and released are the fast path of a handoff (docs/design.md §9): the receiving
-//! instance validates the call against its cache and applies it with one transaction
-//! guarded by the mod revisions of the partition's assignment and handoff records. Only
-//! when the cache disagrees (it may lag the store by a watch delivery) or the transaction
-//! loses a race does it re-read those records from the store and decide again, so a call
-//! is refused only on the store's current state, and a refused call changes nothing.
-//! Calls that arrive together share transactions ([`batch`]): a scale-out brings
-//! thousands at once.
+//! instance's loop (`driver.rs`) decides the call on its cache (`decide.rs`) and applies it
+//! with one transaction guarded by the mod revisions of the partition's assignment and
+//! handoff records. Only when the cache disagrees (it may lag the store by a watch
+//! delivery) or the transaction loses a race does it re-read those records from the store
+//! ([`from_store`]) and decide again, so a call is refused only on the store's current
+//! state, and a refused call changes nothing. Calls that arrive together share
+//! transactions (`shared/batch.rs`): a scale-out brings thousands at once.
 
-use super::decide::{Decision, PartitionSlice, decide};
+use super::decide::{CallResult, PartitionSlice};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms};
 use async_trait::async_trait;
 
 use crate::coordinator::StatusView;
-use crate::coordinator::shared::cas::{CAS_ATTEMPTS, Rewrite, rewrite_bound};
-use crate::coordinator::shared::{
-    batch::KeyWrite,
-    instance::{Backend, HandoffCall, Report},
-};
+use crate::coordinator::shared::cas::{Rewrite, rewrite_bound};
+use crate::coordinator::shared::instance::{Backend, HandoffCall, Report};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
-use crate::handoff::{ConsumerStatus, Millis, TopicState};
+use crate::handoff::{ConsumerStatus, TopicState};
 use crate::proto::v1::DeregisterAction;
-use crate::store::Txn;
 
-async fn from_store(
+/// The slice of `topic` that a call of `consumer` about `partition` reads, from the store
+/// (`NOT_FOUND` for a topic nobody registered for).
+pub(super) async fn from_store(
     inner: &Handoff,
     topic: &str,
     consumer: &str,
@@ -64,53 +62,13 @@ async fn from_store(
     Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
 }
 
-/// What a call that changed the store found: when the partition's handoff phase it moved
-/// on from had begun (for the warm-duration metric).
-struct Applied {
-    phase_since: Option<Millis>,
-}
-
-/// Validates and applies one consumer call with compare-and-swap (see the module docs):
-/// decided on the cache first ([`decide`], pure), on the store's state when the cache may
-/// lag or the transaction lost a race.
-async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> Result<Option<Applied>, CoordinatorError> {
-    let HandoffCall { consumer, topic, partition, .. } = call;
-    validate_consumer_name(consumer)?;
-    validate_topic_name(topic)?;
-    let mut slice = PartitionSlice::from_cache(&inner.core.mirror().read(), topic, consumer, partition);
-    for attempt in 0..CAS_ATTEMPTS {
-        let fresh = slice.is_none();
-        let current = match slice.take() {
-            Some(s) => s,
-            None => from_store(inner, topic, consumer, partition).await?,
-        };
-        let Txn { compares, ops } =
-            match decide(inner.core.keys(), &current, call, now_ms(), &inner.config.plan) {
-                Decision::Write(txn) => txn,
-                Decision::Refused(error) if fresh => {
-                    return Err(CoordinatorError::from_handoff(topic, error));
-                }
-                Decision::Refused(_) => continue, // the cache may lag: decide on the store's state
-                Decision::InEffect if fresh => return Ok(None), // a repeated call already in effect
-                // "Already in effect" only on the store's word, not a lagging cache's.
-                Decision::InEffect => continue,
-            };
-        // With the calls that arrive with it first; alone after its batch lost (another
-        // call's compare may have lost it).
-        let written = if attempt == 0 {
-            let key = inner.core.keys().handoff(topic, partition);
-            inner.writes.write(KeyWrite { key, compares, ops }).await?
-        } else {
-            inner.writes.txn(Txn { compares, ops }).await?.succeeded
-        };
-        if written {
-            let phase_since = current.state.handoffs.get(&partition).map(|h| h.since);
-            return Ok(Some(Applied { phase_since }));
-        }
-    }
-    Err(CoordinatorError::Contended(format!(
-        "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
-    )))
+/// Validates one consumer call and has the instance's loop apply it (`driver.rs`): decided
+/// on the cache first ([`next_step`](super::decide::next_step), pure), on the store's
+/// state when the cache may lag or the transaction lost a race.
+async fn apply_call(inner: &Handoff, call: HandoffCall<'_>) -> CallResult {
+    validate_consumer_name(call.consumer)?;
+    validate_topic_name(call.topic)?;
+    inner.driver.call(call).await
 }
 
 /// `PartitionReady` flips ownership to the caller and starts the release;

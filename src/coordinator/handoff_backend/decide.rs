@@ -1,10 +1,15 @@
 //! What a consumer call decides, as a pure function of a slice of the state: the handoff
-//! machine's [`step`] on the partition's records, turned into one guarded transaction.
-//! `calls.rs` reads the slice (from the cache, or the store when the cache may lag),
-//! commits what this decides and tells the streams.
+//! machine's [`step`] on the partition's records, turned into one guarded transaction,
+//! and what the call needs next ([`next_step`]). The instance's loop (`driver.rs`) reads
+//! the slice (from the cache, or the store when the cache may lag, `calls.rs`), commits
+//! what this decides, tells the streams and answers.
+
+use tokio::sync::oneshot;
 
 use super::records::Keys;
 use super::state::Cache;
+use crate::coordinator::CoordinatorError;
+use crate::coordinator::shared::cas::CAS_ATTEMPTS;
 use crate::coordinator::shared::instance::{HandoffCall, Report};
 use crate::handoff::{Cooldowns, Event, HandoffError, Millis, PlanConfig, TopicState, step};
 use crate::store::{Compare, Revision, Txn};
@@ -78,6 +83,103 @@ pub(super) fn decide(
         Compare::ModRevision(keys.handoff(topic, partition), slice.handoff_revision),
     ];
     Decision::Write(Txn { compares, ops: keys.write_ops(topic, &writes) })
+}
+
+/// What a call that changed the store found: when the partition's handoff phase it moved
+/// on from had begun (for the warm-duration metric).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Applied {
+    /// When that phase began.
+    pub phase_since: Option<Millis>,
+}
+
+/// A call's answer: what it changed (`None`: it was in effect already).
+pub(super) type CallResult = Result<Option<Applied>, CoordinatorError>;
+
+/// A consumer call on its way through the instance's loop.
+#[derive(Debug)]
+pub(super) struct CallInFlight {
+    /// What the consumer reports.
+    pub report: Report,
+    /// The consumer.
+    pub consumer: String,
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+    /// Decisions that a lagging cache or a lost transaction made void so far: the first is
+    /// made on the cache and written with the calls that arrive with it, the next ones on
+    /// the store's state, each in a transaction of its own.
+    pub attempt: usize,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<CallResult>,
+}
+
+/// What a call needs next.
+#[derive(Debug)]
+pub(super) enum CallStep {
+    /// Its answer.
+    Answer(CallResult),
+    /// Its slice read from the store, to decide again.
+    ReadStore,
+    /// This transaction written, then `Applied` answered.
+    Write(Txn, Applied),
+}
+
+impl CallInFlight {
+    /// A call of `consumer` about `partition` of `topic`, answered on `reply`.
+    pub fn new(call: HandoffCall<'_>, reply: oneshot::Sender<CallResult>) -> Self {
+        let HandoffCall { report, consumer, topic, partition } = call;
+        let (consumer, topic) = (consumer.to_string(), topic.to_string());
+        Self { report, consumer, topic, partition, attempt: 0, reply }
+    }
+
+    /// The call, as [`decide`] reads it.
+    pub fn call(&self) -> HandoffCall<'_> {
+        HandoffCall {
+            report: self.report,
+            consumer: &self.consumer,
+            topic: &self.topic,
+            partition: self.partition,
+        }
+    }
+
+    /// The step after a decision on a cache that may lag, or a transaction whose compare
+    /// lost: decide again on the store's state, while attempts remain.
+    pub fn retry(&mut self) -> CallStep {
+        self.attempt += 1;
+        if self.attempt < CAS_ATTEMPTS {
+            return CallStep::ReadStore;
+        }
+        let (topic, partition) = (&self.topic, self.partition);
+        CallStep::Answer(Err(CoordinatorError::Contended(format!(
+            "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
+        ))))
+    }
+}
+
+/// What `call` needs next, decided at `now` on `slice`, read from the store (`fresh`) or
+/// from the cache. A call is refused, or found already in effect, only on the store's
+/// word: the cache may lag it by a watch delivery.
+pub(super) fn next_step(
+    keys: &Keys,
+    call: &mut CallInFlight,
+    slice: &PartitionSlice,
+    fresh: bool,
+    now: Millis,
+    plan: &PlanConfig,
+) -> CallStep {
+    match decide(keys, slice, call.call(), now, plan) {
+        Decision::Write(txn) => {
+            let phase_since = slice.state.handoffs.get(&call.partition).map(|h| h.since);
+            CallStep::Write(txn, Applied { phase_since })
+        }
+        Decision::Refused(error) if fresh => {
+            CallStep::Answer(Err(CoordinatorError::from_handoff(&call.topic, error)))
+        }
+        Decision::InEffect if fresh => CallStep::Answer(Ok(None)),
+        Decision::Refused(_) | Decision::InEffect => call.retry(),
+    }
 }
 
 #[cfg(test)]

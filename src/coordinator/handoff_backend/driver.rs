@@ -1,18 +1,21 @@
-//! The handoff instance's loop: the one task that changes the cache and tells the streams.
+//! The handoff instance's loop: the one task that changes the cache, decides the consumer
+//! calls and tells the streams.
 //!
-//! Its inputs are the store's changes (the mirror's [`Follower`]: watched revisions,
-//! re-reads), the writes of consumer calls, the leader's transactions, and the store's
-//! answers to them. Each change, watched or committed here, is applied to the mirror and
-//! relayed to the local streams (`relay.rs`) by this task, so no two relay passes ever
-//! run at once, and a committed `PartitionReady` is applied and its two commands handed to
-//! the two streams by the task that saw its commit, without waiting for the watch to bring
-//! it back (docs/design.md §9).
+//! Its inputs are events: the store's changes (the mirror's [`Follower`]: watched
+//! revisions, re-reads), the consumers' `PartitionReady` / `PartitionReleased`, the
+//! leader's transactions, and the store's answers to what the loop asked of it. A call is
+//! decided by the pure model of `decide.rs` ([`next_step`]) on the cache; its transaction
+//! is written with the calls that arrive with it ([`batch`]: at most
+//! [`BATCHES_IN_FLIGHT`] batches in flight, the rest queue and join the next one); when the
+//! cache may lag or the transaction lost, the loop reads the call's records from the store
+//! and decides again, in a transaction of its own. Every store call runs inside the loop,
+//! beside its other inputs, not in a task of its own.
 //!
-//! Calls' writes that arrive together share transactions ([`batch`]: at most
-//! [`BATCHES_IN_FLIGHT`] batches in flight, the rest queue and join the next batch); a
-//! transaction of its own (the leader's plan, a call decided again on the store's state)
-//! starts at once. Transactions run inside the loop, beside its other inputs, not in tasks
-//! of their own.
+//! Each change, watched or committed here, is applied to the mirror and relayed to the
+//! local streams (`relay.rs`) by this loop, so no two relay passes ever run at once, and a
+//! committed `PartitionReady` is applied and its two commands handed to the two streams by
+//! the loop that committed it as soon as the store answers, without waiting for the watch
+//! to bring it back (docs/design.md §9).
 //!
 //! [`Follower`]: crate::coordinator::shared::mirror::Follower
 
@@ -21,53 +24,70 @@ use std::{collections::VecDeque, sync::Arc};
 use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Handoff, relay};
-use crate::coordinator::shared::batch::{self, Answer, BATCHES_IN_FLIGHT, KeyWrite, Pending};
+use super::decide::{Applied, CallInFlight, CallResult, CallStep, PartitionSlice, next_step};
+use super::{Handoff, now_ms, relay};
+use crate::coordinator::CoordinatorError;
+use crate::coordinator::shared::batch::{self, Answer, BATCHES_IN_FLIGHT, KeyWrite, Queued};
+use crate::coordinator::shared::instance::HandoffCall;
 use crate::store::{Compare, LeaseStore, Op, StoreError, Txn, TxnOutcome};
 
 /// An input of the loop from a caller, with where its answer goes.
 enum Input {
-    /// A call's write, batched with those that arrive with it.
-    Batched(Pending),
-    /// A transaction of its own.
+    /// A consumer's `PartitionReady` or `PartitionReleased`.
+    Call(CallInFlight),
+    /// A transaction of its own (the leader's plan).
     Alone(Txn, oneshot::Sender<Result<TxnOutcome, StoreError>>),
 }
 
-/// A transaction the store answered.
+/// A call's transaction waiting for its batch.
+struct QueuedCall {
+    write: KeyWrite,
+    call: CallInFlight,
+    applied: Applied,
+}
+
+impl Queued for QueuedCall {
+    fn write(&self) -> &KeyWrite {
+        &self.write
+    }
+}
+
+/// What the store answered.
 enum Done {
-    /// A batch of calls' writes.
-    Batch(Vec<Pending>, Answer),
-    /// A transaction of its own: its operations and compares, and the answer.
+    /// A batch of calls' transactions.
+    Batch(Vec<QueuedCall>, Answer),
+    /// A call's records, read to decide it again.
+    Slice(CallInFlight, Result<PartitionSlice, CoordinatorError>),
+    /// A call's transaction of its own.
+    CallTxn(CallInFlight, Applied, Txn, Result<TxnOutcome, StoreError>),
+    /// A transaction of its own from elsewhere (the leader).
     Alone(Txn, Result<TxnOutcome, StoreError>, oneshot::Sender<Result<TxnOutcome, StoreError>>),
 }
 
-/// Where this instance's writes of owner and handoff records go: to the loop, which
-/// commits them, applies them and tells the streams before it answers.
-pub(super) struct Writes {
+/// The way into an instance's loop: calls and the leader's transactions.
+pub(super) struct Driver {
     inputs: mpsc::UnboundedSender<Input>,
 }
 
-/// The receiving end of [`Writes`], for [`run`].
+/// The receiving end of a [`Driver`], for [`run`].
 pub(super) struct Inputs(mpsc::UnboundedReceiver<Input>);
 
-/// A loop's [`Writes`] and its inputs.
-pub(super) fn channel() -> (Writes, Inputs) {
+/// A loop's [`Driver`] and its inputs.
+pub(super) fn channel() -> (Driver, Inputs) {
     let (inputs, receiver) = mpsc::unbounded_channel();
-    (Writes { inputs }, Inputs(receiver))
+    (Driver { inputs }, Inputs(receiver))
 }
 
 fn stopped() -> StoreError {
     StoreError::Unavailable("this assigner instance is stopping".into())
 }
 
-impl Writes {
-    /// Commits `write` with the calls' writes that arrive with it. `true` once it is
-    /// written, applied and told to the streams; `false` if a compare of its batch lost
-    /// (nothing of the batch was written).
-    pub async fn write(&self, write: KeyWrite) -> Result<bool, StoreError> {
-        let (pending, answer) = Pending::new(write);
-        self.inputs.send(Input::Batched(pending)).map_err(|_| stopped())?;
-        Ok(answer.await.map_err(|_| stopped())??.is_some())
+impl Driver {
+    /// Has the loop decide and apply a consumer call (names already validated).
+    pub async fn call(&self, call: HandoffCall<'_>) -> CallResult {
+        let (reply, answer) = oneshot::channel();
+        self.inputs.send(Input::Call(CallInFlight::new(call, reply))).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 
     /// Commits `txn` (owner and handoff records only: their cache reads no create
@@ -80,20 +100,35 @@ impl Writes {
     }
 }
 
+/// What the loop has asked of the store and not yet sent.
+struct Pending {
+    store: Arc<dyn LeaseStore>,
+    /// Calls' transactions waiting for a batch.
+    waiting: VecDeque<QueuedCall>,
+    /// Store calls under way.
+    in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
+    /// Batches among them.
+    batches: usize,
+}
+
 /// Runs the instance's loop until shutdown (see the module docs). What is in flight then
 /// still completes and is answered (as in a process that stalled mid-call and resumed),
-/// but is no longer applied: the streams are gone.
+/// but nothing more is applied or decided: the streams are gone.
 pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
     let Inputs(mut inputs) = inputs;
-    let store = inner.core.shared_store();
     let mut follower = inner.core.follower(inner.config.resync_interval);
-    let mut waiting: VecDeque<Pending> = VecDeque::new();
-    let mut in_flight: FuturesUnordered<BoxFuture<'static, Done>> = FuturesUnordered::new();
-    let mut batches = 0;
+    let store = inner.core.shared_store();
+    let mut pending =
+        Pending { store, waiting: VecDeque::new(), in_flight: FuturesUnordered::new(), batches: 0 };
     loop {
-        while batches < BATCHES_IN_FLIGHT && !waiting.is_empty() {
-            batches += 1;
-            in_flight.push(commit_batch(store.clone(), batch::take_batch(&mut waiting)));
+        while pending.batches < BATCHES_IN_FLIGHT && !pending.waiting.is_empty() {
+            pending.batches += 1;
+            let batch = batch::take_batch(&mut pending.waiting);
+            let store = pending.store.clone();
+            pending.in_flight.push(Box::pin(async move {
+                let answer = batch::commit(&*store, &batch).await;
+                Done::Batch(batch, answer)
+            }));
         }
         tokio::select! {
             changes = follower.next() => match changes {
@@ -104,61 +139,152 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                 let Some(input) = input else { break };
                 // Whatever else is queued joins the same batch.
                 for input in std::iter::once(input).chain(std::iter::from_fn(|| inputs.try_recv().ok())) {
-                    match input {
-                        Input::Batched(pending) => waiting.push_back(pending),
-                        Input::Alone(txn, reply) => in_flight.push(commit_alone(store.clone(), txn, reply)),
-                    }
+                    take(&inner, &mut pending, input);
                 }
             }
-            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                batches -= usize::from(matches!(done, Done::Batch(..)));
-                finish(&inner, done, true);
+            Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
+                pending.batches -= usize::from(matches!(done, Done::Batch(..)));
+                finish(&inner, &mut pending, done);
             }
         }
     }
-    while let Some(done) = in_flight.next().await {
-        finish(&inner, done, false);
+    while let Some(done) = pending.in_flight.next().await {
+        answer_stopped(done);
     }
 }
 
-/// Commits a batch of calls' writes.
-fn commit_batch(store: Arc<dyn LeaseStore>, batch: Vec<Pending>) -> BoxFuture<'static, Done> {
-    Box::pin(async move {
-        let answer = batch::commit(&*store, &batch).await;
-        Done::Batch(batch, answer)
-    })
+/// Takes an input in: a call is decided on the cache at once.
+fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
+    match input {
+        Input::Call(mut call) => {
+            let slice = {
+                let cache = inner.core.mirror().read();
+                PartitionSlice::from_cache(&cache, &call.topic, &call.consumer, call.partition)
+            };
+            let step = match slice {
+                Some(slice) => {
+                    next_step(inner.core.keys(), &mut call, &slice, false, now_ms(), &inner.config.plan)
+                }
+                // A topic the cache does not know: only the store can tell.
+                None => CallStep::ReadStore,
+            };
+            go(inner, pending, call, step);
+        }
+        Input::Alone(txn, reply) => {
+            let store = pending.store.clone();
+            pending.in_flight.push(Box::pin(async move {
+                let outcome = store.txn(txn.clone()).await;
+                Done::Alone(txn, outcome, reply)
+            }));
+        }
+    }
 }
 
-/// Commits a transaction of its own.
-fn commit_alone(
-    store: Arc<dyn LeaseStore>,
-    txn: Txn,
-    reply: oneshot::Sender<Result<TxnOutcome, StoreError>>,
-) -> BoxFuture<'static, Done> {
-    Box::pin(async move {
-        let outcome = store.txn(txn.clone()).await;
-        Done::Alone(txn, outcome, reply)
-    })
+/// Does what `call` needs next.
+fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: CallStep) {
+    match step {
+        CallStep::Answer(result) => {
+            let _ = call.reply.send(result);
+        }
+        CallStep::ReadStore => {
+            let inner = inner.clone();
+            pending.in_flight.push(Box::pin(async move {
+                let slice =
+                    super::calls::from_store(&inner, &call.topic, &call.consumer, call.partition).await;
+                Done::Slice(call, slice)
+            }));
+        }
+        CallStep::Write(txn, applied) if call.attempt == 0 => {
+            let key = inner.core.keys().handoff(&call.topic, call.partition);
+            let write = KeyWrite { key, compares: txn.compares, ops: txn.ops };
+            pending.waiting.push_back(QueuedCall { write, call, applied });
+        }
+        CallStep::Write(txn, applied) => {
+            let store = pending.store.clone();
+            pending.in_flight.push(Box::pin(async move {
+                let outcome = store.txn(txn.clone()).await;
+                Done::CallTxn(call, applied, txn, outcome)
+            }));
+        }
+    }
 }
 
-/// Applies what `done` wrote (when `apply`: the loop still runs), tells the streams, then
-/// answers its writers.
-fn finish(inner: &Handoff, done: Done, apply: bool) {
+/// Takes in what the store answered: applies what was written and tells the streams, then
+/// answers its writers, or decides again what lost.
+fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done) {
     match done {
         Done::Batch(batch, answer) => {
-            if let (true, Ok(Some(written))) = (apply, &answer) {
+            if let Ok(Some(written)) = &answer {
                 applied(inner, written.revision, &written.ops, &written.compares);
             }
-            for pending in batch {
-                let _ = pending.reply.send(answer.clone());
+            for QueuedCall { mut call, applied, .. } in batch {
+                let step = match &answer {
+                    Ok(Some(_)) => CallStep::Answer(Ok(Some(applied))),
+                    // A compare of the batch lost, maybe another call's: decide again.
+                    Ok(None) => call.retry(),
+                    Err(error) => CallStep::Answer(Err(error.clone().into())),
+                };
+                go(inner, pending, call, step);
             }
         }
+        Done::Slice(mut call, slice) => {
+            let step = match slice {
+                Ok(slice) => {
+                    next_step(inner.core.keys(), &mut call, &slice, true, now_ms(), &inner.config.plan)
+                }
+                Err(error) => CallStep::Answer(Err(error)),
+            };
+            go(inner, pending, call, step);
+        }
+        Done::CallTxn(mut call, written, txn, outcome) => {
+            let step = match outcome {
+                Ok(o) if o.succeeded => {
+                    applied(inner, o.revision, &txn.ops, &txn.compares);
+                    CallStep::Answer(Ok(Some(written)))
+                }
+                Ok(_) => call.retry(),
+                Err(error) => CallStep::Answer(Err(error.into())),
+            };
+            go(inner, pending, call, step);
+        }
         Done::Alone(txn, outcome, reply) => {
-            if let (true, Ok(o)) = (apply, &outcome)
+            if let Ok(o) = &outcome
                 && o.succeeded
             {
                 applied(inner, o.revision, &txn.ops, &txn.compares);
             }
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+/// Answers what the store answered after the loop stopped: what was written is answered
+/// written; what would need another decision is answered `UNAVAILABLE`.
+fn answer_stopped(done: Done) {
+    let written = |call: CallInFlight, result: CallResult| {
+        let _ = call.reply.send(result);
+    };
+    match done {
+        Done::Batch(batch, answer) => {
+            for QueuedCall { call, applied, .. } in batch {
+                let result = match &answer {
+                    Ok(Some(_)) => Ok(Some(applied)),
+                    Ok(None) => Err(stopped().into()),
+                    Err(error) => Err(error.clone().into()),
+                };
+                written(call, result);
+            }
+        }
+        Done::Slice(call, _) => written(call, Err(stopped().into())),
+        Done::CallTxn(call, applied, _, outcome) => {
+            let result = match outcome {
+                Ok(o) if o.succeeded => Ok(Some(applied)),
+                Ok(_) => Err(stopped().into()),
+                Err(error) => Err(error.into()),
+            };
+            written(call, result);
+        }
+        Done::Alone(_, outcome, reply) => {
             let _ = reply.send(outcome);
         }
     }

@@ -2,8 +2,8 @@
 //!
 //! A thin layer over the shared [`Core`]:
 //! * `driver.rs`: the instance's one loop, the only writer of its cache and the only relay:
-//!   it follows the store, commits the calls' writes (batched) and the leader's
-//!   transactions, applies each commit and tells the streams;
+//!   it follows the store, decides the consumer calls (`decide.rs`, pure), commits them
+//!   (batched) and the leader's transactions, applies each commit and tells the streams;
 //! * `records.rs` / `state.rs`: the key layout, the records and the cache of them;
 //! * `register.rs`: the consumer record, and the restart hold after a `SHUTDOWN_NOW`;
 //! * `relay.rs`: after every revision, each local consumer is sent the commands derived
@@ -11,9 +11,9 @@
 //! * `leader/`: election (leadership is one `watch` value), reconcile with
 //!   [`crate::handoff::plan_placed`] in fenced batched transactions, the Kafka topic
 //!   refresh, and the weights refresh (the weight source's weights into the topic records);
-//! * `calls.rs`: `PartitionReady` / `PartitionReleased`, decided (`decide.rs`, pure) by
-//!   whichever instance receives them and written by its loop with compare-and-swap (no
-//!   leader round trip), and `Deregister`;
+//! * `calls.rs`: `PartitionReady` / `PartitionReleased`, validated and handed to the loop
+//!   of whichever instance receives them (written with compare-and-swap, no leader round
+//!   trip), and `Deregister`;
 //! * `status.rs`: the status view; `placement.rs`: its placement part (loads, shares and,
 //!   in shadow mode, the load plan).
 
@@ -135,9 +135,10 @@ pub struct Handoff {
     /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
     /// gauge and the leader loop read.
     leadership: watch::Sender<Option<Fence>>,
-    /// Where the consumer calls' writes and the leader's transactions go: the instance's
-    /// loop ([`driver`]), which commits them, applies them and tells the streams.
-    writes: driver::Writes,
+    /// The way into the instance's loop ([`driver`]): the consumer calls, which it
+    /// decides, and the leader's transactions; it commits them, applies them and tells the
+    /// streams.
+    driver: driver::Driver,
 }
 
 use crate::coordinator::shared::now_ms;
@@ -158,8 +159,8 @@ impl StoreCoordinator<Handoff> {
         let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
         let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
         let core = Core::load(store, keys, metrics, settings, "handoff").await?;
-        let (writes, inputs) = driver::channel();
-        let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None), writes });
+        let (driver, inputs) = driver::channel();
+        let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None), driver });
         super::shared::register::start_lease(&inner).await?;
         tokio::spawn(driver::run(inner.clone(), inputs));
         tokio::spawn(leader::leader_loop(inner.clone()));

@@ -76,19 +76,21 @@ pub struct WrittenBatch {
 /// How a batch ended, as each of its writers hears it: `None` if a compare lost.
 pub type Answer = Result<Option<WrittenBatch>, StoreError>;
 
-/// A write waiting for its batch, and where its answer goes.
-pub struct Pending {
+/// Something queued for a batch: a write, and whatever its writer needs with the answer.
+pub trait Queued {
     /// The write.
-    pub write: KeyWrite,
-    /// Where the batch's answer goes.
-    pub reply: oneshot::Sender<Answer>,
+    fn write(&self) -> &KeyWrite;
 }
 
-impl Pending {
-    /// A pending `write`, and the receiver of its answer.
-    pub fn new(write: KeyWrite) -> (Self, oneshot::Receiver<Answer>) {
-        let (reply, answer) = oneshot::channel();
-        (Self { write, reply }, answer)
+/// A write waiting for its batch in the [`Batcher`], and where its answer goes.
+struct Pending {
+    write: KeyWrite,
+    reply: oneshot::Sender<Answer>,
+}
+
+impl Queued for Pending {
+    fn write(&self) -> &KeyWrite {
+        &self.write
     }
 }
 
@@ -115,7 +117,8 @@ impl Batcher {
     /// Queues `write` for the next batch and waits for its outcome. `UNAVAILABLE` once the
     /// writer has stopped.
     pub async fn write(&self, write: KeyWrite) -> Result<Batched, StoreError> {
-        let (pending, answer) = Pending::new(write);
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending { write, reply };
         let stopped = || StoreError::Unavailable("the registration writer has stopped".into());
         self.queue.send(pending).map_err(|_| stopped())?;
         let written = answer.await.map_err(|_| stopped())??;
@@ -165,13 +168,13 @@ impl Batcher {
 /// Takes up to [`BATCH`] writes of distinct keys, within [`TXN_LIMIT`], off the front of
 /// `waiting`, keeping the order of the rest (a second write of a key waits for the next
 /// batch). The first write is always taken.
-pub fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
+pub fn take_batch<P: Queued>(waiting: &mut VecDeque<P>) -> Vec<P> {
     let mut batch = Vec::new();
     let mut keys = HashSet::new();
     let mut rest = VecDeque::new();
     let (mut compares, mut ops) = (0, 0);
     while let Some(pending) = waiting.pop_front() {
-        let write = &pending.write;
+        let write = pending.write();
         let fits = batch.is_empty()
             || (batch.len() < BATCH
                 && compares + write.compares.len() <= TXN_LIMIT
@@ -189,11 +192,11 @@ pub fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
 }
 
 /// Commits `batch` in one transaction; the answer is for each of its writes.
-pub async fn commit(store: &dyn LeaseStore, batch: &[Pending]) -> Answer {
+pub async fn commit<P: Queued>(store: &dyn LeaseStore, batch: &[P]) -> Answer {
     let mut txn = Txn::new();
     for pending in batch {
-        txn.compares.extend(pending.write.compares.iter().cloned());
-        txn.ops.extend(pending.write.ops.iter().cloned());
+        txn.compares.extend(pending.write().compares.iter().cloned());
+        txn.ops.extend(pending.write().ops.iter().cloned());
     }
     let (ops, compares): (Arc<[Op]>, Arc<[Compare]>) = (txn.ops.clone().into(), txn.compares.clone().into());
     let outcome = store.txn(txn).await?;

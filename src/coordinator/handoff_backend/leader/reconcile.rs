@@ -261,7 +261,7 @@ pub(super) async fn reconcile_all(
         for batch in batches {
             let txn = fenced_txn(&leader_key, fence, &batch, &guards, &ops);
             // Owner and handoff records only: their cache reads no create revision.
-            match inner.writes.txn(txn).await {
+            match inner.driver.txn(txn).await {
                 Ok(outcome) if outcome.succeeded => {
                     me.written = me.written.max(outcome.revision);
                     applied.extend(batch.iter().map(Write::partition));
