@@ -184,7 +184,7 @@ pub(super) fn next_step(
 
 #[cfg(test)]
 mod tests {
-    use super::{Decision, PartitionSlice, decide};
+    use super::{CallInFlight, CallStep, Decision, PartitionSlice, decide, next_step};
     use crate::coordinator::handoff_backend::records::Keys;
     use crate::coordinator::shared::instance::{HandoffCall, Report};
     use crate::handoff::{ConsumerStatus, Handoff, Phase, PlanConfig, TopicState};
@@ -240,5 +240,37 @@ mod tests {
             handoff.phase = Phase::Releasing;
         }
         assert!(matches!(decide(&keys, &flipped, call(Report::Ready, "b"), 10, &plan), Decision::InEffect));
+    }
+
+    fn in_flight(report: Report, consumer: &str) -> CallInFlight {
+        let (reply, _) = tokio::sync::oneshot::channel();
+        CallInFlight::new(call(report, consumer), reply)
+    }
+
+    #[test]
+    fn a_call_is_refused_or_in_effect_only_on_the_stores_word_and_gives_up_after_its_attempts() {
+        let (keys, plan) = (Keys::new("/k/"), PlanConfig::default());
+        let mut wrong = in_flight(Report::Ready, "a");
+        // On the cache: it may lag, so the store decides.
+        assert!(matches!(next_step(&keys, &mut wrong, &warming(), false, 10, &plan), CallStep::ReadStore));
+        assert_eq!(wrong.attempt, 1);
+        // On the store's state: refused, naming why.
+        let step = next_step(&keys, &mut wrong, &warming(), true, 10, &plan);
+        assert!(
+            matches!(step, CallStep::Answer(Err(crate::coordinator::CoordinatorError::Handoff { .. }))),
+            "{step:?}"
+        );
+        let mut ready = in_flight(Report::Ready, "b");
+        let step = next_step(&keys, &mut ready, &warming(), false, 10, &plan);
+        assert!(matches!(step, CallStep::Write(_, applied) if applied.phase_since == Some(0)), "{step:?}");
+        // Each lost transaction decides again on the store, until the attempts run out.
+        let steps: Vec<CallStep> =
+            (0..crate::coordinator::shared::cas::CAS_ATTEMPTS).map(|_| ready.retry()).collect();
+        assert!(steps[..steps.len() - 1].iter().all(|s| matches!(s, CallStep::ReadStore)), "{steps:?}");
+        let last = steps.last();
+        assert!(
+            matches!(last, Some(CallStep::Answer(Err(crate::coordinator::CoordinatorError::Contended(_))))),
+            "{last:?}"
+        );
     }
 }
