@@ -25,7 +25,6 @@
 
 pub mod batch;
 pub mod cas;
-pub mod epochs;
 pub mod instance;
 pub mod instance_record;
 pub mod lease;

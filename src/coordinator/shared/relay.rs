@@ -3,7 +3,7 @@
 //! A backend's relay model looks at its cache and at what one stream has told its consumer
 //! ([`StreamSeen`]) and answers a [`RelayStep`] (pure: no I/O, no stream touched). The
 //! backend drives a [`RelayPass`] over the streams the revision concerns and applies each
-//! step to its stream ([`Visit::apply`], `LocalStream::apply` in `streams.rs`); the pass
+//! step to its stream ([`Visit::apply`], [`LocalStream::apply`]); the pass
 //! keeps the books (the gains-before-losses order, the streams to end). Nothing here calls
 //! back into a backend.
 
@@ -11,31 +11,10 @@ use std::collections::BTreeSet;
 
 use super::mirror::{Changes, Touched};
 use super::outgoing::PassGate;
-use super::streams::{LocalStream, StreamKey, Streams, Told};
-use crate::coordinator::CoordinatorError;
+pub use super::streams::{EndReason, Ending};
+use super::streams::{LocalStream, StreamKey, Streams, Told, replaced_error};
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};
-
-/// Why the server ended a stream; tells the stream's session task what to do next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EndReason {
-    /// The consumer left (drained, or deregistered on the fleet): revoke the session.
-    Left,
-    /// A newer registration of the same name replaced this one: revoke the old session.
-    Replaced,
-    /// The consumer's registration is gone and could not be written again within a TTL
-    /// ([`super::rebind`]): nothing left to do.
-    Expired,
-    /// This instance is shutting down: keep nothing alive, and let the TTL give the
-    /// consumer time to reconnect elsewhere.
-    Shutdown,
-    /// The client went away, or this instance fenced itself, or the consumer stopped
-    /// reading: the registration is kept for the TTL so the consumer can come back.
-    Disconnected,
-}
-
-/// Why a stream must end, and the last item to send it, if any.
-pub type Ending = (EndReason, Option<CoordinatorError>);
 
 /// What the relay model sees of one stream (read-only).
 pub struct StreamSeen<'a, T> {
@@ -256,6 +235,61 @@ impl<T: Told> Visit<'_, T> {
             self.book.ended.push((key, end));
         } else if stream.is_lost() {
             self.book.lost = true;
+        }
+    }
+}
+
+impl<T> LocalStream<T> {
+    /// What the relay model sees of this stream.
+    pub fn seen(&self) -> StreamSeen<'_, T> {
+        StreamSeen {
+            session: self.session,
+            registered_at: self.registered_at,
+            activated: self.activated,
+            told: &self.told,
+            told_complete: self.told_complete,
+        }
+    }
+}
+
+impl<T: Told> LocalStream<T> {
+    /// Applies the relay model's `step` to this stream of `consumer` on `topic`; returns why
+    /// the stream must end, if it must.
+    pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Option<Ending> {
+        match step {
+            RelayStep::Wait => {
+                self.told_complete = false;
+                None
+            }
+            RelayStep::Replaced => {
+                self.farewell(topic);
+                Some((EndReason::Replaced, Some(replaced_error(topic, consumer))))
+            }
+            RelayStep::Farewell => {
+                self.farewell(topic);
+                Some((EndReason::Left, None))
+            }
+            RelayStep::Tell(tell) => {
+                if tell.lost && self.lost_since.is_none() {
+                    tracing::warn!(
+                        topic,
+                        consumer,
+                        "the store lost this consumer's registration; writing it again"
+                    );
+                    self.lost_since = Some(tokio::time::Instant::now());
+                }
+                self.activated = true;
+                self.send(tell.gains);
+                self.defer(tell.losses);
+                match tell.within {
+                    Some(partitions) => self.told.patch(&partitions, tell.told),
+                    None => {
+                        self.told = tell.told;
+                        self.told_complete = true;
+                    }
+                }
+                tell.end
+            }
         }
     }
 }

@@ -11,8 +11,6 @@
 use std::{collections::BTreeSet, sync::Arc};
 
 use super::outgoing::{CommandSender, Outgoing, PassGate, STREAM_BUFFER};
-pub use super::relay::{EndReason, Ending};
-use super::relay::{RelayStep, StreamSeen};
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
@@ -24,6 +22,27 @@ use crate::store::{Revision, SessionId};
 
 /// A local stream's identity: topic, consumer and the session of its registration.
 pub type StreamKey = (String, String, SessionId);
+
+/// Why the server ended a stream; tells the stream's session task what to do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// The consumer left (drained, or deregistered on the fleet): revoke the session.
+    Left,
+    /// A newer registration of the same name replaced this one: revoke the old session.
+    Replaced,
+    /// The consumer's registration is gone and could not be written again within a TTL
+    /// ([`super::rebind`]): nothing left to do.
+    Expired,
+    /// This instance is shutting down: keep nothing alive, and let the TTL give the
+    /// consumer time to reconnect elsewhere.
+    Shutdown,
+    /// The client went away, or this instance fenced itself, or the consumer stopped
+    /// reading: the registration is kept for the TTL so the consumer can come back.
+    Disconnected,
+}
+
+/// Why a stream must end, and the last item to send it, if any.
+pub type Ending = (EndReason, Option<CoordinatorError>);
 
 /// What a backend's stream remembers having told its consumer.
 pub trait Told: Default + Send + Sync + 'static {
@@ -199,61 +218,6 @@ impl<T: Told> LocalStream<T> {
         }
         if let Some(end) = self.end.take() {
             let _ = end.send(reason);
-        }
-    }
-}
-
-impl<T> LocalStream<T> {
-    /// What the relay model sees of this stream.
-    pub fn seen(&self) -> StreamSeen<'_, T> {
-        StreamSeen {
-            session: self.session,
-            registered_at: self.registered_at,
-            activated: self.activated,
-            told: &self.told,
-            told_complete: self.told_complete,
-        }
-    }
-}
-
-impl<T: Told> LocalStream<T> {
-    /// Applies the relay model's `step` to this stream of `consumer` on `topic`; returns why
-    /// the stream must end, if it must.
-    pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Option<Ending> {
-        match step {
-            RelayStep::Wait => {
-                self.told_complete = false;
-                None
-            }
-            RelayStep::Replaced => {
-                self.farewell(topic);
-                Some((EndReason::Replaced, Some(replaced_error(topic, consumer))))
-            }
-            RelayStep::Farewell => {
-                self.farewell(topic);
-                Some((EndReason::Left, None))
-            }
-            RelayStep::Tell(tell) => {
-                if tell.lost && self.lost_since.is_none() {
-                    tracing::warn!(
-                        topic,
-                        consumer,
-                        "the store lost this consumer's registration; writing it again"
-                    );
-                    self.lost_since = Some(tokio::time::Instant::now());
-                }
-                self.activated = true;
-                self.send(tell.gains);
-                self.defer(tell.losses);
-                match tell.within {
-                    Some(partitions) => self.told.patch(&partitions, tell.told),
-                    None => {
-                        self.told = tell.told;
-                        self.told_complete = true;
-                    }
-                }
-                tell.end
-            }
         }
     }
 }
