@@ -5,12 +5,12 @@
 //! with one transaction guarded by the mod revisions of the partition's assignment and
 //! handoff records. Only when the cache disagrees (it may lag the store by a watch
 //! delivery) or the transaction loses a race does it re-read those records from the store
-//! ([`from_store`]) and decide again, so a call is refused only on the store's current
+//! (`driver.rs`) and decide again, so a call is refused only on the store's current
 //! state, and a refused call changes nothing. Calls that arrive together share
 //! transactions (`shared/batch.rs`): a scale-out brings thousands at once.
 
-use super::decide::{CallResult, PartitionSlice};
-use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
+use super::decide::CallResult;
+use super::records::ConsumerRecord;
 use super::{Handoff, now_ms};
 use async_trait::async_trait;
 
@@ -18,49 +18,8 @@ use crate::coordinator::StatusView;
 use crate::coordinator::shared::cas::{Rewrite, rewrite_bound};
 use crate::coordinator::shared::instance::{Backend, HandoffCall, Report};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
-use crate::handoff::{ConsumerStatus, TopicState};
+use crate::handoff::ConsumerStatus;
 use crate::proto::v1::DeregisterAction;
-
-/// The slice of `topic` that a call of `consumer` about `partition` reads, from the store
-/// (`NOT_FOUND` for a topic nobody registered for).
-pub(super) async fn from_store(
-    inner: &Handoff,
-    topic: &str,
-    consumer: &str,
-    partition: u32,
-) -> Result<PartitionSlice, CoordinatorError> {
-    let keys = &inner.core.keys();
-    let topic_key = keys.topic(topic);
-    let Some(config) = inner.core.store().get(&topic_key).await? else {
-        return Err(CoordinatorError::UnknownTopic(format!(
-            "topic '{topic}' is unknown: no consumer registered for it"
-        )));
-    };
-    let mut state = TopicState {
-        partition_count: decode::<TopicRecord>(&topic_key, &config.value)?.partition_count,
-        ..Default::default()
-    };
-    let consumer_key = keys.consumer(topic, consumer);
-    let mut consumer_revision = 0;
-    if let Some(kv) = inner.core.store().get(&consumer_key).await? {
-        state
-            .consumers
-            .insert(consumer.to_string(), decode::<ConsumerRecord>(&consumer_key, &kv.value)?.status);
-        consumer_revision = kv.mod_revision;
-    }
-    let (mut owner_revision, mut handoff_revision) = (0, 0);
-    let owner_key = keys.assignment(topic, partition);
-    if let Some(kv) = inner.core.store().get(&owner_key).await? {
-        state.owners.insert(partition, decode::<AssignmentRecord>(&owner_key, &kv.value)?.owner);
-        owner_revision = kv.mod_revision;
-    }
-    let handoff_key = keys.handoff(topic, partition);
-    if let Some(kv) = inner.core.store().get(&handoff_key).await? {
-        state.handoffs.insert(partition, decode::<HandoffRecord>(&handoff_key, &kv.value)?.handoff);
-        handoff_revision = kv.mod_revision;
-    }
-    Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
-}
 
 /// Validates one consumer call and has the instance's loop apply it (`driver.rs`): decided
 /// on the cache first ([`next_step`](super::decide::next_step), pure), on the store's

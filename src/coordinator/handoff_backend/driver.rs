@@ -25,10 +25,12 @@ use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use tokio::sync::{mpsc, oneshot};
 
 use super::decide::{Applied, CallInFlight, CallResult, CallStep, PartitionSlice, next_step};
+use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, BATCHES_IN_FLIGHT, KeyWrite, Queued};
 use crate::coordinator::shared::instance::HandoffCall;
+use crate::handoff::TopicState;
 use crate::store::{Compare, LeaseStore, Op, StoreError, Txn, TxnOutcome};
 
 /// An input of the loop from a caller, with where its answer goes.
@@ -189,8 +191,7 @@ fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: Cal
         CallStep::ReadStore => {
             let inner = inner.clone();
             pending.in_flight.push(Box::pin(async move {
-                let slice =
-                    super::calls::from_store(&inner, &call.topic, &call.consumer, call.partition).await;
+                let slice = from_store(&inner, &call.topic, &call.consumer, call.partition).await;
                 Done::Slice(call, slice)
             }));
         }
@@ -207,6 +208,47 @@ fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: Cal
             }));
         }
     }
+}
+
+/// The slice of `topic` that a call of `consumer` about `partition` reads, from the store
+/// (`NOT_FOUND` for a topic nobody registered for).
+async fn from_store(
+    inner: &Handoff,
+    topic: &str,
+    consumer: &str,
+    partition: u32,
+) -> Result<PartitionSlice, CoordinatorError> {
+    let keys = &inner.core.keys();
+    let topic_key = keys.topic(topic);
+    let Some(config) = inner.core.store().get(&topic_key).await? else {
+        return Err(CoordinatorError::UnknownTopic(format!(
+            "topic '{topic}' is unknown: no consumer registered for it"
+        )));
+    };
+    let mut state = TopicState {
+        partition_count: decode::<TopicRecord>(&topic_key, &config.value)?.partition_count,
+        ..Default::default()
+    };
+    let consumer_key = keys.consumer(topic, consumer);
+    let mut consumer_revision = 0;
+    if let Some(kv) = inner.core.store().get(&consumer_key).await? {
+        state
+            .consumers
+            .insert(consumer.to_string(), decode::<ConsumerRecord>(&consumer_key, &kv.value)?.status);
+        consumer_revision = kv.mod_revision;
+    }
+    let (mut owner_revision, mut handoff_revision) = (0, 0);
+    let owner_key = keys.assignment(topic, partition);
+    if let Some(kv) = inner.core.store().get(&owner_key).await? {
+        state.owners.insert(partition, decode::<AssignmentRecord>(&owner_key, &kv.value)?.owner);
+        owner_revision = kv.mod_revision;
+    }
+    let handoff_key = keys.handoff(topic, partition);
+    if let Some(kv) = inner.core.store().get(&handoff_key).await? {
+        state.handoffs.insert(partition, decode::<HandoffRecord>(&handoff_key, &kv.value)?.handoff);
+        handoff_revision = kv.mod_revision;
+    }
+    Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
 }
 
 /// Takes in what the store answered: applies what was written and tells the streams, then
