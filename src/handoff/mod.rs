@@ -236,3 +236,17 @@ pub fn step(
     }
     Ok(diff_writes(&before, state))
 }
+
+/// `a` and `b` active on a topic of two partitions that `a` owns, `b` warming `partition`
+/// (a state the transitions' and the views' tests start from).
+#[cfg(test)]
+pub(crate) fn warming_fixture(partition: u32) -> TopicState {
+    let mut s = TopicState { partition_count: 2, ..Default::default() };
+    s.consumers.insert("a".into(), ConsumerStatus::Active);
+    s.consumers.insert("b".into(), ConsumerStatus::Active);
+    s.owners.insert(0, "a".into());
+    s.owners.insert(1, "a".into());
+    let handoff = Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0, epoch: 0 };
+    s.handoffs.insert(partition, handoff);
+    s
+}

@@ -122,19 +122,9 @@ pub fn apply_released(state: &mut TopicState, consumer: &str, partition: u32) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handoff::ConsumerStatus;
 
     fn warming() -> TopicState {
-        let mut s = TopicState { partition_count: 2, ..Default::default() };
-        s.consumers.insert("a".into(), ConsumerStatus::Active);
-        s.consumers.insert("b".into(), ConsumerStatus::Active);
-        s.owners.insert(0, "a".into());
-        s.owners.insert(1, "a".into());
-        s.handoffs.insert(
-            0,
-            Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0, epoch: 0 },
-        );
-        s
+        crate::handoff::warming_fixture(0)
     }
 
     #[test]

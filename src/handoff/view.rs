@@ -191,19 +191,10 @@ pub fn diff_views(told: &ConsumerView, now: &ConsumerView) -> Vec<Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handoff::{ConsumerStatus, Handoff, apply_ready};
+    use crate::handoff::{ConsumerStatus, apply_ready};
 
     fn two_consumers_warming() -> TopicState {
-        let mut s = TopicState { partition_count: 2, ..Default::default() };
-        s.consumers.insert("a".into(), ConsumerStatus::Active);
-        s.consumers.insert("b".into(), ConsumerStatus::Active);
-        s.owners.insert(0, "a".into());
-        s.owners.insert(1, "a".into());
-        s.handoffs.insert(
-            1,
-            Handoff { from: "a".into(), to: "b".into(), phase: Phase::Warming, since: 0, epoch: 0 },
-        );
-        s
+        crate::handoff::warming_fixture(1)
     }
 
     #[test]
