@@ -54,16 +54,22 @@ impl Queued for QueuedCall {
     }
 }
 
+/// Who waits for a transaction of its own.
+enum Writer {
+    /// The leader, for the outcome.
+    Leader(oneshot::Sender<Result<TxnOutcome, StoreError>>),
+    /// A call decided again on the store's state, answered `Applied` once it is written.
+    Call(CallInFlight, Applied),
+}
+
 /// What the store answered.
 enum Done {
     /// A batch of calls' transactions.
     Batch(Vec<QueuedCall>, Answer),
     /// A call's records, read to decide it again.
     Slice(CallInFlight, Result<PartitionSlice, CoordinatorError>),
-    /// A call's transaction of its own.
-    CallTxn(CallInFlight, Applied, Txn, Result<TxnOutcome, StoreError>),
-    /// A transaction of its own from elsewhere (the leader).
-    Alone(Txn, Result<TxnOutcome, StoreError>, oneshot::Sender<Result<TxnOutcome, StoreError>>),
+    /// A transaction of its own.
+    Txn(Txn, Result<TxnOutcome, StoreError>, Writer),
 }
 
 /// The way into an instance's loop: calls and the leader's transactions.
@@ -146,12 +152,12 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
             }
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
                 pending.batches -= usize::from(matches!(done, Done::Batch(..)));
-                finish(&inner, &mut pending, done);
+                finish(&inner, &mut pending, done, true);
             }
         }
     }
     while let Some(done) = pending.in_flight.next().await {
-        answer_stopped(done);
+        finish(&inner, &mut pending, done, false);
     }
 }
 
@@ -170,23 +176,30 @@ fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
                 // A topic the cache does not know: only the store can tell.
                 None => CallStep::ReadStore,
             };
-            go(inner, pending, call, step);
+            go(inner, pending, call, step, true);
         }
-        Input::Alone(txn, reply) => {
-            let store = pending.store.clone();
-            pending.in_flight.push(Box::pin(async move {
-                let outcome = store.txn(txn.clone()).await;
-                Done::Alone(txn, outcome, reply)
-            }));
-        }
+        Input::Alone(txn, reply) => commit_alone(pending, txn, Writer::Leader(reply)),
     }
 }
 
-/// Does what `call` needs next.
-fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: CallStep) {
+/// Commits `txn` in a transaction of its own, for `writer`.
+fn commit_alone(pending: &mut Pending, txn: Txn, writer: Writer) {
+    let store = pending.store.clone();
+    pending.in_flight.push(Box::pin(async move {
+        let outcome = store.txn(txn.clone()).await;
+        Done::Txn(txn, outcome, writer)
+    }));
+}
+
+/// Does what `call` needs next; once the loop has stopped (`running` false), only an
+/// answer is given, and what would need the store again is answered `UNAVAILABLE`.
+fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: CallStep, running: bool) {
     match step {
         CallStep::Answer(result) => {
             let _ = call.reply.send(result);
+        }
+        _ if !running => {
+            let _ = call.reply.send(Err(stopped().into()));
         }
         CallStep::ReadStore => {
             let inner = inner.clone();
@@ -200,13 +213,7 @@ fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: Cal
             let write = KeyWrite { key, compares: txn.compares, ops: txn.ops };
             pending.waiting.push_back(QueuedCall { write, call, applied });
         }
-        CallStep::Write(txn, applied) => {
-            let store = pending.store.clone();
-            pending.in_flight.push(Box::pin(async move {
-                let outcome = store.txn(txn.clone()).await;
-                Done::CallTxn(call, applied, txn, outcome)
-            }));
-        }
+        CallStep::Write(txn, applied) => commit_alone(pending, txn, Writer::Call(call, applied)),
     }
 }
 
@@ -251,12 +258,12 @@ async fn from_store(
     Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
 }
 
-/// Takes in what the store answered: applies what was written and tells the streams, then
-/// answers its writers, or decides again what lost.
-fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done) {
+/// Takes in what the store answered: applies what was written and tells the streams (while
+/// the loop runs), then answers its writers, or decides again what lost.
+fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool) {
     match done {
         Done::Batch(batch, answer) => {
-            if let Ok(Some(written)) = &answer {
+            if let (true, Ok(Some(written))) = (running, &answer) {
                 applied(inner, written.revision, &written.ops, &written.compares);
             }
             for QueuedCall { mut call, applied, .. } in batch {
@@ -266,68 +273,41 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done) {
                     Ok(None) => call.retry(),
                     Err(error) => CallStep::Answer(Err(error.clone().into())),
                 };
-                go(inner, pending, call, step);
+                go(inner, pending, call, step, running);
             }
         }
         Done::Slice(mut call, slice) => {
             let step = match slice {
+                // Nothing is decided once the loop has stopped.
+                _ if !running => CallStep::ReadStore,
                 Ok(slice) => {
                     next_step(inner.core.keys(), &mut call, &slice, true, now_ms(), &inner.config.plan)
                 }
                 Err(error) => CallStep::Answer(Err(error)),
             };
-            go(inner, pending, call, step);
+            go(inner, pending, call, step, running);
         }
-        Done::CallTxn(mut call, written, txn, outcome) => {
-            let step = match outcome {
-                Ok(o) if o.succeeded => {
-                    applied(inner, o.revision, &txn.ops, &txn.compares);
-                    CallStep::Answer(Ok(Some(written)))
-                }
-                Ok(_) => call.retry(),
-                Err(error) => CallStep::Answer(Err(error.into())),
-            };
-            go(inner, pending, call, step);
-        }
-        Done::Alone(txn, outcome, reply) => {
-            if let Ok(o) = &outcome
+        Done::Txn(txn, outcome, writer) => {
+            if let (true, Ok(o)) = (running, &outcome)
                 && o.succeeded
             {
                 applied(inner, o.revision, &txn.ops, &txn.compares);
             }
-            let _ = reply.send(outcome);
-        }
-    }
-}
-
-/// Answers what the store answered after the loop stopped: what was written is answered
-/// written; what would need another decision is answered `UNAVAILABLE`.
-fn answer_stopped(done: Done) {
-    let written = |call: CallInFlight, result: CallResult| {
-        let _ = call.reply.send(result);
-    };
-    match done {
-        Done::Batch(batch, answer) => {
-            for QueuedCall { call, applied, .. } in batch {
-                let result = match &answer {
-                    Ok(Some(_)) => Ok(Some(applied)),
-                    Ok(None) => Err(stopped().into()),
-                    Err(error) => Err(error.clone().into()),
-                };
-                written(call, result);
+            match writer {
+                Writer::Leader(reply) => {
+                    let _ = reply.send(outcome);
+                }
+                Writer::Call(mut call, written) => {
+                    let step = match outcome {
+                        Ok(o) if o.succeeded => CallStep::Answer(Ok(Some(written))),
+                        // Nothing is decided again once the loop has stopped.
+                        Ok(_) if !running => CallStep::ReadStore,
+                        Ok(_) => call.retry(),
+                        Err(error) => CallStep::Answer(Err(error.into())),
+                    };
+                    go(inner, pending, call, step, running);
+                }
             }
-        }
-        Done::Slice(call, _) => written(call, Err(stopped().into())),
-        Done::CallTxn(call, applied, _, outcome) => {
-            let result = match outcome {
-                Ok(o) if o.succeeded => Ok(Some(applied)),
-                Ok(_) => Err(stopped().into()),
-                Err(error) => Err(error.into()),
-            };
-            written(call, result);
-        }
-        Done::Alone(_, outcome, reply) => {
-            let _ = reply.send(outcome);
         }
     }
 }
