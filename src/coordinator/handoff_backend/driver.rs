@@ -2,14 +2,20 @@
 //! calls and tells the streams.
 //!
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]: watched
-//! revisions, re-reads), the consumers' `PartitionReady` / `PartitionReleased`, the
-//! leader's transactions, and the store's answers to what the loop asked of it. A call is
-//! decided by the pure model of `decide.rs` ([`next_step`]) on the cache; its transaction
+//! revisions, re-reads), the consumers' `PartitionReady` / `PartitionReleased` /
+//! `Deregister`, the leader's transactions, the instance lease's state, and the store's
+//! answers to what the loop asked of it. A call is decided by the pure model of `decide.rs` ([`next_step`]) on the cache; its transaction
 //! is written with the calls that arrive with it ([`batch`]: at most
 //! [`BATCHES_IN_FLIGHT`] batches in flight, the rest queue and join the next one); when the
 //! cache may lag or the transaction lost, the loop reads the call's records from the store
-//! and decides again, in a transaction of its own. Every store call runs inside the loop,
-//! beside its other inputs, not in a task of its own.
+//! and decides again, in a transaction of its own. A `Deregister` is decided by the pure
+//! model of `leave.rs` on its records read from the store, and written in a transaction of
+//! its own. Every store call runs inside the loop, beside its other inputs, not in a task
+//! of its own. While the instance lease is not live (fenced, or expired and not yet granted
+//! again: `shared/lease.rs`) the loop decides nothing for a consumer: calls that arrive or
+//! wait for a batch are answered `UNAVAILABLE`, and the consumer, whose stream the fence
+//! ended, retries where it registers again; what is already in the store's hands
+//! completes.
 //!
 //! Each change, watched or committed here, is applied to the mirror and relayed to the
 //! local streams (`relay.rs`) by this loop, so no two relay passes ever run at once, and a
@@ -25,18 +31,21 @@ use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use tokio::sync::{mpsc, oneshot};
 
 use super::decide::{Applied, CallInFlight, CallResult, CallStep, PartitionSlice, next_step};
+use super::leave::{self, LeaveInFlight, LeaveResult, LeaveStep, Left};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, BATCHES_IN_FLIGHT, KeyWrite, Queued};
 use crate::coordinator::shared::instance::HandoffCall;
 use crate::handoff::TopicState;
-use crate::store::{Compare, LeaseStore, Op, StoreError, Txn, TxnOutcome};
+use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn, TxnOutcome};
 
 /// An input of the loop from a caller, with where its answer goes.
 enum Input {
     /// A consumer's `PartitionReady` or `PartitionReleased`.
     Call(CallInFlight),
+    /// A consumer's `Deregister`, with what the drain policy said.
+    Leave { consumer: String, wants_drain: bool, reply: oneshot::Sender<LeaveResult> },
     /// A transaction of its own (the leader's plan).
     Alone(Txn, oneshot::Sender<Result<TxnOutcome, StoreError>>),
 }
@@ -60,6 +69,8 @@ enum Writer {
     Leader(oneshot::Sender<Result<TxnOutcome, StoreError>>),
     /// A call decided again on the store's state, answered `Applied` once it is written.
     Call(CallInFlight, Applied),
+    /// A `Deregister`, answered `Left` once it is written.
+    Leave(LeaveInFlight, Left),
 }
 
 /// What the store answered.
@@ -68,6 +79,8 @@ enum Done {
     Batch(Vec<QueuedCall>, Answer),
     /// A call's records, read to decide it again.
     Slice(CallInFlight, Result<PartitionSlice, CoordinatorError>),
+    /// A `Deregister`'s records, read to decide it.
+    Records(LeaveInFlight, Result<Vec<Option<KeyValue>>, StoreError>),
     /// A transaction of its own.
     Txn(Txn, Result<TxnOutcome, StoreError>, Writer),
 }
@@ -95,6 +108,15 @@ impl Driver {
     pub async fn call(&self, call: HandoffCall<'_>) -> CallResult {
         let (reply, answer) = oneshot::channel();
         self.inputs.send(Input::Call(CallInFlight::new(call, reply))).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Has the loop decide and apply `consumer`'s `Deregister` (name already validated;
+    /// `wants_drain`: what the drain policy said).
+    pub async fn deregister(&self, consumer: &str, wants_drain: bool) -> LeaveResult {
+        let (reply, answer) = oneshot::channel();
+        let input = Input::Leave { consumer: consumer.to_string(), wants_drain, reply };
+        self.inputs.send(input).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 
@@ -126,6 +148,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
     let Inputs(mut inputs) = inputs;
     let mut follower = inner.core.follower(inner.config.resync_interval);
     let store = inner.core.shared_store();
+    let mut lease = inner.core.lease().subscribe();
     let mut pending =
         Pending { store, waiting: VecDeque::new(), in_flight: FuturesUnordered::new(), batches: 0 };
     loop {
@@ -148,6 +171,14 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                 // Whatever else is queued joins the same batch.
                 for input in std::iter::once(input).chain(std::iter::from_fn(|| inputs.try_recv().ok())) {
                     take(&inner, &mut pending, input);
+                }
+            }
+            // The lease's sender lives in the core this loop holds: `changed` cannot fail.
+            Ok(()) = lease.changed() => {
+                if lease.borrow_and_update().live().is_none() {
+                    for QueuedCall { call, .. } in pending.waiting.drain(..) {
+                        let _ = call.reply.send(Err(inner.core.no_live_lease()));
+                    }
                 }
             }
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
@@ -178,8 +209,23 @@ fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
             };
             go(inner, pending, call, step, true);
         }
+        Input::Leave { consumer, wants_drain, reply } => {
+            let found = leave::registrations(&inner.core.mirror().read(), &consumer);
+            if found.is_empty() {
+                let _ = reply.send(Err(leave::not_registered(&consumer)));
+                return;
+            }
+            let leave = LeaveInFlight { consumer, wants_drain, found, attempt: 0, reply };
+            go_leave(inner, pending, leave, LeaveStep::ReadStore, true);
+        }
         Input::Alone(txn, reply) => commit_alone(pending, txn, Writer::Leader(reply)),
     }
+}
+
+/// Whether the instance lease is live now: only then does the loop decide a call (read at
+/// each decision, so a call taken in just after the fence is refused too).
+fn live(inner: &Handoff) -> bool {
+    inner.core.lease().borrow().live().is_some()
 }
 
 /// Commits `txn` in a transaction of its own, for `writer`.
@@ -201,6 +247,9 @@ fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: Cal
         _ if !running => {
             let _ = call.reply.send(Err(stopped().into()));
         }
+        _ if !live(inner) => {
+            let _ = call.reply.send(Err(inner.core.no_live_lease()));
+        }
         CallStep::ReadStore => {
             let inner = inner.clone();
             pending.in_flight.push(Box::pin(async move {
@@ -214,6 +263,36 @@ fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: Cal
             pending.waiting.push_back(QueuedCall { write, call, applied });
         }
         CallStep::Write(txn, applied) => commit_alone(pending, txn, Writer::Call(call, applied)),
+    }
+}
+
+/// Does what `leave` needs next, as [`go`] does for a call.
+fn go_leave(inner: &Handoff, pending: &mut Pending, leave: LeaveInFlight, step: LeaveStep, running: bool) {
+    match step {
+        LeaveStep::Answer(result) => {
+            let _ = leave.reply.send(result);
+        }
+        _ if !running => {
+            let _ = leave.reply.send(Err(stopped().into()));
+        }
+        _ if !live(inner) => {
+            let _ = leave.reply.send(Err(inner.core.no_live_lease()));
+        }
+        LeaveStep::ReadStore => {
+            let store = pending.store.clone();
+            let keys = leave::keys_to_read(inner.core.keys(), &leave);
+            pending.in_flight.push(Box::pin(async move {
+                let mut records = Vec::with_capacity(keys.len());
+                for key in &keys {
+                    match store.get(key).await {
+                        Ok(kv) => records.push(kv),
+                        Err(error) => return Done::Records(leave, Err(error)),
+                    }
+                }
+                Done::Records(leave, Ok(records))
+            }));
+        }
+        LeaveStep::Write(txn, left) => commit_alone(pending, txn, Writer::Leave(leave, left)),
     }
 }
 
@@ -287,6 +366,15 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
             };
             go(inner, pending, call, step, running);
         }
+        Done::Records(leave, records) => {
+            let step = match records {
+                // Nothing is decided once the loop has stopped.
+                _ if !running => LeaveStep::ReadStore,
+                Ok(records) => leave::decide_leave(&leave, &records, now_ms(), inner.config.restart_grace),
+                Err(error) => LeaveStep::Answer(Err(error.into())),
+            };
+            go_leave(inner, pending, leave, step, running);
+        }
         Done::Txn(txn, outcome, writer) => {
             if let (true, Ok(o)) = (running, &outcome)
                 && o.succeeded
@@ -307,17 +395,26 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
                     };
                     go(inner, pending, call, step, running);
                 }
+                Writer::Leave(mut leave, left) => {
+                    let step = match outcome {
+                        Ok(o) if o.succeeded => LeaveStep::Answer(Ok(left)),
+                        Ok(_) if !running => LeaveStep::ReadStore,
+                        Ok(_) => leave.retry(),
+                        Err(error) => LeaveStep::Answer(Err(error.into())),
+                    };
+                    go_leave(inner, pending, leave, step, running);
+                }
             }
         }
     }
 }
 
 /// Applies `ops`, committed here at `revision`, to the mirror at once where nothing else
-/// happened in between ([`Core::apply_own_write`]) and tells the streams what changed.
+/// happened in between ([`Mirror::apply_own_write`]) and tells the streams what changed.
 ///
-/// [`Core::apply_own_write`]: crate::coordinator::shared::Core::apply_own_write
+/// [`Mirror::apply_own_write`]: crate::coordinator::shared::mirror::Mirror::apply_own_write
 fn applied(inner: &Handoff, revision: crate::store::Revision, ops: &[Op], compares: &[Compare]) {
-    if let Some(changes) = inner.core.apply_own_write(revision, ops, compares) {
+    if let Some(changes) = inner.core.mirror().apply_own_write(inner.core.keys(), revision, ops, compares) {
         relay::tell(inner, &changes);
     }
 }

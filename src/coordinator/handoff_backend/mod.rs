@@ -13,7 +13,7 @@
 //!   refresh, and the weights refresh (the weight source's weights into the topic records);
 //! * `calls.rs`: `PartitionReady` / `PartitionReleased`, validated and handed to the loop
 //!   of whichever instance receives them (written with compare-and-swap, no leader round
-//!   trip), and `Deregister`;
+//!   trip), and `Deregister`, decided by the loop too (`leave.rs`, pure);
 //! * `status.rs`: the status view; `placement.rs`: its placement part (loads, shares and,
 //!   in shadow mode, the load plan).
 
@@ -21,6 +21,7 @@ mod calls;
 mod decide;
 mod driver;
 mod leader;
+mod leave;
 mod placement;
 pub mod records;
 mod register;

@@ -249,12 +249,15 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
 
     /// The instance session, while it may be acted on (`UNAVAILABLE` otherwise).
     pub fn live_lease(&self) -> Result<crate::store::SessionId, crate::coordinator::CoordinatorError> {
-        self.lease.borrow().live().ok_or_else(|| {
-            crate::coordinator::CoordinatorError::NoSession(format!(
-                "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
-                self.instance_id
-            ))
-        })
+        self.lease.borrow().live().ok_or_else(|| self.no_live_lease())
+    }
+
+    /// The error for what needs a live instance lease while there is none.
+    pub fn no_live_lease(&self) -> crate::coordinator::CoordinatorError {
+        crate::coordinator::CoordinatorError::NoSession(format!(
+            "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
+            self.instance_id
+        ))
     }
 
     /// Admits `stream`, registered on the instance lease `lease`, while that lease is still
@@ -326,20 +329,6 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             })
             .collect();
         self.topics.grow(&*self.store, stored, guard, go_on).await;
-    }
-
-    /// Applies `ops`, which this instance committed at `revision`, to the mirror at once if
-    /// nothing else happened in between, and returns what changed for the caller to tell
-    /// its consumers ([`Mirror::apply_own_now`]); offers them otherwise. See
-    /// [`mirror::own_batch`] for which records may be given.
-    pub fn apply_own_write(
-        &self,
-        revision: crate::store::Revision,
-        ops: &[crate::store::Op],
-        compares: &[crate::store::Compare],
-    ) -> Option<mirror::Changes> {
-        let batch = mirror::own_batch(C::prefix(&self.keys), revision, ops)?;
-        self.mirror.apply_own_now(&self.keys, batch, compares)
     }
 
     /// Follows the store into the mirror ([`mirror::Follower`]), re-reading the whole

@@ -326,6 +326,21 @@ impl<C: MirrorCache> Mirror<C> {
         self.own_offered.notify_one();
     }
 
+    /// Applies `ops`, which this instance committed at `revision` with `compares`, at once
+    /// if nothing else happened in between, and returns what changed for the caller to tell
+    /// its consumers ([`Self::apply_own_now`]); offers them otherwise. See [`own_batch`] for
+    /// which records may be given.
+    pub fn apply_own_write(
+        &self,
+        keys: &C::Keys,
+        revision: Revision,
+        ops: &[Op],
+        compares: &[Compare],
+    ) -> Option<Changes> {
+        let batch = own_batch(C::prefix(keys), revision, ops)?;
+        self.apply_own_now(keys, batch, compares)
+    }
+
     /// Applies a write this instance committed right away, in the task that committed it, and
     /// returns what it changed, for the caller to tell its consumers and then
     /// [`announce`](Self::announce): the fast path of a handoff, with no task between the
