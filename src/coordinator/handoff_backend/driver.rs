@@ -222,10 +222,14 @@ fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
     }
 }
 
-/// Whether the instance lease is live now: only then does the loop decide a call (read at
-/// each decision, so a call taken in just after the fence is refused too).
-fn live(inner: &Handoff) -> bool {
-    inner.core.lease().borrow().live().is_some()
+/// Why the loop may not go on with a consumer's call now: it stopped, or
+/// the instance lease is not live (read at each step, so a call taken in just after the
+/// fence is refused too). `None`: it may.
+fn refusal(inner: &Handoff, running: bool) -> Option<CoordinatorError> {
+    if !running {
+        return Some(stopped().into());
+    }
+    inner.core.lease().borrow().live().is_none().then(|| inner.core.no_live_lease())
 }
 
 /// Commits `txn` in a transaction of its own, for `writer`.
@@ -237,18 +241,17 @@ fn commit_alone(pending: &mut Pending, txn: Txn, writer: Writer) {
     }));
 }
 
-/// Does what `call` needs next; once the loop has stopped (`running` false), only an
-/// answer is given, and what would need the store again is answered `UNAVAILABLE`.
+/// Does what `call` needs next; once the loop has stopped (`running` false) or while the
+/// instance lease is not live ([`refusal`]), only an answer is given, and what would need
+/// the store again is answered `UNAVAILABLE`.
 fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: CallStep, running: bool) {
+    let step = match refusal(inner, running) {
+        Some(error) if !matches!(step, CallStep::Answer(_)) => CallStep::Answer(Err(error)),
+        _ => step,
+    };
     match step {
         CallStep::Answer(result) => {
             let _ = call.reply.send(result);
-        }
-        _ if !running => {
-            let _ = call.reply.send(Err(stopped().into()));
-        }
-        _ if !live(inner) => {
-            let _ = call.reply.send(Err(inner.core.no_live_lease()));
         }
         CallStep::ReadStore => {
             let inner = inner.clone();
@@ -268,15 +271,13 @@ fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: Cal
 
 /// Does what `leave` needs next, as [`go`] does for a call.
 fn go_leave(inner: &Handoff, pending: &mut Pending, leave: LeaveInFlight, step: LeaveStep, running: bool) {
+    let step = match refusal(inner, running) {
+        Some(error) if !matches!(step, LeaveStep::Answer(_)) => LeaveStep::Answer(Err(error)),
+        _ => step,
+    };
     match step {
         LeaveStep::Answer(result) => {
             let _ = leave.reply.send(result);
-        }
-        _ if !running => {
-            let _ = leave.reply.send(Err(stopped().into()));
-        }
-        _ if !live(inner) => {
-            let _ = leave.reply.send(Err(inner.core.no_live_lease()));
         }
         LeaveStep::ReadStore => {
             let store = pending.store.clone();
