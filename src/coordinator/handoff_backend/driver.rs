@@ -4,11 +4,11 @@
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]: watched
 //! revisions, re-reads), the consumers' `PartitionReady` / `PartitionReleased` /
 //! `Deregister`, the leader's transactions, the instance lease's state, and the store's
-//! answers to what the loop asked of it. A call is decided by the pure model of `decide.rs` ([`next_step`]) on the cache; its transaction
-//! is written with the calls that arrive with it ([`batch`]: at most
-//! [`BATCHES_IN_FLIGHT`] batches in flight, the rest queue and join the next one); when the
-//! cache may lag or the transaction lost, the loop reads the call's records from the store
-//! and decides again, in a transaction of its own. A `Deregister` is decided by the pure
+//! answers to what the loop asked of it. A call is decided by the pure model of `decide.rs`
+//! ([`next_step`]) on the cache; its transaction is written with the calls that arrive
+//! with it ([`batch`]: at most [`BATCHES_IN_FLIGHT`] batches in flight, the rest queue and
+//! join the next one); when the cache may lag or the transaction lost, the loop reads the
+//! call's records from the store and decides again, in a transaction of its own. A `Deregister` is decided by the pure
 //! model of `leave.rs` on its records read from the store, and written in a transaction of
 //! its own. Every store call runs inside the loop, beside its other inputs, not in a task
 //! of its own. While the instance lease is not live (fenced, or expired and not yet granted
@@ -174,11 +174,11 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                 }
             }
             // The lease's sender lives in the core this loop holds: `changed` cannot fail.
+            // While the lease is not live, the calls waiting for a batch are answered why.
             Ok(()) = lease.changed() => {
-                if lease.borrow_and_update().live().is_none() {
-                    for QueuedCall { call, .. } in pending.waiting.drain(..) {
-                        let _ = call.reply.send(Err(inner.core.no_live_lease()));
-                    }
+                while let Some(error) = refusal(&inner, true) {
+                    let Some(QueuedCall { call, .. }) = pending.waiting.pop_front() else { break };
+                    let _ = call.reply.send(Err(error));
                 }
             }
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
@@ -229,7 +229,7 @@ fn refusal(inner: &Handoff, running: bool) -> Option<CoordinatorError> {
     if !running {
         return Some(stopped().into());
     }
-    inner.core.lease().borrow().live().is_none().then(|| inner.core.no_live_lease())
+    inner.core.live_lease().err()
 }
 
 /// Commits `txn` in a transaction of its own, for `writer`.

@@ -249,15 +249,12 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
 
     /// The instance session, while it may be acted on (`UNAVAILABLE` otherwise).
     pub fn live_lease(&self) -> Result<crate::store::SessionId, crate::coordinator::CoordinatorError> {
-        self.lease.borrow().live().ok_or_else(|| self.no_live_lease())
-    }
-
-    /// The error for what needs a live instance lease while there is none.
-    pub fn no_live_lease(&self) -> crate::coordinator::CoordinatorError {
-        crate::coordinator::CoordinatorError::NoSession(format!(
-            "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
-            self.instance_id
-        ))
+        self.lease.borrow().live().ok_or_else(|| {
+            crate::coordinator::CoordinatorError::NoSession(format!(
+                "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
+                self.instance_id
+            ))
+        })
     }
 
     /// Admits `stream`, registered on the instance lease `lease`, while that lease is still
