@@ -14,6 +14,8 @@
 //!   (its re-watch then goes straight to a healthy member).
 //! * With one endpoint there is nowhere else to go: one attempt may use the whole budget
 //!   (a short attempt timeout would only resend, and double-apply, slow writes).
+//! * A request cut by a broken connection (the client reports it as `Unknown: transport
+//!   error`) is retried like `Unavailable`: etcd never answered it.
 //! * A call that needed retries is logged once as it starts waiting (`warn`, naming the
 //!   endpoint and the error), and once when it got through (`info`, with the time lost).
 
@@ -48,12 +50,29 @@ pub(super) fn is_retryable(error: &etcd_client::Error) -> bool {
         return false;
     }
     match error {
-        etcd_client::Error::GRpcStatus(status) => status.code() == tonic::Code::Unavailable,
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable || cut_in_transit(status)
+        }
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         // The keep-alive stream ended before its first answer.
         etcd_client::Error::WatchError(_) => true,
         _ => false,
     }
+}
+
+/// Whether `status` is the client's own report of a connection that broke under the request
+/// (etcd's answers carry no source). A request sent on a connection etcd just dropped comes
+/// back at once as `Unknown: transport error` (connection reset); it is the outage seen
+/// early, and waits for the next connection like any other attempt in it.
+fn cut_in_transit(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<tonic::transport::Error>() || error.is::<std::io::Error>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// How long an endpoint that failed an attempt is passed over when the pin moves.

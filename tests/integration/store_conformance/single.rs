@@ -4,7 +4,10 @@
 
 use std::{
     net::TcpListener,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -114,6 +117,50 @@ async fn etcd_outage_is_unavailable_then_recovers() {
     })
     .await;
     assert!(get(&store, &format!("{prefix}before")).await.is_some(), "data survives a restart");
+}
+
+/// Calls under way, or sent on the old connection, when etcd dies are retried like any
+/// call during the outage: each ends `Unavailable` when its budget is spent, never at once
+/// with whatever error its half-closed connection gave (a consumer would be told
+/// "unavailable" before its own deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_calls_cut_by_a_crash_wait_out_their_budget() {
+    let mut server = EtcdServer::start().await;
+    if server.is_shared() {
+        return; // cannot stop a shared cluster
+    }
+    let request_timeout = Duration::from_secs(1);
+    let config = server.store_config().with_request_timeout(request_timeout);
+    let store: Store = Arc::new(EtcdStore::connect(config).await.unwrap());
+    let key = format!("{}k", server.unique_prefix("cut"));
+    put(&store, &key, "1").await;
+    // Each caller reads in a loop until a read fails, and reports how long that read took.
+    let reads = Arc::new(AtomicUsize::new(0));
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, key, reads) = (store.clone(), key.clone(), reads.clone());
+            tokio::spawn(async move {
+                loop {
+                    let started = Instant::now();
+                    match store.get(&key).await {
+                        Ok(_) => reads.fetch_add(1, Ordering::Relaxed),
+                        Err(error) => return (error, started.elapsed()),
+                    };
+                }
+            })
+        })
+        .collect();
+    wait_until(PROMPT, "the readers to be under way", || async { reads.load(Ordering::Relaxed) >= 200 })
+        .await;
+    server.stop();
+    // The retries stop one backoff (at most 250 ms) before the budget ends.
+    let earliest = request_timeout - Duration::from_millis(300);
+    for caller in callers {
+        let (error, took) = tokio::time::timeout(PROMPT, caller).await.expect("a read ends").unwrap();
+        assert!(matches!(error, StoreError::Unavailable(_)), "{error:?}");
+        assert!(took >= earliest, "a read failed after {took:?}, before its budget: {error:?}");
+    }
+    server.restart().await;
 }
 
 /// A watch with nothing to report stays open: its liveness checks (a progress request after
