@@ -15,7 +15,8 @@
 //! * With one endpoint there is nowhere else to go: one attempt may use the whole budget
 //!   (a short attempt timeout would only resend, and double-apply, slow writes).
 //! * A request cut by a broken connection (the client reports it as `Unknown: transport
-//!   error`) is retried like `Unavailable`: etcd never answered it.
+//!   error`) is retried like `Unavailable`: no answer came, as with an attempt that timed
+//!   out (and, like one, it may have been applied: a write's compares tell on the retry).
 //! * A call that needed retries is logged once as it starts waiting (`warn`, naming the
 //!   endpoint and the error), and once when it got through (`info`, with the time lost).
 
@@ -62,8 +63,8 @@ pub(super) fn is_retryable(error: &etcd_client::Error) -> bool {
 
 /// Whether `status` is the client's own report of a connection that broke under the request
 /// (etcd's answers carry no source). A request sent on a connection etcd just dropped comes
-/// back at once as `Unknown: transport error` (connection reset); it is the outage seen
-/// early, and waits for the next connection like any other attempt in it.
+/// back at once as `Unknown: transport error` (connection reset): the outage seen early,
+/// and its retry waits for the next connection like any other attempt in it.
 fn cut_in_transit(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {
