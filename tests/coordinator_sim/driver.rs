@@ -97,6 +97,15 @@ pub enum Agenda {
         instance: usize,
         cut: u64,
     },
+    /// Consumer `consumer` gives up on the `Deregister` of stream `inc`, held by a stall
+    /// of instance `stalled` (`armed`: its last stall before), and restarts on `instance`.
+    GiveUp {
+        consumer: usize,
+        inc: u64,
+        instance: usize,
+        stalled: usize,
+        armed: Option<u64>,
+    },
     /// The instance notices that the half-open stream `inc`'s connection is dead.
     DropZombie {
         inc: u64,
@@ -196,6 +205,8 @@ pub struct Outcome {
     pub half_open: u64,
     /// Readies held while a burst of joins went on.
     pub ready_races: u64,
+    /// Deregisters held while their consumer registered again elsewhere.
+    pub deregister_races: u64,
     /// Half-open streams their instance ended as replaced by the new registration.
     pub zombies_replaced: u64,
 }
@@ -216,6 +227,7 @@ impl Outcome {
         self.half_open += o.half_open;
         self.zombies_replaced += o.zombies_replaced;
         self.ready_races += o.ready_races;
+        self.deregister_races += o.deregister_races;
     }
 }
 

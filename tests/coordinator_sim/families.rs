@@ -19,6 +19,13 @@
 //!   leader must leave their partitions alone until then (the settle period), or move them
 //!   only after the old owner was told (`invariants.rs`). Its answers are slowed first, so
 //!   its consumers hear of any move later than the new owner would.
+//! * **A `Deregister` lands late** (stalls). A consumer's `Deregister` is decided on the
+//!   record it read, and its write held by a stall of its instance's connection; the
+//!   consumer gives up on the call and restarts on another instance, which writes its new
+//!   registration meanwhile. The held write must then change nothing: were it to land, the
+//!   old registration would take the name back from the live one (`model.rs`: a
+//!   registration id never replaces another; `replies.rs`: a live consumer's stream is
+//!   never ended as replaced).
 //! * **A restart while the old stream is open.** A consumer restarts on another instance
 //!   while its old stream stays open (a half-open connection); with an early expiry at the
 //!   same time, the rebind of the old registration must not take the name back from the
@@ -46,6 +53,11 @@ pub fn draw_action(kind: Kind, ttl: Duration, rng: &mut Rng) -> Option<Action> {
     match rng.below(10) {
         0..=5 => return Some(churn(consumer, instance, ttl, rng)),
         6 => return Some(Action::RestartConsumer { consumer, instance }),
+        7 if kind == Kind::Stalls => {
+            // Held past the new registration, short of the fence.
+            let (period, give_up) = (rng.millis(ttl_ms / 5, ttl_ms * 3 / 5), rng.millis(10, ttl_ms / 10));
+            return Some(Action::DeregisterRace { consumer, instance, period, give_up });
+        }
         _ => {}
     }
     Some(match kind {
@@ -73,6 +85,14 @@ pub fn draw_action(kind: Kind, ttl: Duration, rng: &mut Rng) -> Option<Action> {
                 lose: rng.below(3) == 0,
             }
         }
+    })
+}
+
+/// Whether `txn` writes a consumer's registration.
+fn writes_registration(txn: &Txn) -> bool {
+    txn.ops.iter().any(|op| {
+        let (Op::Put { key, .. } | Op::Delete { key }) = op;
+        key.contains("/consumers/")
     })
 }
 
@@ -235,9 +255,14 @@ impl Sim {
     /// The consumer restarts and registers on `instance`; its old stream stays open, read by
     /// nobody, until its instance ends it or notices the connection is dead.
     pub fn restart_consumer(&mut self, c: usize, instance: usize) {
-        let Phase::Online { inc, instance: old, leaving: false, .. } = self.world.consumers[c].phase else {
-            return;
-        };
+        if matches!(self.world.consumers[c].phase, Phase::Online { leaving: false, .. }) {
+            self.restart_open(c, instance);
+        }
+    }
+
+    /// Consumer `c`, online, restarts and registers on `instance`, its old stream left open.
+    fn restart_open(&mut self, c: usize, instance: usize) {
+        let Phase::Online { inc, instance: old, .. } = self.world.consumers[c].phase else { return };
         let Some(at) = self.world.open.iter().position(|(i, _, _)| *i == inc) else { return };
         let (inc, consumer, stream) = self.world.open.remove(at);
         self.world.note(format!(
@@ -253,6 +278,44 @@ impl Sim {
         self.world.consumers[c].phase = Phase::Offline;
         self.world.consumers[c].want = true;
         self.world.join(c, instance);
+    }
+
+    /// Consumer `c` deregisters through `instance`, whose connection stalls from its next
+    /// registration write for `period`; after `give_up` it restarts elsewhere (see the
+    /// module docs).
+    pub fn deregister_race(&mut self, c: usize, instance: usize, period: Duration, give_up: Duration) {
+        let Phase::Online { inc, leaving: false, .. } = self.world.consumers[c].phase else { return };
+        let Some(i) = self.world.running(instance) else { return };
+        if self.world.instances[i].cut.is_some() || self.world.instances.len() < 2 {
+            return;
+        }
+        let armed = self.world.instances[i].faulty.last_stall().map(|s| s.id);
+        self.world.instances[i].faulty.stall_at_txn(period, AfterStall::Deliver, writes_registration);
+        self.world.note(format!(
+            "{}#{inc}: its Deregister races its restart (i{i} stalls {period:?} from its next registration write)",
+            self.world.consumers[c].name
+        ));
+        self.world.deregister(c, inc, i);
+        let other = (i + 1) % self.world.instances.len();
+        self.world.after(give_up, Agenda::GiveUp { consumer: c, inc, instance: other, stalled: i, armed });
+    }
+
+    /// Consumer `c` gave up on the `Deregister` of stream `inc` and restarts on `instance`,
+    /// its old stream left open. Counted as a race when the `Deregister`'s instance is still
+    /// in a stall that began after the race was set up (`armed`: the stall before it).
+    pub fn give_up(&mut self, c: usize, inc: u64, instance: usize, stalled: usize, armed: Option<u64>) {
+        let Phase::Online { inc: current, leaving: true, .. } = self.world.consumers[c].phase else { return };
+        if current != inc {
+            return;
+        }
+        let held = self.world.instances[stalled]
+            .faulty
+            .last_stall()
+            .is_some_and(|s| Some(s.id) != armed && Instant::now() < s.until);
+        if held {
+            self.outcome.deregister_races += 1;
+        }
+        self.restart_open(c, instance);
     }
 
     /// The instance notices that a half-open stream's connection is dead.

@@ -79,6 +79,9 @@ impl Sim {
             Agenda::FenceDeadline { instance, cut } => self.world.fence_deadline(instance, cut)?,
             Agenda::Restart { instance } => self.restart(instance),
             Agenda::Unstalled { instance, cut } => self.unstalled(instance, cut),
+            Agenda::GiveUp { consumer, inc, instance, stalled, armed } => {
+                self.give_up(consumer, inc, instance, stalled, armed)
+            }
             Agenda::DropZombie { inc } => self.drop_zombie(inc),
             Agenda::Quiesce => self.quiesce(),
             Agenda::CheckSettled => self.check_settled().await?,
@@ -144,6 +147,13 @@ impl Sim {
             Action::Revoke { delay, restart } => self.revoke(delay, restart).await,
             Action::RestartConsumer { consumer, instance } => {
                 self.restart_consumer(consumer % pool, instance)
+            }
+            Action::DeregisterRace { consumer, instance, period, give_up } => {
+                let c = consumer % pool;
+                if !self.strict && (self.avoids_orphan(c) || self.avoids_draining_ready(c)) {
+                    return;
+                }
+                self.deregister_race(c, instance, period, give_up);
             }
             Action::CrashInstance { instance, restart } => {
                 let i = instance % self.world.instances.len();

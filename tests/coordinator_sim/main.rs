@@ -26,7 +26,8 @@
 //!   expires the leader's session early while its streams are open; its answers slowed,
 //!   one of its consumers restarting elsewhere meanwhile), `ReadyRaces` (a `PartitionReady`
 //!   held on its way to the store while a burst of consumers joins). Consumers there also
-//!   restart while their old stream stays open (a half-open connection).
+//!   restart while their old stream stays open (a half-open connection); in `Stalls`, also
+//!   while their `Deregister` is held on its way to the store (it must then change nothing).
 //! * **Consumers** (`consumers.rs`, `replies.rs`) act only on what they were told: a warm is
 //!   answered with `PartitionReady` and a release with `PartitionReleased` after 0–1.5 s
 //!   (one in eight never, until the faults stop), retried on `UNAVAILABLE` / `ABORTED`; a
@@ -234,7 +235,8 @@ fn run_kind(kind: Kind) {
         "{kind:?}: {} schedules in {:?}: {} commands, {} streams, {} ended while cut off (latest at {:.2} TTL), \
          slowest settle {:?}, {} overlaps inside release windows, {} moves by plan, {} new owners' epochs \
          checked; {} stalls, {} early \
-         expiries, {} restarts with the old stream open ({} of those replaced), {} readies raced by joins",
+         expiries, {} restarts with the old stream open ({} of those replaced), {} readies raced by joins, \
+         {} deregisters raced by a restart",
         seeds.len(),
         started.elapsed(),
         total.commands,
@@ -249,7 +251,8 @@ fn run_kind(kind: Kind) {
         total.revokes,
         total.half_open,
         total.zombies_replaced,
-        total.ready_races
+        total.ready_races,
+        total.deregister_races
     );
     // Not vacuous: consumers were told things, and fenced where instances were cut off;
     // the targeted faults happened.
@@ -262,7 +265,8 @@ fn run_kind(kind: Kind) {
                 assert!(total.fenced > 0, "{kind:?}: no stream was ever ended by a cut-off")
             }
             Kind::Stalls => {
-                assert!(total.stalls > 0 && total.fenced > 0, "{kind:?}: no stall fenced anything")
+                assert!(total.stalls > 0 && total.fenced > 0, "{kind:?}: no stall fenced anything");
+                assert!(total.deregister_races > 0, "{kind:?}: no Deregister was held past a restart");
             }
             Kind::Revokes => {
                 assert!(

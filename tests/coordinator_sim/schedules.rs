@@ -24,7 +24,8 @@ pub enum Kind {
     Mixed,
     /// Targeted (`families.rs`): instances' connections stall, often from the next write of
     /// ownership (a leader's plan, a consumer's ready), the held writes landing late and
-    /// their answers sometimes lost; consumers restart while their old stream stays open.
+    /// their answers sometimes lost; consumers restart while their old stream stays open,
+    /// or while their `Deregister` is held.
     Stalls,
     /// Targeted (`families.rs`): the store expires the leader's session early while its
     /// streams are open (an operator's revoke), often with its answers slowed and one of
@@ -80,6 +81,11 @@ pub enum Action {
     /// The consumer process restarts and registers on this instance while its old stream
     /// stays open (its instance has not noticed the old connection is dead yet).
     RestartConsumer { consumer: usize, instance: usize },
+    /// The consumer deregisters through this instance, whose connection stalls for
+    /// `period` from its next write of a registration (the `Deregister`'s, mostly); after
+    /// `give_up` the consumer gives up on the call and restarts on the next instance, its
+    /// old stream left open, so the held write lands after the new registration.
+    DeregisterRace { consumer: usize, instance: usize, period: Duration, give_up: Duration },
 }
 
 /// The shape of one run.
