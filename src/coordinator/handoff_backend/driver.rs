@@ -3,8 +3,11 @@
 //!
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]: watched
 //! revisions, re-reads), the consumers' `PartitionReady` / `PartitionReleased` /
-//! `Deregister`, the leader's transactions, the instance lease's state, and the store's
-//! answers to what the loop asked of it. A call is decided by the pure model of `decide.rs`
+//! `Deregister`, the instance lease's state, the mirror's health, the leader's timer, and
+//! the store's answers to what the loop asked of it. The leader is a part of the loop
+//! ([`Leader`]): when it looks, it decides on the cache and hands the loop its next store
+//! call, whose answer goes back to it; a plan's batch that succeeded is applied and told to
+//! the streams like a call's commit. A call is decided by the pure model of `decide.rs`
 //! ([`next_step`]) on the cache; its transaction is written with the calls that arrive
 //! with it ([`batch`]: at most [`BATCHES_IN_FLIGHT`] batches in flight, the rest queue and
 //! join the next one); when the cache may lag or the transaction lost, the loop reads the
@@ -29,8 +32,10 @@ use std::{collections::VecDeque, sync::Arc};
 
 use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::decide::{Applied, CallInFlight, CallResult, CallStep, PartitionSlice, next_step};
+use super::leader::{Answer as LeaderAnswer, Job, Leader, Why};
 use super::leave::{self, LeaveInFlight, LeaveResult, LeaveStep, Left};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms, relay};
@@ -46,8 +51,6 @@ enum Input {
     Call(CallInFlight),
     /// A consumer's `Deregister`, with what the drain policy said.
     Leave { consumer: String, wants_drain: bool, reply: oneshot::Sender<LeaveResult> },
-    /// A transaction of its own (the leader's plan).
-    Alone(Txn, oneshot::Sender<Result<TxnOutcome, StoreError>>),
 }
 
 /// A call's transaction waiting for its batch.
@@ -65,8 +68,6 @@ impl Queued for QueuedCall {
 
 /// Who waits for a transaction of its own.
 enum Writer {
-    /// The leader, for the outcome.
-    Leader(oneshot::Sender<Result<TxnOutcome, StoreError>>),
     /// A call decided again on the store's state, answered `Applied` once it is written.
     Call(CallInFlight, Applied),
     /// A `Deregister`, answered `Left` once it is written.
@@ -83,9 +84,11 @@ enum Done {
     Records(LeaveInFlight, Result<Vec<Option<KeyValue>>, StoreError>),
     /// A transaction of its own.
     Txn(Txn, Result<TxnOutcome, StoreError>, Writer),
+    /// A store call of the leader's (with its transaction, if it was one).
+    Leader(Option<Txn>, Why, LeaderAnswer),
 }
 
-/// The way into an instance's loop: calls and the leader's transactions.
+/// The way into an instance's loop: the consumers' calls.
 pub(super) struct Driver {
     inputs: mpsc::UnboundedSender<Input>,
 }
@@ -119,15 +122,6 @@ impl Driver {
         self.inputs.send(input).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
-
-    /// Commits `txn` (owner and handoff records only: their cache reads no create
-    /// revision) in a transaction of its own; once it succeeded it is applied and told to
-    /// the streams before the answer comes.
-    pub async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.inputs.send(Input::Alone(txn, reply)).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
-    }
 }
 
 /// What the loop has asked of the store and not yet sent.
@@ -149,9 +143,22 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
     let mut follower = inner.core.follower(inner.config.resync_interval);
     let store = inner.core.shared_store();
     let mut lease = inner.core.lease().subscribe();
+    let mut health = inner.core.mirror().health();
+    let mut leader = Leader::new(Instant::now());
     let mut pending =
         Pending { store, waiting: VecDeque::new(), in_flight: FuturesUnordered::new(), batches: 0 };
     loop {
+        if leader.may_plan(&inner, Instant::now()) {
+            // The streams this loop just fed go first: a big topic's plan takes hundreds
+            // of µs, and a handoff's `assigned` and release wait for their tasks
+            // (docs/benchmarks/handoff.md).
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+        }
+        if let Some(job) = leader.next_job(&inner, Instant::now()) {
+            run_leader_job(&pending, job);
+        }
         while pending.batches < BATCHES_IN_FLIGHT && !pending.waiting.is_empty() {
             pending.batches += 1;
             let batch = batch::take_batch(&mut pending.waiting);
@@ -180,10 +187,25 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                     let Some(QueuedCall { call, .. }) = pending.waiting.pop_front() else { break };
                     let _ = call.reply.send(Err(error));
                 }
+                leader.poke();
             }
+            // Its sender lives in the mirror: the branch ends only with it.
+            Ok(()) = health.changed() => leader.poke(),
+            () = sleep_until_some(leader.wake_at()) => {}
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
                 pending.batches -= usize::from(matches!(done, Done::Batch(..)));
-                finish(&inner, &mut pending, done, true);
+                match done {
+                    Done::Leader(txn, why, answer) => {
+                        if let (Some(txn), LeaderAnswer::Txn(Ok(o))) = (&txn, &answer)
+                            && o.succeeded
+                            && why.applies_at_once()
+                        {
+                            applied(&inner, o.revision, &txn.ops, &txn.compares);
+                        }
+                        leader.answered(&inner, why, answer);
+                    }
+                    done => finish(&inner, &mut pending, done, true),
+                }
             }
         }
     }
@@ -218,8 +240,30 @@ fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
             let leave = LeaveInFlight { consumer, wants_drain, found, attempt: 0, reply };
             go_leave(inner, pending, leave, LeaveStep::ReadStore, true);
         }
-        Input::Alone(txn, reply) => commit_alone(pending, txn, Writer::Leader(reply)),
     }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs one of the leader's store calls; a plan's batch that succeeded is applied and told
+/// to the streams when the loop takes its answer in.
+fn run_leader_job(pending: &Pending, job: Job) {
+    let store = pending.store.clone();
+    pending.in_flight.push(Box::pin(async move {
+        match job {
+            Job::Txn(txn, why) => {
+                let outcome = store.txn(txn.clone()).await;
+                Done::Leader(Some(txn), why, LeaderAnswer::Txn(outcome))
+            }
+            Job::Read(key, why) => Done::Leader(None, why, LeaderAnswer::Read(store.get(&key).await)),
+        }
+    }));
 }
 
 /// Why the loop may not go on with a consumer's call now: it stopped, or
@@ -376,6 +420,8 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
             };
             go_leave(inner, pending, leave, step, running);
         }
+        // After a stop nothing is applied, and the leader is gone with the loop.
+        Done::Leader(..) => {}
         Done::Txn(txn, outcome, writer) => {
             if let (true, Ok(o)) = (running, &outcome)
                 && o.succeeded
@@ -383,9 +429,6 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
                 applied(inner, o.revision, &txn.ops, &txn.compares);
             }
             match writer {
-                Writer::Leader(reply) => {
-                    let _ = reply.send(outcome);
-                }
                 Writer::Call(mut call, written) => {
                     let step = match outcome {
                         Ok(o) if o.succeeded => CallStep::Answer(Ok(Some(written))),

@@ -3,14 +3,15 @@
 //! A thin layer over the shared [`Core`]:
 //! * `driver.rs`: the instance's one loop, the only writer of its cache and the only relay:
 //!   it follows the store, decides the consumer calls (`decide.rs`, pure), commits them
-//!   (batched) and the leader's transactions, applies each commit and tells the streams;
+//!   (batched) and the leader's store calls, applies each commit and tells the streams;
 //! * `records.rs` / `state.rs`: the key layout, the records and the cache of them;
 //! * `register.rs`: the consumer record, and the restart hold after a `SHUTDOWN_NOW`;
 //! * `relay.rs`: after every revision, each local consumer is sent the commands derived
 //!   from the new state ([`crate::handoff::diff_views`]);
-//! * `leader/`: election (leadership is one `watch` value), reconcile with
-//!   [`crate::handoff::plan_placed`] in fenced batched transactions, the Kafka topic
-//!   refresh, and the weights refresh (the weight source's weights into the topic records);
+//! * `leader/`: the leader as a part of the loop: election (leadership is one `watch`
+//!   value), reconcile with [`crate::handoff::plan_placed`] in fenced batched
+//!   transactions, the Kafka topic refresh, and the weights refresh (the weight source's
+//!   weights into the topic records);
 //! * `calls.rs`: `PartitionReady` / `PartitionReleased`, validated and handed to the loop
 //!   of whichever instance receives them (written with compare-and-swap, no leader round
 //!   trip), and `Deregister`, decided by the loop too (`leave.rs`, pure);
@@ -134,11 +135,10 @@ pub struct Handoff {
     core: Core<Cache, ConsumerView>,
     config: HandoffConfig,
     /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
-    /// gauge and the leader loop read.
+    /// gauge and the leader read.
     leadership: watch::Sender<Option<Fence>>,
     /// The way into the instance's loop ([`driver`]): the consumer calls, which it
-    /// decides, and the leader's transactions; it commits them, applies them and tells the
-    /// streams.
+    /// decides, commits, applies and tells the streams (the leader is a part of the loop).
     driver: driver::Driver,
 }
 
@@ -164,7 +164,6 @@ impl StoreCoordinator<Handoff> {
         let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None), driver });
         super::shared::register::start_lease(&inner).await?;
         tokio::spawn(driver::run(inner.clone(), inputs));
-        tokio::spawn(leader::leader_loop(inner.clone()));
         tokio::spawn(leader::publish_gauge(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "coordinator started");
         Ok(Self::new(inner))

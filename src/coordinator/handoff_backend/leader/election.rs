@@ -2,14 +2,15 @@
 //! the lease is fenced or replaced, or the key is gone or belongs to another election;
 //! adopt a key that holds our lease after a lost answer; resign on shutdown.
 
-use super::{Fence, Handoff, Leadership, settle};
-use crate::store::{Compare, Op, Txn};
+use super::{Fence, Handoff, Leadership, Step, settle};
+use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn, TxnOutcome};
 
-/// Gives up leadership (if held) and what only a leader keeps.
+/// Gives up leadership (if held) and what only a leader keeps (the rest of its pass too).
 pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
     if inner.leadership.send_replace(None).is_some() {
         me.cooldowns.clear();
         me.placement.clear();
+        me.queue.clear();
         if let Some(refresh) = me.refresh.take() {
             refresh.abort();
         }
@@ -37,10 +38,10 @@ pub(super) fn check_leadership(inner: &Handoff, me: &mut Leadership) {
     }
 }
 
-/// Creates the leader key bound to our lease if nobody holds it. After an answer that was
-/// lost or refused, reads the key: one bound to our lease is ours (the write went through),
-/// adopted with the fence at its create revision.
-pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
+/// Creates the leader key bound to our lease if nobody holds it (queued as the next step).
+/// After an answer that was lost or refused, the key is read ([`adopt`]): one bound to our
+/// lease is ours (the write went through), adopted with the fence at its create revision.
+pub(super) fn campaign(inner: &Handoff, me: &mut Leadership) {
     let Some(session) = inner.core.lease().borrow().live() else { return };
     if inner.core.mirror().read().leader.as_ref().is_some_and(|kv| kv.session != Some(session)) {
         return;
@@ -51,25 +52,46 @@ pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
         inner.config.instance_id.as_bytes().to_vec(),
         session,
     ));
-    let won = match inner.core.store().txn(txn).await {
-        Ok(outcome) if outcome.succeeded => Some(outcome.revision),
-        Ok(_) => None,
+    me.queue.push_back(Step::Campaign(txn, session));
+}
+
+/// The campaign's answer: won, or read the key to see ([`adopt`]).
+pub(super) fn campaigned(
+    inner: &Handoff,
+    me: &mut Leadership,
+    session: SessionId,
+    outcome: Result<TxnOutcome, StoreError>,
+) {
+    match outcome {
+        Ok(outcome) if outcome.succeeded => won(inner, me, session, outcome.revision),
+        Ok(_) => me.queue.push_front(Step::Adopt(session)),
         Err(error) => {
             tracing::warn!(%error, "campaign failed; checking whether it went through");
-            None
+            me.queue.push_front(Step::Adopt(session));
         }
-    };
-    let revision = match won {
-        Some(revision) => revision,
-        None => match inner.core.store().get(&key).await {
-            Ok(Some(kv)) if kv.session == Some(session) => {
-                tracing::info!("the leader key holds our session: adopting it");
-                kv.create_revision
-            }
-            Ok(_) => return,
-            Err(error) => return tracing::warn!(%error, "cannot read the leader key"),
-        },
-    };
+    }
+}
+
+/// The leader key as read after a campaign that did not say it won: ours if it holds our
+/// session.
+pub(super) fn adopt(
+    inner: &Handoff,
+    me: &mut Leadership,
+    session: SessionId,
+    read: Result<Option<KeyValue>, StoreError>,
+) {
+    match read {
+        Ok(Some(kv)) if kv.session == Some(session) => {
+            tracing::info!("the leader key holds our session: adopting it");
+            won(inner, me, session, kv.create_revision);
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot read the leader key"),
+    }
+}
+
+/// We lead from `revision` on.
+fn won(inner: &Handoff, me: &mut Leadership, session: SessionId, revision: Revision) {
     me.written = me.written.max(revision);
     me.next_refresh = None; // a new leader refreshes at once
     me.next_weights = None;
@@ -78,9 +100,15 @@ pub(super) async fn campaign(inner: &Handoff, me: &mut Leadership) {
     tracing::info!(instance = %inner.config.instance_id, revision, "leadership won");
 }
 
-/// After a refused transaction: was it a stale read, or were we deposed?
-pub(super) async fn still_leading(inner: &Handoff, me: &mut Leadership, fence: Fence) {
-    match inner.core.store().get(&inner.core.keys().leader()).await {
+/// After a refused transaction, the leader key as read: was it a stale read, or were we
+/// deposed?
+pub(super) fn still_leading(
+    inner: &Handoff,
+    me: &mut Leadership,
+    fence: Fence,
+    read: Result<Option<KeyValue>, StoreError>,
+) {
+    match read {
         Ok(Some(kv)) if kv.create_revision == fence.revision => {
             tracing::debug!("reconcile raced a concurrent change; will retry on the next revision");
         }

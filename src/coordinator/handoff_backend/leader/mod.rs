@@ -1,10 +1,20 @@
 //! The leader: [`election`], [`reconcile`] (with what it takes from the Kubernetes
-//! [`view`]) and the topic refresh.
+//! [`view`]), the [`weights`] refresh and the topic refresh. It is a part of the instance's
+//! loop (`driver.rs`), not a task of its own.
 //!
-//! Leadership is one `watch` value, `Some(Fence)` while this instance leads: `is_leader`,
-//! the leader gauge and this loop read it, and only the election writes it. The leader key
-//! is created (compare: absent) bound to this instance's session; its create revision is
-//! the **fence**. Every write the leader makes also compares the leader key's create
+//! **How the loop drives it.** The leader looks again when something it follows changed
+//! ([`Leader::poke`]: the cache, the instance lease, the mirror's health) or when its timer
+//! is due ([`Leader::wake_at`]: the reconcile interval, arrivals settling, the plan's pace).
+//! A look decides on the cache, with no I/O of its own. It returns the leader's next store
+//! call ([`Leader::next_job`]): a campaign, a plan's batch, a check, a weights update. The
+//! loop runs that call beside its other store calls and hands the answer back
+//! ([`Leader::answered`]). The leader has at most one call in flight, so its writes go
+//! one after another, as a leader's always have.
+//!
+//! **Leadership** is one `watch` value, `Some(Fence)` while this instance leads:
+//! `is_leader` and the leader gauge read it, and only the election writes it. The leader
+//! key is created (compare: absent) bound to this instance's session; its create revision
+//! is the **fence**. Every write the leader makes also compares the leader key's create
 //! revision with the fence: a deposed leader's write fails and changes nothing.
 //!
 //! With a weight source configured, the leader asks it for the weights of every stored
@@ -12,8 +22,8 @@
 //! record ([`weights`]), so a new leader starts from them.
 //!
 //! With Kafka configured, the leader also refreshes the partition counts of the stored
-//! topics every `topic_refresh_interval` (in a task of its own: Kafka may be slow) and
-//! grows a topic's record when Kafka's count grew; the next reconcile assigns the new
+//! topics every `topic_refresh_interval`, in a task of its own because Kafka may be slow.
+//! It grows a topic's record when Kafka's count grew; the next reconcile assigns the new
 //! partitions like any orphan.
 
 mod election;
@@ -23,13 +33,13 @@ mod weights;
 
 pub(super) use election::resign;
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, collections::VecDeque, sync::Arc, time::Duration};
 
-use tokio::task::JoinHandle;
+use tokio::{task::JoinHandle, time::Instant};
 
 use super::Handoff;
 use crate::handoff::{Cooldowns, PlacementMemory};
-use crate::store::{Compare, Revision, SessionId};
+use crate::store::{Compare, KeyValue, Revision, SessionId, StoreError, Txn, TxnOutcome};
 
 /// The leader plans at most about one part in `PLAN_PACE + 1` of the time: after a plan
 /// that took `d`, the next waits until `PLAN_PACE × d` has passed. Under a stream of
@@ -47,13 +57,69 @@ pub struct Fence {
     pub revision: Revision,
 }
 
-/// The leader loop's own state.
+/// One store call of the leader's, for the loop to run.
+pub(super) enum Job {
+    /// A transaction. Its ops are applied to the cache on success only for a plan's batch
+    /// (owner and handoff records, whose cache reads no create revision); the watch
+    /// brings the rest.
+    Txn(Txn, Why),
+    /// A read of one key.
+    Read(String, Why),
+}
+
+/// Why the leader made a store call: what its answer goes on with.
+pub(super) enum Why {
+    /// Creating the leader key bound to `session`.
+    Campaign(SessionId),
+    /// Reading the leader key after a campaign whose answer was lost or refused.
+    Adopt(SessionId),
+    /// A batch of the current plan.
+    Plan,
+    /// Reading the leader key after a refused batch: a stale read, or deposed?
+    StillLeading(Fence),
+    /// Storing `topic`'s weights (`weighted`: how many partitions have one).
+    Weights { topic: String, weighted: usize },
+}
+
+/// What the store answered a [`Job`].
+pub(super) enum Answer {
+    /// A [`Job::Txn`]'s outcome.
+    Txn(Result<TxnOutcome, StoreError>),
+    /// A [`Job::Read`]'s record.
+    Read(Result<Option<KeyValue>, StoreError>),
+}
+
+impl Why {
+    /// Whether a transaction made for this, once it succeeded, is applied to the cache at
+    /// once (see [`Job::Txn`]).
+    pub(super) fn applies_at_once(&self) -> bool {
+        matches!(self, Why::Plan)
+    }
+}
+
+/// Work of the current pass still to do, in order.
+enum Step {
+    /// A topic's plan, with the batches still to write.
+    Topic(Box<reconcile::TopicWrite>),
+    /// A weights update to write.
+    Weights { topic: String, txn: Txn, weighted: usize },
+    /// Create the leader key bound to our session.
+    Campaign(Txn, SessionId),
+    /// Read the leader key after a campaign that did not say it won.
+    Adopt(SessionId),
+    /// Check the leader key after a refused batch.
+    StillLeading(Fence),
+    /// The pass's plans are written: pace the next one by how long planning took.
+    EndPass { planning: Duration },
+}
+
+/// The leader's own state, kept by the instance's loop.
 #[derive(Default)]
 struct Leadership {
     /// Until when orphaned partitions are left alone (see [`HandoffConfig::settle_period`]).
     ///
     /// [`HandoffConfig::settle_period`]: super::HandoffConfig::settle_period
-    settle_until: Option<tokio::time::Instant>,
+    settle_until: Option<Instant>,
     /// The mirror's interruption count last seen.
     interruptions: u64,
     /// The cache's count of ended instance leases last seen.
@@ -63,22 +129,37 @@ struct Leadership {
     /// [`HandoffConfig::rebalance_delay`]: super::HandoffConfig::rebalance_delay
     arrivals: BTreeMap<String, reconcile::Arrivals>,
     /// When a topic waiting for arrivals to stop is due to be planned.
-    wake_at: Option<tokio::time::Instant>,
+    wake_at: Option<Instant>,
     /// Per-topic cooldowns of the planner; lost with leadership.
     cooldowns: BTreeMap<String, Cooldowns>,
     /// Per-topic budget and cool-downs of placement by load (docs/design.md §11); lost
     /// with leadership: a new leader starts with a fresh budget and no cool-downs.
     placement: BTreeMap<String, PlacementMemory>,
     /// When the weights refresh is next due.
-    next_weights: Option<tokio::time::Instant>,
+    next_weights: Option<Instant>,
     /// Revision our last write produced; reconcile again only once the cache has it.
     written: Revision,
     /// No plan before this ([`PLAN_PACE`]).
-    next_plan: Option<tokio::time::Instant>,
+    next_plan: Option<Instant>,
     /// The running topic refresh, if any.
     refresh: Option<JoinHandle<()>>,
     /// When the next topic refresh is due.
-    next_refresh: Option<tokio::time::Instant>,
+    next_refresh: Option<Instant>,
+    /// What is left of the current pass.
+    queue: VecDeque<Step>,
+}
+
+/// The leader as the instance's loop keeps it (see the module docs).
+pub(super) struct Leader {
+    me: Leadership,
+    /// The lease or the mirror's health changed since its last look.
+    dirty: bool,
+    /// The cache's revision at its last look: a newer one is a change it follows too.
+    seen: Revision,
+    /// A call of the leader's is in flight.
+    busy: bool,
+    /// When the leader looks again if nothing changes.
+    wake: Instant,
 }
 
 impl Handoff {
@@ -98,65 +179,147 @@ impl Handoff {
     }
 }
 
-/// Campaigns with the instance lease, and reconciles while leading.
-pub(super) async fn leader_loop(inner: Arc<Handoff>) {
-    let mut changed = inner.core.mirror().subscribe();
-    let mut lease = inner.core.lease().subscribe();
-    let mut health = inner.core.mirror().health();
-    let mut me = Leadership::default();
-    loop {
-        if inner.core.shutdown().is_cancelled() {
-            return;
+impl Leader {
+    /// A leader that looks at once.
+    pub(super) fn new(now: Instant) -> Self {
+        Leader { me: Leadership::default(), dirty: true, seen: 0, busy: false, wake: now }
+    }
+
+    /// The instance lease or the mirror's health changed: the leader looks again once it is
+    /// idle (a newer cache it sees by itself).
+    pub(super) fn poke(&mut self) {
+        self.dirty = true;
+    }
+
+    /// When the leader's timer is due, while no call of its is in flight (`None`: it waits
+    /// for its answer).
+    pub(super) fn wake_at(&self) -> Option<Instant> {
+        (!self.busy).then_some(self.wake)
+    }
+
+    /// Whether the next [`next_job`](Self::next_job) may plan (so the loop lets the
+    /// streams it just fed go first: planning a big topic takes hundreds of µs).
+    pub(super) fn may_plan(&self, inner: &Handoff, now: Instant) -> bool {
+        self.will_look(inner, now) && inner.fence().is_some()
+    }
+
+    /// Whether the leader looks at its next chance: it is idle, and something changed or
+    /// its timer is due.
+    fn will_look(&self, inner: &Handoff, now: Instant) -> bool {
+        !self.busy
+            && self.me.queue.is_empty()
+            && (self.dirty || now >= self.wake || inner.core.mirror().read().revision != self.seen)
+    }
+
+    /// The leader's next store call, if it has one now (see the module docs).
+    pub(super) fn next_job(&mut self, inner: &Arc<Handoff>, now: Instant) -> Option<Job> {
+        if self.busy || inner.core.shutdown().is_cancelled() {
+            return None;
         }
-        let interruptions = health.borrow_and_update().interruptions;
+        if self.will_look(inner, now) {
+            self.dirty = false;
+            self.seen = inner.core.mirror().read().revision;
+            self.look(inner, now);
+        }
+        let job = self.take_step(inner);
+        self.busy = job.is_some();
+        job
+    }
+
+    /// What the store answered the leader's call.
+    pub(super) fn answered(&mut self, inner: &Handoff, why: Why, answer: Answer) {
+        self.busy = false;
+        let me = &mut self.me;
+        match (why, answer) {
+            (Why::Campaign(session), Answer::Txn(outcome)) => {
+                election::campaigned(inner, me, session, outcome)
+            }
+            (Why::Adopt(session), Answer::Read(read)) => election::adopt(inner, me, session, read),
+            (Why::Plan, Answer::Txn(outcome)) => reconcile::batch_answered(inner, me, outcome),
+            (Why::StillLeading(fence), Answer::Read(read)) => election::still_leading(inner, me, fence, read),
+            (Why::Weights { topic, weighted }, Answer::Txn(outcome)) => {
+                weights::answered(inner, me, &topic, weighted, outcome)
+            }
+            // A job's answer is always of its kind (`driver.rs` runs them).
+            (_, _) => tracing::error!("the leader got an answer of another kind than its call"),
+        }
+    }
+
+    /// A look: settle after an interruption, check or win leadership, plan, refresh; all
+    /// decided on the cache, the store calls queued (module docs).
+    fn look(&mut self, inner: &Arc<Handoff>, now: Instant) {
+        self.wake = now + inner.config.reconcile_interval;
+        let me = &mut self.me;
+        let interruptions = inner.core.mirror().health().borrow().interruptions;
         if interruptions != me.interruptions {
             me.interruptions = interruptions;
-            settle(&inner, &mut me, "the store watch was interrupted");
+            settle(inner, me, "the store watch was interrupted");
         }
-        election::check_leadership(&inner, &mut me);
+        election::check_leadership(inner, me);
         if inner.fence().is_none() {
-            election::campaign(&inner, &mut me).await;
+            election::campaign(inner, me);
+            return;
         }
         if let Some(fence) = inner.fence()
             && inner.core.mirror().read().revision >= me.written
         {
-            let now = tokio::time::Instant::now();
             match me.next_plan.filter(|at| now < *at) {
                 Some(at) => me.wake_at = Some(me.wake_at.map_or(at, |wake| wake.min(at))),
                 None => {
-                    // The revision that woke us was relayed first: its streams' tasks are
-                    // runnable, and a handoff's `assigned` and release wait for them. This
-                    // task was woken last, so without a yield it would run next and plan
-                    // (hundreds of µs on a big topic) before they go (docs/benchmarks/handoff.md).
-                    for _ in 0..3 {
-                        tokio::task::yield_now().await;
-                    }
                     let settling = me.settle_until.is_some_and(|until| now < until);
-                    let planning = reconcile::reconcile_all(&inner, &mut me, fence, settling).await;
-                    me.next_plan = Some(tokio::time::Instant::now() + planning * PLAN_PACE);
+                    let (topics, planning) = reconcile::plan_all(inner, me, fence, settling);
+                    me.queue.extend(topics.into_iter().map(|topic| Step::Topic(Box::new(topic))));
+                    me.queue.push_back(Step::EndPass { planning });
                 }
             }
         }
         if let Some(fence) = inner.fence() {
-            start_topic_refresh(&inner, &mut me, fence);
-            weights::refresh_when_due(&inner, &mut me, fence).await;
+            start_topic_refresh(inner, me, fence);
+            weights::queue_when_due(inner, me, fence);
         }
-        let next = tokio::time::Instant::now() + inner.config.reconcile_interval;
-        let wake = me.wake_at.take().map_or(next, |at| at.min(next));
-        tokio::select! {
-            _ = inner.core.shutdown().cancelled() => return,
-            _ = changed.changed() => {}
-            _ = lease.changed() => {}
-            _ = health.changed() => {}
-            _ = tokio::time::sleep_until(wake) => {}
+        if let Some(at) = me.wake_at.take() {
+            self.wake = self.wake.min(at);
         }
+    }
+
+    /// The next store call of the current pass; finished steps are done and dropped.
+    fn take_step(&mut self, inner: &Handoff) -> Option<Job> {
+        let me = &mut self.me;
+        while let Some(step) = me.queue.pop_front() {
+            match step {
+                Step::Topic(mut topic) => match topic.next_batch() {
+                    Some(txn) => {
+                        me.queue.push_front(Step::Topic(topic));
+                        return Some(Job::Txn(txn, Why::Plan));
+                    }
+                    None => {
+                        reconcile::finish_topic(inner, me, *topic);
+                        if inner.fence().is_none() {
+                            me.queue.clear();
+                        }
+                    }
+                },
+                Step::Weights { topic, txn, weighted } => {
+                    return Some(Job::Txn(txn, Why::Weights { topic, weighted }));
+                }
+                Step::Campaign(txn, session) => return Some(Job::Txn(txn, Why::Campaign(session))),
+                Step::Adopt(session) => {
+                    return Some(Job::Read(inner.core.keys().leader(), Why::Adopt(session)));
+                }
+                Step::StillLeading(fence) => {
+                    return Some(Job::Read(inner.core.keys().leader(), Why::StillLeading(fence)));
+                }
+                Step::EndPass { planning } => me.next_plan = Some(Instant::now() + planning * PLAN_PACE),
+            }
+        }
+        None
     }
 }
 
 /// Starts a settle period: orphaned partitions are left alone until it ends.
 fn settle(inner: &Handoff, me: &mut Leadership, why: &str) {
     let period = inner.settle_period();
-    me.settle_until = Some(tokio::time::Instant::now() + period);
+    me.settle_until = Some(Instant::now() + period);
     if inner.fence().is_some() {
         tracing::info!(why, ?period, "settling: partitions of consumers whose registrations are gone wait");
     }
@@ -179,7 +342,7 @@ fn start_topic_refresh(inner: &Arc<Handoff>, me: &mut Leadership, fence: Fence) 
     if inner.core.topics().source.is_none() || me.refresh.as_ref().is_some_and(|task| !task.is_finished()) {
         return;
     }
-    let now = tokio::time::Instant::now();
+    let now = Instant::now();
     if me.next_refresh.is_some_and(|due| now < due) {
         return;
     }

@@ -1,19 +1,19 @@
 //! Reconcile: plan every topic from one consistent read of the cache with
 //! [`crate::handoff::plan_placed`] (under the configured placement, docs/design.md §11),
-//! and write each topic's changes in batched transactions fenced by our leadership, each
-//! write also guarded by the revision of the record it replaces. The moves of the batches
-//! that were written are counted by reason and, under `load`, spend the topic's budget and
-//! start their cool-downs.
+//! and cut each topic's changes into batched transactions fenced by our leadership, each
+//! write also guarded by the revision of the record it replaces. The instance's loop
+//! writes them one after another ([`TopicWrite`]). The moves of the batches that were
+//! written are counted by reason and, under `load`, spend the topic's budget and start
+//! their cool-downs.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::election::still_leading;
-use super::{Fence, Leadership};
+use super::{Fence, Leadership, Step};
 use crate::coordinator::handoff_backend::{Handoff, now_ms};
 use crate::handoff::{
     MoveReason, PlacementInputs, PlacementReport, PlanReport, Write, diff_writes, plan_placed,
 };
-use crate::store::{Compare, Revision, Txn};
+use crate::store::{Compare, Txn};
 
 /// etcd refuses transactions with more than 128 compares (or operations) by default; a
 /// batch holds the writes of at most this many partitions (each: ≤ 2 ops, 2 compares on
@@ -24,8 +24,8 @@ const PARTITIONS_PER_TXN: usize = 30;
 /// Builds the fenced transactions for one topic's writes, a batch per
 /// [`PARTITIONS_PER_TXN`] partitions. Each batch compares the fence and, once each, the
 /// `guards` of its partitions: what the plan for that partition was decided from. (The
-/// reconcile loop builds them one at a time from [`chunks`] and [`fenced_txn`], to know
-/// which partitions each committed batch wrote.)
+/// plan builds them from [`chunks`] and [`fenced_txn`] itself, to know which partitions
+/// each committed batch wrote.)
 #[cfg(test)]
 pub fn fenced_batches(
     leader_key: &str,
@@ -109,194 +109,198 @@ impl Arrivals {
     }
 }
 
-/// What one partition's plan was decided from, as the leader saw it.
-#[derive(Clone, Debug, Default)]
-struct Basis {
-    /// Mod revision of the assignment record (0: none).
-    owner: Revision,
-    /// Mod revision of the handoff record (0: none).
-    handoff: Revision,
-    /// The previous owner, when its registration was gone: the plan assigns the partition
-    /// directly, which is only right while that registration is still absent.
-    gone_owner: Option<String>,
-    /// The new owner the plan gives the partition to, and its registration's mod revision:
-    /// only right while it is still that registration.
-    new_owner: Option<(String, Revision)>,
-}
-
-/// One topic's reconcile result, planned under the cache lock and written after it.
-struct TopicPlan {
+/// One topic's plan as the leader writes it, batch after batch ([`Step::Topic`]).
+pub(super) struct TopicWrite {
     topic: String,
-    writes: Vec<Write>,
+    /// When (wall clock, ms) it was planned.
+    planned_at: crate::handoff::Millis,
+    /// The batches not yet sent, each with the partitions it writes.
+    batches: VecDeque<(Txn, Vec<u32>)>,
+    /// The partitions of the batch in flight.
+    sending: Vec<u32>,
+    /// How many batches the plan was cut into, and how many writes it had.
+    count: usize,
+    writes: usize,
+    /// The partitions whose batch was written.
+    applied: BTreeSet<u32>,
+    /// No batch failed.
+    all_applied: bool,
     report: PlanReport,
-    /// What each written partition's plan was decided from.
-    basis: BTreeMap<u32, Basis>,
     /// Whether it was planned as a rollout.
     rollout: bool,
     /// Its moves, classified.
     moves: Vec<(u32, MoveReason)>,
 }
 
-/// Plans and writes every topic (see the module docs). While `settling`, a topic with a
-/// partition whose owner's registration is gone is left alone: that consumer may be about
-/// to come back (docs/design.md §6, "settle after an interruption"). An instance lease that
-/// ended since the last pass starts a settle period too. Returns how long planning
-/// (the work under the cache lock, not the writes) took.
+impl TopicWrite {
+    /// The next batch to send, if any is left.
+    pub(super) fn next_batch(&mut self) -> Option<Txn> {
+        let (txn, partitions) = self.batches.pop_front()?;
+        self.sending = partitions;
+        Some(txn)
+    }
+}
+
+/// Plans every topic (see the module docs) from one consistent read of the cache, and
+/// cuts each plan into fenced batches. While `settling`, a topic with a partition whose
+/// owner's registration is gone is left alone: that consumer may be about to come back
+/// (docs/design.md §6, "settle after an interruption"). An instance lease that ended since
+/// the last pass starts a settle period too. Also returns how long planning took.
 ///
 /// A topic's batches are written one after another: a scale-out of 10,000 partitions
 /// settled no sooner with 4 or 16 in flight, and the consumers' own calls, which share the
 /// store, were answered 10 to 30 times later.
-pub(super) async fn reconcile_all(
+pub(super) fn plan_all(
     inner: &Handoff,
     me: &mut Leadership,
     fence: Fence,
     settling: bool,
-) -> std::time::Duration {
+) -> (Vec<TopicWrite>, std::time::Duration) {
     let now = now_ms();
     let instant = tokio::time::Instant::now();
     let delay = inner.config.rebalance_delay;
     let mut settling = settling;
-    // Plan every topic from one consistent cache read.
-    let plans: Vec<TopicPlan> = {
-        let cache = inner.core.mirror().read();
-        // An instance lease ended in this read (revoked, or outlived by a store outage
-        // this leader did not notice): its registrations vanished with it, but their
-        // streams may still be open and are being written again. They are interrupted,
-        // not departed: settle before moving their partitions.
-        if cache.instance_losses != me.instance_losses {
-            me.instance_losses = cache.instance_losses;
-            super::settle(inner, me, "an instance's lease ended; its consumers may be coming back");
-            settling = true;
-        }
-        cache
-            .topics
-            .iter()
-            .filter(|(_, e)| e.config.is_some())
-            .filter(|(_, e)| !settling || e.owners.values().all(|o| e.consumers.contains_key(&o.value)))
-            .filter(|(topic, entry)| {
-                let active = entry
-                    .consumers
-                    .iter()
-                    .filter(|(_, r)| r.value.status == crate::handoff::ConsumerStatus::Active)
-                    .map(|(name, _)| name.clone())
-                    .collect();
-                let wait =
-                    me.arrivals.entry((*topic).clone()).or_default().wait_until(active, instant, delay);
-                if let Some(due) = wait {
-                    me.wake_at = Some(me.wake_at.map_or(due, |at| at.min(due)));
-                }
-                wait.is_none()
-            })
-            .filter_map(|(topic, entry)| {
-                let mut before = entry.state();
-                // New ownerships get an epoch above every record this plan reads (§10).
-                before.next_epoch = crate::coordinator::shared::records::epoch_above(cache.revision);
-                let rollout = super::view::from_view(inner, &mut before);
-                let mut after = before.clone();
-                let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
-                let memory = me.placement.entry(topic.clone()).or_default();
-                let zones = zones_of(inner, topic);
-                let inputs = PlacementInputs { settings: &inner.config.placement, zones: &zones, memory };
-                let (report, placed) =
-                    plan_placed(&mut after, now, &inner.config.plan, cooldowns, rollout.as_ref(), inputs);
-                observe_placement(inner, topic, memory, &placed);
-                let writes = diff_writes(&before, &after);
-                if writes.is_empty() {
-                    return None;
-                }
-                let basis = writes
-                    .iter()
-                    .map(|w| {
-                        let p = w.partition();
-                        let gone_owner = before.owners.get(&p).filter(|o| !before.is_live(o)).cloned();
-                        let new_owner = after
-                            .owners
-                            .get(&p)
-                            .filter(|o| before.owners.get(&p) != Some(*o))
-                            .and_then(|o| entry.consumers.get(o).map(|r| (o.clone(), r.mod_revision)));
-                        let basis = Basis {
-                            owner: entry.owner_revision(p),
-                            handoff: entry.handoff_revision(p),
-                            gone_owner,
-                            new_owner,
-                        };
-                        (p, basis)
-                    })
-                    .collect();
-                let moves = placed.moves;
-                Some(TopicPlan {
-                    topic: topic.clone(),
-                    writes,
-                    report,
-                    basis,
-                    rollout: rollout.is_some(),
-                    moves,
-                })
-            })
-            .collect()
-    };
-    let planning = instant.elapsed();
-    let leader_key = inner.core.keys().leader();
-    let keys = &inner.core.keys();
-    for TopicPlan { topic, writes, report, basis, rollout, moves } in plans {
-        let guards = |p: u32| {
-            let b = basis.get(&p).cloned().unwrap_or_default();
-            let mut compares = vec![
-                Compare::ModRevision(keys.assignment(&topic, p), b.owner),
-                Compare::ModRevision(keys.handoff(&topic, p), b.handoff),
-            ];
-            if let Some(owner) = b.gone_owner {
-                compares.push(Compare::ModRevision(keys.consumer(&topic, &owner), 0));
-            }
-            if let Some((owner, revision)) = b.new_owner {
-                compares.push(Compare::ModRevision(keys.consumer(&topic, &owner), revision));
-            }
-            compares
-        };
-        let ops = |w: &[Write]| inner.core.keys().write_ops(&topic, w);
-        let batches = chunks(&writes);
-        let count = batches.len();
-        let mut all_applied = true;
-        let mut applied = BTreeSet::new();
-        for batch in batches {
-            let txn = fenced_txn(&leader_key, fence, &batch, &guards, &ops);
-            // Owner and handoff records only: their cache reads no create revision.
-            match inner.driver.txn(txn).await {
-                Ok(outcome) if outcome.succeeded => {
-                    me.written = me.written.max(outcome.revision);
-                    applied.extend(batch.iter().map(Write::partition));
-                }
-                Ok(_) => {
-                    // A compare failed: the plan was made from a stale view. Nothing of
-                    // this batch was written; the next revision plans again.
-                    all_applied = false;
-                    inner.core.metrics().reconcile_conflicts.inc();
-                    still_leading(inner, me, fence).await;
-                    break;
-                }
-                Err(error) => {
-                    all_applied = false;
-                    tracing::warn!(%error, topic, "reconcile write failed");
-                    super::settle(inner, me, "a store call failed");
-                    break;
-                }
-            }
-        }
-        let made: Vec<(u32, MoveReason)> = moves.into_iter().filter(|(p, _)| applied.contains(p)).collect();
-        if let Some(memory) = me.placement.get_mut(&topic) {
-            memory.record(now, &made, &inner.config.placement);
-        }
-        for (_, reason) in &made {
-            inner.core.metrics().observe_partition_move(&topic, reason.name());
-        }
-        if all_applied {
-            record(inner, &topic, &report, writes.len(), count, rollout);
-        }
-        if inner.fence().is_none() {
-            return planning;
-        }
+    let cache = inner.core.mirror().read();
+    // An instance lease ended in this read (revoked, or outlived by a store outage this
+    // leader did not notice): its registrations vanished with it, but their streams may
+    // still be open and are being written again. They are interrupted, not departed:
+    // settle before moving their partitions.
+    if cache.instance_losses != me.instance_losses {
+        me.instance_losses = cache.instance_losses;
+        super::settle(inner, me, "an instance's lease ended; its consumers may be coming back");
+        settling = true;
     }
-    planning
+    let leader_key = inner.core.keys().leader();
+    let keys = inner.core.keys();
+    let plans = cache
+        .topics
+        .iter()
+        .filter(|(_, e)| e.config.is_some())
+        .filter(|(_, e)| !settling || e.owners.values().all(|o| e.consumers.contains_key(&o.value)))
+        .filter(|(topic, entry)| {
+            let active = entry
+                .consumers
+                .iter()
+                .filter(|(_, r)| r.value.status == crate::handoff::ConsumerStatus::Active)
+                .map(|(name, _)| name.clone())
+                .collect();
+            let wait = me.arrivals.entry((*topic).clone()).or_default().wait_until(active, instant, delay);
+            if let Some(due) = wait {
+                me.wake_at = Some(me.wake_at.map_or(due, |at| at.min(due)));
+            }
+            wait.is_none()
+        })
+        .filter_map(|(topic, entry)| {
+            let mut before = entry.state();
+            // New ownerships get an epoch above every record this plan reads (§10).
+            before.next_epoch = crate::coordinator::shared::records::epoch_above(cache.revision);
+            let rollout = super::view::from_view(inner, &mut before);
+            let mut after = before.clone();
+            let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
+            let memory = me.placement.entry(topic.clone()).or_default();
+            let zones = zones_of(inner, topic);
+            let inputs = PlacementInputs { settings: &inner.config.placement, zones: &zones, memory };
+            let (report, placed) =
+                plan_placed(&mut after, now, &inner.config.plan, cooldowns, rollout.as_ref(), inputs);
+            observe_placement(inner, topic, memory, &placed);
+            let writes = diff_writes(&before, &after);
+            if writes.is_empty() {
+                return None;
+            }
+            // What each written partition's plan was decided from: its guards.
+            let guards = |p: u32| {
+                let mut compares = vec![
+                    Compare::ModRevision(keys.assignment(topic, p), entry.owner_revision(p)),
+                    Compare::ModRevision(keys.handoff(topic, p), entry.handoff_revision(p)),
+                ];
+                // A direct assignment is only right while the gone owner's registration
+                // is still absent...
+                if let Some(owner) = before.owners.get(&p).filter(|o| !before.is_live(o)) {
+                    compares.push(Compare::ModRevision(keys.consumer(topic, owner), 0));
+                }
+                // ...and a new owner only while it is still that registration.
+                let new_owner = after.owners.get(&p).filter(|o| before.owners.get(&p) != Some(*o));
+                if let Some((owner, record)) = new_owner.and_then(|o| entry.consumers.get(o).map(|r| (o, r)))
+                {
+                    compares.push(Compare::ModRevision(keys.consumer(topic, owner), record.mod_revision));
+                }
+                compares
+            };
+            let ops = |w: &[Write]| keys.write_ops(topic, w);
+            let batches: VecDeque<(Txn, Vec<u32>)> = chunks(&writes)
+                .iter()
+                .map(|batch| {
+                    let mut partitions: Vec<u32> = batch.iter().map(Write::partition).collect();
+                    partitions.dedup();
+                    (fenced_txn(&leader_key, fence, batch, &guards, &ops), partitions)
+                })
+                .collect();
+            Some(TopicWrite {
+                topic: topic.clone(),
+                planned_at: now,
+                count: batches.len(),
+                writes: writes.len(),
+                batches,
+                sending: Vec::new(),
+                applied: BTreeSet::new(),
+                all_applied: true,
+                report,
+                rollout: rollout.is_some(),
+                moves: placed.moves,
+            })
+        })
+        .collect();
+    (plans, instant.elapsed())
+}
+
+/// The answer to the batch in flight of the topic at the head of the queue.
+pub(super) fn batch_answered(
+    inner: &Handoff,
+    me: &mut Leadership,
+    outcome: Result<crate::store::TxnOutcome, crate::store::StoreError>,
+) {
+    let fence = inner.fence();
+    let Some(Step::Topic(topic)) = me.queue.front_mut() else { return };
+    let failed = match outcome {
+        Ok(outcome) if outcome.succeeded => {
+            me.written = me.written.max(outcome.revision);
+            topic.applied.extend(topic.sending.drain(..));
+            return;
+        }
+        Ok(_) => {
+            // A compare failed: the plan was made from a stale view. Nothing of this
+            // batch was written; the next revision plans again. Were we deposed?
+            inner.core.metrics().reconcile_conflicts.inc();
+            fence.map(Step::StillLeading)
+        }
+        Err(error) => {
+            tracing::warn!(%error, topic = %topic.topic, "reconcile write failed");
+            None
+        }
+    };
+    topic.all_applied = false;
+    topic.batches.clear();
+    match failed {
+        Some(check) => me.queue.insert(1, check),
+        None => super::settle(inner, me, "a store call failed"),
+    }
+}
+
+/// A topic's plan is written (or gave up): the moves its written batches made are counted
+/// and, under `load`, spend the budget and start their cool-downs.
+pub(super) fn finish_topic(inner: &Handoff, me: &mut Leadership, written: TopicWrite) {
+    let TopicWrite { topic, planned_at, count, writes, applied, all_applied, report, rollout, moves, .. } =
+        written;
+    let made: Vec<(u32, MoveReason)> = moves.into_iter().filter(|(p, _)| applied.contains(p)).collect();
+    if let Some(memory) = me.placement.get_mut(&topic) {
+        memory.record(planned_at, &made, &inner.config.placement);
+    }
+    for (_, reason) in &made {
+        inner.core.metrics().observe_partition_move(&topic, reason.name());
+    }
+    if all_applied {
+        record(inner, &topic, &report, writes, count, rollout);
+    }
 }
 
 /// The zones the weight source knows for `topic`'s partitions (none under `count`, which

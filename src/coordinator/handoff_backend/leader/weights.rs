@@ -12,57 +12,56 @@
 
 use std::collections::BTreeMap;
 
-use super::{Fence, Leadership};
+use super::{Fence, Leadership, Step};
 use crate::coordinator::handoff_backend::Handoff;
 use crate::coordinator::handoff_backend::records::{TopicRecord, encode};
-use crate::store::{Compare, Op, Revision, Txn};
+use crate::store::{Compare, Op, StoreError, Txn, TxnOutcome};
 
 /// A stored weight is rewritten when the new one differs by more than this percentage.
 pub(super) const CHANGE_PERCENT: u64 = 5;
 
-/// Runs the weights refresh if one is due (see the module docs).
-pub(super) async fn refresh_when_due(inner: &Handoff, me: &mut Leadership, fence: Fence) {
+/// Queues the weights refresh's writes if one is due (see the module docs).
+pub(super) fn queue_when_due(inner: &Handoff, me: &mut Leadership, fence: Fence) {
     let Some(source) = inner.config.weights.as_ref() else { return };
     let now = tokio::time::Instant::now();
     if me.next_weights.is_some_and(|due| now < due) {
         return;
     }
     me.next_weights = Some(now + inner.config.weights_refresh);
-    let updates: Vec<(String, TopicRecord, Revision)> = {
-        let cache = inner.core.mirror().read();
-        cache
-            .topics
-            .iter()
-            .filter_map(|(topic, entry)| {
-                let config = entry.config.as_ref()?;
-                let wanted = source.weights(topic)?;
-                let weights = to_store(&config.value.weights, &wanted, config.value.partition_count)?;
-                Some((topic.clone(), TopicRecord { weights, ..config.value.clone() }, config.mod_revision))
-            })
-            .collect()
-    };
-    for (topic, record, revision) in updates {
-        let key = inner.core.keys().topic(&topic);
+    let cache = inner.core.mirror().read();
+    for (topic, entry) in &cache.topics {
+        let Some(config) = entry.config.as_ref() else { continue };
+        let Some(wanted) = source.weights(topic) else { continue };
+        let Some(weights) = to_store(&config.value.weights, &wanted, config.value.partition_count) else {
+            continue;
+        };
+        let weighted = weights.len();
+        let record = TopicRecord { weights, ..config.value.clone() };
+        let key = inner.core.keys().topic(topic);
         let txn = Txn::new()
             .when(inner.fenced(fence))
-            .when(Compare::ModRevision(key.clone(), revision))
+            .when(Compare::ModRevision(key.clone(), config.mod_revision))
             .then(Op::put(&key, encode(&record)));
-        match inner.core.store().txn(txn).await {
-            Ok(outcome) if outcome.succeeded => {
-                me.written = me.written.max(outcome.revision);
-                tracing::info!(
-                    topic,
-                    weighted = record.weights.len(),
-                    source = %source.describe(),
-                    "partition weights stored"
-                );
-            }
-            Ok(_) => tracing::debug!(topic, "weights refresh raced a change (or leadership was lost)"),
-            Err(error) => tracing::warn!(%error, topic, "weights refresh: cannot store the weights"),
+        me.queue.push_back(Step::Weights { topic: topic.clone(), txn, weighted });
+    }
+}
+
+/// What the store answered a weights write of `topic`.
+pub(super) fn answered(
+    inner: &Handoff,
+    me: &mut Leadership,
+    topic: &str,
+    weighted: usize,
+    outcome: Result<TxnOutcome, StoreError>,
+) {
+    match outcome {
+        Ok(outcome) if outcome.succeeded => {
+            me.written = me.written.max(outcome.revision);
+            let source = inner.config.weights.as_ref().map(|s| s.describe()).unwrap_or_default();
+            tracing::info!(topic, weighted, %source, "partition weights stored");
         }
-        if inner.fence() != Some(fence) {
-            return;
-        }
+        Ok(_) => tracing::debug!(topic, "weights refresh raced a change (or leadership was lost)"),
+        Err(error) => tracing::warn!(%error, topic, "weights refresh: cannot store the weights"),
     }
 }
 
