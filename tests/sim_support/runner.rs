@@ -46,7 +46,10 @@ impl Watchdog {
         let (done, finished) = mpsc::channel::<()>();
         std::thread::spawn(move || {
             if let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(budget) {
-                eprintln!("{message}");
+                // Straight to the process's stderr: the test harness captures `eprintln!`
+                // (this thread inherits the capture) and drops it when the process exits.
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "{message}");
                 std::process::exit(101);
             }
         });

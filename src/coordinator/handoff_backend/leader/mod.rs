@@ -160,6 +160,8 @@ pub(super) struct Leader {
     busy: bool,
     /// When the leader looks again if nothing changes.
     wake: Instant,
+    /// The instance is shutting down: the leader makes no more calls and sets no timer.
+    stopped: bool,
 }
 
 impl Handoff {
@@ -182,7 +184,7 @@ impl Handoff {
 impl Leader {
     /// A leader that looks at once.
     pub(super) fn new(now: Instant) -> Self {
-        Leader { me: Leadership::default(), dirty: true, seen: 0, busy: false, wake: now }
+        Leader { me: Leadership::default(), dirty: true, seen: 0, busy: false, wake: now, stopped: false }
     }
 
     /// The instance lease or the mirror's health changed: the leader looks again once it is
@@ -192,9 +194,9 @@ impl Leader {
     }
 
     /// When the leader's timer is due, while no call of its is in flight (`None`: it waits
-    /// for its answer).
+    /// for its answer, or the instance is stopping).
     pub(super) fn wake_at(&self) -> Option<Instant> {
-        (!self.busy).then_some(self.wake)
+        (!self.busy && !self.stopped).then_some(self.wake)
     }
 
     /// Whether the next [`next_job`](Self::next_job) may plan (so the loop lets the
@@ -213,7 +215,10 @@ impl Leader {
 
     /// The leader's next store call, if it has one now (see the module docs).
     pub(super) fn next_job(&mut self, inner: &Arc<Handoff>, now: Instant) -> Option<Job> {
-        if self.busy || inner.core.shutdown().is_cancelled() {
+        // A timer left set after the shutdown would fire at once, again and again, until
+        // the loop ends.
+        self.stopped = inner.core.shutdown().is_cancelled();
+        if self.busy || self.stopped {
             return None;
         }
         if self.will_look(inner, now) {
