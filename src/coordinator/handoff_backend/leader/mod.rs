@@ -27,6 +27,8 @@
 //! partitions like any orphan.
 
 mod election;
+#[cfg(test)]
+mod loop_tests;
 mod reconcile;
 mod view;
 mod weights;
