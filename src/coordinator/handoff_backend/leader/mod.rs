@@ -204,7 +204,7 @@ impl Leader {
     /// Whether the next [`next_job`](Self::next_job) may plan (so the loop lets the
     /// streams it just fed go first: planning a big topic takes hundreds of µs).
     pub(super) fn may_plan(&self, inner: &Handoff, now: Instant) -> bool {
-        self.will_look(inner, now) && inner.fence().is_some()
+        self.will_look(inner, now) && inner.fence().is_some() && self.me.next_plan.is_none_or(|at| now >= at)
     }
 
     /// Whether the leader looks at its next chance: it is idle, and something changed or
