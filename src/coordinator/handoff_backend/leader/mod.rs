@@ -210,9 +210,12 @@ impl Leader {
     /// Whether the leader looks at its next chance: it is idle, and something changed or
     /// its timer is due.
     fn will_look(&self, inner: &Handoff, now: Instant) -> bool {
-        !self.busy
-            && self.me.queue.is_empty()
-            && (self.dirty || now >= self.wake || inner.core.mirror().read().revision != self.seen)
+        self.due(inner.core.mirror().read().revision, now)
+    }
+
+    /// [`will_look`](Self::will_look), given the cache's revision.
+    fn due(&self, revision: Revision, now: Instant) -> bool {
+        !self.busy && self.me.queue.is_empty() && (self.dirty || now >= self.wake || revision != self.seen)
     }
 
     /// The leader's next store call, if it has one now (see the module docs).
@@ -223,9 +226,10 @@ impl Leader {
         if self.busy || self.stopped {
             return None;
         }
-        if self.will_look(inner, now) {
+        let revision = inner.core.mirror().read().revision;
+        if self.due(revision, now) {
             self.dirty = false;
-            self.seen = inner.core.mirror().read().revision;
+            self.seen = revision;
             self.look(inner, now);
         }
         let job = self.take_step(inner);

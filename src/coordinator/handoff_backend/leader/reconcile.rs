@@ -112,6 +112,8 @@ impl Arrivals {
 /// One topic's plan as the leader writes it, batch after batch ([`Step::Topic`]).
 pub(super) struct TopicWrite {
     topic: String,
+    /// The leadership it was planned under (every batch compares it).
+    fence: Fence,
     /// When (wall clock, ms) it was planned.
     planned_at: crate::handoff::Millis,
     /// The batches not yet sent, each with the partitions it writes.
@@ -237,6 +239,7 @@ pub(super) fn plan_all(
                 .collect();
             Some(TopicWrite {
                 topic: topic.clone(),
+                fence,
                 planned_at: now,
                 count: batches.len(),
                 writes: writes.len(),
@@ -259,9 +262,8 @@ pub(super) fn batch_answered(
     me: &mut Leadership,
     outcome: Result<crate::store::TxnOutcome, crate::store::StoreError>,
 ) {
-    let fence = inner.fence();
     let Some(Step::Topic(topic)) = me.queue.front_mut() else { return };
-    let failed = match outcome {
+    let refused_under = match outcome {
         Ok(outcome) if outcome.succeeded => {
             me.written = me.written.max(outcome.revision);
             topic.applied.extend(topic.sending.drain(..));
@@ -271,7 +273,7 @@ pub(super) fn batch_answered(
             // A compare failed: the plan was made from a stale view. Nothing of this
             // batch was written; the next revision plans again. Were we deposed?
             inner.core.metrics().reconcile_conflicts.inc();
-            fence.map(Step::StillLeading)
+            Some(topic.fence)
         }
         Err(error) => {
             tracing::warn!(%error, topic = %topic.topic, "reconcile write failed");
@@ -280,8 +282,9 @@ pub(super) fn batch_answered(
     };
     topic.all_applied = false;
     topic.batches.clear();
-    match failed {
-        Some(check) => me.queue.insert(1, check),
+    match refused_under {
+        // Checked once the topic is done, before the next one.
+        Some(fence) => me.queue.insert(1, Step::StillLeading(fence)),
         None => super::settle(inner, me, "a store call failed"),
     }
 }
