@@ -88,20 +88,22 @@ pub fn draw_action(kind: Kind, ttl: Duration, rng: &mut Rng) -> Option<Action> {
     })
 }
 
-/// Whether `txn` writes a consumer's registration.
-fn writes_registration(txn: &Txn) -> bool {
+/// Whether `txn` writes a key under any of `folders` (`/assignments/`, ...).
+fn writes_under(txn: &Txn, folders: &[&str]) -> bool {
     txn.ops.iter().any(|op| {
         let (Op::Put { key, .. } | Op::Delete { key }) = op;
-        key.contains("/consumers/")
+        folders.iter().any(|folder| key.contains(folder))
     })
+}
+
+/// Whether `txn` writes a consumer's registration.
+fn writes_registration(txn: &Txn) -> bool {
+    writes_under(txn, &["/consumers/"])
 }
 
 /// Whether `txn` writes an assignment or a handoff record.
 fn writes_ownership(txn: &Txn) -> bool {
-    txn.ops.iter().any(|op| {
-        let (Op::Put { key, .. } | Op::Delete { key }) = op;
-        key.contains("/assignments/") || key.contains("/handoffs/")
-    })
+    writes_under(txn, &["/assignments/", "/handoffs/"])
 }
 
 impl Sim {
