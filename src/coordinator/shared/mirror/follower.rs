@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, future::BoxFuture};
 use tokio::time::Sleep;
 
 use super::{Changes, Mirror, MirrorCache, Source};
-use crate::store::{Revision, WatchStream};
+use crate::store::{PrefixSnapshot, Revision, StoreError, WatchStream};
 
 /// The first pause before re-reading after a failed read; doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -21,14 +21,17 @@ fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(0.75 + (random % 1_000) as f64 / 2_000.0)
 }
 
-/// Where the follower is: watching, or due to re-read the whole prefix.
-enum Phase {
-    /// Open a watch from this revision.
-    Watch(Revision),
+/// Where the follower is: watching, or due to re-read the whole prefix. A store call, once
+/// made, is kept here until it answers: a [`Follower::next`] dropped while it runs does
+/// not make it again.
+enum Phase<'a> {
+    /// Open a watch from this revision (the call, once made).
+    Watch(Revision, Option<BoxFuture<'a, Result<WatchStream, StoreError>>>),
     /// Following this watch until the resync is due.
     Following(WatchStream, std::pin::Pin<Box<Sleep>>),
-    /// Re-read everything; `interrupted` says whether the watch broke (a gap in the view).
-    Reread { interrupted: bool },
+    /// Re-read everything (the read, once made); `interrupted` says whether the watch broke
+    /// (a gap in the view).
+    Reread { interrupted: bool, read: Option<BoxFuture<'a, Result<PrefixSnapshot, StoreError>>> },
 }
 
 /// Keeps a [`Mirror`]'s cache equal to the store, one step at a time: each
@@ -36,7 +39,7 @@ enum Phase {
 pub struct Follower<'a, C: MirrorCache> {
     mirror: &'a Mirror<C>,
     source: Source<'a, C::Keys>,
-    phase: Phase,
+    phase: Phase<'a>,
     backoff: Duration,
     /// When a failed re-read may be tried again.
     retry_at: Option<tokio::time::Instant>,
@@ -45,7 +48,7 @@ pub struct Follower<'a, C: MirrorCache> {
 impl<'a, C: MirrorCache> Follower<'a, C> {
     pub(super) fn new(mirror: &'a Mirror<C>, source: Source<'a, C::Keys>) -> Self {
         let from = mirror.read().revision() + 1;
-        Self { mirror, source, phase: Phase::Watch(from), backoff: FIRST_BACKOFF, retry_at: None }
+        Self { mirror, source, phase: Phase::Watch(from, None), backoff: FIRST_BACKOFF, retry_at: None }
     }
 
     /// Waits until the cache has advanced (a watched revision, an own write, a re-read
@@ -55,8 +58,8 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
     ///
     /// Cancel-safe: dropped before it returns (another branch of the caller's `select!`
     /// won), it has applied nothing, and the next call goes on where this one was (the
-    /// watch stays open, a failed re-read keeps its backoff), so an instance's loop can wait
-    /// on it beside its other inputs.
+    /// watch stays open, a watch or re-read under way goes on, a failed re-read keeps its
+    /// backoff), so an instance's loop can wait on it beside its other inputs.
     pub async fn next(&mut self) -> Option<Changes> {
         let Source { store, keys, shutdown, resync_interval } = self.source;
         let (mirror, name) = (self.mirror, self.mirror.name);
@@ -65,11 +68,12 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                 return None;
             }
             match &mut self.phase {
-                Phase::Watch(from) => {
+                Phase::Watch(from, call) => {
                     let from = *from;
+                    let call = call.get_or_insert_with(|| store.watch_prefix(C::prefix(keys), from));
                     let watch = tokio::select! {
                         _ = shutdown.cancelled() => return None,
-                        w = store.watch_prefix(C::prefix(keys), from) => w,
+                        w = call => w,
                     };
                     match watch {
                         Ok(stream) => {
@@ -80,7 +84,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                         }
                         Err(error) => {
                             tracing::warn!(%error, mirror = name, "watch failed; re-reading state");
-                            self.phase = Phase::Reread { interrupted: true };
+                            self.phase = Phase::Reread { interrupted: true, read: None };
                         }
                     }
                 }
@@ -89,7 +93,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     let item = tokio::select! {
                         _ = shutdown.cancelled() => return None,
                         _ = resync.as_mut() => {
-                            self.phase = Phase::Reread { interrupted: false };
+                            self.phase = Phase::Reread { interrupted: false, read: None };
                             continue;
                         }
                         item = stream.next() => Some(item),
@@ -97,22 +101,30 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     };
                     let (changes, advanced, failed) = apply(mirror, keys, stream, item);
                     if failed {
-                        self.phase = Phase::Reread { interrupted: true };
+                        self.phase = Phase::Reread { interrupted: true, read: None };
                     }
                     if advanced || failed {
                         return Some(changes);
                     }
                 }
-                Phase::Reread { interrupted } => {
+                Phase::Reread { interrupted, read } => {
                     let interrupted = *interrupted;
-                    if let Some(at) = self.retry_at {
+                    if read.is_none()
+                        && let Some(at) = self.retry_at
+                    {
                         tokio::select! {
                             _ = shutdown.cancelled() => return None,
                             _ = tokio::time::sleep_until(at) => {}
                         }
                         self.retry_at = None;
                     }
-                    match store.get_prefix(C::prefix(keys)).await {
+                    let call = read.get_or_insert_with(|| store.get_prefix(C::prefix(keys)));
+                    let result = tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        r = call => r,
+                    };
+                    *read = None;
+                    match result {
                         Ok(snapshot) => {
                             let fresh = C::from_snapshot(keys, snapshot);
                             let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
@@ -122,7 +134,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                                 // cache, and taking it would move the consumers back. Read again.
                                 continue;
                             }
-                            self.phase = Phase::Watch(fresh.revision() + 1);
+                            self.phase = Phase::Watch(fresh.revision() + 1, None);
                             let changes = cache.differing(&fresh);
                             *cache = fresh;
                             drop(cache);

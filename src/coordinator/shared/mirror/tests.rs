@@ -270,3 +270,29 @@ async fn a_late_writer_of_a_batch_applied_ahead_never_takes_its_keys_back() {
     assert_eq!(mirror.read().kvs[&format!("{PREFIX}a/x")].value, b"2", "taken back");
     assert!(changes.topics().is_empty(), "nothing to tell: {changes:?}");
 }
+
+/// A loop waits on its follower beside other inputs, so `next` is often dropped while the
+/// watch is being opened: the call goes on, and is not made again (nor counted as a resync).
+#[tokio::test(start_paused = true)]
+async fn a_follower_dropped_while_its_watch_is_being_opened_opens_it_once() {
+    let memory = MemoryStore::new();
+    let mirror = Mirror::<Records>::load(&memory, &(), "test").await.expect("loads");
+    let faulty = crate::store::FaultyStore::new(Arc::new(memory.clone()), 1);
+    faulty.delay(Duration::from_millis(100), Duration::from_millis(100));
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let store = crate::store::MeteredStore::new(Arc::new(faulty), metrics.clone());
+    let token = CancellationToken::new();
+    let source =
+        Source { store: &store, keys: &(), resync_interval: Duration::from_secs(300), shutdown: &token };
+    let mut follower = mirror.follower(source);
+    // Other inputs of the caller win three times while the watch is being opened.
+    for _ in 0..3 {
+        let waited = tokio::time::timeout(Duration::from_millis(30), follower.next()).await;
+        assert!(waited.is_err(), "nothing to follow yet");
+    }
+    let revision = memory.put(&format!("{PREFIX}a/x"), b"1".to_vec(), None).await.expect("written");
+    let changes = tokio::time::timeout(Duration::from_secs(1), follower.next()).await.expect("followed");
+    assert!(changes.expect("running").topics().contains("a"));
+    assert_eq!(mirror.read().revision, revision);
+    assert_eq!(metrics.watch_resyncs.get(), 0, "the watch was opened once");
+}
