@@ -778,9 +778,12 @@ async fn the_giver_hears_first(backend: Backend) {
 }
 
 /// A giver that does not read at all cannot keep partitions forever, nor lose them before
-/// it could have heard. `g` connects with a 16-byte HTTP/2 window and reads nothing: its
-/// snapshot fits, its first claims fill the window, its next claims wait in the server's
-/// HTTP/2 stream, and nothing more is taken from its channel. `c` joins: `g`'s give-back
+/// it could have heard. `g` connects with a one-byte HTTP/2 window and reads nothing: its
+/// snapshot fills the window, the server's HTTP/2 stream takes one more command and holds
+/// it for want of window (hyper takes a chunk ahead), and nothing more is taken from its
+/// channel, whether its claims came as one command or two. (With a window that let the
+/// snapshot through, two claims relayed as one left that slot free for the `unassigned`.)
+/// `c` joins: `g`'s give-back
 /// waits one TTL for the transport, then `g`'s stream is ended (`RESOURCE_EXHAUSTED`) and
 /// its registration, with every lease, ends one TTL later; only then is `c` told anything.
 /// When `g` reads at last it finds the `unassigned`, then why its stream ended.
@@ -789,7 +792,7 @@ async fn a_giver_that_does_not_read_is_ended_and_keeps_its_leases_for_the_ttl(ba
     let (mut f, _) = fleet.consumer(1, "f", WIDE).await;
     settled(&fleet, WIDE, WIDE_PARTITIONS, &mut [&mut f], PROMPT).await;
     let endpoint =
-        Endpoint::from_shared(fleet.nodes[0].url.clone()).expect("url").initial_stream_window_size(16);
+        Endpoint::from_shared(fleet.nodes[0].url.clone()).expect("url").initial_stream_window_size(1);
     let channel = endpoint.connect().await.expect("g connects");
     let request = RegisterRequest { consumer_name: "g".into(), topic: WIDE.into() };
     let mut giver =
