@@ -1,6 +1,6 @@
-//! The claim step that runs beside each local consumer's stream: give back what exceeds
-//! its fair share, claim free leases up to it ([`super::share`]), on every change and on a
-//! timer. Also the periodic Kafka topic refresh of the fleet backend.
+//! The claim step of a local consumer, which the loop runs on every change and on a timer
+//! (`driver.rs`): give back what exceeds its fair share, claim free leases up to it
+//! ([`super::share`]). Also the periodic Kafka topic refresh of the fleet backend.
 
 use std::sync::Arc;
 
@@ -16,36 +16,26 @@ use crate::coordinator::shared::{
 };
 use crate::store::{Revision, StoreError};
 
-/// Runs the consumer's claim step on every change and every claim interval, until
-/// `done` (the stream's session task ended).
-pub(super) async fn claim_task(
+/// One claim step of the local consumer `key` (see [`claim_step`]), as the loop runs it
+/// (`driver.rs`): `seen` is the revision of its last write, and the step returns the key
+/// and the revision of its own last write. `done` is cancelled when the stream ended.
+pub(super) async fn step(
     inner: Arc<Fleet>,
     key: StreamKey,
     registered_at: Revision,
+    mut seen: Revision,
     done: CancellationToken,
-) {
-    let mut claim_timer = tokio::time::interval(inner.config.claim_interval);
-    claim_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut changed = inner.core.mirror().subscribe();
-    // The claim step acts only on a cache that has seen its own last write.
-    let mut seen = registered_at;
-    loop {
-        tokio::select! {
-            biased;
-            _ = done.cancelled() => return,
-            result = changed.changed() => if result.is_err() { return },
-            _ = claim_timer.tick() => {}
-        }
-        match claim_step(&inner, &key, registered_at, &mut seen, &done).await {
-            Ok(()) => {}
-            // The instance lease ended: the lease task starts a new one (and the stream's
-            // registration is written again, `shared/rebind.rs`); the next step claims.
-            Err(StoreError::SessionExpired(_)) => {}
-            Err(error) => {
-                tracing::warn!(%error, topic = %key.0, consumer = %key.1, "claim step failed; retrying")
-            }
+) -> (StreamKey, Revision) {
+    match claim_step(&inner, &key, registered_at, &mut seen, &done).await {
+        Ok(()) => {}
+        // The instance lease ended: the lease task starts a new one (and the stream's
+        // registration is written again, `shared/rebind.rs`); the next step claims.
+        Err(StoreError::SessionExpired(_)) => {}
+        Err(error) => {
+            tracing::warn!(%error, topic = %key.0, consumer = %key.1, "claim step failed; retrying")
         }
     }
+    (key, seen)
 }
 
 /// Every topic refresh interval, asks Kafka for the counts of the stored topics and grows

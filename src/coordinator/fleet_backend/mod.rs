@@ -6,14 +6,14 @@
 //!   session: two live leases on one partition cannot exist, and a crashed consumer's
 //!   leases vanish with its session, one TTL after its stream dropped.
 //! * The instance that holds a consumer's stream claims and renews on its behalf: it keeps
-//!   the consumer's session alive while the stream is open (the shared registration), and
-//!   on every change it sees (and on a timer) runs the consumer's claim step (`claim.rs`,
-//!   [`share`]): claim free leases up to the consumer's fair share, give back the excess
-//!   when membership grew.
-//! * Every instance watches the prefix (the shared mirror, `state.rs`) and its relay
-//!   (`relay.rs`) tells the local consumers the difference between the leases
-//!   they hold and what they were told, as `AssignmentUpdate{assigned, unassigned}`; the
-//!   first message is the snapshot.
+//!   the consumer's session alive while the stream is open (the shared registration).
+//! * Every instance runs one loop (`driver.rs`). It follows the prefix (the shared mirror,
+//!   `state.rs`); after each change its relay (`relay.rs`) tells the local consumers the
+//!   difference between the leases they hold and what they were told, as
+//!   `AssignmentUpdate{assigned, unassigned}` (the first message is the snapshot). Then,
+//!   and on a timer, it runs each local consumer's claim step (`claim.rs`, [`share`]):
+//!   claim free leases up to the consumer's fair share, give back the excess when
+//!   membership grew.
 //! * A partition given back is first `unassigned` on the giver's stream, then its lease is
 //!   deleted once the stream's transport took that `unassigned`, which may wait behind
 //!   older unread commands: a consumer that is alive has always been told to stop before
@@ -31,6 +31,7 @@
 mod calls;
 mod claim;
 mod claim_decide;
+mod driver;
 pub mod records;
 mod register;
 mod registrar;
@@ -100,6 +101,8 @@ impl Default for FleetConfig {
 pub struct Fleet {
     core: Core<FleetCache, FleetTold>,
     config: FleetConfig,
+    /// The way into the instance's loop for the streams that open.
+    claims: driver::Claims,
 }
 
 /// The fleet coordinator (see the module docs): the shared store-backed instance over the
@@ -118,9 +121,10 @@ impl StoreCoordinator<Fleet> {
         let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
         let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
         let core = Core::load(store, keys, metrics, settings, "fleet").await?;
-        let inner = Arc::new(Fleet { core, config });
+        let (claims, openings) = driver::channel();
+        let inner = Arc::new(Fleet { core, config, claims });
         super::shared::register::start_lease(&inner).await?;
-        tokio::spawn(relay::watch_loop(inner.clone()));
+        tokio::spawn(driver::run(inner.clone(), openings));
         tokio::spawn(claim::refresh_topics(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");
         Ok(Self::new(inner))

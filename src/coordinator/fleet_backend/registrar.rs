@@ -1,6 +1,6 @@
 //! The fleet backend's [`Registrar`]: what the shared registration calls for a fleet
-//! stream (its records in `register.rs`, its relay in `relay.rs`, its claim step in
-//! `claim.rs`).
+//! stream (its records in `register.rs`, its relay in `relay.rs`, its claim steps run by
+//! the loop, `driver.rs`).
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::records::{LeaseRecord, MemberRecord};
 use super::register::member_record;
 use super::relay::{FleetTold, relay_step};
-use super::{Fleet, claim, state::FleetCache};
+use super::{Fleet, state::FleetCache};
 use crate::coordinator::shared::{
     Core,
     records::{decode, encode},
@@ -78,6 +78,6 @@ impl Registrar for Fleet {
     }
 
     fn spawn_companion(self: &Arc<Self>, key: StreamKey, registered_at: Revision, done: CancellationToken) {
-        tokio::spawn(claim::claim_task(self.clone(), key, registered_at, done));
+        self.claims.start(key, registered_at, done);
     }
 }

@@ -1,6 +1,6 @@
 //! The relay: tell every local consumer the difference between the leases it holds and
-//! what it was told. The shared mirror keeps the cache equal to the store and calls the
-//! relay after every change.
+//! what it was told. The instance's loop (`driver.rs`) keeps the cache equal to the store
+//! and relays every change.
 //!
 //! Updates come from here, derived from the cache after a whole revision has been applied
 //! (so a consumer never sees half a transaction), with one exception: a partition the
@@ -131,16 +131,5 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
                 tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot free a departed member's leases; the next change retries");
             }
         });
-    }
-}
-
-/// Keeps the cache equal to the store and tells the consumers every change, then announces
-/// the revision. Runs until shutdown.
-pub(super) async fn watch_loop(inner: Arc<Fleet>) {
-    let mut follower = inner.core.follower(inner.config.resync_interval);
-    while let Some(changes) = follower.next().await {
-        let cache = inner.core.mirror().read();
-        relay(&inner, &cache, &changes);
-        inner.core.mirror().announce(&cache);
     }
 }

@@ -1,0 +1,160 @@
+//! The fleet instance's loop: the one task that follows the store, relays each change to
+//! the local streams and runs the local consumers' claim steps.
+//!
+//! Its inputs are events: the store's changes (the mirror's [`Follower`]), the local
+//! streams that open ([`Claims::start`], from the shared registration), the claim timer,
+//! and the claim steps that end. The loop relays a change in the turn that applied it,
+//! before any claim step can look at the cache: a step decides on a cache whose every
+//! change its consumer was told, so what it gives back is what the consumer was told it
+//! owns.
+//!
+//! A claim step decides on the cache and then writes, and to give back waits for the
+//! giver's transport (`claim.rs`, up to one TTL). It runs as a future the loop polls
+//! beside its other inputs, one step per consumer at a time; a consumer woken while its
+//! step runs steps again once it ended. The Kafka topic refresh keeps a task of its own,
+//! since Kafka may be slow.
+//!
+//! [`Follower`]: crate::coordinator::shared::mirror::Follower
+
+use std::{collections::HashMap, sync::Arc};
+
+use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{Fleet, claim, relay};
+use crate::coordinator::shared::streams::StreamKey;
+use crate::store::Revision;
+
+/// A local stream that opened: whose claim steps the loop runs from now on.
+pub(super) struct Opened {
+    key: StreamKey,
+    registered_at: Revision,
+    done: CancellationToken,
+}
+
+/// The way into the loop for the shared registration.
+pub(super) struct Claims(mpsc::UnboundedSender<Opened>);
+
+/// The receiving end of [`Claims`], for [`run`].
+pub(super) struct Openings(mpsc::UnboundedReceiver<Opened>);
+
+/// A loop's [`Claims`] and its receiving end.
+pub(super) fn channel() -> (Claims, Openings) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Claims(tx), Openings(rx))
+}
+
+impl Claims {
+    /// Has the loop run the claim steps of the stream `key`, registered at
+    /// `registered_at`, until `done` (the stream's session ended).
+    pub fn start(&self, key: StreamKey, registered_at: Revision, done: CancellationToken) {
+        // Only a loop that ended (the instance stopped) refuses it; the stream ends too.
+        let _ = self.0.send(Opened { key, registered_at, done });
+    }
+}
+
+/// What the loop keeps of one local consumer.
+struct Claimer {
+    registered_at: Revision,
+    /// The revision of its last write: a step waits for the cache to reach it.
+    seen: Revision,
+    done: CancellationToken,
+    /// A step of its is under way.
+    running: bool,
+    /// Something changed since its last step began: it steps (again).
+    due: bool,
+}
+
+/// Runs the loop until the instance stops (see the module docs).
+pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
+    let mut follower = inner.core.follower(inner.config.resync_interval);
+    let mut timer = tokio::time::interval(inner.config.claim_interval);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut claimers: HashMap<StreamKey, Claimer> = HashMap::new();
+    let mut steps: FuturesUnordered<BoxFuture<'static, (StreamKey, Revision)>> = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            changes = follower.next() => {
+                let Some(changes) = changes else { return };
+                let cache = inner.core.mirror().read();
+                relay::relay(&inner, &cache, &changes);
+                inner.core.mirror().announce(&cache);
+                claimers.values_mut().for_each(|c| c.due = true);
+            }
+            Some(Opened { key, registered_at, done }) = openings.recv() => {
+                let claimer = Claimer { registered_at, seen: registered_at, done, running: false, due: true };
+                claimers.insert(key, claimer);
+            }
+            _ = timer.tick() => claimers.values_mut().for_each(|c| c.due = true),
+            Some((key, seen)) = steps.next(), if !steps.is_empty() => {
+                if let Some(claimer) = claimers.get_mut(&key) {
+                    claimer.running = false;
+                    claimer.seen = claimer.seen.max(seen);
+                }
+            }
+        }
+        claimers.retain(|_, c| c.running || !c.done.is_cancelled());
+        for (key, claimer) in claimers.iter_mut().filter(|(_, c)| c.due && !c.running) {
+            claimer.due = false;
+            claimer.running = true;
+            steps.push(Box::pin(claim::step(
+                inner.clone(),
+                key.clone(),
+                claimer.registered_at,
+                claimer.seen,
+                claimer.done.clone(),
+            )));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use futures::StreamExt;
+
+    use super::super::{FleetConfig, FleetCoordinator};
+    use crate::coordinator::ConsumerGroupCoordinator;
+    use crate::coordinator::shared::wire::update;
+    use crate::metrics::Metrics;
+    use crate::store::{LeaseStore, MemoryStore};
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    /// A give-back waits, up to one TTL, for the giver's transport to take its
+    /// `unassigned`. The loop runs that step beside everything else: while `g`, which
+    /// does not read, holds its give-back to `c` up, `h` on another topic is told its
+    /// partitions at once. (A loop that awaited its steps in turn would tell `h` one TTL
+    /// late.)
+    #[tokio::test(start_paused = true)]
+    async fn a_give_back_waiting_for_its_giver_holds_up_no_other_consumer() {
+        let store = MemoryStore::new();
+        let mut config = FleetConfig { lease_ttl: TTL, ..FleetConfig::default() };
+        config.topic_partitions.extend([("t".to_string(), 4), ("u".to_string(), 2)]);
+        let fleet = FleetCoordinator::start(Arc::new(store.clone()), config, Arc::new(Metrics::new()))
+            .await
+            .expect("starts");
+        let leases = fleet.backend().core.keys().leases("t");
+        // g is told it owns all of t's partitions, and never reads.
+        let _giver = fleet.register("g", "t").await.expect("g registers");
+        while store.get_prefix(&leases).await.expect("read").kvs.len() < 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _taker = fleet.register("c", "t").await.expect("c registers");
+        // g's step now waits for g's transport to take its `unassigned`.
+        tokio::time::sleep(TTL / 10).await;
+
+        let asked = tokio::time::Instant::now();
+        let mut other = fleet.register("h", "u").await.expect("h registers");
+        let snapshot = other.next().await.expect("snapshot").expect("not an error");
+        assert_eq!(snapshot, update("u", [], []));
+        let told = tokio::time::timeout(TTL / 2, other.next()).await;
+        let told = told.expect("h is told its partitions while g's give-back waits");
+        assert_eq!(told.expect("a command").expect("not an error"), update("u", [0, 1], []));
+        assert!(asked.elapsed() < TTL / 2, "{:?}", asked.elapsed());
+        let held = store.get_prefix(&leases).await.expect("read").kvs.len();
+        assert_eq!(held, 4, "g's give-back is still waiting: every lease of t stands");
+    }
+}
