@@ -2,8 +2,10 @@
 //! the local streams and runs the local consumers' claim steps.
 //!
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]), the local
-//! streams that open ([`Claims::start`], from the shared registration), the claim timer,
-//! and the claim steps that end. The loop relays a change in the turn that applied it,
+//! streams that open ([`Claims::start`], from the shared registration), the mirror's
+//! health, the claim and upkeep timers (`shared/upkeep.rs`: fencing the streams while the
+//! mirror cannot follow the store, the sweep of orphaned registrations), and the claim
+//! steps and sweeps that end. The loop relays a change in the turn that applied it,
 //! before any claim step can look at the cache: a step decides on a cache whose every
 //! change its consumer was told, so what it gives back is what the consumer was told it
 //! owns.
@@ -20,10 +22,12 @@ use std::{collections::HashMap, sync::Arc};
 
 use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Fleet, claim, relay};
 use crate::coordinator::shared::streams::StreamKey;
+use crate::coordinator::shared::upkeep::{self, Upkeep};
 use crate::store::Revision;
 
 /// A local stream that opened: whose claim steps the loop runs from now on.
@@ -71,9 +75,19 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
     let mut follower = inner.core.follower(inner.config.resync_interval);
     let mut timer = tokio::time::interval(inner.config.claim_interval);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut health = inner.core.mirror().health();
+    let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
     let mut claimers: HashMap<StreamKey, Claimer> = HashMap::new();
-    let mut steps: FuturesUnordered<BoxFuture<'static, (StreamKey, Revision)>> = FuturesUnordered::new();
+    // A claim step's key and last write, or `None` for a sweep.
+    let mut steps: FuturesUnordered<BoxFuture<'static, Option<(StreamKey, Revision)>>> =
+        FuturesUnordered::new();
     loop {
+        for sweep in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
+            steps.push(Box::pin(async move {
+                sweep.await;
+                None
+            }));
+        }
         tokio::select! {
             changes = follower.next() => {
                 let Some(changes) = changes else { return };
@@ -87,8 +101,16 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 claimers.insert(key, claimer);
             }
             _ = timer.tick() => claimers.values_mut().for_each(|c| c.due = true),
-            Some((key, seen)) = steps.next(), if !steps.is_empty() => {
-                if let Some(claimer) = claimers.get_mut(&key) {
+            // Its sender lives in the mirror: the branch ends only with it.
+            Ok(()) = health.changed() => {
+                let following = health.borrow_and_update().following;
+                upkeep::follow(&mut upkeep, &inner, following, Instant::now());
+            }
+            () = tokio::time::sleep_until(upkeep.wake_at()) => {}
+            Some(ended) = steps.next(), if !steps.is_empty() => {
+                if let Some((key, seen)) = ended
+                    && let Some(claimer) = claimers.get_mut(&key)
+                {
                     claimer.running = false;
                     claimer.seen = claimer.seen.max(seen);
                 }
@@ -98,13 +120,14 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
         for (key, claimer) in claimers.iter_mut().filter(|(_, c)| c.due && !c.running) {
             claimer.due = false;
             claimer.running = true;
-            steps.push(Box::pin(claim::step(
+            let step = claim::step(
                 inner.clone(),
                 key.clone(),
                 claimer.registered_at,
                 claimer.seen,
                 claimer.done.clone(),
-            )));
+            );
+            steps.push(Box::pin(async move { Some(step.await) }));
         }
     }
 }

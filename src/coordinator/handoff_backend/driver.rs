@@ -3,8 +3,11 @@
 //!
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]: watched
 //! revisions, re-reads), the consumers' `PartitionReady` / `PartitionReleased` /
-//! `Deregister`, the instance lease's state, the mirror's health, the leader's timer, and
-//! the store's answers to what the loop asked of it. The leader is a part of the loop
+//! `Deregister`, the instance lease's state, the mirror's health, the leader's and the
+//! upkeep's timers, and the store's answers to what the loop asked of it. The upkeep
+//! (`shared/upkeep.rs`: fencing the streams while the mirror cannot follow the store, the
+//! sweep of orphaned registrations) is decided on the same inputs, and its sweeps' deletes
+//! run among the loop's store calls. The leader is a part of the loop
 //! ([`Leader`]): when it looks, it decides on the cache and hands the loop its next store
 //! call, whose answer goes back to it; a plan's batch that succeeded is applied and told to
 //! the streams like a call's commit. A call is decided by the pure model of `decide.rs`
@@ -42,6 +45,7 @@ use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, BATCHES_IN_FLIGHT, KeyWrite, Queued};
 use crate::coordinator::shared::instance::HandoffCall;
+use crate::coordinator::shared::upkeep::{self, Upkeep};
 use crate::handoff::TopicState;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn, TxnOutcome};
 
@@ -86,6 +90,8 @@ enum Done {
     Txn(Txn, Result<TxnOutcome, StoreError>, Writer),
     /// A store call of the leader's (with its transaction, if it was one).
     Leader(Option<Txn>, Why, LeaderAnswer),
+    /// A sweep of the upkeep's ended (it logged and counted what it did).
+    Upkeep,
 }
 
 /// The way into an instance's loop: the consumers' calls.
@@ -145,6 +151,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
     let mut lease = inner.core.lease().subscribe();
     let mut health = inner.core.mirror().health();
     let mut leader = Leader::new(Instant::now());
+    let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
     let mut pending =
         Pending { store, waiting: VecDeque::new(), in_flight: FuturesUnordered::new(), batches: 0 };
     loop {
@@ -158,6 +165,12 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
         }
         if let Some(job) = leader.next_job(&inner, Instant::now()) {
             run_leader_job(&pending, job);
+        }
+        for sweep in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
+            pending.in_flight.push(Box::pin(async move {
+                sweep.await;
+                Done::Upkeep
+            }));
         }
         while pending.batches < BATCHES_IN_FLIGHT && !pending.waiting.is_empty() {
             pending.batches += 1;
@@ -190,8 +203,12 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                 leader.poke();
             }
             // Its sender lives in the mirror: the branch ends only with it.
-            Ok(()) = health.changed() => leader.poke(),
-            () = sleep_until_some(leader.wake_at()) => {}
+            Ok(()) = health.changed() => {
+                let following = health.borrow_and_update().following;
+                upkeep::follow(&mut upkeep, &inner, following, Instant::now());
+                leader.poke();
+            }
+            () = tokio::time::sleep_until(leader.wake_at().map_or(upkeep.wake_at(), |at| at.min(upkeep.wake_at()))) => {}
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
                 pending.batches -= usize::from(matches!(done, Done::Batch(..)));
                 match done {
@@ -240,14 +257,6 @@ fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
             let leave = LeaveInFlight { consumer, wants_drain, found, attempt: 0, reply };
             go_leave(inner, pending, leave, LeaveStep::ReadStore, true);
         }
-    }
-}
-
-/// Sleeps until `at`, or forever without one.
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -421,7 +430,7 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
             go_leave(inner, pending, leave, step, running);
         }
         // After a stop nothing is applied, and the leader is gone with the loop.
-        Done::Leader(..) => {}
+        Done::Leader(..) | Done::Upkeep => {}
         Done::Txn(txn, outcome, writer) => {
             if let (true, Ok(o)) = (running, &outcome)
                 && o.succeeded

@@ -14,8 +14,9 @@
 //! * [`rebind`]: registrations the store lost while their streams are open are written again;
 //! * [`instance_record`]: this instance's own record, bound to its lease, whose deletion
 //!   tells the leader that an instance's lease ended (its consumers may be coming back);
-//! * [`relay_watch`]: an instance whose relay cannot follow the store fences its streams;
-//! * [`sweep`]: a safety net that ends registrations of this instance nobody streams for;
+//! * [`upkeep`]: what each instance's loop keeps up beside its inputs: an instance whose
+//!   relay cannot follow the store fences its streams, and a sweep, a safety net, ends
+//!   registrations of this instance nobody streams for;
 //! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
 //! * readiness, shutdown and crash.
 //!
@@ -36,12 +37,11 @@ pub mod register;
 pub mod registrar;
 pub mod registration;
 pub mod relay;
-pub mod relay_watch;
 pub mod streams;
-pub mod sweep;
 #[cfg(test)]
 mod test_backend;
 pub mod topics;
+pub mod upkeep;
 pub mod validate;
 pub mod wire;
 
@@ -152,7 +152,7 @@ pub struct Core<C: MirrorCache, T> {
     /// Writes registrations that arrive together in shared transactions.
     registrations: batch::Batcher,
     /// Set while the relay has not followed the store for longer than the fencing margin
-    /// ([`relay_watch`]): every stream was fenced and none is admitted.
+    /// ([`upkeep`]): every stream was fenced and none is admitted.
     relay_fenced: std::sync::atomic::AtomicBool,
 }
 

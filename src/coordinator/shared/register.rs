@@ -40,9 +40,6 @@ pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), Coordinat
     super::lease::spawn_keeper(backend.clone(), |backend| backend.core());
     tokio::spawn(async move { readiness.core().follow_readiness().await });
     tokio::spawn(super::rebind::rebind_lost(backend.clone()));
-    tokio::spawn(super::sweep::sweep_orphans(backend.clone()));
-    let relay = backend.clone();
-    tokio::spawn(async move { super::relay_watch::fence_while_not_following(relay.core()).await });
     let record = backend.clone();
     tokio::spawn(async move { super::instance_record::keep_instance_record(record.core()).await });
     let writer = backend.clone();

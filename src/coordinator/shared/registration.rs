@@ -6,7 +6,7 @@
 //!
 //! A registration whose stream is gone is settled here too ([`after_disconnect`]): kept as
 //! long as the backend says, then deleted if it is still this one. Used by `register.rs`
-//! (streams that end), `rebind.rs` (registrations written again) and `sweep.rs` (orphans).
+//! (streams that end), `rebind.rs` (registrations written again) and `upkeep.rs` (orphans).
 
 use super::batch::{Batched, KeyWrite};
 use super::cas::{CAS_ATTEMPTS, create_bound};

@@ -396,7 +396,7 @@ impl<T: Told> Streams<LocalStream<T>> {
 
     /// Fences every stream: each consumer is told it owns nothing, then its stream ends
     /// with `UNAVAILABLE` saying `why` (the instance lost its store session, see
-    /// `lease.rs`, or cannot relay, see `relay_watch.rs`); registrations are kept for the
+    /// `lease.rs`, or cannot relay, see `upkeep.rs`); registrations are kept for the
     /// TTL.
     pub fn fence_all(&self, why: &str) {
         let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

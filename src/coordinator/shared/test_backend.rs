@@ -1,6 +1,7 @@
 //! A minimal store-backed backend for the shared core's unit tests: its cache is the raw
-//! records under a prefix, a registration is one record, and its relay only sends the
-//! snapshot (or ends the stream when the registration is gone or replaced).
+//! records under a prefix, a registration is one record, its relay only sends the
+//! snapshot (or ends the stream when the registration is gone or replaced), and its loop
+//! follows the store, relays and keeps the upkeep.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -8,10 +9,14 @@ use std::{
     time::Duration,
 };
 
+use futures::{StreamExt, stream::FuturesUnordered};
+use tokio::time::Instant;
+
 use super::mirror::{Changes, MirrorCache};
 use super::registrar::{Held, Registrar};
 use super::relay::{Registration, RelayStep, StreamSeen, Tell};
 use super::topics::Topics;
+use super::upkeep::{self, Upkeep};
 use super::wire::update;
 use super::{Core, CoreSettings};
 use crate::metrics::Metrics;
@@ -116,24 +121,42 @@ impl TestBackend {
         let shared: Arc<dyn LeaseStore> = Arc::new(cut.clone());
         let core = Core::load(shared, (), Arc::new(Metrics::new()), settings, "test").await.expect("loads");
         let backend = Arc::new(TestBackend { core });
-        let watcher = backend.clone();
-        tokio::spawn(async move {
-            let mut follower = watcher.core.follower(Duration::from_secs(300));
-            while let Some(changes) = follower.next().await {
-                let cache = watcher.core.mirror.read();
-                let mut pass = watcher.core.streams.pass(&changes);
-                while let Some(visit) = pass.next() {
-                    let step = watcher.relay_step(&cache, visit.topic(), visit.consumer(), visit.seen());
-                    visit.apply(step);
-                }
-                pass.finish();
-                watcher.core.mirror.announce(&cache);
-            }
-        });
+        tokio::spawn(run(backend.clone()));
         super::register::start_lease(&backend).await.expect("the store grants a lease");
         let mut readiness = backend.core.readiness.subscribe();
         readiness.wait_for(|ready| *ready).await.expect("becomes ready");
         (backend, cut)
+    }
+}
+
+/// The test backend's loop: follows the store, relays, keeps the upkeep.
+async fn run(backend: Arc<TestBackend>) {
+    let core = &backend.core;
+    let mut follower = core.follower(Duration::from_secs(300));
+    let mut health = core.mirror.health();
+    let mut upkeep = Upkeep::new(core.lease_ttl, Instant::now());
+    let mut sweeps = FuturesUnordered::new();
+    loop {
+        sweeps.extend(upkeep::run_due(&mut upkeep, &backend, Instant::now()));
+        tokio::select! {
+            changes = follower.next() => {
+                let Some(changes) = changes else { return };
+                let cache = core.mirror.read();
+                let mut pass = core.streams.pass(&changes);
+                while let Some(visit) = pass.next() {
+                    let step = backend.relay_step(&cache, visit.topic(), visit.consumer(), visit.seen());
+                    visit.apply(step);
+                }
+                pass.finish();
+                core.mirror.announce(&cache);
+            }
+            Ok(()) = health.changed() => {
+                let following = health.borrow_and_update().following;
+                upkeep::follow(&mut upkeep, &backend, following, Instant::now());
+            }
+            () = tokio::time::sleep_until(upkeep.wake_at()) => {}
+            Some(()) = sweeps.next(), if !sweeps.is_empty() => {}
+        }
     }
 }
 

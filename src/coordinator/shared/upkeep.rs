@@ -1,0 +1,268 @@
+//! The instance's upkeep, which its loop runs beside its other inputs: decided here on the
+//! mirror's health, the time and the cache, carried out by the loop.
+//!
+//! **An instance that cannot relay fences its streams**, as when it loses its lease. The
+//! instance lease is kept on a connection of its own (`lease.rs`), so the lease can stay
+//! alive while the watch, or the re-read that closes its gap, fails. The consumers of this
+//! instance would then hear nothing of what the others decide: a `PartitionReady`
+//! elsewhere flips an owner, and the old owner here is never told `ReleasePartition`. So
+//! when the mirror has not followed the store for [`fence_after`] (three quarters of the
+//! TTL, the lease's own fencing margin), every stream is fenced (told `unassigned` for
+//! everything, ended `UNAVAILABLE`) and no stream is admitted until it follows again.
+//!
+//! **A safety net ends registrations of this instance that no stream holds.** Every path
+//! that writes a registration also settles it (`register.rs`: a stream that ends, a write
+//! whose answer was lost, a stream refused after a fence). Should one path still miss a
+//! record, it would keep its partitions, and draw warms, until the instance died. So every
+//! half TTL the sweep looks for registration records naming this instance whose
+//! registration no local stream holds; one still found a TTL and a half later is deleted
+//! (compare-and-swap on its registration id) and counted in
+//! `kafka_assigner_registrations_swept_total`. A restart hold (`SHUTDOWN_NOW`) is left to
+//! its own timer, and nothing is swept while the cache does not follow the store.
+
+use std::{collections::HashMap, sync::Arc, sync::atomic::Ordering, time::Duration};
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::Core;
+use super::lease::fence_after;
+use super::mirror::MirrorCache;
+use super::registrar::{Held, Registrar};
+use super::streams::{StreamKey, Told};
+
+/// What the loop does for the upkeep.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Chore {
+    /// The mirror has not followed the store for the fencing margin: fence every stream
+    /// ([`fence`]).
+    Fence,
+    /// It follows again: admit streams again ([`unfence`]).
+    Unfence,
+    /// Delete this registration no stream held for a TTL and a half ([`sweep`]).
+    Sweep(StreamKey),
+}
+
+/// The upkeep's state (see the module docs). Pure: the loop hands it the time.
+#[derive(Debug)]
+pub struct Upkeep {
+    ttl: Duration,
+    /// Since when the mirror has not followed the store; `None` while it follows.
+    stale_since: Option<Instant>,
+    /// The streams were fenced for it; they are admitted again once it follows.
+    fenced: bool,
+    /// When the sweep looks next.
+    next_sweep: Instant,
+    /// Registrations no stream held at the last looks, since when.
+    orphans: HashMap<StreamKey, Instant>,
+}
+
+impl Upkeep {
+    /// The upkeep of an instance with consumer TTL `ttl`, started at `now` with a mirror
+    /// that follows its store.
+    pub fn new(ttl: Duration, now: Instant) -> Self {
+        Self { ttl, stale_since: None, fenced: false, next_sweep: now + ttl / 2, orphans: HashMap::new() }
+    }
+
+    /// The mirror's health is now `following`.
+    pub fn health(&mut self, following: bool, now: Instant) -> Option<Chore> {
+        if following {
+            self.stale_since = None;
+            return std::mem::take(&mut self.fenced).then_some(Chore::Unfence);
+        }
+        self.stale_since.get_or_insert(now);
+        None
+    }
+
+    /// When [`due`](Self::due) has something to do next.
+    pub fn wake_at(&self) -> Instant {
+        match self.stale_since {
+            Some(since) if !self.fenced => self.next_sweep.min(since + fence_after(self.ttl)),
+            _ => self.next_sweep,
+        }
+    }
+
+    /// What is due at `now`. The sweep reads `cache` (`backend`'s) for the registrations of
+    /// this instance no local stream holds.
+    pub fn due<R: Registrar>(&mut self, backend: &R, cache: &R::Cache, now: Instant) -> Vec<Chore> {
+        let core = backend.core();
+        let found = || {
+            backend
+                .registrations_of(cache, &core.instance_id)
+                .into_iter()
+                .filter(|key| !core.streams.holds(key) && backend.held(cache, key) == Held::ForTtl)
+                .collect()
+        };
+        let mut chores: Vec<Chore> = self.fence_due(now).into_iter().collect();
+        chores.extend(self.sweep_due(now, found));
+        chores
+    }
+
+    /// [`Chore::Fence`] once the mirror has not followed for the margin, once.
+    fn fence_due(&mut self, now: Instant) -> Option<Chore> {
+        let since = self.stale_since?;
+        if self.fenced || now < since + fence_after(self.ttl) {
+            return None;
+        }
+        self.fenced = true;
+        Some(Chore::Fence)
+    }
+
+    /// The sweep, if it is due: `found` lists the registrations no local stream holds.
+    fn sweep_due(&mut self, now: Instant, found: impl FnOnce() -> Vec<StreamKey>) -> Vec<Chore> {
+        if now < self.next_sweep {
+            return Vec::new();
+        }
+        self.next_sweep = now + self.ttl / 2;
+        if self.stale_since.is_some() {
+            return Vec::new();
+        }
+        let seen = std::mem::take(&mut self.orphans);
+        let mut chores = Vec::new();
+        for key in found() {
+            let since = seen.get(&key).copied().unwrap_or(now);
+            // Past the TTL and a half: the after-disconnect path, due at one TTL, goes
+            // first. One whose delete failed is still found, and tried again next time.
+            if now.duration_since(since) >= self.ttl * 3 / 2 {
+                chores.push(Chore::Sweep(key.clone()));
+            }
+            self.orphans.insert(key, since);
+        }
+        chores
+    }
+}
+
+/// Does what is due at `now` for `backend`'s loop: fences or sweeps. Returns the sweeps'
+/// deletes, for the loop to run beside its other inputs.
+pub fn run_due<R: Registrar>(
+    upkeep: &mut Upkeep,
+    backend: &Arc<R>,
+    now: Instant,
+) -> Vec<BoxFuture<'static, ()>> {
+    if now < upkeep.wake_at() {
+        return Vec::new();
+    }
+    let chores = upkeep.due(&**backend, &backend.core().mirror.read(), now);
+    chores.into_iter().filter_map(|chore| carry_out(backend, chore)).collect()
+}
+
+/// Notes the mirror's health in `backend`'s loop; unfences at once when it follows again.
+pub fn follow<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, following: bool, now: Instant) {
+    if let Some(chore) = upkeep.health(following, now) {
+        carry_out(backend, chore);
+    }
+}
+
+/// Carries `chore` out: a fence at once, a sweep as the future returned.
+fn carry_out<R: Registrar>(backend: &Arc<R>, chore: Chore) -> Option<BoxFuture<'static, ()>> {
+    match chore {
+        Chore::Fence => fence(backend.core()),
+        Chore::Unfence => unfence(backend.core()),
+        Chore::Sweep(key) => return Some(Box::pin(sweep(backend.clone(), key))),
+    }
+    None
+}
+
+/// Fences every stream of `core`: its relay cannot follow the store (module docs).
+fn fence<C: MirrorCache, T: Told>(core: &Core<C, T>) {
+    tracing::error!(
+        margin = ?fence_after(core.lease_ttl),
+        "this instance cannot follow its store: fencing its consumers (they are told to stop)"
+    );
+    core.relay_fenced.store(true, Ordering::SeqCst);
+    core.streams.fence_all(&format!(
+        "assigner instance '{}' lost contact with its store (it cannot follow it: its watch and reads fail)",
+        core.instance_id
+    ));
+}
+
+/// Admits streams again: the relay follows the store again.
+fn unfence<C: MirrorCache, T: Told>(core: &Core<C, T>) {
+    core.relay_fenced.store(false, Ordering::SeqCst);
+    tracing::info!("this instance follows its store again: it admits streams again");
+}
+
+/// Deletes the orphaned registration `key` if it is still the same one, and counts it.
+async fn sweep<R: Registrar>(backend: Arc<R>, key: StreamKey) {
+    match super::registration::delete(&*backend, &key).await {
+        Ok(true) => {
+            tracing::warn!(topic = %key.0, consumer = %key.1, "swept a registration no stream held");
+            backend.core().metrics.registrations_swept.inc();
+        }
+        // Its own path ended it meanwhile.
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot sweep a registration; later")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{Chore, Upkeep};
+    use crate::coordinator::shared::lease::fence_after;
+    use crate::store::SessionId;
+
+    const TTL: Duration = Duration::from_secs(4);
+
+    #[test]
+    fn a_mirror_that_does_not_follow_for_the_margin_fences_once_and_unfences_when_it_follows() {
+        let start = Instant::now();
+        let mut upkeep = Upkeep::new(TTL, start);
+        assert_eq!(upkeep.health(false, start), None);
+        // Noted once: a second report does not move the deadline.
+        assert_eq!(upkeep.health(false, start + TTL / 8), None);
+        let fence_at = start + fence_after(TTL);
+        assert_eq!(upkeep.wake_at(), fence_at.min(start + TTL / 2));
+        assert_eq!(upkeep.fence_due(fence_at - Duration::from_millis(1)), None);
+        assert_eq!(upkeep.fence_due(fence_at), Some(Chore::Fence));
+        assert_eq!(upkeep.fence_due(fence_at + TTL), None, "fenced once");
+        assert_eq!(upkeep.wake_at(), start + TTL / 2, "then only the sweep wakes it");
+        assert_eq!(upkeep.health(true, fence_at + TTL), Some(Chore::Unfence));
+        assert_eq!(upkeep.health(true, fence_at + TTL), None, "unfenced once");
+    }
+
+    #[test]
+    fn a_mirror_back_within_the_margin_fences_nothing() {
+        let start = Instant::now();
+        let mut upkeep = Upkeep::new(TTL, start);
+        upkeep.health(false, start);
+        assert_eq!(upkeep.health(true, start + fence_after(TTL) / 2), None);
+        assert_eq!(upkeep.fence_due(start + TTL), None);
+        assert_eq!(upkeep.wake_at(), start + TTL / 2, "only the sweep is due");
+    }
+
+    #[test]
+    fn an_orphan_is_swept_a_ttl_and_a_half_after_it_was_first_found_and_not_while_stale() {
+        let start = Instant::now();
+        let mut upkeep = Upkeep::new(TTL, start);
+        let orphan = ("t".to_string(), "c".to_string(), SessionId(7));
+        let found = || vec![orphan.clone()];
+        assert!(upkeep.sweep_due(start, found).is_empty(), "not due before half a TTL");
+        let mut at = start + TTL / 2;
+        let first = at;
+        let mut swept = Vec::new();
+        while swept.is_empty() {
+            swept = upkeep.sweep_due(at, found);
+            assert_eq!(upkeep.next_sweep, at + TTL / 2);
+            at += TTL / 2;
+        }
+        assert_eq!(swept, vec![Chore::Sweep(orphan.clone())]);
+        assert_eq!(at - TTL / 2, first + TTL * 3 / 2);
+        // A delete that failed leaves it found: it is swept again at the next look.
+        assert_eq!(upkeep.sweep_due(at, found), vec![Chore::Sweep(orphan.clone())]);
+        // One no longer found is forgotten; found again, it waits from the start.
+        at += TTL / 2;
+        assert!(upkeep.sweep_due(at, Vec::new).is_empty());
+        at += TTL / 2;
+        assert!(upkeep.sweep_due(at, found).is_empty());
+        // While the mirror does not follow, nothing is swept.
+        upkeep.health(false, at);
+        at += TTL * 2;
+        assert!(upkeep.sweep_due(at, found).is_empty());
+    }
+}
