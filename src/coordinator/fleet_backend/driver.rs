@@ -77,6 +77,7 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut health = inner.core.mirror().health();
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
+    let mut departures = inner.core.departures();
     let mut claimers: HashMap<StreamKey, Claimer> = HashMap::new();
     // A claim step's key and last write, or `None` for a sweep.
     let mut steps: FuturesUnordered<BoxFuture<'static, Option<(StreamKey, Revision)>>> =
@@ -106,6 +107,7 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 let following = health.borrow_and_update().following;
                 upkeep::follow(&mut upkeep, &inner, following, Instant::now());
             }
+            departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
             () = tokio::time::sleep_until(upkeep.wake_at()) => {}
             Some(ended) = steps.next(), if !steps.is_empty() => {
                 if let Some((key, seen)) = ended

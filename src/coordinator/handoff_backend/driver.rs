@@ -152,6 +152,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
     let mut health = inner.core.mirror().health();
     let mut leader = Leader::new(Instant::now());
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
+    let mut departures = inner.core.departures();
     let mut pending =
         Pending { store, waiting: VecDeque::new(), in_flight: FuturesUnordered::new(), batches: 0 };
     loop {
@@ -208,6 +209,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                 upkeep::follow(&mut upkeep, &inner, following, Instant::now());
                 leader.poke();
             }
+            departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
             () = tokio::time::sleep_until(leader.wake_at().map_or(upkeep.wake_at(), |at| at.min(upkeep.wake_at()))) => {}
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
                 pending.batches -= usize::from(matches!(done, Done::Batch(..)));

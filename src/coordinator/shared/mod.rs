@@ -14,6 +14,8 @@
 //! * [`rebind`]: registrations the store lost while their streams are open are written again;
 //! * [`instance_record`]: this instance's own record, bound to its lease, whose deletion
 //!   tells the leader that an instance's lease ended (its consumers may be coming back);
+//! * [`departures`]: registrations whose streams ended, kept for their consumers' return,
+//!   then deleted (decided by each instance's loop, through its upkeep);
 //! * [`upkeep`]: what each instance's loop keeps up beside its inputs: an instance whose
 //!   relay cannot follow the store fences its streams, and a sweep, a safety net, ends
 //!   registrations of this instance nobody streams for;
@@ -26,6 +28,7 @@
 
 pub mod batch;
 pub mod cas;
+pub mod departures;
 pub mod instance;
 pub mod instance_record;
 pub mod lease;
@@ -154,6 +157,11 @@ pub struct Core<C: MirrorCache, T> {
     /// Set while the relay has not followed the store for longer than the fencing margin
     /// ([`upkeep`]): every stream was fenced and none is admitted.
     relay_fenced: std::sync::atomic::AtomicBool,
+    /// Streams that ended without their consumers leaving, on their way to the loop's
+    /// upkeep, which settles their registrations ([`departures`]).
+    departed: tokio::sync::mpsc::UnboundedSender<departures::Departed>,
+    /// The receiving end, until the loop takes it ([`Self::departures`]).
+    departures: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<departures::Departed>>>,
 }
 
 impl<C: MirrorCache, T: streams::Told> Core<C, T> {
@@ -228,6 +236,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     ) -> Result<Self, crate::store::StoreError> {
         let CoreSettings { instance_id, lease_ttl, topics } = settings;
         let mirror = Mirror::load(&*store, &keys, name).await?;
+        let (departed, departures) = tokio::sync::mpsc::unbounded_channel();
         Ok(Self {
             streams: Streams::new(metrics.clone()),
             store,
@@ -244,7 +253,23 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             register_permits: tokio::sync::Semaphore::new(REGISTRATIONS_IN_FLIGHT),
             registrations: batch::Batcher::default(),
             relay_fenced: std::sync::atomic::AtomicBool::new(false),
+            departed,
+            departures: std::sync::Mutex::new(Some(departures)),
         })
+    }
+
+    /// The stream of registration `key`, written at `registered_at`, ended without its
+    /// consumer leaving: the loop keeps the registration for the consumer's return, then
+    /// deletes it if it is still this one ([`departures`]).
+    pub fn depart(&self, key: streams::StreamKey, registered_at: crate::store::Revision) {
+        let departed = departures::Departed { key, registered_at, at: tokio::time::Instant::now() };
+        // Only a loop that ended (the instance stopped) does not take it.
+        let _ = self.departed.send(departed);
+    }
+
+    /// The streams that ended, for the instance's loop: `None` once a loop took them.
+    pub fn departures(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<departures::Departed>> {
+        self.departures.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// The instance session, while it may be acted on (`UNAVAILABLE` otherwise).

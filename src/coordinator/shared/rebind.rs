@@ -21,7 +21,6 @@ use futures::{StreamExt, stream};
 use super::Core;
 use super::mirror::MirrorCache;
 use super::registrar::Registrar;
-use super::registration::after_disconnect;
 use super::streams::{EndReason, StreamKey, replaced_error};
 use crate::coordinator::CoordinatorError;
 use crate::store::{SessionId, StoreError};
@@ -123,8 +122,7 @@ fn rebound<R: Registrar>(backend: &Arc<R>, key: StreamKey, revision: crate::stor
         return;
     }
     // The consumer went away meanwhile: settle the record as after any disconnect.
-    let backend = backend.clone();
-    tokio::spawn(async move { after_disconnect(&*backend, &key, revision).await });
+    core.depart(key, revision);
 }
 
 /// The live instance lease, waiting up to a quarter TTL for one (`None` if there is none

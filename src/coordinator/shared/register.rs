@@ -9,8 +9,8 @@
 //! When a stream ends, the instance settles its registration: deleted at once when the
 //! consumer left (drained or deregistered); kept for the consumer TTL after the client went
 //! away or the instance fenced itself, so a quick reconnect keeps the partitions, then
-//! deleted with compare-and-swap if it is still this one
-//! ([`after_disconnect`](super::registrar::after_disconnect)).
+//! deleted with compare-and-swap if it is still this one (the instance's loop settles it:
+//! [`departures`](super::departures)).
 
 use std::{
     collections::hash_map::RandomState,
@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::outgoing::{CommandSender, command_channel, command_stream};
 use super::registrar::{Caller, Held, Registrar};
-use super::registration::{after_disconnect, unregister_retrying};
+use super::registration::unregister_retrying;
 use super::streams::{EndReason, LocalStream, StreamKey};
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
@@ -154,8 +154,7 @@ async fn register_to_the_end<R: Registrar>(
                 consumer,
                 "registration written, but this instance fenced itself meanwhile"
             );
-            let backend = backend.clone();
-            tokio::spawn(async move { after_disconnect(&*backend, &key, registered_at).await });
+            core.depart(key, registered_at);
             return Err(CoordinatorError::NoSession(format!(
                 "assigner instance '{}' lost contact with its store while registering consumer '{consumer}'; \
                  reconnect to another instance",
@@ -226,7 +225,7 @@ async fn stream_task<R: Registrar>(
             unregister_retrying(&*backend, &key).await;
             core.streams.set_departing(&key, false);
         }
-        EndReason::Disconnected => after_disconnect(&*backend, &key, registered_at).await,
+        EndReason::Disconnected => core.depart(key, registered_at),
         EndReason::Replaced | EndReason::Expired | EndReason::Shutdown => {}
     }
 }

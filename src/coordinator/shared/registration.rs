@@ -4,14 +4,12 @@
 //! backend only says where the record is, what it holds and which records go with it
 //! ([`Registrar`]: pure); the store is read and written here.
 //!
-//! A registration whose stream is gone is settled here too ([`after_disconnect`]): kept as
-//! long as the backend says, then deleted if it is still this one. Used by `register.rs`
-//! (streams that end), `rebind.rs` (registrations written again) and `upkeep.rs` (orphans).
+//! A registration whose stream is gone is deleted here too ([`unregister_retrying`]), once
+//! the loop's upkeep says (`departures.rs`, `upkeep.rs`).
 
 use super::batch::{Batched, KeyWrite};
 use super::cas::{CAS_ATTEMPTS, create_bound};
-use super::mirror::MirrorCache;
-use super::registrar::{Caller, Held, Registrar};
+use super::registrar::{Caller, Registrar};
 use super::streams::StreamKey;
 use crate::coordinator::CoordinatorError;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, Revision, SessionId, StoreError, Txn};
@@ -155,39 +153,5 @@ pub async fn unregister_retrying<R: Registrar>(backend: &R, key: &StreamKey) {
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(core.lease_ttl);
-    }
-}
-
-/// Keeps the registration `key` (written at `registered_at`) as long as the backend says
-/// ([`Registrar::held`]), then deletes it if it is still this one. A reconnect (here or
-/// elsewhere) replaces it, which ends the wait. Before the cache has seen the registration,
-/// it counts as held for the TTL.
-pub async fn after_disconnect<R: Registrar>(backend: &R, key: &StreamKey, registered_at: Revision) {
-    let core = backend.core();
-    let disconnected_at = tokio::time::Instant::now();
-    let mut changed = core.mirror.subscribe();
-    loop {
-        let held = {
-            let cache = core.mirror.read();
-            if cache.revision() < registered_at { Held::ForTtl } else { backend.held(&cache, key) }
-        };
-        let deadline = match held {
-            Held::NotOurs => return,
-            Held::ForTtl => disconnected_at + core.lease_ttl,
-            Held::Until(until) => {
-                let left = until.saturating_sub(crate::coordinator::shared::now_ms());
-                tokio::time::Instant::now() + std::time::Duration::from_millis(left)
-            }
-        };
-        if tokio::time::Instant::now() >= deadline {
-            tracing::info!(topic = %key.0, consumer = %key.1, ?held, "consumer did not come back; its registration ends");
-            unregister_retrying(backend, key).await;
-            return;
-        }
-        tokio::select! {
-            _ = core.shutdown.cancelled() => return,
-            _ = changed.changed() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-        }
     }
 }

@@ -135,6 +135,7 @@ async fn run(backend: Arc<TestBackend>) {
     let mut follower = core.follower(Duration::from_secs(300));
     let mut health = core.mirror.health();
     let mut upkeep = Upkeep::new(core.lease_ttl, Instant::now());
+    let mut departures = core.departures();
     let mut sweeps = FuturesUnordered::new();
     loop {
         sweeps.extend(upkeep::run_due(&mut upkeep, &backend, Instant::now()));
@@ -154,6 +155,7 @@ async fn run(backend: Arc<TestBackend>) {
                 let following = health.borrow_and_update().following;
                 upkeep::follow(&mut upkeep, &backend, following, Instant::now());
             }
+            departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
             () = tokio::time::sleep_until(upkeep.wake_at()) => {}
             Some(()) = sweeps.next(), if !sweeps.is_empty() => {}
         }

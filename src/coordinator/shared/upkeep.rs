@@ -1,5 +1,6 @@
 //! The instance's upkeep, which its loop runs beside its other inputs: decided here on the
-//! mirror's health, the time and the cache, carried out by the loop.
+//! mirror's health, the time and the cache, carried out by the loop. It settles the
+//! registrations whose streams ended ([`Departures`]), and:
 //!
 //! **An instance that cannot relay fences its streams**, as when it loses its lease. The
 //! instance lease is kept on a connection of its own (`lease.rs`), so the lease can stay
@@ -23,12 +24,15 @@
 use std::{collections::HashMap, sync::Arc, sync::atomic::Ordering, time::Duration};
 
 use futures::future::BoxFuture;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
 use super::Core;
+use super::departures::{Departed, Departures};
 use super::lease::fence_after;
 use super::mirror::MirrorCache;
 use super::registrar::{Held, Registrar};
+use super::registration::unregister_retrying;
 use super::streams::{StreamKey, Told};
 
 /// What the loop does for the upkeep.
@@ -41,6 +45,9 @@ pub enum Chore {
     Unfence,
     /// Delete this registration no stream held for a TTL and a half ([`sweep`]).
     Sweep(StreamKey),
+    /// Delete this registration whose stream ended and whose consumer did not come back
+    /// ([`Departures`]).
+    Unregister(StreamKey),
 }
 
 /// The upkeep's state (see the module docs). Pure: the loop hands it the time.
@@ -55,13 +62,27 @@ pub struct Upkeep {
     next_sweep: Instant,
     /// Registrations no stream held at the last looks, since when.
     orphans: HashMap<StreamKey, Instant>,
+    /// Registrations whose streams ended, kept for their consumers' return.
+    departures: Departures,
 }
 
 impl Upkeep {
     /// The upkeep of an instance with consumer TTL `ttl`, started at `now` with a mirror
     /// that follows its store.
     pub fn new(ttl: Duration, now: Instant) -> Self {
-        Self { ttl, stale_since: None, fenced: false, next_sweep: now + ttl / 2, orphans: HashMap::new() }
+        Self {
+            ttl,
+            stale_since: None,
+            fenced: false,
+            next_sweep: now + ttl / 2,
+            orphans: HashMap::new(),
+            departures: Departures::new(ttl),
+        }
+    }
+
+    /// A stream ended without its consumer leaving: its registration is settled here.
+    pub fn departed(&mut self, departed: Departed) {
+        self.departures.add(departed);
     }
 
     /// The mirror's health is now `following`.
@@ -74,8 +95,14 @@ impl Upkeep {
         None
     }
 
-    /// When [`due`](Self::due) has something to do next.
+    /// When the upkeep has something to do next.
     pub fn wake_at(&self) -> Instant {
+        let departure = self.departures.wake_at().unwrap_or(self.next_sweep);
+        self.own_wake_at().min(departure)
+    }
+
+    /// When [`due`](Self::due) has something to do next.
+    fn own_wake_at(&self) -> Instant {
         match self.stale_since {
             Some(since) if !self.fenced => self.next_sweep.min(since + fence_after(self.ttl)),
             _ => self.next_sweep,
@@ -132,18 +159,39 @@ impl Upkeep {
     }
 }
 
-/// Does what is due at `now` for `backend`'s loop: fences or sweeps. Returns the sweeps'
-/// deletes, for the loop to run beside its other inputs.
+/// Does what is due at `now` for `backend`'s loop: fences, sweeps, settles the
+/// registrations of ended streams. Returns the deletes, for the loop to run beside its
+/// other inputs.
 pub fn run_due<R: Registrar>(
     upkeep: &mut Upkeep,
     backend: &Arc<R>,
     now: Instant,
 ) -> Vec<BoxFuture<'static, ()>> {
-    if now < upkeep.wake_at() {
-        return Vec::new();
+    let mut chores = Vec::new();
+    {
+        let cache = backend.core().mirror.read();
+        if upkeep.departures.must_look(cache.revision(), now) {
+            let due = upkeep.departures.due(&**backend, &cache, now, super::now_ms());
+            chores.extend(due.into_iter().map(Chore::Unregister));
+        }
+        if now >= upkeep.own_wake_at() {
+            chores.extend(upkeep.due(&**backend, &cache, now));
+        }
     }
-    let chores = upkeep.due(&**backend, &backend.core().mirror.read(), now);
     chores.into_iter().filter_map(|chore| carry_out(backend, chore)).collect()
+}
+
+/// The next stream that ended (`Core::departures`), for a loop's `select!`; pending
+/// forever without the receiver. Cancel-safe.
+pub async fn next_departed(departures: &mut Option<UnboundedReceiver<Departed>>) -> Departed {
+    match departures {
+        Some(receiver) => match receiver.recv().await {
+            Some(departed) => departed,
+            // The core holds the sender: it ends only with the core.
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
 }
 
 /// Notes the mirror's health in `backend`'s loop; unfences at once when it follows again.
@@ -159,6 +207,10 @@ fn carry_out<R: Registrar>(backend: &Arc<R>, chore: Chore) -> Option<BoxFuture<'
         Chore::Fence => fence(backend.core()),
         Chore::Unfence => unfence(backend.core()),
         Chore::Sweep(key) => return Some(Box::pin(sweep(backend.clone(), key))),
+        Chore::Unregister(key) => {
+            let backend = backend.clone();
+            return Some(Box::pin(async move { unregister_retrying(&*backend, &key).await }));
+        }
     }
     None
 }

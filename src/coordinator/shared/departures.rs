@@ -1,0 +1,177 @@
+//! Registrations whose streams are gone, as the instance's loop settles them: each is kept
+//! as long as the backend says ([`Held`]: one TTL after its stream ended, so a quick
+//! reconnect keeps the partitions, or until a `SHUTDOWN_NOW` hold ends), then deleted if it
+//! is still the same registration. A reconnect (here or elsewhere) replaces the record,
+//! which ends the wait. Before the cache has seen the registration, it counts as held for
+//! the TTL.
+//!
+//! Pure: the loop hands it the time (monotonic and wall clock) and the cache, and deletes
+//! what [`Departures::due`] returns.
+
+use std::{collections::HashMap, time::Duration};
+
+use tokio::time::Instant;
+
+use super::mirror::MirrorCache;
+use super::registrar::{Held, Registrar};
+use super::streams::StreamKey;
+use crate::handoff::Millis;
+use crate::store::Revision;
+
+/// A stream that ended without its consumer leaving: its registration waits here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Departed {
+    /// The stream's registration.
+    pub key: StreamKey,
+    /// The revision its registration was written at.
+    pub registered_at: Revision,
+    /// When its stream ended.
+    pub at: Instant,
+}
+
+/// The registrations waiting to be settled, and when each is due.
+#[derive(Debug)]
+pub struct Departures {
+    ttl: Duration,
+    waiting: HashMap<StreamKey, Waiting>,
+    /// The cache's revision at the last look; a change since means a look.
+    looked_at: Option<Revision>,
+    /// A registration arrived since the last look.
+    arrived: bool,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    registered_at: Revision,
+    at: Instant,
+    /// When it is due, as of the last look.
+    due: Instant,
+}
+
+impl Departures {
+    /// No registration waits; each that comes is kept for `ttl` (or its hold).
+    pub fn new(ttl: Duration) -> Self {
+        Self { ttl, waiting: HashMap::new(), looked_at: None, arrived: false }
+    }
+
+    /// `departed`'s registration waits from now on.
+    pub fn add(&mut self, departed: Departed) {
+        let Departed { key, registered_at, at } = departed;
+        self.waiting.insert(key, Waiting { registered_at, at, due: at + self.ttl });
+        self.arrived = true;
+    }
+
+    /// The earliest a waiting registration is due (`None` when none waits).
+    pub fn wake_at(&self) -> Option<Instant> {
+        self.waiting.values().map(|w| w.due).min()
+    }
+
+    /// Whether a look is needed: one arrived, the cache changed, or one is due.
+    pub fn must_look(&self, revision: Revision, now: Instant) -> bool {
+        self.arrived || self.looked_at != Some(revision) || self.wake_at().is_some_and(|at| now >= at)
+    }
+
+    /// Looks at every waiting registration on `cache` (`backend`'s) at `now` (`now_ms` on
+    /// the wall clock, for holds): forgets those that are not theirs any more, and returns
+    /// those whose time is up, to be deleted if they are still theirs.
+    pub fn due<R: Registrar>(
+        &mut self,
+        backend: &R,
+        cache: &R::Cache,
+        now: Instant,
+        now_ms: Millis,
+    ) -> Vec<StreamKey> {
+        self.arrived = false;
+        self.looked_at = Some(cache.revision());
+        let mut due = Vec::new();
+        self.waiting.retain(|key, waiting| {
+            let held =
+                if cache.revision() < waiting.registered_at { Held::ForTtl } else { backend.held(cache, key) };
+            waiting.due = match held {
+                Held::NotOurs => return false,
+                Held::ForTtl => waiting.at + self.ttl,
+                Held::Until(until) => now + Duration::from_millis(until.saturating_sub(now_ms)),
+            };
+            if now < waiting.due {
+                return true;
+            }
+            tracing::info!(topic = %key.0, consumer = %key.1, ?held, "consumer did not come back; its registration ends");
+            due.push(key.clone());
+            false
+        });
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{Departed, Departures};
+    use crate::coordinator::shared::test_backend::{Records, TestBackend, registration};
+    use crate::store::{KeyValue, SessionId};
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    /// A cache at `revision` holding `consumer`'s registration `id` on topic `t`, if any.
+    fn cache(revision: i64, record: Option<(&str, i64)>) -> Records {
+        let mut records = Records { revision, ..Records::default() };
+        if let Some((consumer, id)) = record {
+            let key = registration("t", consumer);
+            let kv = KeyValue {
+                key: key.clone(),
+                value: id.to_string().into_bytes(),
+                mod_revision: 5,
+                create_revision: 5,
+                session: None,
+            };
+            records.kvs.insert(key, kv);
+        }
+        records
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registration_is_due_one_ttl_after_its_stream_ended_and_not_before() {
+        let (backend, _) = TestBackend::start(TTL).await;
+        let mut departures = Departures::new(TTL);
+        let at = Instant::now();
+        let key = ("t".to_string(), "c".to_string(), SessionId(7));
+        departures.add(Departed { key: key.clone(), registered_at: 5, at });
+        let seen = cache(6, Some(("c", 7)));
+        assert!(departures.must_look(6, at), "one arrived");
+        assert!(departures.due(&*backend, &seen, at, 0).is_empty());
+        assert_eq!(departures.wake_at(), Some(at + TTL));
+        assert!(!departures.must_look(6, at + TTL / 2), "nothing changed, nothing due");
+        assert!(departures.must_look(7, at + TTL / 2), "the cache changed");
+        assert!(departures.due(&*backend, &seen, at + TTL - Duration::from_millis(1), 0).is_empty());
+        assert_eq!(departures.due(&*backend, &seen, at + TTL, 0), vec![key]);
+        assert_eq!(departures.wake_at(), None, "settled once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registration_replaced_by_a_reconnect_is_forgotten() {
+        let (backend, _) = TestBackend::start(TTL).await;
+        let mut departures = Departures::new(TTL);
+        let at = Instant::now();
+        departures.add(Departed { key: ("t".into(), "c".into(), SessionId(7)), registered_at: 5, at });
+        assert!(departures.due(&*backend, &cache(8, Some(("c", 8))), at, 0).is_empty());
+        assert_eq!(departures.wake_at(), None, "the new registration is not this one's to end");
+        departures.add(Departed { key: ("t".into(), "d".into(), SessionId(9)), registered_at: 5, at });
+        assert!(departures.due(&*backend, &cache(8, None), at + TTL, 0).is_empty(), "gone already");
+        assert_eq!(departures.wake_at(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn before_the_cache_saw_the_registration_it_is_held_for_the_ttl() {
+        let (backend, _) = TestBackend::start(TTL).await;
+        let mut departures = Departures::new(TTL);
+        let at = Instant::now();
+        let key = ("t".to_string(), "c".to_string(), SessionId(7));
+        departures.add(Departed { key: key.clone(), registered_at: 9, at });
+        // The cache (revision 8) has not seen the write at 9: no record, yet it waits.
+        assert!(departures.due(&*backend, &cache(8, None), at, 0).is_empty());
+        assert_eq!(departures.due(&*backend, &cache(8, None), at + TTL, 0), vec![key]);
+    }
+}
