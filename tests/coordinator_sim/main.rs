@@ -67,7 +67,7 @@
 //!
 //! * **A**: a disconnected consumer's registration whose deletion (a TTL after the stream
 //!   ended) fails because the store is out of reach is never deleted while the instance
-//!   lease lives (`after_disconnect` gives up): the consumer keeps its partitions for good.
+//!   lease lives (its settling gave up): the consumer keeps its partitions for good.
 //!   Fixed: the deletion is retried until it succeeds or the instance stops.
 //! * **B**: a consumer that goes away before its instance's cache has seen its registration
 //!   leaves the registration behind for good (`held` says `NotOurs`). Fixed: before the

@@ -2,10 +2,11 @@
 //! the local streams and runs the local consumers' claim steps.
 //!
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]), the local
-//! streams that open ([`Claims::start`], from the shared registration), the mirror's
-//! health, the claim and upkeep timers (`shared/upkeep.rs`: fencing the streams while the
-//! mirror cannot follow the store, the sweep of orphaned registrations), and the claim
-//! steps and sweeps that end. The loop relays a change in the turn that applied it,
+//! streams that open ([`Claims::start`], from the shared registration) and those that
+//! end without their consumer leaving, the mirror's health, the claim and upkeep timers
+//! (`shared/upkeep.rs`: settling the ended streams' registrations after the TTL, fencing
+//! the streams while the mirror cannot follow the store, the sweep of orphaned
+//! registrations), and the claim steps and the upkeep's deletes that end. The loop relays a change in the turn that applied it,
 //! before any claim step can look at the cache: a step decides on a cache whose every
 //! change its consumer was told, so what it gives back is what the consumer was told it
 //! owns.
@@ -79,13 +80,13 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
     let mut departures = inner.core.departures();
     let mut claimers: HashMap<StreamKey, Claimer> = HashMap::new();
-    // A claim step's key and last write, or `None` for a sweep.
+    // A claim step's key and last write, or `None` for a delete of the upkeep's.
     let mut steps: FuturesUnordered<BoxFuture<'static, Option<(StreamKey, Revision)>>> =
         FuturesUnordered::new();
     loop {
-        for sweep in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
+        for delete in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
             steps.push(Box::pin(async move {
-                sweep.await;
+                delete.await;
                 None
             }));
         }

@@ -3,11 +3,12 @@
 //!
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]: watched
 //! revisions, re-reads), the consumers' `PartitionReady` / `PartitionReleased` /
-//! `Deregister`, the instance lease's state, the mirror's health, the leader's and the
-//! upkeep's timers, and the store's answers to what the loop asked of it. The upkeep
-//! (`shared/upkeep.rs`: fencing the streams while the mirror cannot follow the store, the
-//! sweep of orphaned registrations) is decided on the same inputs, and its sweeps' deletes
-//! run among the loop's store calls. The leader is a part of the loop
+//! `Deregister`, the streams that end without their consumer leaving, the instance
+//! lease's state, the mirror's health, the leader's and the upkeep's timers, and the
+//! store's answers to what the loop asked of it. The upkeep (`shared/upkeep.rs`: settling
+//! the ended streams' registrations after the TTL, fencing the streams while the mirror
+//! cannot follow the store, the sweep of orphaned registrations) is decided on the same
+//! inputs, and its deletes run among the loop's store calls. The leader is a part of the loop
 //! ([`Leader`]): when it looks, it decides on the cache and hands the loop its next store
 //! call, whose answer goes back to it; a plan's batch that succeeded is applied and told to
 //! the streams like a call's commit. A call is decided by the pure model of `decide.rs`
@@ -90,7 +91,7 @@ enum Done {
     Txn(Txn, Result<TxnOutcome, StoreError>, Writer),
     /// A store call of the leader's (with its transaction, if it was one).
     Leader(Option<Txn>, Why, LeaderAnswer),
-    /// A sweep of the upkeep's ended (it logged and counted what it did).
+    /// A delete of the upkeep's ended (it logged and counted what it did).
     Upkeep,
 }
 
@@ -167,9 +168,9 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
         if let Some(job) = leader.next_job(&inner, Instant::now()) {
             run_leader_job(&pending, job);
         }
-        for sweep in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
+        for delete in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
             pending.in_flight.push(Box::pin(async move {
-                sweep.await;
+                delete.await;
                 Done::Upkeep
             }));
         }

@@ -136,9 +136,9 @@ async fn run(backend: Arc<TestBackend>) {
     let mut health = core.mirror.health();
     let mut upkeep = Upkeep::new(core.lease_ttl, Instant::now());
     let mut departures = core.departures();
-    let mut sweeps = FuturesUnordered::new();
+    let mut deletes = FuturesUnordered::new();
     loop {
-        sweeps.extend(upkeep::run_due(&mut upkeep, &backend, Instant::now()));
+        deletes.extend(upkeep::run_due(&mut upkeep, &backend, Instant::now()));
         tokio::select! {
             changes = follower.next() => {
                 let Some(changes) = changes else { return };
@@ -157,7 +157,7 @@ async fn run(backend: Arc<TestBackend>) {
             }
             departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
             () = tokio::time::sleep_until(upkeep.wake_at()) => {}
-            Some(()) = sweeps.next(), if !sweeps.is_empty() => {}
+            Some(()) = deletes.next(), if !deletes.is_empty() => {}
         }
     }
 }
