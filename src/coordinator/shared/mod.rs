@@ -259,8 +259,9 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     }
 
     /// The stream of registration `key`, written at `registered_at`, ended without its
-    /// consumer leaving: the loop keeps the registration for the consumer's return, then
-    /// deletes it if it is still this one ([`departures`]).
+    /// consumer leaving (or the write's answer was lost: `Revision::MAX` holds it for the
+    /// TTL whatever the cache says): the loop keeps the registration for the consumer's
+    /// return, then deletes it if it is still this one ([`departures`]).
     pub fn depart(&self, key: streams::StreamKey, registered_at: crate::store::Revision) {
         let departed = departures::Departed { key, registered_at, at: tokio::time::Instant::now() };
         // Only a loop that ended (the instance stopped) does not take it.

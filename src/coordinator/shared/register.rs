@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::outgoing::{CommandSender, command_channel, command_stream};
-use super::registrar::{Caller, Held, Registrar};
+use super::registrar::{Caller, Registrar};
 use super::registration::unregister_retrying;
 use super::streams::{EndReason, LocalStream, StreamKey};
 use super::validate::{validate_consumer_name, validate_topic_name};
@@ -128,9 +128,10 @@ async fn register_to_the_end<R: Registrar>(
             }
             Err(error) => {
                 // The write may have been applied although its answer was lost: a record left
-                // behind must end like one whose stream went away.
-                let (backend, key) = (backend.clone(), key);
-                tokio::spawn(async move { settle_unanswered(&*backend, &key).await });
+                // behind must end like one whose stream went away. Its revision is unknown:
+                // it is held for the TTL whatever the cache says (by then the cache has seen
+                // the write, if it was applied), then deleted if it is this registration.
+                core.depart(key, Revision::MAX);
                 return Err(error);
             }
         };
@@ -170,22 +171,6 @@ async fn register_to_the_end<R: Registrar>(
     backend.spawn_companion(key.clone(), registered_at, done.clone());
     tokio::spawn(stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
     Ok(command_stream(rx))
-}
-
-/// After a registration write whose answer did not come: once the TTL has passed (by then
-/// the cache has seen the write, if it was applied), deletes the record if it is this
-/// registration's. A write that was never applied leaves nothing to do.
-async fn settle_unanswered<R: Registrar>(backend: &R, key: &StreamKey) {
-    let core = backend.core();
-    tokio::select! {
-        _ = core.shutdown.cancelled() => return,
-        _ = tokio::time::sleep(core.lease_ttl) => {}
-    }
-    let held = backend.held(&core.mirror.read(), key);
-    if held != Held::NotOurs && !core.streams.holds(key) {
-        tracing::info!(topic = %key.0, consumer = %key.1, "a registration whose answer was lost ends");
-        unregister_retrying(backend, key).await;
-    }
 }
 
 fn shutting_down() -> CoordinatorError {
