@@ -4,9 +4,10 @@
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]), the local
 //! streams that open ([`Claims::start`], from the shared registration) and those that
 //! end without their consumer leaving, the mirror's health, the claim and upkeep timers
-//! (`shared/upkeep.rs`: settling the ended streams' registrations after the TTL, fencing
-//! the streams while the mirror cannot follow the store, the sweep of orphaned
-//! registrations), and the claim steps and the upkeep's deletes that end. The loop relays a change in the turn that applied it,
+//! (`shared/upkeep.rs`: settling the ended streams' registrations after the TTL, writing
+//! again those the store lost, fencing the streams while the mirror cannot follow the
+//! store, the sweep of orphaned registrations), and the claim steps and the upkeep's
+//! store calls that end. The loop relays a change in the turn that applied it,
 //! before any claim step can look at the cache: a step decides on a cache whose every
 //! change its consumer was told, so what it gives back is what the consumer was told it
 //! owns.
@@ -28,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Fleet, claim, relay};
 use crate::coordinator::shared::streams::StreamKey;
-use crate::coordinator::shared::upkeep::{self, Upkeep};
+use crate::coordinator::shared::upkeep::{self, Upkeep, Worked};
 use crate::store::Revision;
 
 /// A local stream that opened: whose claim steps the loop runs from now on.
@@ -71,6 +72,14 @@ struct Claimer {
     due: bool,
 }
 
+/// A store call of the loop's that ended.
+enum Ended {
+    /// A claim step of this consumer, whose last write was at this revision.
+    Step(StreamKey, Revision),
+    /// The upkeep's.
+    Upkeep(Worked),
+}
+
 /// Runs the loop until the instance stops (see the module docs).
 pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
     let mut follower = inner.core.follower(inner.config.resync_interval);
@@ -80,15 +89,10 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
     let mut departures = inner.core.departures();
     let mut claimers: HashMap<StreamKey, Claimer> = HashMap::new();
-    // A claim step's key and last write, or `None` for a delete of the upkeep's.
-    let mut steps: FuturesUnordered<BoxFuture<'static, Option<(StreamKey, Revision)>>> =
-        FuturesUnordered::new();
+    let mut steps: FuturesUnordered<BoxFuture<'static, Ended>> = FuturesUnordered::new();
     loop {
-        for delete in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
-            steps.push(Box::pin(async move {
-                delete.await;
-                None
-            }));
+        for work in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
+            steps.push(Box::pin(async move { Ended::Upkeep(work.await) }));
         }
         tokio::select! {
             changes = follower.next() => {
@@ -109,15 +113,18 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 upkeep::follow(&mut upkeep, &inner, following, Instant::now());
             }
             departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
+            () = inner.core.streams().lost_found(), if !upkeep.rebinding() => {
+                let work = upkeep::rebind(&mut upkeep, &inner);
+                steps.push(Box::pin(async move { Ended::Upkeep(work.await) }));
+            }
             () = tokio::time::sleep_until(upkeep.wake_at()) => {}
-            Some(ended) = steps.next(), if !steps.is_empty() => {
-                if let Some((key, seen)) = ended
-                    && let Some(claimer) = claimers.get_mut(&key)
-                {
+            Some(ended) = steps.next(), if !steps.is_empty() => match ended {
+                Ended::Step(key, seen) => if let Some(claimer) = claimers.get_mut(&key) {
                     claimer.running = false;
                     claimer.seen = claimer.seen.max(seen);
-                }
-            }
+                },
+                Ended::Upkeep(worked) => upkeep.worked(worked),
+            },
         }
         claimers.retain(|_, c| c.running || !c.done.is_cancelled());
         for (key, claimer) in claimers.iter_mut().filter(|(_, c)| c.due && !c.running) {
@@ -130,7 +137,10 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 claimer.seen,
                 claimer.done.clone(),
             );
-            steps.push(Box::pin(async move { Some(step.await) }));
+            steps.push(Box::pin(async move {
+                let (key, seen) = step.await;
+                Ended::Step(key, seen)
+            }));
         }
     }
 }

@@ -6,9 +6,10 @@
 //! `Deregister`, the streams that end without their consumer leaving, the instance
 //! lease's state, the mirror's health, the leader's and the upkeep's timers, and the
 //! store's answers to what the loop asked of it. The upkeep (`shared/upkeep.rs`: settling
-//! the ended streams' registrations after the TTL, fencing the streams while the mirror
-//! cannot follow the store, the sweep of orphaned registrations) is decided on the same
-//! inputs, and its deletes run among the loop's store calls. The leader is a part of the loop
+//! the ended streams' registrations after the TTL, writing again those the store lost,
+//! fencing the streams while the mirror cannot follow the store, the sweep of orphaned
+//! registrations) is decided on the same inputs, and its store calls run among the
+//! loop's. The leader is a part of the loop
 //! ([`Leader`]): when it looks, it decides on the cache and hands the loop its next store
 //! call, whose answer goes back to it; a plan's batch that succeeded is applied and told to
 //! the streams like a call's commit. A call is decided by the pure model of `decide.rs`
@@ -46,7 +47,7 @@ use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, BATCHES_IN_FLIGHT, KeyWrite, Queued};
 use crate::coordinator::shared::instance::HandoffCall;
-use crate::coordinator::shared::upkeep::{self, Upkeep};
+use crate::coordinator::shared::upkeep::{self, Upkeep, Worked};
 use crate::handoff::TopicState;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn, TxnOutcome};
 
@@ -91,8 +92,8 @@ enum Done {
     Txn(Txn, Result<TxnOutcome, StoreError>, Writer),
     /// A store call of the leader's (with its transaction, if it was one).
     Leader(Option<Txn>, Why, LeaderAnswer),
-    /// A delete of the upkeep's ended (it logged and counted what it did).
-    Upkeep,
+    /// A store call of the upkeep's ended (it logged and counted what it did).
+    Upkeep(Worked),
 }
 
 /// The way into an instance's loop: the consumers' calls.
@@ -168,11 +169,8 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
         if let Some(job) = leader.next_job(&inner, Instant::now()) {
             run_leader_job(&pending, job);
         }
-        for delete in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
-            pending.in_flight.push(Box::pin(async move {
-                delete.await;
-                Done::Upkeep
-            }));
+        for work in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
+            pending.in_flight.push(Box::pin(async move { Done::Upkeep(work.await) }));
         }
         while pending.batches < BATCHES_IN_FLIGHT && !pending.waiting.is_empty() {
             pending.batches += 1;
@@ -211,6 +209,10 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                 leader.poke();
             }
             departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
+            () = inner.core.streams().lost_found(), if !upkeep.rebinding() => {
+                let work = upkeep::rebind(&mut upkeep, &inner);
+                pending.in_flight.push(Box::pin(async move { Done::Upkeep(work.await) }));
+            }
             () = tokio::time::sleep_until(leader.wake_at().map_or(upkeep.wake_at(), |at| at.min(upkeep.wake_at()))) => {}
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
                 pending.batches -= usize::from(matches!(done, Done::Batch(..)));
@@ -224,6 +226,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                         }
                         leader.answered(&inner, why, answer);
                     }
+                    Done::Upkeep(worked) => upkeep.worked(worked),
                     done => finish(&inner, &mut pending, done, true),
                 }
             }
@@ -433,7 +436,7 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
             go_leave(inner, pending, leave, step, running);
         }
         // After a stop nothing is applied, and the leader is gone with the loop.
-        Done::Leader(..) | Done::Upkeep => {}
+        Done::Leader(..) | Done::Upkeep(_) => {}
         Done::Txn(txn, outcome, writer) => {
             if let (true, Ok(o)) = (running, &outcome)
                 && o.succeeded

@@ -4,8 +4,8 @@
 //! expires. Normally this instance has fenced itself before (`lease.rs`), ending those
 //! streams. If the store expires the lease early (an operator revoked it, the store's clock
 //! ran ahead, a restore from a backup), the streams are still open. The relay then marks
-//! each of them lost (the relay model's [`Registration::Lost`]) and keeps relaying it, and this
-//! task writes its registration again, with the same registration id, bound to the
+//! each of them lost (the relay model's [`Registration::Lost`]) and keeps relaying it, and the
+//! instance's loop writes its registration again, with the same registration id, bound to the
 //! instance's new lease, only where no other registration took the name meanwhile
 //! (compare-and-swap on absence). The stream does not end and the consumer is told nothing
 //! for it: the relay's diff tells it only what really changed (a partition the leader gave
@@ -28,21 +28,9 @@ use crate::store::{SessionId, StoreError};
 /// Lost registrations written again at once.
 const REWRITES_IN_FLIGHT: usize = 32;
 
-/// Writes again the registrations of lost streams whenever the relay finds some, until the
-/// instance stops.
-pub async fn rebind_lost<R: Registrar>(backend: Arc<R>) {
-    let core = backend.core();
-    loop {
-        tokio::select! {
-            _ = core.shutdown.cancelled() => return,
-            _ = core.streams.lost_found() => {}
-        }
-        rewrite_all(&backend).await;
-    }
-}
-
 /// Rewrites every lost stream's registration, retrying with backoff, until none is lost.
-async fn rewrite_all<R: Registrar>(backend: &Arc<R>) {
+/// The instance's loop runs it when its relay found some (`upkeep.rs`).
+pub async fn rewrite_all<R: Registrar>(backend: &Arc<R>) {
     let core = backend.core();
     let mut backoff = Duration::from_millis(50);
     loop {

@@ -39,7 +39,6 @@ pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), Coordinat
     let readiness = backend.clone();
     super::lease::spawn_keeper(backend.clone(), |backend| backend.core());
     tokio::spawn(async move { readiness.core().follow_readiness().await });
-    tokio::spawn(super::rebind::rebind_lost(backend.clone()));
     let record = backend.clone();
     tokio::spawn(async move { super::instance_record::keep_instance_record(record.core()).await });
     let writer = backend.clone();

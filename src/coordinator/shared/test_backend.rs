@@ -136,9 +136,9 @@ async fn run(backend: Arc<TestBackend>) {
     let mut health = core.mirror.health();
     let mut upkeep = Upkeep::new(core.lease_ttl, Instant::now());
     let mut departures = core.departures();
-    let mut deletes = FuturesUnordered::new();
+    let mut works = FuturesUnordered::new();
     loop {
-        deletes.extend(upkeep::run_due(&mut upkeep, &backend, Instant::now()));
+        works.extend(upkeep::run_due(&mut upkeep, &backend, Instant::now()));
         tokio::select! {
             changes = follower.next() => {
                 let Some(changes) = changes else { return };
@@ -156,8 +156,9 @@ async fn run(backend: Arc<TestBackend>) {
                 upkeep::follow(&mut upkeep, &backend, following, Instant::now());
             }
             departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
+            () = core.streams.lost_found(), if !upkeep.rebinding() => works.push(upkeep::rebind(&mut upkeep, &backend)),
             () = tokio::time::sleep_until(upkeep.wake_at()) => {}
-            Some(()) = deletes.next(), if !deletes.is_empty() => {}
+            Some(worked) = works.next(), if !works.is_empty() => upkeep.worked(worked),
         }
     }
 }

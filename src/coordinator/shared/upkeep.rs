@@ -1,6 +1,7 @@
 //! The instance's upkeep, which its loop runs beside its other inputs: decided here on the
 //! mirror's health, the time and the cache, carried out by the loop. It settles the
-//! registrations whose streams ended ([`Departures`]), and:
+//! registrations whose streams ended ([`Departures`]), has the registrations the store
+//! lost written again when the relay finds some ([`rebind`], one pass at a time), and:
 //!
 //! **An instance that cannot relay fences its streams**, as when it loses its lease. The
 //! instance lease is kept on a connection of its own (`lease.rs`), so the lease can stay
@@ -50,6 +51,19 @@ pub enum Chore {
     Unregister(StreamKey),
 }
 
+/// A store call of the upkeep's, which the loop runs beside its other inputs and hands back
+/// to [`Upkeep::worked`] when it ends.
+pub type Work = BoxFuture<'static, Worked>;
+
+/// What a [`Work`] was.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Worked {
+    /// A delete: a sweep, or an ended stream's registration.
+    Deleted,
+    /// A pass writing lost registrations again (`rebind.rs`).
+    Rebound,
+}
+
 /// The upkeep's state (see the module docs). Pure: the loop hands it the time.
 #[derive(Debug)]
 pub struct Upkeep {
@@ -64,6 +78,8 @@ pub struct Upkeep {
     orphans: HashMap<StreamKey, Instant>,
     /// Registrations whose streams ended, kept for their consumers' return.
     departures: Departures,
+    /// A pass writing lost registrations again is under way.
+    rebinding: bool,
 }
 
 impl Upkeep {
@@ -77,6 +93,20 @@ impl Upkeep {
             next_sweep: now + ttl / 2,
             orphans: HashMap::new(),
             departures: Departures::new(ttl),
+            rebinding: false,
+        }
+    }
+
+    /// Whether a pass writing lost registrations again is under way: the loop waits for
+    /// the relay to find more only when none is ([`rebind`]).
+    pub fn rebinding(&self) -> bool {
+        self.rebinding
+    }
+
+    /// A [`Work`] of the upkeep's ended.
+    pub fn worked(&mut self, worked: Worked) {
+        if worked == Worked::Rebound {
+            self.rebinding = false;
         }
     }
 
@@ -162,11 +192,7 @@ impl Upkeep {
 /// Does what is due at `now` for `backend`'s loop: fences, sweeps, settles the
 /// registrations of ended streams. Returns the deletes, for the loop to run beside its
 /// other inputs.
-pub fn run_due<R: Registrar>(
-    upkeep: &mut Upkeep,
-    backend: &Arc<R>,
-    now: Instant,
-) -> Vec<BoxFuture<'static, ()>> {
+pub fn run_due<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, now: Instant) -> Vec<Work> {
     let mut chores = Vec::new();
     {
         let cache = backend.core().mirror.read();
@@ -201,15 +227,35 @@ pub fn follow<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, following: bo
     }
 }
 
+/// The relay found streams whose registrations the store lost: a pass writing them again
+/// (`rebind.rs`), for `backend`'s loop to run.
+pub fn rebind<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>) -> Work {
+    upkeep.rebinding = true;
+    let backend = backend.clone();
+    Box::pin(async move {
+        super::rebind::rewrite_all(&backend).await;
+        Worked::Rebound
+    })
+}
+
 /// Carries `chore` out: a fence at once, a sweep as the future returned.
-fn carry_out<R: Registrar>(backend: &Arc<R>, chore: Chore) -> Option<BoxFuture<'static, ()>> {
+fn carry_out<R: Registrar>(backend: &Arc<R>, chore: Chore) -> Option<Work> {
     match chore {
         Chore::Fence => fence(backend.core()),
         Chore::Unfence => unfence(backend.core()),
-        Chore::Sweep(key) => return Some(Box::pin(sweep(backend.clone(), key))),
+        Chore::Sweep(key) => {
+            let backend = backend.clone();
+            return Some(Box::pin(async move {
+                sweep(backend, key).await;
+                Worked::Deleted
+            }));
+        }
         Chore::Unregister(key) => {
             let backend = backend.clone();
-            return Some(Box::pin(async move { unregister_retrying(&*backend, &key).await }));
+            return Some(Box::pin(async move {
+                unregister_retrying(&*backend, &key).await;
+                Worked::Deleted
+            }));
         }
     }
     None
