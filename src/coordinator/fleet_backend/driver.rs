@@ -3,7 +3,8 @@
 //!
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]), the local
 //! streams that open ([`Claims::start`], from the shared registration) and those that
-//! end without their consumer leaving, the mirror's health, the claim and upkeep timers
+//! end without their consumer leaving, the instance lease's state, the mirror's health,
+//! the claim and upkeep timers
 //! (`shared/upkeep.rs`: settling the ended streams' registrations after the TTL, writing
 //! again those the store lost, fencing the streams while the mirror cannot follow the
 //! store, the sweep of orphaned registrations), and the claim steps and the upkeep's
@@ -86,6 +87,7 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
     let mut timer = tokio::time::interval(inner.config.claim_interval);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut health = inner.core.mirror().health();
+    let mut lease = inner.core.lease().subscribe();
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
     let mut departures = inner.core.departures();
     let mut claimers: HashMap<StreamKey, Claimer> = HashMap::new();
@@ -112,6 +114,9 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 let following = health.borrow_and_update().following;
                 upkeep::follow(&mut upkeep, &inner, following, Instant::now());
             }
+            // The lease's sender lives in the core this loop holds: `changed` cannot fail.
+            // The upkeep reads the lease each turn (readiness, the instance record).
+            Ok(()) = lease.changed() => {}
             departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
             () = inner.core.streams().lost_found(), if !upkeep.rebinding() => {
                 let work = upkeep::rebind(&mut upkeep, &inner);

@@ -195,6 +195,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
             }
             // The lease's sender lives in the core this loop holds: `changed` cannot fail.
             // While the lease is not live, the calls waiting for a batch are answered why.
+            // The upkeep reads the lease each turn (readiness, the instance record).
             Ok(()) = lease.changed() => {
                 while let Some(error) = refusal(&inner, true) {
                     let Some(QueuedCall { call, .. }) = pending.waiting.pop_front() else { break };

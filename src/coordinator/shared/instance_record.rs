@@ -19,38 +19,28 @@ pub fn instance_key(prefix: &str, instance: &str) -> String {
     format!("{prefix}instances/{instance}")
 }
 
-/// Keeps this instance's record bound to the live instance lease, writing it again each
-/// time a new lease is granted, until the instance stops.
-pub async fn keep_instance_record<C: MirrorCache, T>(core: &Core<C, T>) {
+/// Writes this instance's record bound to the instance lease `session`, retrying with
+/// backoff while the store refuses. Returns whether it was written: not if the lease is
+/// no longer the live one, or the instance stops. The instance's loop runs it each time a
+/// new lease is granted (`upkeep.rs`).
+pub async fn write_instance_record<C: MirrorCache, T>(core: &Core<C, T>, session: SessionId) -> bool {
     let key = instance_key(C::prefix(&core.keys), &core.instance_id);
     let mut lease = core.lease.subscribe();
-    let mut written: Option<SessionId> = None;
     let mut backoff = Duration::from_millis(50);
     loop {
-        let live = lease.borrow_and_update().live();
-        if let Some(session) = live.filter(|session| written != Some(*session)) {
-            let record = format!("{{\"v\":1,\"instance\":\"{}\"}}", core.instance_id);
-            match core.store.txn(Txn::new().then(Op::put_in(&key, record, session))).await {
-                Ok(_) => {
-                    written = Some(session);
-                    backoff = Duration::from_millis(50);
-                    continue;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot write this instance's record; retrying");
-                    tokio::select! {
-                        _ = core.shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = lease.changed() => {}
-                    }
-                    backoff = (backoff * 2).min(core.lease_ttl / 4);
-                    continue;
-                }
-            }
+        if core.shutdown.is_cancelled() || lease.borrow_and_update().live() != Some(session) {
+            return false;
+        }
+        let record = format!("{{\"v\":1,\"instance\":\"{}\"}}", core.instance_id);
+        match core.store.txn(Txn::new().then(Op::put_in(&key, record, session))).await {
+            Ok(_) => return true,
+            Err(error) => tracing::warn!(%error, "cannot write this instance's record; retrying"),
         }
         tokio::select! {
-            _ = core.shutdown.cancelled() => return,
-            changed = lease.changed() => if changed.is_err() { return },
+            _ = core.shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(backoff) => {}
+            _ = lease.changed() => {}
         }
+        backoff = (backoff * 2).min(core.lease_ttl / 4);
     }
 }

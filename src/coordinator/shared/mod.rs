@@ -313,27 +313,6 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         }
     }
 
-    /// Keeps readiness equal to "not stopping, the lease is live and the mirror follows
-    /// the store" until the instance stops.
-    pub async fn follow_readiness(&self) {
-        let mut lease = self.lease.subscribe();
-        let mut health = self.mirror.health();
-        loop {
-            let ready = !self.shutdown.is_cancelled()
-                && lease.borrow_and_update().live().is_some()
-                && health.borrow_and_update().following;
-            self.readiness.set(ready);
-            tokio::select! {
-                _ = self.shutdown.cancelled() => {
-                    self.readiness.set(false);
-                    return;
-                }
-                _ = lease.changed() => {}
-                _ = health.changed() => {}
-            }
-        }
-    }
-
     /// Makes sure `topic` has a stored partition count and returns it ([`Topics::ensure`]).
     pub async fn ensure_topic(&self, topic: &str) -> Result<u32, crate::coordinator::CoordinatorError> {
         let cached = self.mirror.read().topic_count(topic);

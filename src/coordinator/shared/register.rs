@@ -32,15 +32,11 @@ use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
 use crate::store::{Revision, SessionId};
 
-/// Starts the instance lease and the readiness that follows it for `backend`, and waits
-/// until the store granted the lease (`UNAVAILABLE`, and every task stopped, if it does not
-/// within one TTL).
+/// Starts the instance lease for `backend` (the instance's loop makes readiness and the
+/// instance record follow it, `upkeep.rs`), and waits until the store granted the lease
+/// (`UNAVAILABLE`, and every task stopped, if it does not within one TTL).
 pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), CoordinatorError> {
-    let readiness = backend.clone();
     super::lease::spawn_keeper(backend.clone(), |backend| backend.core());
-    tokio::spawn(async move { readiness.core().follow_readiness().await });
-    let record = backend.clone();
-    tokio::spawn(async move { super::instance_record::keep_instance_record(record.core()).await });
     let writer = backend.clone();
     tokio::spawn(async move {
         let core = writer.core();

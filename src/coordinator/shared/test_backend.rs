@@ -134,6 +134,7 @@ async fn run(backend: Arc<TestBackend>) {
     let core = &backend.core;
     let mut follower = core.follower(Duration::from_secs(300));
     let mut health = core.mirror.health();
+    let mut lease = core.lease.subscribe();
     let mut upkeep = Upkeep::new(core.lease_ttl, Instant::now());
     let mut departures = core.departures();
     let mut works = FuturesUnordered::new();
@@ -156,6 +157,7 @@ async fn run(backend: Arc<TestBackend>) {
                 upkeep::follow(&mut upkeep, &backend, following, Instant::now());
             }
             departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
+            Ok(()) = lease.changed() => {}
             () = core.streams.lost_found(), if !upkeep.rebinding() => works.push(upkeep::rebind(&mut upkeep, &backend)),
             () = tokio::time::sleep_until(upkeep.wake_at()) => {}
             Some(worked) = works.next(), if !works.is_empty() => upkeep.worked(worked),

@@ -1,7 +1,9 @@
 //! The instance's upkeep, which its loop runs beside its other inputs: decided here on the
 //! mirror's health, the time and the cache, carried out by the loop. It settles the
 //! registrations whose streams ended ([`Departures`]), has the registrations the store
-//! lost written again when the relay finds some ([`rebind`], one pass at a time), and:
+//! lost written again when the relay finds some ([`rebind`], one pass at a time), keeps
+//! readiness ("not stopping, the lease is live and the mirror follows the store") and the
+//! instance record (`instance_record.rs`) up with the instance lease, and:
 //!
 //! **An instance that cannot relay fences its streams**, as when it loses its lease. The
 //! instance lease is kept on a connection of its own (`lease.rs`), so the lease can stay
@@ -30,11 +32,13 @@ use tokio::time::Instant;
 
 use super::Core;
 use super::departures::{Departed, Departures};
+use super::instance_record::write_instance_record;
 use super::lease::fence_after;
 use super::mirror::MirrorCache;
 use super::registrar::{Held, Registrar};
 use super::registration::unregister_retrying;
 use super::streams::{StreamKey, Told};
+use crate::store::SessionId;
 
 /// What the loop does for the upkeep.
 #[derive(Debug, PartialEq, Eq)]
@@ -62,6 +66,8 @@ pub enum Worked {
     Deleted,
     /// A pass writing lost registrations again (`rebind.rs`).
     Rebound,
+    /// A write of the instance record bound to this lease, if it was written.
+    Recorded(Option<SessionId>),
 }
 
 /// The upkeep's state (see the module docs). Pure: the loop hands it the time.
@@ -80,6 +86,10 @@ pub struct Upkeep {
     departures: Departures,
     /// A pass writing lost registrations again is under way.
     rebinding: bool,
+    /// The instance lease the instance record was last written for.
+    recorded: Option<SessionId>,
+    /// A write of the instance record is under way.
+    recording: bool,
 }
 
 impl Upkeep {
@@ -94,6 +104,8 @@ impl Upkeep {
             orphans: HashMap::new(),
             departures: Departures::new(ttl),
             rebinding: false,
+            recorded: None,
+            recording: false,
         }
     }
 
@@ -105,9 +117,27 @@ impl Upkeep {
 
     /// A [`Work`] of the upkeep's ended.
     pub fn worked(&mut self, worked: Worked) {
-        if worked == Worked::Rebound {
-            self.rebinding = false;
+        match worked {
+            Worked::Deleted => {}
+            Worked::Rebound => self.rebinding = false,
+            Worked::Recorded(written) => {
+                self.recording = false;
+                self.recorded = written.or(self.recorded);
+            }
         }
+    }
+
+    /// Whether the mirror follows the store, as last reported.
+    fn following(&self) -> bool {
+        self.stale_since.is_none()
+    }
+
+    /// The instance record must be written for the live lease `live`: it is not yet, and
+    /// no write is under way.
+    fn record_due(&mut self, live: Option<SessionId>) -> Option<SessionId> {
+        let session = live.filter(|s| self.recorded != Some(*s) && !self.recording)?;
+        self.recording = true;
+        Some(session)
     }
 
     /// A stream ended without its consumer leaving: its registration is settled here.
@@ -189,13 +219,26 @@ impl Upkeep {
     }
 }
 
-/// Does what is due at `now` for `backend`'s loop: fences, sweeps, settles the
-/// registrations of ended streams. Returns the deletes, for the loop to run beside its
-/// other inputs.
+/// Does what is due at `now` for `backend`'s loop: keeps readiness and the instance
+/// record up with the lease and the mirror's health, fences, sweeps, settles the
+/// registrations of ended streams. Returns the store calls, for the loop to run beside its
+/// other inputs. The loop calls it every turn, and wakes on lease and health changes.
 pub fn run_due<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, now: Instant) -> Vec<Work> {
+    let core = backend.core();
+    let live = core.lease.borrow().live();
+    // Ready: not stopping, the lease is live and the mirror follows the store.
+    core.readiness.set(!core.shutdown.is_cancelled() && live.is_some() && upkeep.following());
+    let mut works: Vec<Work> = Vec::new();
+    if let Some(session) = upkeep.record_due(live) {
+        let backend = backend.clone();
+        works.push(Box::pin(async move {
+            let written = write_instance_record(backend.core(), session).await;
+            Worked::Recorded(written.then_some(session))
+        }));
+    }
     let mut chores = Vec::new();
     {
-        let cache = backend.core().mirror.read();
+        let cache = core.mirror.read();
         if upkeep.departures.must_look(cache.revision(), now) {
             let due = upkeep.departures.due(&**backend, &cache, now, super::now_ms());
             chores.extend(due.into_iter().map(Chore::Unregister));
@@ -204,7 +247,8 @@ pub fn run_due<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, now: Instant
             chores.extend(upkeep.due(&**backend, &cache, now));
         }
     }
-    chores.into_iter().filter_map(|chore| carry_out(backend, chore)).collect()
+    works.extend(chores.into_iter().filter_map(|chore| carry_out(backend, chore)));
+    works
 }
 
 /// The next stream that ended (`Core::departures`), for a loop's `select!`; pending
