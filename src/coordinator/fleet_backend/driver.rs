@@ -86,10 +86,8 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
     let mut follower = inner.core.follower(inner.config.resync_interval);
     let mut timer = tokio::time::interval(inner.config.claim_interval);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut health = inner.core.mirror().health();
-    let mut lease = inner.core.lease().subscribe();
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
-    let mut departures = inner.core.departures();
+    let mut upkept = upkeep::Inputs::new(&*inner);
     let mut claimers: HashMap<StreamKey, Claimer> = HashMap::new();
     let mut steps: FuturesUnordered<BoxFuture<'static, Ended>> = FuturesUnordered::new();
     loop {
@@ -109,20 +107,9 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 claimers.insert(key, claimer);
             }
             _ = timer.tick() => claimers.values_mut().for_each(|c| c.due = true),
-            // Its sender lives in the mirror: the branch ends only with it.
-            Ok(()) = health.changed() => {
-                let following = health.borrow_and_update().following;
-                upkeep::follow(&mut upkeep, &inner, following, Instant::now());
-            }
-            // The lease's sender lives in the core this loop holds: `changed` cannot fail.
-            // The upkeep reads the lease each turn (readiness, the instance record).
-            Ok(()) = lease.changed() => {}
-            departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
-            () = inner.core.streams().lost_found(), if !upkeep.rebinding() => {
-                let work = upkeep::rebind(&mut upkeep, &inner);
+            (_, work) = upkept.next(&mut upkeep, &inner) => if let Some(work) = work {
                 steps.push(Box::pin(async move { Ended::Upkeep(work.await) }));
-            }
-            () = tokio::time::sleep_until(upkeep.wake_at()) => {}
+            },
             Some(ended) = steps.next(), if !steps.is_empty() => match ended {
                 Ended::Step(key, seen) => if let Some(claimer) = claimers.get_mut(&key) {
                     claimer.running = false;

@@ -47,7 +47,7 @@ use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, BATCHES_IN_FLIGHT, KeyWrite, Queued};
 use crate::coordinator::shared::instance::HandoffCall;
-use crate::coordinator::shared::upkeep::{self, Upkeep, Worked};
+use crate::coordinator::shared::upkeep::{self, Upkeep, Woke, Worked};
 use crate::handoff::TopicState;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn, TxnOutcome};
 
@@ -150,11 +150,9 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
     let Inputs(mut inputs) = inputs;
     let mut follower = inner.core.follower(inner.config.resync_interval);
     let store = inner.core.shared_store();
-    let mut lease = inner.core.lease().subscribe();
-    let mut health = inner.core.mirror().health();
     let mut leader = Leader::new(Instant::now());
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
-    let mut departures = inner.core.departures();
+    let mut upkept = upkeep::Inputs::new(&*inner);
     let mut pending =
         Pending { store, waiting: VecDeque::new(), in_flight: FuturesUnordered::new(), batches: 0 };
     loop {
@@ -193,28 +191,22 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                     take(&inner, &mut pending, input);
                 }
             }
-            // The lease's sender lives in the core this loop holds: `changed` cannot fail.
-            // While the lease is not live, the calls waiting for a batch are answered why.
-            // The upkeep reads the lease each turn (readiness, the instance record).
-            Ok(()) = lease.changed() => {
-                while let Some(error) = refusal(&inner, true) {
-                    let Some(QueuedCall { call, .. }) = pending.waiting.pop_front() else { break };
-                    let _ = call.reply.send(Err(error));
+            (woke, work) = upkept.next(&mut upkeep, &inner) => {
+                if let Some(work) = work {
+                    pending.in_flight.push(Box::pin(async move { Done::Upkeep(work.await) }));
                 }
-                leader.poke();
+                // While the lease is not live, the calls waiting for a batch are answered why.
+                if woke == Woke::Lease {
+                    while let Some(error) = refusal(&inner, true) {
+                        let Some(QueuedCall { call, .. }) = pending.waiting.pop_front() else { break };
+                        let _ = call.reply.send(Err(error));
+                    }
+                }
+                if woke != Woke::Other {
+                    leader.poke();
+                }
             }
-            // Its sender lives in the mirror: the branch ends only with it.
-            Ok(()) = health.changed() => {
-                let following = health.borrow_and_update().following;
-                upkeep::follow(&mut upkeep, &inner, following, Instant::now());
-                leader.poke();
-            }
-            departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
-            () = inner.core.streams().lost_found(), if !upkeep.rebinding() => {
-                let work = upkeep::rebind(&mut upkeep, &inner);
-                pending.in_flight.push(Box::pin(async move { Done::Upkeep(work.await) }));
-            }
-            () = tokio::time::sleep_until(leader.wake_at().map_or(upkeep.wake_at(), |at| at.min(upkeep.wake_at()))) => {}
+            () = sleep_until_some(leader.wake_at()) => {}
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
                 pending.batches -= usize::from(matches!(done, Done::Batch(..)));
                 match done {
@@ -264,6 +256,14 @@ fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
             let leave = LeaveInFlight { consumer, wants_drain, found, attempt: 0, reply };
             go_leave(inner, pending, leave, LeaveStep::ReadStore, true);
         }
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

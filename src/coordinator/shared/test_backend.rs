@@ -133,10 +133,8 @@ impl TestBackend {
 async fn run(backend: Arc<TestBackend>) {
     let core = &backend.core;
     let mut follower = core.follower(Duration::from_secs(300));
-    let mut health = core.mirror.health();
-    let mut lease = core.lease.subscribe();
     let mut upkeep = Upkeep::new(core.lease_ttl, Instant::now());
-    let mut departures = core.departures();
+    let mut upkept = upkeep::Inputs::new(&*backend);
     let mut works = FuturesUnordered::new();
     loop {
         works.extend(upkeep::run_due(&mut upkeep, &backend, Instant::now()));
@@ -152,14 +150,7 @@ async fn run(backend: Arc<TestBackend>) {
                 pass.finish();
                 core.mirror.announce(&cache);
             }
-            Ok(()) = health.changed() => {
-                let following = health.borrow_and_update().following;
-                upkeep::follow(&mut upkeep, &backend, following, Instant::now());
-            }
-            departed = upkeep::next_departed(&mut departures) => upkeep.departed(departed),
-            Ok(()) = lease.changed() => {}
-            () = core.streams.lost_found(), if !upkeep.rebinding() => works.push(upkeep::rebind(&mut upkeep, &backend)),
-            () = tokio::time::sleep_until(upkeep.wake_at()) => {}
+            (_, work) = upkept.next(&mut upkeep, &backend) => works.extend(work),
             Some(worked) = works.next(), if !works.is_empty() => upkeep.worked(worked),
         }
     }

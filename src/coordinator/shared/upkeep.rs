@@ -27,14 +27,14 @@
 use std::{collections::HashMap, sync::Arc, sync::atomic::Ordering, time::Duration};
 
 use futures::future::BoxFuture;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::{mpsc::UnboundedReceiver, watch};
 use tokio::time::Instant;
 
 use super::Core;
 use super::departures::{Departed, Departures};
 use super::instance_record::write_instance_record;
-use super::lease::fence_after;
-use super::mirror::MirrorCache;
+use super::lease::{LeaseState, fence_after};
+use super::mirror::{MirrorCache, MirrorHealth};
 use super::registrar::{Held, Registrar};
 use super::registration::unregister_retrying;
 use super::streams::{StreamKey, Told};
@@ -109,12 +109,6 @@ impl Upkeep {
         }
     }
 
-    /// Whether a pass writing lost registrations again is under way: the loop waits for
-    /// the relay to find more only when none is ([`rebind`]).
-    pub fn rebinding(&self) -> bool {
-        self.rebinding
-    }
-
     /// A [`Work`] of the upkeep's ended.
     pub fn worked(&mut self, worked: Worked) {
         match worked {
@@ -138,11 +132,6 @@ impl Upkeep {
         let session = live.filter(|s| self.recorded != Some(*s) && !self.recording)?;
         self.recording = true;
         Some(session)
-    }
-
-    /// A stream ended without its consumer leaving: its registration is settled here.
-    pub fn departed(&mut self, departed: Departed) {
-        self.departures.add(departed);
     }
 
     /// The mirror's health is now `following`.
@@ -251,29 +240,72 @@ pub fn run_due<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, now: Instant
     works
 }
 
-/// The next stream that ended (`Core::departures`), for a loop's `select!`; pending
-/// forever without the receiver. Cancel-safe.
-pub async fn next_departed(departures: &mut Option<UnboundedReceiver<Departed>>) -> Departed {
-    match departures {
-        Some(receiver) => match receiver.recv().await {
-            Some(departed) => departed,
-            // The core holds the sender: it ends only with the core.
-            None => std::future::pending().await,
-        },
-        None => std::future::pending().await,
-    }
+/// What the upkeep waits on beside a loop's other inputs: the mirror's health, the
+/// instance lease, the streams that end (`Core::departures`), the relay's finds of lost
+/// registrations, and its own timer. One per loop ([`Inputs::new`] takes the departures).
+pub struct Inputs {
+    health: watch::Receiver<MirrorHealth>,
+    lease: watch::Receiver<LeaseState>,
+    departures: Option<UnboundedReceiver<Departed>>,
 }
 
-/// Notes the mirror's health in `backend`'s loop; unfences at once when it follows again.
-pub fn follow<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, following: bool, now: Instant) {
-    if let Some(chore) = upkeep.health(following, now) {
-        carry_out(backend, chore);
+/// What woke the upkeep ([`Inputs::next`]); a loop that acts on the lease or the mirror's
+/// health itself does so on these.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Woke {
+    /// The instance lease changed.
+    Lease,
+    /// The mirror's health changed.
+    Health,
+    /// Anything else: a stream ended, lost registrations were found, the timer.
+    Other,
+}
+
+impl Inputs {
+    /// The inputs of `backend`'s loop.
+    pub fn new<R: Registrar>(backend: &R) -> Self {
+        let core = backend.core();
+        Self { health: core.mirror.health(), lease: core.lease.subscribe(), departures: core.departures() }
+    }
+
+    /// Waits for the upkeep's next input, takes it in (unfencing at once when the mirror
+    /// follows again), and returns what woke it with the store call it starts, if any.
+    /// Cancel-safe, for a loop's `select!`.
+    pub async fn next<R: Registrar>(
+        &mut self,
+        upkeep: &mut Upkeep,
+        backend: &Arc<R>,
+    ) -> (Woke, Option<Work>) {
+        let core = backend.core();
+        let departed = async {
+            match &mut self.departures {
+                Some(receiver) => receiver.recv().await,
+                None => None,
+            }
+        };
+        tokio::select! {
+            // The senders live in the core the loop holds: these cannot fail.
+            Ok(()) = self.health.changed() => {
+                let following = self.health.borrow_and_update().following;
+                if let Some(chore) = upkeep.health(following, Instant::now()) {
+                    carry_out(backend, chore);
+                }
+                (Woke::Health, None)
+            }
+            Ok(()) = self.lease.changed() => (Woke::Lease, None),
+            Some(departed) = departed => {
+                upkeep.departures.add(departed);
+                (Woke::Other, None)
+            }
+            () = core.streams.lost_found(), if !upkeep.rebinding => (Woke::Other, Some(rebind(upkeep, backend))),
+            () = tokio::time::sleep_until(upkeep.wake_at()) => (Woke::Other, None),
+        }
     }
 }
 
 /// The relay found streams whose registrations the store lost: a pass writing them again
 /// (`rebind.rs`), for `backend`'s loop to run.
-pub fn rebind<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>) -> Work {
+fn rebind<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>) -> Work {
     upkeep.rebinding = true;
     let backend = backend.clone();
     Box::pin(async move {
