@@ -8,7 +8,7 @@
 //! lease is deleted, once the stream's transport took it (`claim.rs`), and kept out of the
 //! consumer's view meanwhile ([`FleetTold::releasing`]).
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::collections::BTreeSet;
 
 use super::{
     Fleet,
@@ -16,7 +16,6 @@ use super::{
 };
 use crate::coordinator::shared::{
     mirror::{Changes, Touched},
-    registration,
     relay::{Registration, RelayStep, StreamSeen, Tell},
     streams::Told,
     wire::update,
@@ -94,7 +93,7 @@ pub(super) fn relay_step(
 }
 
 /// Relays the cache to the local streams `changes` concerns.
-pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
+pub(super) fn relay(inner: &Fleet, cache: &FleetCache, changes: &Changes) {
     let core = &inner.core;
     let mut pass = core.streams().pass(changes);
     while let Some(visit) = pass.next() {
@@ -104,9 +103,12 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
     }
     pass.finish();
     // A consumer that deregistered after its stream had dropped: no stream ends, so no
-    // stream task deletes its registration. The instance it was registered through does,
-    // so its leases are free now rather than after the TTL.
-    let mut orphans = Vec::new();
+    // stream hands its registration over. The instance it was registered through does, so
+    // its leases are free now rather than after the TTL: marked departing (nothing else
+    // settles it, and the next change does not hand it over twice), then deleted by the
+    // loop ([`Core::leave`]).
+    //
+    // [`Core::leave`]: crate::coordinator::shared::Core::leave
     for (topic, touched) in changes.iter() {
         let Some(entry) = cache.topics.get(topic) else { continue };
         let names: Vec<&String> = match touched {
@@ -120,16 +122,9 @@ pub(super) fn relay(inner: &Arc<Fleet>, cache: &FleetCache, changes: &Changes) {
                 && record.value.instance == core.instance_id()
                 && !core.streams().holds(&key)
             {
-                orphans.push(key);
+                core.streams().set_departing(&key, true);
+                core.leave(key, record.mod_revision);
             }
         }
-    }
-    for key in orphans {
-        let inner = inner.clone();
-        tokio::spawn(async move {
-            if let Err(error) = registration::delete(&*inner, &key).await {
-                tracing::warn!(%error, topic = %key.0, consumer = %key.1, "cannot free a departed member's leases; the next change retries");
-            }
-        });
     }
 }

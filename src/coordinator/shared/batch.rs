@@ -14,18 +14,18 @@
 //! is answered [`Batched::Lost`] and each of its writes falls back to its own
 //! read and compare-and-swap.
 //!
-//! [`Batcher`] writes the registrations in a task of its own. The handoff instance's loop
-//! (`handoff_backend/driver.rs`) batches the consumer calls' writes with the same
-//! [`take_batch`] and [`commit`], inside the loop, so that it applies and relays each
-//! batch it committed itself.
+//! Every batch is committed by the instance's loop, among its other store calls: the
+//! registrations queued by their callers ([`Batcher`], [`Batches`], run by the loop's
+//! upkeep, `upkeep.rs`), and the handoff backend's consumer calls, which its loop
+//! (`handoff_backend/driver.rs`) batches with the same [`take_batch`] and [`commit`] so
+//! that it applies and relays each batch it committed itself.
 
 use std::{
     collections::{HashSet, VecDeque},
     sync::Arc,
 };
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::store::{Compare, LeaseStore, Op, Revision, StoreError, Txn};
 
@@ -82,8 +82,9 @@ pub trait Queued {
     fn write(&self) -> &KeyWrite;
 }
 
-/// A write waiting for its batch in the [`Batcher`], and where its answer goes.
-struct Pending {
+/// A write waiting for its batch, and where its answer goes.
+#[derive(Debug)]
+pub struct Pending {
     write: KeyWrite,
     reply: oneshot::Sender<Answer>,
 }
@@ -94,74 +95,80 @@ impl Queued for Pending {
     }
 }
 
-/// A queue of writes of one instance, and its writer.
+/// The queue of an instance's registration writes. A writer queues one and waits for its
+/// answer ([`write`](Self::write)); the instance's loop takes the queue
+/// ([`incoming`](Self::incoming)), keeps the writes waiting for their batch
+/// ([`Batches`]) and commits each batch among its other store calls
+/// ([`commit_and_answer`]).
 pub struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
     incoming: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
-    /// Batch transactions in flight.
-    in_flight: Arc<Semaphore>,
 }
 
 impl Default for Batcher {
     fn default() -> Self {
         let (queue, incoming) = mpsc::unbounded_channel();
-        Self {
-            queue,
-            incoming: std::sync::Mutex::new(Some(incoming)),
-            in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
-        }
+        Self { queue, incoming: std::sync::Mutex::new(Some(incoming)) }
     }
 }
 
 impl Batcher {
     /// Queues `write` for the next batch and waits for its outcome. `UNAVAILABLE` once the
-    /// writer has stopped.
+    /// loop has stopped.
     pub async fn write(&self, write: KeyWrite) -> Result<Batched, StoreError> {
         let (reply, answer) = oneshot::channel();
         let pending = Pending { write, reply };
-        let stopped = || StoreError::Unavailable("the registration writer has stopped".into());
+        let stopped = || StoreError::Unavailable("this assigner instance is stopping".into());
         self.queue.send(pending).map_err(|_| stopped())?;
         let written = answer.await.map_err(|_| stopped())??;
         Ok(written.map_or(Batched::Lost, |b| Batched::Written(b.revision)))
     }
 
-    /// Writes the queued writes in batches until `stop` is cancelled. Runs once: a second
-    /// call returns at once.
-    pub async fn run(&self, store: Arc<dyn LeaseStore>, stop: CancellationToken) {
-        let Some(mut incoming) = self.incoming.lock().ok().and_then(|mut slot| slot.take()) else { return };
-        let in_flight = self.in_flight.clone();
-        let mut waiting: VecDeque<Pending> = VecDeque::new();
-        loop {
-            if waiting.is_empty() {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    next = incoming.recv() => match next {
-                        Some(pending) => waiting.push_back(pending),
-                        None => return,
-                    },
-                }
-            }
-            // Waiting for a free slot lets more registrations queue up for this batch.
-            let permit = tokio::select! {
-                _ = stop.cancelled() => return,
-                permit = in_flight.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return,
-                },
-            };
-            while let Ok(pending) = incoming.try_recv() {
-                waiting.push_back(pending);
-            }
-            let batch = take_batch(&mut waiting);
-            let store = store.clone();
-            tokio::spawn(async move {
-                let answer = commit(&*store, &batch).await;
-                for pending in batch {
-                    let _ = pending.reply.send(answer.clone());
-                }
-                drop(permit);
-            });
+    /// The queued writes, for the instance's loop: `None` once a loop took them.
+    pub fn incoming(&self) -> Option<mpsc::UnboundedReceiver<Pending>> {
+        self.incoming.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// The writes waiting for their batch, and how many batches are in flight: the loop's
+/// books for the [`Batcher`]. While [`BATCHES_IN_FLIGHT`] batches are in flight, what
+/// arrives waits and joins the next batch, so the busier the store, the larger the batch.
+#[derive(Debug, Default)]
+pub struct Batches {
+    waiting: VecDeque<Pending>,
+    in_flight: usize,
+}
+
+impl Batches {
+    /// `first`, and every write queued behind it in `incoming`, wait for their batch.
+    pub fn queue(&mut self, first: Pending, incoming: &mut mpsc::UnboundedReceiver<Pending>) {
+        self.waiting.push_back(first);
+        while let Ok(pending) = incoming.try_recv() {
+            self.waiting.push_back(pending);
         }
+    }
+
+    /// The batches to commit now, each counted in flight until [`done`](Self::done).
+    pub fn due(&mut self) -> Vec<Vec<Pending>> {
+        let mut batches = Vec::new();
+        while self.in_flight < BATCHES_IN_FLIGHT && !self.waiting.is_empty() {
+            self.in_flight += 1;
+            batches.push(take_batch(&mut self.waiting));
+        }
+        batches
+    }
+
+    /// A batch from [`due`](Self::due) was committed and answered.
+    pub fn done(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+}
+
+/// Commits `batch` in one transaction and answers each of its writers.
+pub async fn commit_and_answer(store: &dyn LeaseStore, batch: Vec<Pending>) {
+    let answer = commit(store, &batch).await;
+    for pending in batch {
+        let _ = pending.reply.send(answer.clone());
     }
 }
 
@@ -207,7 +214,9 @@ pub async fn commit<P: Queued>(store: &dyn LeaseStore, batch: &[P]) -> Answer {
 mod tests {
     use std::sync::Arc;
 
-    use super::{BATCH, Batched, Batcher, KeyWrite};
+    use futures::{StreamExt, stream::FuturesUnordered};
+
+    use super::{BATCH, Batched, Batcher, Batches, KeyWrite, commit_and_answer};
     use crate::store::{Compare, LeaseStore, MemoryStore, Op};
 
     fn put(key: &str, expected: i64) -> KeyWrite {
@@ -218,12 +227,29 @@ mod tests {
         }
     }
 
+    /// A batcher, and a loop that commits its batches as the instance's loop does, until
+    /// `stop` is cancelled.
     async fn started() -> (Arc<Batcher>, MemoryStore, tokio_util::sync::CancellationToken) {
         let memory = MemoryStore::new();
         let batcher = Arc::new(Batcher::default());
         let stop = tokio_util::sync::CancellationToken::new();
-        let (runner, store, token) = (batcher.clone(), Arc::new(memory.clone()), stop.clone());
-        tokio::spawn(async move { runner.run(store, token).await });
+        let (mut incoming, store, token) =
+            (batcher.incoming().expect("the queue"), Arc::new(memory.clone()), stop.clone());
+        assert!(batcher.incoming().is_none(), "one loop takes the queue");
+        tokio::spawn(async move {
+            let (mut batches, mut in_flight) = (Batches::default(), FuturesUnordered::new());
+            loop {
+                for batch in batches.due() {
+                    let store = store.clone();
+                    in_flight.push(async move { commit_and_answer(&*store, batch).await });
+                }
+                tokio::select! {
+                    () = token.cancelled() => return,
+                    Some(pending) = incoming.recv() => batches.queue(pending, &mut incoming),
+                    Some(()) = in_flight.next(), if !in_flight.is_empty() => batches.done(),
+                }
+            }
+        });
         (batcher, memory, stop)
     }
 
@@ -287,7 +313,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn stopping_the_writer_answers_unavailable() {
+    async fn stopping_the_loop_answers_unavailable() {
         let (batcher, _store, stop) = started().await;
         stop.cancel();
         let result = tokio::time::timeout(std::time::Duration::from_secs(5), async {
@@ -298,7 +324,7 @@ mod tests {
                 tokio::task::yield_now().await;
             }
         });
-        // The writer stops at its next turn; a write after that is refused.
+        // The loop stops at its next turn; a write after that is refused.
         result.await.expect("refused once stopped");
     }
 }

@@ -3,7 +3,8 @@
 //! reconnect keeps the partitions, or until a `SHUTDOWN_NOW` hold ends), then deleted if it
 //! is still the same registration. A reconnect (here or elsewhere) replaces the record,
 //! which ends the wait. Before the cache has seen the registration, it counts as held for
-//! the TTL.
+//! the TTL. The registration of a consumer that left ([`Departed::left`]) is due at once:
+//! nothing is kept for a consumer that said goodbye.
 //!
 //! Pure: the loop hands it the time (monotonic and wall clock) and the cache, and deletes
 //! what [`Departures::due`] returns.
@@ -27,6 +28,9 @@ pub struct Departed {
     pub registered_at: Revision,
     /// When its stream ended.
     pub at: Instant,
+    /// Its consumer left (drained, or deregistered): the registration is deleted at once,
+    /// whatever its hold, if it is still the same one.
+    pub left: bool,
 }
 
 /// The registrations waiting to be settled, and when each is due.
@@ -46,6 +50,8 @@ struct Waiting {
     at: Instant,
     /// When it is due, as of the last look.
     due: Instant,
+    /// Its consumer left: due at once.
+    left: bool,
 }
 
 impl Departures {
@@ -56,8 +62,9 @@ impl Departures {
 
     /// `departed`'s registration waits from now on.
     pub fn add(&mut self, departed: Departed) {
-        let Departed { key, registered_at, at } = departed;
-        self.waiting.insert(key, Waiting { registered_at, at, due: at + self.ttl });
+        let Departed { key, registered_at, at, left } = departed;
+        let due = if left { at } else { at + self.ttl };
+        self.waiting.insert(key, Waiting { registered_at, at, due, left });
         self.arrived = true;
     }
 
@@ -89,13 +96,16 @@ impl Departures {
                 if cache.revision() < waiting.registered_at { Held::ForTtl } else { backend.held(cache, key) };
             waiting.due = match held {
                 Held::NotOurs => return false,
+                _ if waiting.left => waiting.at,
                 Held::ForTtl => waiting.at + self.ttl,
                 Held::Until(until) => now + Duration::from_millis(until.saturating_sub(now_ms)),
             };
             if now < waiting.due {
                 return true;
             }
-            tracing::info!(topic = %key.0, consumer = %key.1, ?held, "consumer did not come back; its registration ends");
+            if !waiting.left {
+                tracing::info!(topic = %key.0, consumer = %key.1, ?held, "consumer did not come back; its registration ends");
+            }
             due.push(key.clone());
             false
         });
@@ -138,7 +148,7 @@ mod tests {
         let mut departures = Departures::new(TTL);
         let at = Instant::now();
         let key = ("t".to_string(), "c".to_string(), SessionId(7));
-        departures.add(Departed { key: key.clone(), registered_at: 5, at });
+        departures.add(Departed { key: key.clone(), registered_at: 5, at, left: false });
         let seen = cache(6, Some(("c", 7)));
         assert!(departures.must_look(6, at), "one arrived");
         assert!(departures.due(&*backend, &seen, at, 0).is_empty());
@@ -155,10 +165,20 @@ mod tests {
         let (backend, _) = TestBackend::start(TTL).await;
         let mut departures = Departures::new(TTL);
         let at = Instant::now();
-        departures.add(Departed { key: ("t".into(), "c".into(), SessionId(7)), registered_at: 5, at });
+        departures.add(Departed {
+            key: ("t".into(), "c".into(), SessionId(7)),
+            registered_at: 5,
+            at,
+            left: false,
+        });
         assert!(departures.due(&*backend, &cache(8, Some(("c", 8))), at, 0).is_empty());
         assert_eq!(departures.wake_at(), None, "the new registration is not this one's to end");
-        departures.add(Departed { key: ("t".into(), "d".into(), SessionId(9)), registered_at: 5, at });
+        departures.add(Departed {
+            key: ("t".into(), "d".into(), SessionId(9)),
+            registered_at: 5,
+            at,
+            left: false,
+        });
         assert!(departures.due(&*backend, &cache(8, None), at + TTL, 0).is_empty(), "gone already");
         assert_eq!(departures.wake_at(), None);
     }
@@ -169,9 +189,26 @@ mod tests {
         let mut departures = Departures::new(TTL);
         let at = Instant::now();
         let key = ("t".to_string(), "c".to_string(), SessionId(7));
-        departures.add(Departed { key: key.clone(), registered_at: 9, at });
+        departures.add(Departed { key: key.clone(), registered_at: 9, at, left: false });
         // The cache (revision 8) has not seen the write at 9: no record, yet it waits.
         assert!(departures.due(&*backend, &cache(8, None), at, 0).is_empty());
         assert_eq!(departures.due(&*backend, &cache(8, None), at + TTL, 0), vec![key]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_registration_of_a_consumer_that_left_is_due_at_once_if_it_is_still_its_own() {
+        let (backend, _) = TestBackend::start(TTL).await;
+        let mut departures = Departures::new(TTL);
+        let at = Instant::now();
+        let key = ("t".to_string(), "c".to_string(), SessionId(7));
+        departures.add(Departed { key: key.clone(), registered_at: 5, at, left: true });
+        assert_eq!(departures.wake_at(), Some(at), "no TTL to wait for");
+        assert_eq!(departures.due(&*backend, &cache(6, Some(("c", 7))), at, 0), vec![key.clone()]);
+        departures.add(Departed { key, registered_at: 5, at, left: true });
+        assert!(
+            departures.due(&*backend, &cache(8, Some(("c", 8))), at, 0).is_empty(),
+            "replaced: not its own"
+        );
+        assert_eq!(departures.wake_at(), None);
     }
 }

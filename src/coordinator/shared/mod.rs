@@ -22,8 +22,8 @@
 //! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
 //! * readiness, shutdown and crash.
 //!
-//! [`batch`] writes registrations (and batches the handoff backend's calls) that arrive together
-//! in one transaction; [`cas`],
+//! [`batch`] batches the writes that arrive together (registrations, and the handoff
+//! backend's calls) into one transaction, which the instance's loop commits; [`cas`],
 //! [`validate`] and [`wire`] are small helpers every backend uses.
 
 pub mod batch;
@@ -152,7 +152,8 @@ pub struct Core<C: MirrorCache, T> {
     /// Bounds the registrations writing to the store at once, so a storm of `Register`s
     /// queues here instead of in front of the lease keep-alive.
     register_permits: tokio::sync::Semaphore,
-    /// Writes registrations that arrive together in shared transactions.
+    /// The queue of registration writes, which the loop's upkeep commits in shared
+    /// transactions ([`upkeep`]).
     registrations: batch::Batcher,
     /// Set while the relay has not followed the store for longer than the fencing margin
     /// ([`upkeep`]): every stream was fenced and none is admitted.
@@ -263,7 +264,20 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     /// TTL whatever the cache says): the loop keeps the registration for the consumer's
     /// return, then deletes it if it is still this one ([`departures`]).
     pub fn depart(&self, key: streams::StreamKey, registered_at: crate::store::Revision) {
-        let departed = departures::Departed { key, registered_at, at: tokio::time::Instant::now() };
+        self.hand_over(key, registered_at, false);
+    }
+
+    /// The consumer of registration `key`, written at `registered_at`, left (drained, or
+    /// deregistered) and heard its last commands: the loop deletes the registration at
+    /// once if it is still this one, and then takes it off the departing streams
+    /// ([`Streams::set_departing`](streams::Streams::set_departing)), where the caller put
+    /// it so that nothing else settles it meanwhile.
+    pub fn leave(&self, key: streams::StreamKey, registered_at: crate::store::Revision) {
+        self.hand_over(key, registered_at, true);
+    }
+
+    fn hand_over(&self, key: streams::StreamKey, registered_at: crate::store::Revision, left: bool) {
+        let departed = departures::Departed { key, registered_at, at: tokio::time::Instant::now(), left };
         // Only a loop that ended (the instance stopped) does not take it.
         let _ = self.departed.send(departed);
     }

@@ -6,11 +6,13 @@
 //! compare-and-swap: the new id, bound to that instance's lease; the partitions (keyed by
 //! name) stay put, and the stream of the old registration ends with `ABORTED`.
 //!
-//! When a stream ends, the instance settles its registration: deleted at once when the
-//! consumer left (drained or deregistered); kept for the consumer TTL after the client went
-//! away or the instance fenced itself, so a quick reconnect keeps the partitions, then
-//! deleted with compare-and-swap if it is still this one (the instance's loop settles it:
-//! [`departures`](super::departures)).
+//! When a stream ends, the instance's loop settles its registration
+//! ([`departures`](super::departures)): deleted at once when the consumer left (drained or
+//! deregistered) and its transport took its last commands; kept for the consumer TTL after
+//! the client went away or the instance fenced itself, so a quick reconnect keeps the
+//! partitions, then deleted with compare-and-swap if it is still this one. The stream's
+//! own task only waits for the end and hands the registration to the loop: it calls no
+//! store.
 
 use std::{
     collections::hash_map::RandomState,
@@ -26,7 +28,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::outgoing::{CommandSender, command_channel, command_stream};
 use super::registrar::{Caller, Registrar};
-use super::registration::unregister_retrying;
 use super::streams::{EndReason, LocalStream, StreamKey};
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
@@ -37,13 +38,6 @@ use crate::store::{Revision, SessionId};
 /// (`UNAVAILABLE`, and every task stopped, if it does not within one TTL).
 pub async fn start_lease<R: Registrar>(backend: &Arc<R>) -> Result<(), CoordinatorError> {
     super::lease::spawn_keeper(backend.clone(), |backend| backend.core());
-    let writer = backend.clone();
-    tokio::spawn(async move {
-        let core = writer.core();
-        // Registration records are read with their create revision, which a batch's
-        // operations do not carry: the watch brings them to the mirror.
-        core.registrations.run(core.store.clone(), core.shutdown.clone()).await
-    });
     if let Err(error) = backend.core().lease_granted().await {
         backend.core().shutdown.cancel();
         return Err(error);
@@ -172,7 +166,8 @@ fn shutting_down() -> CoordinatorError {
     CoordinatorError::ShuttingDown
 }
 
-/// Waits for the stream to end, then settles its registration (see the module docs).
+/// Waits for the stream to end, then hands its registration to the loop to settle (see the
+/// module docs).
 /// Cancels `done` when the stream ended.
 async fn stream_task<R: Registrar>(
     backend: Arc<R>,
@@ -194,17 +189,15 @@ async fn stream_task<R: Registrar>(
     done.cancel();
     if reason == EndReason::Left {
         // The consumer hears that it owns nothing before anyone can be given what it
-        // owned: its registration (on the fleet, with its leases) goes once the transport
-        // took everything queued for it, or after one TTL for a consumer that does not read.
+        // owned: its registration (on the fleet, with its leases) is handed over for
+        // deletion once the transport took everything queued for it, or after one TTL for
+        // a consumer that does not read.
         let everything = tx.max_capacity();
         let _ = tokio::time::timeout(core.lease_ttl, tx.reserve_many(everything)).await;
     }
     drop(tx);
     match reason {
-        EndReason::Left => {
-            unregister_retrying(&*backend, &key).await;
-            core.streams.set_departing(&key, false);
-        }
+        EndReason::Left => core.leave(key, registered_at),
         EndReason::Disconnected => core.depart(key, registered_at),
         EndReason::Replaced | EndReason::Expired | EndReason::Shutdown => {}
     }

@@ -239,8 +239,9 @@ pub struct Streams<S> {
     /// fenced ([`Streams::fence_all`]): a registration answered late (a slow store answer,
     /// a busy runtime) can then never slip its stream in after the fence ran.
     gate: std::sync::Mutex<()>,
-    /// Streams that ended because their consumer left, whose last commands are still on
-    /// their way (`register.rs`): their registrations are their stream task's to delete.
+    /// Registrations whose consumer left, not yet deleted: their stream's last commands
+    /// are still on their way (`register.rs`), or the loop is deleting them
+    /// (`departures.rs`); nothing else settles them meanwhile.
     departing: std::sync::Mutex<std::collections::HashSet<StreamKey>>,
 }
 
@@ -328,7 +329,7 @@ impl<T: Told> Streams<LocalStream<T>> {
         let removed = self.map.remove_if(&(topic.clone(), consumer.clone()), |_, s| s.session == *session);
         if let Some((_, stream)) = removed {
             if reason == EndReason::Left {
-                // Marked before anyone can see the stream gone: its stream task settles it.
+                // Marked before anyone can see the stream gone: its stream task hands it to the loop.
                 self.set_departing(key, true);
             }
             tracing::info!(topic = %topic, consumer = %consumer, ?reason, "consumer stream ended");
@@ -337,8 +338,8 @@ impl<T: Told> Streams<LocalStream<T>> {
         }
     }
 
-    /// Marks the stream `key`, which ended because its consumer left, as departing ([`end`]
-    /// does), or no longer once its registration was settled (its stream task does).
+    /// Marks the registration `key`, whose consumer left, as departing ([`end`] does for a
+    /// stream that ends so), or no longer once the loop deleted it (`upkeep.rs`).
     ///
     /// [`end`]: Self::end
     pub fn set_departing(&self, key: &StreamKey, departing: bool) {

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc::UnboundedReceiver, watch};
 use tokio::time::Instant;
 
 use super::Core;
+use super::batch::{Batches, Pending, commit_and_answer};
 use super::departures::{Departed, Departures};
 use super::instance_record::write_instance_record;
 use super::lease::{LeaseState, fence_after};
@@ -50,8 +51,8 @@ pub enum Chore {
     Unfence,
     /// Delete this registration no stream held for a TTL and a half ([`sweep`]).
     Sweep(StreamKey),
-    /// Delete this registration whose stream ended and whose consumer did not come back
-    /// ([`Departures`]).
+    /// Delete this registration whose stream ended and whose consumer did not come back,
+    /// or left ([`Departures`]).
     Unregister(StreamKey),
 }
 
@@ -68,6 +69,8 @@ pub enum Worked {
     Rebound,
     /// A write of the instance record bound to this lease, if it was written.
     Recorded(Option<SessionId>),
+    /// A batch of registration writes, committed and answered.
+    Registered,
 }
 
 /// The upkeep's state (see the module docs). Pure: the loop hands it the time.
@@ -90,6 +93,8 @@ pub struct Upkeep {
     recorded: Option<SessionId>,
     /// A write of the instance record is under way.
     recording: bool,
+    /// Registration writes waiting for their batch, and the batches in flight.
+    registrations: Batches,
 }
 
 impl Upkeep {
@@ -106,6 +111,7 @@ impl Upkeep {
             rebinding: false,
             recorded: None,
             recording: false,
+            registrations: Batches::default(),
         }
     }
 
@@ -118,6 +124,7 @@ impl Upkeep {
                 self.recording = false;
                 self.recorded = written.or(self.recorded);
             }
+            Worked::Registered => self.registrations.done(),
         }
     }
 
@@ -237,16 +244,28 @@ pub fn run_due<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, now: Instant
         }
     }
     works.extend(chores.into_iter().filter_map(|chore| carry_out(backend, chore)));
+    // Not applied to the mirror at once, as the calls' batches are: a registration record
+    // is read with its create revision, which a batch's operations do not carry. The watch
+    // brings it.
+    for batch in upkeep.registrations.due() {
+        let store = core.store.clone();
+        works.push(Box::pin(async move {
+            commit_and_answer(&*store, batch).await;
+            Worked::Registered
+        }));
+    }
     works
 }
 
 /// What the upkeep waits on beside a loop's other inputs: the mirror's health, the
-/// instance lease, the streams that end (`Core::departures`), the relay's finds of lost
-/// registrations, and its own timer. One per loop ([`Inputs::new`] takes the departures).
+/// instance lease, the streams that end (`Core::departures`), the registrations to write
+/// (`batch.rs`), the relay's finds of lost registrations, and its own timer. One per loop
+/// ([`Inputs::new`] takes the departures and the registrations).
 pub struct Inputs {
     health: watch::Receiver<MirrorHealth>,
     lease: watch::Receiver<LeaseState>,
     departures: Option<UnboundedReceiver<Departed>>,
+    registrations: Option<UnboundedReceiver<Pending>>,
 }
 
 /// What woke the upkeep ([`Inputs::next`]); a loop that acts on the lease or the mirror's
@@ -265,7 +284,12 @@ impl Inputs {
     /// The inputs of `backend`'s loop.
     pub fn new<R: Registrar>(backend: &R) -> Self {
         let core = backend.core();
-        Self { health: core.mirror.health(), lease: core.lease.subscribe(), departures: core.departures() }
+        Self {
+            health: core.mirror.health(),
+            lease: core.lease.subscribe(),
+            departures: core.departures(),
+            registrations: core.registrations.incoming(),
+        }
     }
 
     /// Waits for the upkeep's next input, takes it in (unfencing at once when the mirror
@@ -283,6 +307,12 @@ impl Inputs {
                 None => None,
             }
         };
+        let registered = async {
+            match &mut self.registrations {
+                Some(receiver) => receiver.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             // The senders live in the core the loop holds: these cannot fail.
             Ok(()) = self.health.changed() => {
@@ -295,6 +325,12 @@ impl Inputs {
             Ok(()) = self.lease.changed() => (Woke::Lease, None),
             Some(departed) = departed => {
                 upkeep.departures.add(departed);
+                (Woke::Other, None)
+            }
+            Some(pending) = registered => {
+                if let Some(incoming) = &mut self.registrations {
+                    upkeep.registrations.queue(pending, incoming);
+                }
                 (Woke::Other, None)
             }
             () = core.streams.lost_found(), if !upkeep.rebinding => (Woke::Other, Some(rebind(upkeep, backend))),
@@ -330,6 +366,8 @@ fn carry_out<R: Registrar>(backend: &Arc<R>, chore: Chore) -> Option<Work> {
             let backend = backend.clone();
             return Some(Box::pin(async move {
                 unregister_retrying(&*backend, &key).await;
+                // Settled: nothing is departing under this registration any more.
+                backend.core().streams.set_departing(&key, false);
                 Worked::Deleted
             }));
         }
