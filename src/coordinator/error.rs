@@ -109,6 +109,9 @@ impl CoordinatorError {
                 "the assigner cannot reach its store right now; retry, or reconnect to another instance"
                     .into()
             }
+            CoordinatorError::Store(StoreError::SessionExpired(_)) => {
+                "this assigner instance's session with its store ended; reconnect to another instance".into()
+            }
             CoordinatorError::Store(_) => "the assigner's store answered something unexpected".into(),
             other => other.to_string(),
         }

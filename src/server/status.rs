@@ -33,7 +33,10 @@ pub fn code_of(error: &CoordinatorError) -> Code {
                 Code::FailedPrecondition
             }
         },
-        CoordinatorError::Store(StoreError::Unavailable(_) | StoreError::Closed) => Code::Unavailable,
+        // The instance's lease ended under a write bound to it: passing, as `NoSession`.
+        CoordinatorError::Store(
+            StoreError::Unavailable(_) | StoreError::Closed | StoreError::SessionExpired(_),
+        ) => Code::Unavailable,
         CoordinatorError::Store(_) => Code::Internal,
         CoordinatorError::Kafka { source: KafkaError::UnknownTopic(_), .. } => Code::NotFound,
         CoordinatorError::Kafka { .. } => Code::Unavailable,
@@ -93,9 +96,22 @@ mod tests {
             (CoordinatorError::ShuttingDown, Code::Unavailable),
             (CoordinatorError::NotReading("x".into()), Code::ResourceExhausted),
             (CoordinatorError::Store(StoreError::Closed), Code::Unavailable),
+            (
+                CoordinatorError::Store(StoreError::SessionExpired(crate::store::SessionId(7))),
+                Code::Unavailable,
+            ),
+            (CoordinatorError::Store(StoreError::Invalid("x".into())), Code::Internal),
         ];
         for (error, code) in cases {
             assert_eq!(to_status(error).code(), code);
         }
+    }
+
+    #[test]
+    fn a_write_on_an_expired_instance_lease_tells_the_consumer_to_reconnect() {
+        let status =
+            to_status(CoordinatorError::Store(StoreError::SessionExpired(crate::store::SessionId(7))));
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(status.message().contains("reconnect to another instance"), "{}", status.message());
     }
 }
