@@ -14,7 +14,7 @@
 //! call, whose answer goes back to it; a plan's batch that succeeded is applied and told to
 //! the streams like a call's commit. A call is decided by the pure model of `decide.rs`
 //! ([`next_step`]) on the cache; its transaction is written with the calls that arrive
-//! with it ([`batch`]: at most [`BATCHES_IN_FLIGHT`] batches in flight, the rest queue and
+//! with it ([`batch`]: at most [`BATCHES_IN_FLIGHT`](batch::BATCHES_IN_FLIGHT) batches in flight, the rest queue and
 //! join the next one); when the cache may lag or the transaction lost, the loop reads the
 //! call's records from the store and decides again, in a transaction of its own. A `Deregister` is decided by the pure
 //! model of `leave.rs` on its records read from the store, and written in a transaction of
@@ -33,7 +33,7 @@
 //!
 //! [`Follower`]: crate::coordinator::shared::mirror::Follower
 
-use std::{collections::VecDeque, sync::Arc};
+use std::sync::Arc;
 
 use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use tokio::sync::{mpsc, oneshot};
@@ -45,7 +45,7 @@ use super::leave::{self, LeaveInFlight, LeaveResult, LeaveStep, Left};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
-use crate::coordinator::shared::batch::{self, Answer, BATCHES_IN_FLIGHT, KeyWrite, Queued};
+use crate::coordinator::shared::batch::{self, Answer, Batches, KeyWrite, Queued};
 use crate::coordinator::shared::instance::HandoffCall;
 use crate::coordinator::shared::upkeep::{self, Upkeep, Woke, Worked};
 use crate::handoff::TopicState;
@@ -135,12 +135,10 @@ impl Driver {
 /// What the loop has asked of the store and not yet sent.
 struct Pending {
     store: Arc<dyn LeaseStore>,
-    /// Calls' transactions waiting for a batch.
-    waiting: VecDeque<QueuedCall>,
+    /// Calls' transactions waiting for a batch, and the batches in flight.
+    batches: Batches<QueuedCall>,
     /// Store calls under way.
     in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
-    /// Batches among them.
-    batches: usize,
 }
 
 /// Runs the instance's loop until shutdown (see the module docs). What is in flight then
@@ -153,8 +151,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
     let mut leader = Leader::new(Instant::now());
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
     let mut upkept = upkeep::Inputs::new(&*inner);
-    let mut pending =
-        Pending { store, waiting: VecDeque::new(), in_flight: FuturesUnordered::new(), batches: 0 };
+    let mut pending = Pending { store, batches: Batches::default(), in_flight: FuturesUnordered::new() };
     loop {
         if leader.may_plan(&inner, Instant::now()) {
             // The streams this loop just fed go first: a big topic's plan takes hundreds
@@ -170,9 +167,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
         for work in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
             pending.in_flight.push(Box::pin(async move { Done::Upkeep(work.await) }));
         }
-        while pending.batches < BATCHES_IN_FLIGHT && !pending.waiting.is_empty() {
-            pending.batches += 1;
-            let batch = batch::take_batch(&mut pending.waiting);
+        for batch in pending.batches.due() {
             let store = pending.store.clone();
             pending.in_flight.push(Box::pin(async move {
                 let answer = batch::commit(&*store, &batch).await;
@@ -198,7 +193,7 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                 // While the lease is not live, the calls waiting for a batch are answered why.
                 if woke == Woke::Lease {
                     while let Some(error) = refusal(&inner, true) {
-                        let Some(QueuedCall { call, .. }) = pending.waiting.pop_front() else { break };
+                        let Some(QueuedCall { call, .. }) = pending.batches.pop_waiting() else { break };
                         let _ = call.reply.send(Err(error));
                     }
                 }
@@ -208,7 +203,9 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
             }
             () = sleep_until_some(leader.wake_at()) => {}
             Some(done) = pending.in_flight.next(), if !pending.in_flight.is_empty() => {
-                pending.batches -= usize::from(matches!(done, Done::Batch(..)));
+                if matches!(done, Done::Batch(..)) {
+                    pending.batches.done();
+                }
                 match done {
                     Done::Leader(txn, why, answer) => {
                         if let (Some(txn), LeaderAnswer::Txn(Ok(o))) = (&txn, &answer)
@@ -323,7 +320,7 @@ fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: Cal
         CallStep::Write(txn, applied) if call.attempt == 0 => {
             let key = inner.core.keys().handoff(&call.topic, call.partition);
             let write = KeyWrite { key, compares: txn.compares, ops: txn.ops };
-            pending.waiting.push_back(QueuedCall { write, call, applied });
+            pending.batches.queue(QueuedCall { write, call, applied });
         }
         CallStep::Write(txn, applied) => commit_alone(pending, txn, Writer::Call(call, applied)),
     }

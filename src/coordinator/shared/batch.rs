@@ -11,21 +11,18 @@
 //! [`BATCHES_IN_FLIGHT`] transactions at once: the busier the store, the more queues up
 //! behind them and the larger the next batch. A transaction is all or nothing, so if any
 //! compare lost (a cache behind the store, a concurrent write elsewhere), the whole batch
-//! is answered [`Batched::Lost`] and each of its writes falls back to its own
+//! is answered as lost (`None`, [`Answer`]) and each of its writes falls back to its own
 //! read and compare-and-swap.
 //!
-//! Every batch is committed by the instance's loop, among its other store calls: the
-//! registrations queued by their callers ([`Batcher`], [`Batches`], run by the loop's
-//! upkeep, `upkeep.rs`), and the handoff backend's consumer calls, which its loop
-//! (`handoff_backend/driver.rs`) batches with the same [`take_batch`] and [`commit`] so
-//! that it applies and relays each batch it committed itself.
+//! Every batch is committed by the instance's loop, among its other store calls, which
+//! keeps its books in [`Batches`] and commits with [`commit`]: the registrations
+//! (`enrolment.rs`), and the handoff backend's consumer calls (`handoff_backend/driver.rs`,
+//! which applies and relays each batch it committed itself).
 
 use std::{
     collections::{HashSet, VecDeque},
     sync::Arc,
 };
-
-use tokio::sync::{mpsc, oneshot};
 
 use crate::store::{Compare, LeaseStore, Op, Revision, StoreError, Txn};
 
@@ -38,15 +35,6 @@ pub const TXN_LIMIT: usize = 120;
 
 /// Batch transactions in flight at once.
 pub const BATCHES_IN_FLIGHT: usize = 4;
-
-/// How a batched write ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Batched {
-    /// Written at this revision.
-    Written(Revision),
-    /// A compare of the batch lost: nothing of it was written.
-    Lost,
-}
 
 /// One write: `ops`, if `compares` hold.
 #[derive(Clone, Debug)]
@@ -82,74 +70,30 @@ pub trait Queued {
     fn write(&self) -> &KeyWrite;
 }
 
-/// A write waiting for its batch, and where its answer goes.
+/// The writes waiting for their batch, and how many batches are in flight: a loop's books
+/// for its batches. While [`BATCHES_IN_FLIGHT`] batches are in flight, what arrives waits
+/// and joins the next batch, so the busier the store, the larger the batch.
 #[derive(Debug)]
-pub struct Pending {
-    write: KeyWrite,
-    reply: oneshot::Sender<Answer>,
-}
-
-impl Queued for Pending {
-    fn write(&self) -> &KeyWrite {
-        &self.write
-    }
-}
-
-/// The queue of an instance's registration writes. A writer queues one and waits for its
-/// answer ([`write`](Self::write)); the instance's loop takes the queue
-/// ([`incoming`](Self::incoming)), keeps the writes waiting for their batch
-/// ([`Batches`]) and commits each batch among its other store calls
-/// ([`commit_and_answer`]).
-pub struct Batcher {
-    queue: mpsc::UnboundedSender<Pending>,
-    incoming: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
-}
-
-impl Default for Batcher {
-    fn default() -> Self {
-        let (queue, incoming) = mpsc::unbounded_channel();
-        Self { queue, incoming: std::sync::Mutex::new(Some(incoming)) }
-    }
-}
-
-impl Batcher {
-    /// Queues `write` for the next batch and waits for its outcome. `UNAVAILABLE` once the
-    /// loop has stopped.
-    pub async fn write(&self, write: KeyWrite) -> Result<Batched, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        let pending = Pending { write, reply };
-        let stopped = || StoreError::Unavailable("this assigner instance is stopping".into());
-        self.queue.send(pending).map_err(|_| stopped())?;
-        let written = answer.await.map_err(|_| stopped())??;
-        Ok(written.map_or(Batched::Lost, |b| Batched::Written(b.revision)))
-    }
-
-    /// The queued writes, for the instance's loop: `None` once a loop took them.
-    pub fn incoming(&self) -> Option<mpsc::UnboundedReceiver<Pending>> {
-        self.incoming.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-}
-
-/// The writes waiting for their batch, and how many batches are in flight: the loop's
-/// books for the [`Batcher`]. While [`BATCHES_IN_FLIGHT`] batches are in flight, what
-/// arrives waits and joins the next batch, so the busier the store, the larger the batch.
-#[derive(Debug, Default)]
-pub struct Batches {
-    waiting: VecDeque<Pending>,
+pub struct Batches<P> {
+    waiting: VecDeque<P>,
     in_flight: usize,
 }
 
-impl Batches {
-    /// `first`, and every write queued behind it in `incoming`, wait for their batch.
-    pub fn queue(&mut self, first: Pending, incoming: &mut mpsc::UnboundedReceiver<Pending>) {
-        self.waiting.push_back(first);
-        while let Ok(pending) = incoming.try_recv() {
-            self.waiting.push_back(pending);
-        }
+impl<P> Default for Batches<P> {
+    fn default() -> Self {
+        Self { waiting: VecDeque::new(), in_flight: 0 }
+    }
+}
+
+impl<P: Queued> Batches<P> {
+    /// `pending` waits for its batch.
+    pub fn queue(&mut self, pending: P) {
+        self.waiting.push_back(pending);
     }
 
-    /// The batches to commit now, each counted in flight until [`done`](Self::done).
-    pub fn due(&mut self) -> Vec<Vec<Pending>> {
+    /// The batches to commit now ([`commit`]), each counted in flight until
+    /// [`done`](Self::done).
+    pub fn due(&mut self) -> Vec<Vec<P>> {
         let mut batches = Vec::new();
         while self.in_flight < BATCHES_IN_FLIGHT && !self.waiting.is_empty() {
             self.in_flight += 1;
@@ -158,24 +102,21 @@ impl Batches {
         batches
     }
 
-    /// A batch from [`due`](Self::due) was committed and answered.
+    /// The first write still waiting for its batch, taken out of the queue.
+    pub fn pop_waiting(&mut self) -> Option<P> {
+        self.waiting.pop_front()
+    }
+
+    /// A batch from [`due`](Self::due) was committed.
     pub fn done(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
-    }
-}
-
-/// Commits `batch` in one transaction and answers each of its writers.
-pub async fn commit_and_answer(store: &dyn LeaseStore, batch: Vec<Pending>) {
-    let answer = commit(store, &batch).await;
-    for pending in batch {
-        let _ = pending.reply.send(answer.clone());
     }
 }
 
 /// Takes up to [`BATCH`] writes of distinct keys, within [`TXN_LIMIT`], off the front of
 /// `waiting`, keeping the order of the rest (a second write of a key waits for the next
 /// batch). The first write is always taken.
-pub fn take_batch<P: Queued>(waiting: &mut VecDeque<P>) -> Vec<P> {
+fn take_batch<P: Queued>(waiting: &mut VecDeque<P>) -> Vec<P> {
     let mut batch = Vec::new();
     let mut keys = HashSet::new();
     let mut rest = VecDeque::new();
@@ -215,9 +156,22 @@ mod tests {
     use std::sync::Arc;
 
     use futures::{StreamExt, stream::FuturesUnordered};
+    use tokio::sync::{mpsc, oneshot};
 
-    use super::{BATCH, Batched, Batcher, Batches, KeyWrite, commit_and_answer};
-    use crate::store::{Compare, LeaseStore, MemoryStore, Op};
+    use super::{Answer, BATCH, Batches, KeyWrite, Queued, commit};
+    use crate::store::{Compare, LeaseStore, MemoryStore, Op, Revision, StoreError};
+
+    /// How a write ended: written at a revision, or `None` when a compare of its batch lost.
+    type Outcome = Result<Option<Revision>, StoreError>;
+
+    /// A write and where its outcome goes.
+    struct Pending(KeyWrite, oneshot::Sender<Outcome>);
+
+    impl Queued for Pending {
+        fn write(&self) -> &KeyWrite {
+            &self.0
+        }
+    }
 
     fn put(key: &str, expected: i64) -> KeyWrite {
         KeyWrite {
@@ -227,46 +181,61 @@ mod tests {
         }
     }
 
-    /// A batcher, and a loop that commits its batches as the instance's loop does, until
-    /// `stop` is cancelled.
-    async fn started() -> (Arc<Batcher>, MemoryStore, tokio_util::sync::CancellationToken) {
-        let memory = MemoryStore::new();
-        let batcher = Arc::new(Batcher::default());
-        let stop = tokio_util::sync::CancellationToken::new();
-        let (mut incoming, store, token) =
-            (batcher.incoming().expect("the queue"), Arc::new(memory.clone()), stop.clone());
-        assert!(batcher.incoming().is_none(), "one loop takes the queue");
+    /// A loop that takes writes and commits them in batches as an instance's loop does;
+    /// it stops when the sender is dropped.
+    fn started(store: &MemoryStore) -> mpsc::UnboundedSender<Pending> {
+        let (sender, mut incoming) = mpsc::unbounded_channel::<Pending>();
+        let store = Arc::new(store.clone());
         tokio::spawn(async move {
             let (mut batches, mut in_flight) = (Batches::default(), FuturesUnordered::new());
             loop {
                 for batch in batches.due() {
                     let store = store.clone();
-                    in_flight.push(async move { commit_and_answer(&*store, batch).await });
+                    in_flight.push(async move {
+                        let answer: Answer = commit(&*store, &batch).await;
+                        for Pending(_, reply) in batch {
+                            let _ = reply.send(answer.clone().map(|w| w.map(|w| w.revision)));
+                        }
+                    });
                 }
                 tokio::select! {
-                    () = token.cancelled() => return,
-                    Some(pending) = incoming.recv() => batches.queue(pending, &mut incoming),
+                    pending = incoming.recv() => match pending {
+                        Some(pending) => {
+                            batches.queue(pending);
+                            while let Ok(pending) = incoming.try_recv() {
+                                batches.queue(pending);
+                            }
+                        }
+                        None => return,
+                    },
                     Some(()) = in_flight.next(), if !in_flight.is_empty() => batches.done(),
                 }
             }
         });
-        (batcher, memory, stop)
+        sender
+    }
+
+    async fn write(loop_: &mpsc::UnboundedSender<Pending>, write: KeyWrite) -> Outcome {
+        let (reply, answer) = oneshot::channel();
+        assert!(loop_.send(Pending(write, reply)).is_ok(), "the loop runs");
+        answer.await.expect("answered")
     }
 
     /// Sends every write of `writes` at once, asserts each was written, and returns how
     /// many transactions they took.
-    async fn transactions_for(batcher: &Arc<Batcher>, store: &MemoryStore, writes: Vec<KeyWrite>) -> i64 {
+    async fn transactions_for(store: &MemoryStore, writes: Vec<KeyWrite>) -> i64 {
+        let loop_ = started(store);
         let before = store.revision();
-        let outcomes = futures::future::join_all(writes.into_iter().map(|write| batcher.write(write))).await;
-        assert!(outcomes.iter().all(|o| matches!(o, Ok(Batched::Written(_)))), "{outcomes:?}");
+        let outcomes = futures::future::join_all(writes.into_iter().map(|w| write(&loop_, w))).await;
+        assert!(outcomes.iter().all(|o| matches!(o, Ok(Some(_)))), "{outcomes:?}");
         store.revision() - before
     }
 
     #[tokio::test]
     async fn writes_that_arrive_together_share_transactions() {
-        let (batcher, store, _stop) = started().await;
+        let store = MemoryStore::new();
         let writes = (0..500).map(|i| put(&format!("k{i}"), 0)).collect();
-        let transactions = transactions_for(&batcher, &store, writes).await;
+        let transactions = transactions_for(&store, writes).await;
         assert!(transactions < 500 / 4, "500 writes took {transactions} transactions");
         assert!(transactions >= (500 / BATCH) as i64, "no transaction holds more than {BATCH}");
         assert_eq!(store.get_prefix("k").await.expect("read").kvs.len(), 500);
@@ -274,7 +243,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_stays_within_the_stores_limit_of_compares_per_transaction() {
-        let (batcher, store, _stop) = started().await;
+        let store = MemoryStore::new();
         // Three compares each: at most 40 such writes fit one transaction.
         let writes = (0..100)
             .map(|i| {
@@ -285,46 +254,48 @@ mod tests {
                 write
             })
             .collect();
-        let transactions = transactions_for(&batcher, &store, writes).await;
+        let transactions = transactions_for(&store, writes).await;
         assert!(transactions >= 3, "100 writes of 3 compares in {transactions} transactions");
     }
 
     #[tokio::test]
     async fn a_lost_compare_loses_its_whole_batch_and_writes_nothing() {
-        let (batcher, store, _stop) = started().await;
+        let store = MemoryStore::new();
+        let loop_ = started(&store);
         store.put("taken", b"x".to_vec(), None).await.expect("written");
         let before = store.revision();
-        let (good, bad) = tokio::join!(batcher.write(put("free", 0)), batcher.write(put("taken", 0)));
-        assert_eq!(bad.expect("answered"), Batched::Lost);
+        let (good, bad) = tokio::join!(write(&loop_, put("free", 0)), write(&loop_, put("taken", 0)));
+        assert_eq!(bad.expect("answered"), None);
         // `free` was in the same batch (lost with it) or in a batch of its own (written).
         match good.expect("answered") {
-            Batched::Lost => assert_eq!(store.revision(), before, "a lost batch writes nothing"),
-            Batched::Written(_) => assert!(store.get("free").await.expect("read").is_some()),
+            None => assert_eq!(store.revision(), before, "a lost batch writes nothing"),
+            Some(_) => assert!(store.get("free").await.expect("read").is_some()),
         }
     }
 
     #[tokio::test]
     async fn two_writes_of_one_key_never_share_a_transaction() {
-        let (batcher, _store, _stop) = started().await;
-        let (first, second) = tokio::join!(batcher.write(put("k", 0)), batcher.write(put("k", 0)));
+        let store = MemoryStore::new();
+        let loop_ = started(&store);
+        let (first, second) = tokio::join!(write(&loop_, put("k", 0)), write(&loop_, put("k", 0)));
         let outcomes = [first.expect("answered"), second.expect("answered")];
-        let written = outcomes.iter().filter(|o| matches!(o, Batched::Written(_))).count();
+        let written = outcomes.iter().filter(|o| o.is_some()).count();
         assert_eq!(written, 1, "exactly one creates the key: {outcomes:?}");
     }
 
-    #[tokio::test]
-    async fn stopping_the_loop_answers_unavailable() {
-        let (batcher, _store, stop) = started().await;
-        stop.cancel();
-        let result = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-            loop {
-                if batcher.write(put("k", 0)).await.is_err() {
-                    return;
-                }
-                tokio::task::yield_now().await;
-            }
-        });
-        // The loop stops at its next turn; a write after that is refused.
-        result.await.expect("refused once stopped");
+    #[test]
+    fn no_more_than_the_bound_of_batches_is_in_flight_and_the_rest_joins_the_next() {
+        let mut batches = Batches::default();
+        for i in 0..(BATCH * super::BATCHES_IN_FLIGHT + 10) {
+            let (reply, _) = oneshot::channel();
+            batches.queue(Pending(put(&format!("k{i}"), 0), reply));
+        }
+        let due = batches.due();
+        assert_eq!(due.len(), super::BATCHES_IN_FLIGHT);
+        assert!(due.iter().all(|b| b.len() == BATCH));
+        assert!(batches.due().is_empty(), "every slot is taken");
+        batches.done();
+        let next = batches.due();
+        assert_eq!(next.iter().map(Vec::len).collect::<Vec<_>>(), [10], "the rest, once a slot is free");
     }
 }

@@ -8,7 +8,9 @@
 //!   [`outgoing`] channels (where a release waits until the new owner's `assigned` left),
 //!   and the [`relay`] passes that tell them each revision (the backend's pure step per
 //!   stream, applied by a pass the backend drives);
-//! * [`register`]: the registration of a consumer stream;
+//! * [`register`]: the registration of a consumer stream, which the calling task hands to
+//!   the instance's loop ([`enrolment`]: written there, in batches, and its stream
+//!   admitted);
 //! * [`lease`]: the instance's one store session, kept on a thread of its own, and
 //!   self-fencing;
 //! * [`rebind`]: registrations the store lost while their streams are open are written again;
@@ -29,6 +31,7 @@
 pub mod batch;
 pub mod cas;
 pub mod departures;
+pub mod enrolment;
 pub mod instance;
 pub mod instance_record;
 pub mod lease;
@@ -152,9 +155,11 @@ pub struct Core<C: MirrorCache, T> {
     /// Bounds the registrations writing to the store at once, so a storm of `Register`s
     /// queues here instead of in front of the lease keep-alive.
     register_permits: tokio::sync::Semaphore,
-    /// The queue of registration writes, which the loop's upkeep commits in shared
-    /// transactions ([`upkeep`]).
-    registrations: batch::Batcher,
+    /// `Register`s on their way to the instance's loop, which writes their registrations
+    /// and admits their streams ([`enrolment`]).
+    enrolling: tokio::sync::mpsc::UnboundedSender<enrolment::Enrolment>,
+    /// The receiving end, until the loop takes it ([`Self::enrolments`]).
+    enrolments: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<enrolment::Enrolment>>>,
     /// Set while the relay has not followed the store for longer than the fencing margin
     /// ([`upkeep`]): every stream was fenced and none is admitted.
     relay_fenced: std::sync::atomic::AtomicBool,
@@ -238,6 +243,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         let CoreSettings { instance_id, lease_ttl, topics } = settings;
         let mirror = Mirror::load(&*store, &keys, name).await?;
         let (departed, departures) = tokio::sync::mpsc::unbounded_channel();
+        let (enrolling, enrolments) = tokio::sync::mpsc::unbounded_channel();
         Ok(Self {
             streams: Streams::new(metrics.clone()),
             store,
@@ -252,7 +258,8 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             lease: watch::Sender::new(LeaseState::Pending),
             lease_check: tokio::sync::Notify::new(),
             register_permits: tokio::sync::Semaphore::new(REGISTRATIONS_IN_FLIGHT),
-            registrations: batch::Batcher::default(),
+            enrolling,
+            enrolments: std::sync::Mutex::new(Some(enrolments)),
             relay_fenced: std::sync::atomic::AtomicBool::new(false),
             departed,
             departures: std::sync::Mutex::new(Some(departures)),
@@ -280,6 +287,16 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         let departed = departures::Departed { key, registered_at, at: tokio::time::Instant::now(), left };
         // Only a loop that ended (the instance stopped) does not take it.
         let _ = self.departed.send(departed);
+    }
+
+    /// Hands a `Register` to the instance's loop; handed back if the loop has stopped.
+    pub fn enrol(&self, enrolment: enrolment::Enrolment) -> Result<(), enrolment::Enrolment> {
+        self.enrolling.send(enrolment).map_err(|refused| refused.0)
+    }
+
+    /// The `Register`s handed over, for the instance's loop: `None` once a loop took them.
+    pub fn enrolments(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<enrolment::Enrolment>> {
+        self.enrolments.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// The streams that ended, for the instance's loop: `None` once a loop took them.

@@ -26,9 +26,10 @@ use std::{
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::outgoing::{CommandSender, command_channel, command_stream};
+use super::enrolment::Enrolment;
+use super::outgoing::CommandSender;
 use super::registrar::{Caller, Registrar};
-use super::streams::{EndReason, LocalStream, StreamKey};
+use super::streams::{EndReason, StreamKey};
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
 use crate::store::{Revision, SessionId};
@@ -56,9 +57,10 @@ pub fn new_registration_id() -> SessionId {
 /// Registers `consumer` for `topic` through `backend` and returns its command stream, whose
 /// first item is the snapshot.
 ///
-/// The work runs in a task of its own, so a caller that goes away (a cancelled `Register`)
-/// cannot stop it between the store write and the stream's admission: the stream is then
-/// admitted, its receiver dropped, and its registration settled as after any disconnect.
+/// The work runs in a task of its own (and the write and the admission in the instance's
+/// loop), so a caller that goes away (a cancelled `Register`) cannot stop it between the
+/// store write and the stream's admission: the stream is then admitted, its receiver
+/// dropped, and its registration settled as after any disconnect.
 /// But such a registration never replaces another one ([`Caller`]): the client that gave up
 /// has sent its next attempt, and that one is the consumer's live stream.
 pub async fn register<R: Registrar>(
@@ -85,11 +87,9 @@ pub async fn register<R: Registrar>(
     }
 }
 
-/// [`register`], once the names are valid: writes the registration, then admits its
-/// stream only while the instance lease it was written on is live and the relay follows
-/// the store ([`Core::admit`]). A registration written but not admitted (its answer lost,
-/// or the instance fenced meanwhile) is settled as after a disconnect: it ends after the
-/// TTL unless the consumer comes back.
+/// [`register`], once the names are valid: makes sure the topic is stored, then hands the
+/// registration to the instance's loop, which writes it and admits its stream
+/// (`enrolment.rs`), and waits for the answer.
 async fn register_to_the_end<R: Registrar>(
     backend: &Arc<R>,
     consumer: &str,
@@ -97,69 +97,13 @@ async fn register_to_the_end<R: Registrar>(
     caller: &Caller,
 ) -> Result<CommandStream, CoordinatorError> {
     let core = backend.core();
-    let permit = core.register_permits.acquire().await.map_err(|_| shutting_down())?;
+    let _permit = core.register_permits.acquire().await.map_err(|_| shutting_down())?;
     core.ensure_topic(topic).await?;
     let lease = core.live_lease()?;
-    let registration = new_registration_id();
-    let key = (topic.to_string(), consumer.to_string(), registration);
-    let registered_at =
-        match super::registration::write(&**backend, consumer, topic, registration, lease, caller).await {
-            Ok(Some(revision)) => revision,
-            Ok(None) => {
-                tracing::info!(
-                    topic,
-                    consumer,
-                    "a Register whose caller went away is dropped: nothing written"
-                );
-                return Err(CoordinatorError::Abandoned(format!(
-                    "the caller of this Register of consumer '{consumer}' went away before it was written"
-                )));
-            }
-            Err(error) => {
-                // The write may have been applied although its answer was lost: a record left
-                // behind must end like one whose stream went away. Its revision is unknown:
-                // it is held for the TTL whatever the cache says (by then the cache has seen
-                // the write, if it was applied), then deleted if it is this registration.
-                core.depart(key, Revision::MAX);
-                return Err(error);
-            }
-        };
-    drop(permit);
-
-    let (tx, rx) = command_channel();
-    let (mut stream, end_rx) = LocalStream::new(registration, registered_at, tx.clone());
-    {
-        // Relay and admit under one read of the cache: the watcher applies the next
-        // revision only after, and its relay then finds the stream.
-        let cache = core.mirror.read();
-        let step = backend.relay_step(&cache, topic, consumer, stream.seen());
-        let ended = stream.apply(topic, consumer, step);
-        stream.flush();
-        if core.admit(lease, topic, consumer, stream).is_err() {
-            // Fenced (or the relay stopped) since the write: the consumer never sees the
-            // snapshot, which may already be stale.
-            drop(cache);
-            tracing::warn!(
-                topic,
-                consumer,
-                "registration written, but this instance fenced itself meanwhile"
-            );
-            core.depart(key, registered_at);
-            return Err(CoordinatorError::NoSession(format!(
-                "assigner instance '{}' lost contact with its store while registering consumer '{consumer}'; \
-                 reconnect to another instance",
-                core.instance_id
-            )));
-        }
-        if let Some((reason, last)) = ended {
-            core.streams.end(&key, reason, last);
-        }
-    }
-    tracing::info!(topic, consumer, %registration, "consumer registered");
-    let done = CancellationToken::new();
-    backend.spawn_companion(key.clone(), registered_at, done.clone());
-    tokio::spawn(stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
-    Ok(command_stream(rx))
+    let key = (topic.to_string(), consumer.to_string(), new_registration_id());
+    let (reply, answer) = oneshot::channel();
+    core.enrol(Enrolment { key, lease, caller: caller.clone(), reply }).map_err(|_| shutting_down())?;
+    answer.await.map_err(|_| shutting_down())?
 }
 
 fn shutting_down() -> CoordinatorError {
@@ -169,7 +113,7 @@ fn shutting_down() -> CoordinatorError {
 /// Waits for the stream to end, then hands its registration to the loop to settle (see the
 /// module docs).
 /// Cancels `done` when the stream ended.
-async fn stream_task<R: Registrar>(
+pub(super) async fn stream_task<R: Registrar>(
     backend: Arc<R>,
     key: StreamKey,
     registered_at: Revision,

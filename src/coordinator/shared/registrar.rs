@@ -19,11 +19,12 @@ use crate::handoff::Millis;
 use crate::store::{KeyValue, Revision, SessionId};
 
 /// Whether the caller of a `Register` still waits for its answer (the registration itself
-/// runs to the end in a task of its own, `register.rs`).
+/// runs to the end in the instance's loop, `enrolment.rs`).
 ///
 /// A registration whose caller went away must never replace another one (docs/design.md
 /// §6): a client that gave up on a call has already sent its next attempt, whose stream is
-/// the live one. So [`super::registration::write`] decides again only while the caller
+/// the live one. So a registration is decided (on the cache, `enrolment.rs`, or on the
+/// store's state, [`super::registration::write`]) only while the caller
 /// waits: once it is gone, a write already sent lands only where the record is still the
 /// one that write was decided from, and a write that lost its compare is not retried.
 #[derive(Clone, Debug)]
@@ -124,7 +125,8 @@ pub trait Registrar: Send + Sync + Sized + 'static {
 
     /// The mod revision of `consumer`'s registration record on `topic` in `cache` (0: none),
     /// when a registration may be decided from the cache and share a transaction with
-    /// others ([`super::registration::write`]); `None` to decide every one from the store.
+    /// others (`enrolment.rs`); `None` to decide every one from the store
+    /// ([`super::registration::write`]).
     fn cached_registration(&self, _cache: &Self::Cache, _topic: &str, _consumer: &str) -> Option<Revision> {
         None
     }

@@ -7,7 +7,6 @@
 //! A registration whose stream is gone is deleted here too ([`unregister_retrying`]), once
 //! the loop's upkeep says (`departures.rs`, `upkeep.rs`).
 
-use super::batch::{Batched, KeyWrite};
 use super::cas::{CAS_ATTEMPTS, create_bound};
 use super::registrar::{Caller, Registrar};
 use super::streams::StreamKey;
@@ -20,12 +19,11 @@ use crate::store::{Compare, KeyValue, LeaseStore, Op, Revision, SessionId, Store
 /// ([`Registrar::bound_prefix`]) to `lease` in the same transaction (a reconnect within the
 /// TTL keeps them). Returns the write's revision.
 ///
-/// Where the backend allows ([`Registrar::cached_registration`]), the first attempt is
-/// decided from the cache and shares a transaction with the registrations that arrive
-/// with it; the others are decided from a fresh read. Each decision is made after its read,
-/// and only while the caller waits: `None` when the caller went away before anything was
-/// written. A caller gone by then has sent its next attempt, which a write decided from
-/// what that attempt wrote would replace (docs/design.md §6).
+/// This is the write decided on the store's state, in a transaction of its own, for what
+/// the cache cannot decide or a batch lost (`enrolment.rs`). Each decision is made after
+/// its read, and only while the caller waits: `None` when the caller went away before
+/// anything was written. A caller gone by then has sent its next attempt, which a write
+/// decided from what that attempt wrote would replace (docs/design.md §6).
 pub async fn write<R: Registrar>(
     backend: &R,
     consumer: &str,
@@ -37,20 +35,6 @@ pub async fn write<R: Registrar>(
     let core = backend.core();
     let key = backend.registration_key(topic, consumer);
     let record = backend.registration_record(consumer, registration);
-    let cached = backend.cached_registration(&core.mirror.read(), topic, consumer);
-    if let Some(cached) = cached {
-        if caller.is_gone() {
-            return Ok(None);
-        }
-        let write = KeyWrite {
-            key: key.clone(),
-            compares: vec![Compare::ModRevision(key.clone(), cached)],
-            ops: vec![Op::put_in(&key, record.clone(), lease)],
-        };
-        if let Batched::Written(revision) = core.registrations.write(write).await? {
-            return Ok(Some(revision));
-        }
-    }
     let store = &*core.store;
     for _ in 0..CAS_ATTEMPTS {
         let existing = store.get(&key).await?.map_or(0, |kv| kv.mod_revision);

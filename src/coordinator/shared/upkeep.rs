@@ -1,6 +1,7 @@
 //! The instance's upkeep, which its loop runs beside its other inputs: decided here on the
-//! mirror's health, the time and the cache, carried out by the loop. It settles the
-//! registrations whose streams ended ([`Departures`]), has the registrations the store
+//! mirror's health, the time and the cache, carried out by the loop. It writes the
+//! registrations of the `Register`s handed over and admits their streams ([`Enrolments`]),
+//! settles the registrations whose streams ended ([`Departures`]), has the registrations the store
 //! lost written again when the relay finds some ([`rebind`], one pass at a time), keeps
 //! readiness ("not stopping, the lease is live and the mirror follows the store") and the
 //! instance record (`instance_record.rs`) up with the instance lease, and:
@@ -15,8 +16,8 @@
 //! everything, ended `UNAVAILABLE`) and no stream is admitted until it follows again.
 //!
 //! **A safety net ends registrations of this instance that no stream holds.** Every path
-//! that writes a registration also settles it (`register.rs`: a stream that ends, a write
-//! whose answer was lost, a stream refused after a fence). Should one path still miss a
+//! that writes a registration also settles it (`register.rs`, `enrolment.rs`: a stream
+//! that ends, a write whose answer was lost, a stream refused after a fence). Should one path still miss a
 //! record, it would keep its partitions, and draw warms, until the instance died. So every
 //! half TTL the sweep looks for registration records naming this instance whose
 //! registration no local stream holds; one still found a TTL and a half later is deleted
@@ -31,8 +32,8 @@ use tokio::sync::{mpsc::UnboundedReceiver, watch};
 use tokio::time::Instant;
 
 use super::Core;
-use super::batch::{Batches, Pending, commit_and_answer};
 use super::departures::{Departed, Departures};
+use super::enrolment::{self, Enrolment, Enrolments};
 use super::instance_record::write_instance_record;
 use super::lease::{LeaseState, fence_after};
 use super::mirror::{MirrorCache, MirrorHealth};
@@ -61,7 +62,7 @@ pub enum Chore {
 pub type Work = BoxFuture<'static, Worked>;
 
 /// What a [`Work`] was.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Worked {
     /// A delete: a sweep, or an ended stream's registration.
     Deleted,
@@ -69,8 +70,8 @@ pub enum Worked {
     Rebound,
     /// A write of the instance record bound to this lease, if it was written.
     Recorded(Option<SessionId>),
-    /// A batch of registration writes, committed and answered.
-    Registered,
+    /// A store call of the `Register`s' (`enrolment.rs`).
+    Enrolled(enrolment::Done),
 }
 
 /// The upkeep's state (see the module docs). Pure: the loop hands it the time.
@@ -93,8 +94,8 @@ pub struct Upkeep {
     recorded: Option<SessionId>,
     /// A write of the instance record is under way.
     recording: bool,
-    /// Registration writes waiting for their batch, and the batches in flight.
-    registrations: Batches,
+    /// The `Register`s the loop writes and admits.
+    enrolments: Enrolments,
 }
 
 impl Upkeep {
@@ -111,7 +112,7 @@ impl Upkeep {
             rebinding: false,
             recorded: None,
             recording: false,
-            registrations: Batches::default(),
+            enrolments: Enrolments::default(),
         }
     }
 
@@ -124,7 +125,7 @@ impl Upkeep {
                 self.recording = false;
                 self.recorded = written.or(self.recorded);
             }
-            Worked::Registered => self.registrations.done(),
+            Worked::Enrolled(done) => self.enrolments.done(done),
         }
     }
 
@@ -244,28 +245,21 @@ pub fn run_due<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, now: Instant
         }
     }
     works.extend(chores.into_iter().filter_map(|chore| carry_out(backend, chore)));
-    // Not applied to the mirror at once, as the calls' batches are: a registration record
-    // is read with its create revision, which a batch's operations do not carry. The watch
-    // brings it.
-    for batch in upkeep.registrations.due() {
-        let store = core.store.clone();
-        works.push(Box::pin(async move {
-            commit_and_answer(&*store, batch).await;
-            Worked::Registered
-        }));
+    for call in upkeep.enrolments.due(backend) {
+        works.push(Box::pin(async move { Worked::Enrolled(call.await) }));
     }
     works
 }
 
 /// What the upkeep waits on beside a loop's other inputs: the mirror's health, the
-/// instance lease, the streams that end (`Core::departures`), the registrations to write
-/// (`batch.rs`), the relay's finds of lost registrations, and its own timer. One per loop
-/// ([`Inputs::new`] takes the departures and the registrations).
+/// instance lease, the streams that end (`Core::departures`), the `Register`s handed over
+/// (`Core::enrolments`), the relay's finds of lost registrations, and its own timer. One
+/// per loop ([`Inputs::new`] takes the departures and the `Register`s).
 pub struct Inputs {
     health: watch::Receiver<MirrorHealth>,
     lease: watch::Receiver<LeaseState>,
     departures: Option<UnboundedReceiver<Departed>>,
-    registrations: Option<UnboundedReceiver<Pending>>,
+    enrolments: Option<UnboundedReceiver<Enrolment>>,
 }
 
 /// What woke the upkeep ([`Inputs::next`]); a loop that acts on the lease or the mirror's
@@ -288,7 +282,7 @@ impl Inputs {
             health: core.mirror.health(),
             lease: core.lease.subscribe(),
             departures: core.departures(),
-            registrations: core.registrations.incoming(),
+            enrolments: core.enrolments(),
         }
     }
 
@@ -307,8 +301,8 @@ impl Inputs {
                 None => None,
             }
         };
-        let registered = async {
-            match &mut self.registrations {
+        let enrolled = async {
+            match &mut self.enrolments {
                 Some(receiver) => receiver.recv().await,
                 None => std::future::pending().await,
             }
@@ -327,9 +321,13 @@ impl Inputs {
                 upkeep.departures.add(departed);
                 (Woke::Other, None)
             }
-            Some(pending) = registered => {
-                if let Some(incoming) = &mut self.registrations {
-                    upkeep.registrations.queue(pending, incoming);
+            Some(enrolment) = enrolled => {
+                // Those that arrived together are decided on one read of the cache, and
+                // join one batch.
+                let cache = core.mirror.read();
+                upkeep.enrolments.arrive(&**backend, &cache, enrolment);
+                while let Some(enrolment) = self.enrolments.as_mut().and_then(|r| r.try_recv().ok()) {
+                    upkeep.enrolments.arrive(&**backend, &cache, enrolment);
                 }
                 (Woke::Other, None)
             }

@@ -1,0 +1,257 @@
+//! A `Register` as the instance's loop takes it: its registration is decided on the cache
+//! and written in a batch with the others that arrive with it, or, where the cache cannot
+//! decide or the batch lost, decided on the store's state and written in a transaction of
+//! its own; once written, its stream is admitted and told its snapshot, in the loop, the
+//! only relay, so the next change it relays finds the stream.
+//!
+//! The calling task (`register.rs`) only validates, makes sure the topic is stored, and
+//! waits for the answer. The loop's upkeep (`upkeep.rs`) carries the [`Enrolments`]: their
+//! decisions are pure, their store calls run among the loop's, and what the store answered
+//! comes back to them.
+//!
+//! A registration whose caller went away is never decided again ([`Caller`]): a client
+//! that gave up has sent its next attempt, and a write decided from what that attempt
+//! wrote would replace it (docs/design.md §6).
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::batch::{Answer, Batches, KeyWrite, Queued, commit};
+use super::outgoing::{command_channel, command_stream};
+use super::registrar::{Caller, Registrar};
+use super::streams::{LocalStream, StreamKey};
+use crate::coordinator::{CommandStream, CoordinatorError};
+use crate::store::{Compare, Op, Revision, SessionId};
+
+/// A `Register` handed to the instance's loop: where its answer goes.
+pub struct Enrolment {
+    /// The registration: topic, consumer and its fresh registration id.
+    pub key: StreamKey,
+    /// The instance lease it is written on, and its stream admitted under.
+    pub lease: SessionId,
+    /// Whether anyone still waits for it.
+    pub caller: Caller,
+    /// The answer: the command stream, whose first item is the snapshot.
+    pub reply: oneshot::Sender<Result<CommandStream, CoordinatorError>>,
+}
+
+impl std::fmt::Debug for Enrolment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enrolment")
+            .field("key", &self.key)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an enrolment's write ended, for [`Enrolments::ended`].
+#[derive(Debug)]
+pub enum Outcome {
+    /// Written at this revision: admit the stream.
+    Written(Revision),
+    /// The batch it was in lost a compare, or the cache could not decide: decide on the
+    /// store's state.
+    Lost,
+    /// Its caller went away before anything was written.
+    Abandoned,
+    /// The store failed; the write may have been applied.
+    Failed(CoordinatorError),
+}
+
+/// An enrolment's write decided on the cache, waiting for its batch.
+#[derive(Debug)]
+pub struct Batched {
+    write: KeyWrite,
+    enrolment: Enrolment,
+}
+
+impl Queued for Batched {
+    fn write(&self) -> &KeyWrite {
+        &self.write
+    }
+}
+
+/// The enrolments of one instance's loop, between their store calls (pure bookkeeping;
+/// [`Enrolments::due`] is where they act).
+#[derive(Debug, Default)]
+pub struct Enrolments {
+    /// Writes decided on the cache, waiting for their batch or in flight.
+    batches: Batches<Batched>,
+    /// Enrolments whose write ended, to act on.
+    ended: Vec<(Enrolment, Outcome)>,
+}
+
+/// A store call of the enrolments', for the loop to run.
+pub type Call = futures::future::BoxFuture<'static, Done>;
+
+/// What a [`Call`] was, for [`Enrolments::done`].
+#[derive(Debug)]
+pub enum Done {
+    /// A batch of writes decided on the cache, and the store's answer.
+    Batch(Vec<Batched>, Answer),
+    /// One enrolment written on the store's state.
+    Alone(Enrolment, Outcome),
+}
+
+impl Enrolments {
+    /// Takes `enrolment` in: its write is decided on `cache` where `backend` allows, and
+    /// joins the next batch.
+    pub fn arrive<R: Registrar>(&mut self, backend: &R, cache: &R::Cache, enrolment: Enrolment) {
+        let (topic, consumer, registration) = &enrolment.key;
+        let Some(cached) = backend.cached_registration(cache, topic, consumer) else {
+            self.ended.push((enrolment, Outcome::Lost));
+            return;
+        };
+        if enrolment.caller.is_gone() {
+            self.ended.push((enrolment, Outcome::Abandoned));
+            return;
+        }
+        let key = backend.registration_key(topic, consumer);
+        let record = backend.registration_record(consumer, *registration);
+        let write = KeyWrite {
+            key: key.clone(),
+            compares: vec![Compare::ModRevision(key.clone(), cached)],
+            ops: vec![Op::put_in(&key, record, enrolment.lease)],
+        };
+        self.batches.queue(Batched { write, enrolment });
+    }
+
+    /// A [`Call`] ended.
+    pub fn done(&mut self, done: Done) {
+        match done {
+            Done::Batch(batch, answer) => {
+                self.batches.done();
+                for Batched { enrolment, .. } in batch {
+                    let outcome = match &answer {
+                        Ok(Some(written)) => Outcome::Written(written.revision),
+                        Ok(None) => Outcome::Lost,
+                        Err(error) => Outcome::Failed(error.clone().into()),
+                    };
+                    self.ended.push((enrolment, outcome));
+                }
+            }
+            Done::Alone(enrolment, outcome) => self.ended.push((enrolment, outcome)),
+        }
+    }
+
+    /// Acts for `backend`'s loop: admits the streams of what was written, answers what
+    /// failed, and returns the store calls to make (the batches due, and the writes to
+    /// decide on the store's state).
+    pub fn due<R: Registrar>(&mut self, backend: &Arc<R>) -> Vec<Call> {
+        let mut calls: Vec<Call> = Vec::new();
+        for (enrolment, outcome) in std::mem::take(&mut self.ended) {
+            match outcome {
+                Outcome::Written(revision) => admit(backend, enrolment, revision),
+                Outcome::Lost => calls.push(write_alone(backend.clone(), enrolment)),
+                Outcome::Abandoned => {
+                    let (topic, consumer, _) = &enrolment.key;
+                    tracing::info!(
+                        topic,
+                        consumer,
+                        "a Register whose caller went away is dropped: nothing written"
+                    );
+                    let error = CoordinatorError::Abandoned(format!(
+                        "the caller of this Register of consumer '{consumer}' went away before it was written"
+                    ));
+                    let _ = enrolment.reply.send(Err(error));
+                }
+                Outcome::Failed(error) => {
+                    // The write may have been applied although its answer was lost: a
+                    // record left behind must end like one whose stream went away. Its
+                    // revision is unknown: it is held for the TTL whatever the cache says
+                    // (by then the cache has seen the write, if it was applied), then
+                    // deleted if it is this registration.
+                    backend.core().depart(enrolment.key, Revision::MAX);
+                    let _ = enrolment.reply.send(Err(error));
+                }
+            }
+        }
+        // Not applied to the mirror at once, as the calls' batches are: a registration
+        // record is read with its create revision, which a batch's operations do not carry.
+        // The watch brings it.
+        for batch in self.batches.due() {
+            let store = backend.core().shared_store();
+            calls.push(Box::pin(async move {
+                let answer = commit(&*store, &batch).await;
+                Done::Batch(batch, answer)
+            }));
+        }
+        calls
+    }
+}
+
+/// Writes `enrolment`'s registration decided on the store's state
+/// ([`super::registration::write`]), as a call of the loop.
+fn write_alone<R: Registrar>(backend: Arc<R>, enrolment: Enrolment) -> Call {
+    Box::pin(async move {
+        let (topic, consumer, registration) = &enrolment.key;
+        let written = super::registration::write(
+            &*backend,
+            consumer,
+            topic,
+            *registration,
+            enrolment.lease,
+            &enrolment.caller,
+        )
+        .await;
+        let outcome = match written {
+            Ok(Some(revision)) => Outcome::Written(revision),
+            Ok(None) => Outcome::Abandoned,
+            Err(error) => Outcome::Failed(error),
+        };
+        Done::Alone(enrolment, outcome)
+    })
+}
+
+/// Admits the stream of `enrolment`, written at `registered_at`, while the instance lease
+/// it was written on is live and the relay follows the store ([`Core::admit`]), tells it
+/// its snapshot, and answers. A registration written but not admitted (the instance
+/// fenced meanwhile) is settled as after a disconnect: it ends after the TTL unless the
+/// consumer comes back.
+///
+/// [`Core::admit`]: super::Core::admit
+fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, registered_at: Revision) {
+    let Enrolment { key, lease, reply, .. } = enrolment;
+    let core = backend.core();
+    let (topic, consumer, registration) = (&key.0, &key.1, key.2);
+    let (tx, rx) = command_channel();
+    let (mut stream, end_rx) = LocalStream::new(registration, registered_at, tx.clone());
+    {
+        // Relay and admit under one read of the cache: this loop relays the next
+        // revision only after, and its relay then finds the stream.
+        let cache = core.mirror.read();
+        let step = backend.relay_step(&cache, topic, consumer, stream.seen());
+        let ended = stream.apply(topic, consumer, step);
+        stream.flush();
+        if core.admit(lease, topic, consumer, stream).is_err() {
+            // Fenced (or the relay stopped) since the write: the consumer never sees the
+            // snapshot, which may already be stale.
+            drop(cache);
+            tracing::warn!(
+                topic,
+                consumer,
+                "registration written, but this instance fenced itself meanwhile"
+            );
+            let error = CoordinatorError::NoSession(format!(
+                "assigner instance '{}' lost contact with its store while registering consumer '{consumer}'; \
+                 reconnect to another instance",
+                core.instance_id
+            ));
+            core.depart(key, registered_at);
+            let _ = reply.send(Err(error));
+            return;
+        }
+        if let Some((reason, last)) = ended {
+            core.streams.end(&key, reason, last);
+        }
+    }
+    tracing::info!(topic, consumer, %registration, "consumer registered");
+    let done = CancellationToken::new();
+    backend.spawn_companion(key.clone(), registered_at, done.clone());
+    tokio::spawn(super::register::stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
+    // A caller gone by now drops the stream: its task sees it closed, as after a
+    // disconnect.
+    let _ = reply.send(Ok(command_stream(rx)));
+}
