@@ -255,3 +255,70 @@ fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, registered_at: Re
     // disconnect.
     let _ = reply.send(Ok(command_stream(rx)));
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use prometheus_client::metrics::gauge::Gauge;
+    use tokio::sync::oneshot;
+
+    use super::{Enrolment, Enrolments};
+    use crate::coordinator::CoordinatorError;
+    use crate::coordinator::shared::registrar::{Caller, CallerGuard};
+    use crate::coordinator::shared::test_backend::{TestBackend, registration};
+    use crate::store::{LeaseStore, SessionId};
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    type Answer = oneshot::Receiver<Result<crate::coordinator::CommandStream, CoordinatorError>>;
+
+    /// A `Register` of `consumer` on `events` with registration id `id`, and its answer; its
+    /// caller waits while the guard is held.
+    fn enrolment(backend: &TestBackend, consumer: &str, id: i64) -> (Enrolment, Answer, CallerGuard) {
+        let (caller, guard) = Caller::waiting(Gauge::default());
+        let (reply, answer) = oneshot::channel();
+        let lease = backend.core.live_lease().expect("live");
+        let key = ("events".to_string(), consumer.to_string(), SessionId(id));
+        (Enrolment { key, lease, caller, reply }, answer, guard)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_register_whose_caller_went_away_before_it_was_decided_writes_nothing() {
+        let (backend, store) = TestBackend::start(TTL).await;
+        let (gone, answer, guard) = enrolment(&backend, "a", 7);
+        drop(guard);
+        let mut enrolments = Enrolments::default();
+        enrolments.arrive(&*backend, &backend.core.mirror.read(), gone);
+        assert!(enrolments.due(&backend).is_empty(), "no store call");
+        let refused = answer.await.expect("answered");
+        assert!(matches!(refused, Err(CoordinatorError::Abandoned(_))), "{:?}", refused.err());
+        assert!(store.get(&registration("events", "a")).await.expect("read").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn registers_that_arrive_together_share_one_transaction_then_their_streams_are_admitted() {
+        let (backend, store) = TestBackend::start(TTL).await;
+        let (a, a_answer, _a_waits) = enrolment(&backend, "a", 7);
+        let (b, b_answer, _b_waits) = enrolment(&backend, "b", 8);
+        let mut enrolments = Enrolments::default();
+        {
+            let cache = backend.core.mirror.read();
+            enrolments.arrive(&*backend, &cache, a);
+            enrolments.arrive(&*backend, &cache, b);
+        }
+        let mut calls = enrolments.due(&backend);
+        assert_eq!(calls.len(), 1, "one batch");
+        let done = calls.pop().expect("the batch").await;
+        enrolments.done(done);
+        assert!(enrolments.due(&backend).is_empty(), "written: nothing more to ask the store");
+        for (answer, consumer) in [(a_answer, "a"), (b_answer, "b")] {
+            assert!(answer.await.expect("answered").is_ok(), "{consumer} admitted");
+            assert!(backend.core.streams.session_of("events", consumer).is_some(), "{consumer} held");
+        }
+        let (a, b) = (registration("events", "a"), registration("events", "b"));
+        let (a, b) = (store.get(&a).await.expect("read"), store.get(&b).await.expect("read"));
+        let revisions = [a.map(|kv| kv.mod_revision), b.map(|kv| kv.mod_revision)];
+        assert!(revisions[0].is_some() && revisions[0] == revisions[1], "one transaction: {revisions:?}");
+    }
+}

@@ -176,6 +176,12 @@ impl Registrar for TestBackend {
         std::str::from_utf8(value).ok()?.parse().ok().map(SessionId)
     }
 
+    fn cached_registration(&self, cache: &Records, topic: &str, consumer: &str) -> Option<Revision> {
+        // As the handoff backend: decided on the cache and written in a shared transaction
+        // (a lost batch is decided again on the store's state).
+        Some(cache.kvs.get(&registration(topic, consumer)).map_or(0, |kv| kv.mod_revision))
+    }
+
     fn held(&self, cache: &Records, key: &(String, String, SessionId)) -> Held {
         match cache.kvs.get(&registration(&key.0, &key.1)) {
             Some(kv) if kv.value == key.2.0.to_string().into_bytes() => Held::ForTtl,
