@@ -19,9 +19,9 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{Answer, Batches, KeyWrite, Queued, commit};
-use super::outgoing::{command_channel, command_stream};
+use super::outgoing::{CommandSender, command_channel, command_stream};
 use super::registrar::{Caller, Registrar};
-use super::streams::{LocalStream, StreamKey};
+use super::streams::{EndReason, LocalStream, StreamKey};
 use crate::coordinator::{CommandStream, CoordinatorError};
 use crate::store::{Compare, Op, Revision, SessionId};
 
@@ -250,10 +250,48 @@ fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, registered_at: Re
     tracing::info!(topic, consumer, %registration, "consumer registered");
     let done = CancellationToken::new();
     backend.spawn_companion(key.clone(), registered_at, done.clone());
-    tokio::spawn(super::register::stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
+    tokio::spawn(stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
     // A caller gone by now drops the stream: its task sees it closed, as after a
     // disconnect.
     let _ = reply.send(Ok(command_stream(rx)));
+}
+
+/// The stream's task: waits for the stream to end, cancels `done`, then hands its
+/// registration to the loop to settle ([`Departures`](super::departures::Departures)): at
+/// once when its consumer left, once its transport took the last commands; after the TTL
+/// when it went away.
+async fn stream_task<R: Registrar>(
+    backend: Arc<R>,
+    key: StreamKey,
+    registered_at: Revision,
+    tx: CommandSender,
+    end_rx: oneshot::Receiver<EndReason>,
+    done: CancellationToken,
+) {
+    let core = backend.core();
+    let reason = tokio::select! {
+        reason = end_rx => reason.unwrap_or(EndReason::Shutdown),
+        _ = tx.closed() => {
+            tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected");
+            core.streams.end(&key, EndReason::Disconnected, None);
+            EndReason::Disconnected
+        }
+    };
+    done.cancel();
+    if reason == EndReason::Left {
+        // The consumer hears that it owns nothing before anyone can be given what it
+        // owned: its registration (on the fleet, with its leases) is handed over for
+        // deletion once the transport took everything queued for it, or after one TTL for
+        // a consumer that does not read.
+        let everything = tx.max_capacity();
+        let _ = tokio::time::timeout(core.lease_ttl, tx.reserve_many(everything)).await;
+    }
+    drop(tx);
+    match reason {
+        EndReason::Left => core.leave(key, registered_at),
+        EndReason::Disconnected => core.depart(key, registered_at),
+        EndReason::Replaced | EndReason::Expired | EndReason::Shutdown => {}
+    }
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@
 //! deregistered) and its transport took its last commands; kept for the consumer TTL after
 //! the client went away or the instance fenced itself, so a quick reconnect keeps the
 //! partitions, then deleted with compare-and-swap if it is still this one. The stream's
-//! own task only waits for the end and hands the registration to the loop: it calls no
-//! store.
+//! own task (`enrolment.rs`) only waits for the end and hands the registration to the
+//! loop: it calls no store.
 
 use std::{
     collections::hash_map::RandomState,
@@ -24,15 +24,12 @@ use std::{
 };
 
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 
 use super::enrolment::Enrolment;
-use super::outgoing::CommandSender;
 use super::registrar::{Caller, Registrar};
-use super::streams::{EndReason, StreamKey};
 use super::validate::{validate_consumer_name, validate_topic_name};
 use crate::coordinator::{CommandStream, CoordinatorError};
-use crate::store::{Revision, SessionId};
+use crate::store::SessionId;
 
 /// Starts the instance lease for `backend` (the instance's loop makes readiness and the
 /// instance record follow it, `upkeep.rs`), and waits until the store granted the lease
@@ -108,43 +105,6 @@ async fn register_to_the_end<R: Registrar>(
 
 fn shutting_down() -> CoordinatorError {
     CoordinatorError::ShuttingDown
-}
-
-/// Waits for the stream to end, then hands its registration to the loop to settle (see the
-/// module docs).
-/// Cancels `done` when the stream ended.
-pub(super) async fn stream_task<R: Registrar>(
-    backend: Arc<R>,
-    key: StreamKey,
-    registered_at: Revision,
-    tx: CommandSender,
-    end_rx: oneshot::Receiver<EndReason>,
-    done: CancellationToken,
-) {
-    let core = backend.core();
-    let reason = tokio::select! {
-        reason = end_rx => reason.unwrap_or(EndReason::Shutdown),
-        _ = tx.closed() => {
-            tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected");
-            core.streams.end(&key, EndReason::Disconnected, None);
-            EndReason::Disconnected
-        }
-    };
-    done.cancel();
-    if reason == EndReason::Left {
-        // The consumer hears that it owns nothing before anyone can be given what it
-        // owned: its registration (on the fleet, with its leases) is handed over for
-        // deletion once the transport took everything queued for it, or after one TTL for
-        // a consumer that does not read.
-        let everything = tx.max_capacity();
-        let _ = tokio::time::timeout(core.lease_ttl, tx.reserve_many(everything)).await;
-    }
-    drop(tx);
-    match reason {
-        EndReason::Left => core.leave(key, registered_at),
-        EndReason::Disconnected => core.depart(key, registered_at),
-        EndReason::Replaced | EndReason::Expired | EndReason::Shutdown => {}
-    }
 }
 
 #[cfg(test)]
