@@ -204,10 +204,14 @@ pub struct Cache {
     pub topics: BTreeMap<String, TopicEntry>,
     /// The leader key, if someone leads.
     pub leader: Option<KeyValue>,
-    /// How many instance records were deleted since this cache was loaded: each one an
-    /// instance lease that ended, taking that instance's registrations with it in the same
-    /// revision (the leader settles when it grows).
+    /// How many instance records went since this cache was loaded: each one an instance
+    /// lease that ended, taking that instance's registrations with it in the same revision
+    /// (the leader settles when it grows). Kept across re-reads ([`MirrorCache::carry_over`]),
+    /// which also count the records that went in the gap they close.
     pub instance_losses: u64,
+    /// The instance records present, with the revision each was created at: one created
+    /// again is another lease (the one before ended).
+    pub instances: BTreeMap<String, Revision>,
 }
 
 impl Cache {
@@ -231,7 +235,15 @@ impl MirrorCache for Cache {
                 self.leader = Some(kv);
                 Ok(())
             }
-            Key::Instance(_) => Ok(()),
+            Key::Instance(instance) => {
+                if let Some(created) = self.instances.insert(instance.clone(), kv.create_revision)
+                    && created != kv.create_revision
+                {
+                    // Deleted and created again within one watched batch.
+                    self.instance_losses += 1;
+                }
+                Ok(())
+            }
             Key::Topic(t) => decode::<TopicRecord>(&kv.key, &kv.value).map(|value| {
                 self.topic(t).config = Some(Versioned { value, mod_revision: rev });
                 changes.topic(t);
@@ -266,7 +278,10 @@ impl MirrorCache for Cache {
         let Some(key) = keys.parse(key) else { return };
         match &key {
             Key::Leader => self.leader = None,
-            Key::Instance(_) => self.instance_losses += 1,
+            Key::Instance(instance) => {
+                self.instances.remove(instance);
+                self.instance_losses += 1;
+            }
             Key::Topic(t) => {
                 self.topic(t).config = None;
                 changes.topic(t);
@@ -285,6 +300,13 @@ impl MirrorCache for Cache {
                 changes.partition(t, before.iter().flat_map(|h| [h.from.as_str(), h.to.as_str()]), *p);
             }
         }
+    }
+
+    fn carry_over(&self, fresh: &mut Cache) {
+        // A record gone from the snapshot, or created again, is a lease that ended in the gap.
+        let ended =
+            self.instances.iter().filter(|(i, created)| fresh.instances.get(*i) != Some(created)).count();
+        fresh.instance_losses = self.instance_losses + ended as u64;
     }
 
     fn differing(&self, other: &Cache) -> Changes {
@@ -337,4 +359,48 @@ impl MirrorCache for Cache {
 
 fn sessions(entry: &TopicEntry) -> Vec<(String, i64, Revision)> {
     entry.consumers.iter().map(|(n, r)| (n.clone(), r.value.session, r.mod_revision)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cache;
+    use crate::coordinator::handoff_backend::records::Keys;
+    use crate::coordinator::shared::instance_record::instance_key;
+    use crate::coordinator::shared::mirror::{Changes, MirrorCache};
+    use crate::store::{KeyValue, PrefixSnapshot, WatchEvent, WatchEventKind};
+
+    /// Instance `name`'s record, created at `created`.
+    fn record(name: &str, created: i64) -> KeyValue {
+        KeyValue {
+            key: instance_key("/k/", name),
+            value: b"{}".to_vec(),
+            mod_revision: created,
+            create_revision: created,
+            session: None,
+        }
+    }
+
+    fn snapshot(revision: i64, records: &[(&str, i64)]) -> Cache {
+        let kvs = records.iter().map(|(name, created)| record(name, *created)).collect();
+        Cache::from_snapshot(&Keys::new("/k/"), PrefixSnapshot { kvs, revision })
+    }
+
+    #[test]
+    fn an_instance_lease_that_ended_in_a_reread_gap_is_counted_and_no_count_is_lost() {
+        let keys = Keys::new("/k/");
+        let mut cache = snapshot(5, &[("i0", 3), ("i1", 4)]);
+        // Watched: i1's lease ends.
+        let gone = WatchEvent { key: instance_key("/k/", "i1"), revision: 6, kind: WatchEventKind::Delete };
+        cache.apply(&keys, gone, &mut Changes::default());
+        assert_eq!(cache.instance_losses, 1);
+        // A re-read closes a gap in which i0's lease ended and i0 wrote its record again:
+        // counted on top of what was followed, never reset.
+        let mut fresh = snapshot(9, &[("i0", 8)]);
+        cache.carry_over(&mut fresh);
+        assert_eq!(fresh.instance_losses, 2, "the one followed and the one in the gap");
+        // A re-read that finds the same records counts nothing new.
+        let mut same = snapshot(10, &[("i0", 8)]);
+        fresh.carry_over(&mut same);
+        assert_eq!(same.instance_losses, 2);
+    }
 }

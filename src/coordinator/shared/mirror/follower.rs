@@ -126,7 +126,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     *read = None;
                     match result {
                         Ok(snapshot) => {
-                            let fresh = C::from_snapshot(keys, snapshot);
+                            let mut fresh = C::from_snapshot(keys, snapshot);
                             let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
                             if fresh.revision() < mirror.newest(&cache) {
                                 // An own write was applied while the read was under way
@@ -136,6 +136,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                             }
                             self.phase = Phase::Watch(fresh.revision() + 1, None);
                             let changes = cache.differing(&fresh);
+                            cache.carry_over(&mut fresh);
                             *cache = fresh;
                             drop(cache);
                             mirror.set_following(true, interrupted);

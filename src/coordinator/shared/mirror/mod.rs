@@ -217,6 +217,11 @@ pub trait MirrorCache: Sized + Default {
     /// whole topics: their consumers must hear about it.
     fn differing(&self, other: &Self) -> Changes;
 
+    /// Carries into `fresh`, a re-read's snapshot about to replace this cache, what a
+    /// snapshot cannot know: what this cache counted of the changes it followed (nothing,
+    /// unless a backend keeps such counts).
+    fn carry_over(&self, _fresh: &mut Self) {}
+
     /// The store revision this cache reflects: every change under the prefix up to it is
     /// applied (own writes applied ahead, [`Mirror::apply_own_now`], may be newer).
     fn revision(&self) -> Revision;
