@@ -202,6 +202,8 @@ pub struct Outcome {
     /// Stalls that began, early expiries, restarts with the old stream left open.
     pub stalls: u64,
     pub revokes: u64,
+    /// Early expiries of an instance that did not lead.
+    pub follower_revokes: u64,
     pub half_open: u64,
     /// Readies held while a burst of joins went on.
     pub ready_races: u64,
@@ -224,6 +226,7 @@ impl Outcome {
         self.epoch_checks += o.epoch_checks;
         self.stalls += o.stalls;
         self.revokes += o.revokes;
+        self.follower_revokes += o.follower_revokes;
         self.half_open += o.half_open;
         self.zombies_replaced += o.zombies_replaced;
         self.ready_races += o.ready_races;

@@ -68,7 +68,10 @@ pub fn draw_action(kind: Kind, ttl: Duration, rng: &mut Rng) -> Option<Action> {
             };
             let restart =
                 (rng.below(3) != 0).then(|| (consumer, rng.millis(0, delay.as_millis() as u64 / 4)));
-            Action::Revoke { delay, restart }
+            // Half the time any instance's, leader or not: the leader must then tell an
+            // interrupted registration (its instance record went with it) from a departed one.
+            let instance = (rng.below(2) == 0).then_some(instance);
+            Action::Revoke { instance, delay, restart }
         }
         _ => {
             // Short (no fence: late requests and answers) or past the TTL (the session
@@ -217,8 +220,18 @@ impl Sim {
     }
 
     /// The store expires the leader's session while it is in touch (see the module docs).
-    pub async fn revoke(&mut self, delay: Duration, restart: Option<(usize, Duration)>) {
-        let Some(l) = self.leader() else { return };
+    pub async fn revoke(
+        &mut self,
+        instance: Option<usize>,
+        delay: Duration,
+        restart: Option<(usize, Duration)>,
+    ) {
+        let target = match instance {
+            Some(i) => Some(i % self.world.instances.len()),
+            None => self.leader(),
+        };
+        let Some(l) = target else { return };
+        let role = if self.leader() == Some(l) { "the leader" } else { "not the leader" };
         if self.world.instances[l].cut.is_some() {
             return;
         }
@@ -239,8 +252,9 @@ impl Sim {
             self.world.after(self.shape.ttl, Agenda::StopDelaying { instance: l });
         }
         let expired = self.world.instances[l].faulty.expire_all_sessions().await;
-        self.world.note(format!("i{l} (the leader): the store expires its sessions early: {expired:?}"));
+        self.world.note(format!("i{l} ({role}): the store expires its sessions early: {expired:?}"));
         self.outcome.revokes += 1;
+        self.outcome.follower_revokes += u64::from(role == "not the leader");
         let Some((pick, wait)) = restart else { return };
         // One of its consumers restarts on another instance, its old stream left open.
         let on_it: Vec<usize> = (0..self.world.consumers.len())

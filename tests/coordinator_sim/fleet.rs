@@ -144,7 +144,7 @@ impl Sim {
             Action::Stall { instance, leader, period, at_write, lose } => {
                 self.stall(instance, leader, period, at_write, lose);
             }
-            Action::Revoke { delay, restart } => self.revoke(delay, restart).await,
+            Action::Revoke { instance, delay, restart } => self.revoke(instance, delay, restart).await,
             Action::RestartConsumer { consumer, instance } => {
                 self.restart_consumer(consumer % pool, instance)
             }

@@ -74,10 +74,11 @@ pub enum Action {
     /// from now, or from its next write of an assignment or a handoff (`at_write`). With
     /// `lose`, the held calls lose their answers when it ends (the connection resets).
     Stall { instance: usize, leader: bool, period: Duration, at_write: bool, lose: bool },
-    /// The store expires the leader's session early (an operator's revoke) while it is in
-    /// touch: its calls and watch batches are first slowed by up to `delay` for a TTL, and
-    /// with `restart`, one of its consumers restarts on another instance after the wait.
-    Revoke { delay: Duration, restart: Option<(usize, Duration)> },
+    /// The store expires the session of the leader (`instance` `None`) or of this instance
+    /// (whether it leads or not) early (an operator's revoke) while it is in touch: its
+    /// calls and watch batches are first slowed by up to `delay` for a TTL, and with
+    /// `restart`, one of its consumers restarts on another instance after the wait.
+    Revoke { instance: Option<usize>, delay: Duration, restart: Option<(usize, Duration)> },
     /// The consumer process restarts and registers on this instance while its old stream
     /// stays open (its instance has not noticed the old connection is dead yet).
     RestartConsumer { consumer: usize, instance: usize },
