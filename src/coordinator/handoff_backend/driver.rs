@@ -14,11 +14,11 @@
 //! call, whose answer goes back to it; a plan's batch that succeeded is applied and told to
 //! the streams like a call's commit. A call is decided by the pure model of `decide.rs`
 //! ([`next_step`]) on the cache; its transaction is written with the calls that arrive
-//! with it ([`batch`]: at most [`BATCHES_IN_FLIGHT`](batch::BATCHES_IN_FLIGHT) batches in flight, the rest queue and
-//! join the next one); when the cache may lag or the transaction lost, the loop reads the
-//! call's records from the store and decides again, in a transaction of its own. A `Deregister` is decided by the pure
-//! model of `leave.rs` on its records read from the store, and written in a transaction of
-//! its own. Every store call runs inside the loop, beside its other inputs, not in a task
+//! with it ([`Batches`]: at most [`BATCHES_IN_FLIGHT`](batch::BATCHES_IN_FLIGHT) batches
+//! in flight, the rest queue and join the next one); when the cache may lag or the
+//! transaction lost, the loop reads the call's records from the store and decides again,
+//! in a transaction of its own. A `Deregister` is decided by the pure model of `leave.rs`
+//! on its records read from the store, and written in a transaction of its own. Every store call runs inside the loop, beside its other inputs, not in a task
 //! of its own. While the instance lease is not live (fenced, or expired and not yet granted
 //! again: `shared/lease.rs`) the loop decides nothing for a consumer: calls that arrive or
 //! wait for a batch are answered `UNAVAILABLE`, and the consumer, whose stream the fence

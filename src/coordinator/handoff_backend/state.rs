@@ -206,7 +206,7 @@ pub struct Cache {
     pub leader: Option<KeyValue>,
     /// How many instance records went since this cache was loaded: each one an instance
     /// lease that ended, taking that instance's registrations with it in the same revision
-    /// (the leader settles when it grows). Kept across re-reads ([`MirrorCache::carry_over`]),
+    /// (the leader settles when it grows). Kept across re-reads (`MirrorCache::carry_over`),
     /// which also count the records that went in the gap they close.
     pub instance_losses: u64,
     /// The instance records present, with the revision each was created at: one created

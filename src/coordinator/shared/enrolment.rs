@@ -51,9 +51,9 @@ impl std::fmt::Debug for Enrolment {
 pub enum Outcome {
     /// Written at this revision: admit the stream.
     Written(Revision),
-    /// The batch it was in lost a compare, or the cache could not decide: decide on the
-    /// store's state.
-    Lost,
+    /// To be decided on the store's state: the batch it was in lost a compare, or the
+    /// cache cannot decide it.
+    OnStore,
     /// Its caller went away before anything was written.
     Abandoned,
     /// The store failed; the write may have been applied.
@@ -101,7 +101,7 @@ impl Enrolments {
     pub fn arrive<R: Registrar>(&mut self, backend: &R, cache: &R::Cache, enrolment: Enrolment) {
         let (topic, consumer, registration) = &enrolment.key;
         let Some(cached) = backend.cached_registration(cache, topic, consumer) else {
-            self.ended.push((enrolment, Outcome::Lost));
+            self.ended.push((enrolment, Outcome::OnStore));
             return;
         };
         if enrolment.caller.is_gone() {
@@ -126,7 +126,7 @@ impl Enrolments {
                 for Batched { enrolment, .. } in batch {
                     let outcome = match &answer {
                         Ok(Some(written)) => Outcome::Written(written.revision),
-                        Ok(None) => Outcome::Lost,
+                        Ok(None) => Outcome::OnStore,
                         Err(error) => Outcome::Failed(error.clone().into()),
                     };
                     self.ended.push((enrolment, outcome));
@@ -144,7 +144,7 @@ impl Enrolments {
         for (enrolment, outcome) in std::mem::take(&mut self.ended) {
             match outcome {
                 Outcome::Written(revision) => admit(backend, enrolment, revision),
-                Outcome::Lost => calls.push(write_alone(backend.clone(), enrolment)),
+                Outcome::OnStore => calls.push(write_alone(backend.clone(), enrolment)),
                 Outcome::Abandoned => {
                     let (topic, consumer, _) = &enrolment.key;
                     tracing::info!(

@@ -24,9 +24,9 @@ use crate::store::{KeyValue, Revision, SessionId};
 /// A registration whose caller went away must never replace another one (docs/design.md
 /// §6): a client that gave up on a call has already sent its next attempt, whose stream is
 /// the live one. So a registration is decided (on the cache, `enrolment.rs`, or on the
-/// store's state, [`super::registration::write`]) only while the caller
-/// waits: once it is gone, a write already sent lands only where the record is still the
-/// one that write was decided from, and a write that lost its compare is not retried.
+/// store's state, [`super::registration::write`]) only while the caller waits: once it is
+/// gone, a write already sent lands only where the record is still the one that write was
+/// decided from, and a write that lost its compare is not retried.
 #[derive(Clone, Debug)]
 pub struct Caller(Arc<CallerState>);
 

@@ -1,10 +1,11 @@
 //! The instance's upkeep, which its loop runs beside its other inputs: decided here on the
 //! mirror's health, the time and the cache, carried out by the loop. It writes the
-//! registrations of the `Register`s handed over and admits their streams ([`Enrolments`]),
-//! settles the registrations whose streams ended ([`Departures`]), has the registrations the store
-//! lost written again when the relay finds some ([`rebind`], one pass at a time), keeps
-//! readiness ("not stopping, the lease is live and the mirror follows the store") and the
-//! instance record (`instance_record.rs`) up with the instance lease, and:
+//! registrations of the `Register`s handed over and admits their streams
+//! ([`Enrolments`]), settles the registrations whose streams ended ([`Departures`]), has
+//! the registrations the store lost written again when the relay finds some ([`rebind`],
+//! one pass at a time), keeps readiness ("not stopping, the lease is live and the mirror
+//! follows the store") and the instance record (`instance_record.rs`) up with the
+//! instance lease, and:
 //!
 //! **An instance that cannot relay fences its streams**, as when it loses its lease. The
 //! instance lease is kept on a connection of its own (`lease.rs`), so the lease can stay
@@ -16,8 +17,8 @@
 //! everything, ended `UNAVAILABLE`) and no stream is admitted until it follows again.
 //!
 //! **A safety net ends registrations of this instance that no stream holds.** Every path
-//! that writes a registration also settles it (`register.rs`, `enrolment.rs`: a stream
-//! that ends, a write whose answer was lost, a stream refused after a fence). Should one path still miss a
+//! that writes a registration also settles it (`enrolment.rs`: a stream that ends, a write
+//! whose answer was lost, a stream refused after a fence). Should one path still miss a
 //! record, it would keep its partitions, and draw warms, until the instance died. So every
 //! half TTL the sweep looks for registration records naming this instance whose
 //! registration no local stream holds; one still found a TTL and a half later is deleted
