@@ -104,9 +104,9 @@ pub(super) fn relay(inner: &Fleet, cache: &FleetCache, changes: &Changes) {
     pass.finish();
     // A consumer that deregistered after its stream had dropped: no stream ends, so no
     // stream hands its registration over. The instance it was registered through does, so
-    // its leases are free now rather than after the TTL: marked departing (nothing else
-    // settles it, and the next change does not hand it over twice), then deleted by the
-    // loop ([`Core::leave`]).
+    // its leases are free now rather than after the TTL: the loop deletes it
+    // ([`Core::leave`], which marks it departing, so the next change does not hand it
+    // over twice).
     //
     // [`Core::leave`]: crate::coordinator::shared::Core::leave
     for (topic, touched) in changes.iter() {
@@ -122,7 +122,6 @@ pub(super) fn relay(inner: &Fleet, cache: &FleetCache, changes: &Changes) {
                 && record.value.instance == core.instance_id()
                 && !core.streams().holds(&key)
             {
-                core.streams().set_departing(&key, true);
                 core.leave(key, record.mod_revision);
             }
         }

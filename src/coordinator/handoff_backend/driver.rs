@@ -18,12 +18,12 @@
 //! in flight, the rest queue and join the next one); when the cache may lag or the
 //! transaction lost, the loop reads the call's records from the store and decides again,
 //! in a transaction of its own. A `Deregister` is decided by the pure model of `leave.rs`
-//! on its records read from the store, and written in a transaction of its own. Every store call runs inside the loop, beside its other inputs, not in a task
-//! of its own. While the instance lease is not live (fenced, or expired and not yet granted
-//! again: `shared/lease.rs`) the loop decides nothing for a consumer: calls that arrive or
-//! wait for a batch are answered `UNAVAILABLE`, and the consumer, whose stream the fence
-//! ended, retries where it registers again; what is already in the store's hands
-//! completes.
+//! on its records read from the store, and written in a transaction of its own. Every
+//! store call runs inside the loop, beside its other inputs, not in a task of its own.
+//! While the instance lease is not live (fenced, or expired and not yet granted again:
+//! `shared/lease.rs`) the loop decides nothing for a consumer: calls that arrive or wait
+//! for a batch are answered `UNAVAILABLE`, and the consumer, whose stream the fence ended,
+//! retries where it registers again; what is already in the store's hands completes.
 //!
 //! Each change, watched or committed here, is applied to the mirror and relayed to the
 //! local streams (`relay.rs`) by this loop, so no two relay passes ever run at once, and a

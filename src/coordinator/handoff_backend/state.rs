@@ -236,12 +236,7 @@ impl MirrorCache for Cache {
                 Ok(())
             }
             Key::Instance(instance) => {
-                if let Some(created) = self.instances.insert(instance.clone(), kv.create_revision)
-                    && created != kv.create_revision
-                {
-                    // Deleted and created again within one watched batch.
-                    self.instance_losses += 1;
-                }
+                self.instances.insert(instance.clone(), kv.create_revision);
                 Ok(())
             }
             Key::Topic(t) => decode::<TopicRecord>(&kv.key, &kv.value).map(|value| {

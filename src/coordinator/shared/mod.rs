@@ -80,6 +80,33 @@ pub fn keep_alive_period(ttl: Duration) -> Duration {
 /// batch transaction in flight ([`batch`]); the rest queue here, not in front of the store.
 pub const REGISTRATIONS_IN_FLIGHT: usize = batch::BATCH * batch::BATCHES_IN_FLIGHT;
 
+/// A channel into the instance's loop: any task sends, and the loop takes the receiving
+/// end, once.
+#[derive(Debug)]
+pub struct Inbox<M> {
+    sender: tokio::sync::mpsc::UnboundedSender<M>,
+    receiver: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<M>>>,
+}
+
+impl<M> Default for Inbox<M> {
+    fn default() -> Self {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        Self { sender, receiver: std::sync::Mutex::new(Some(receiver)) }
+    }
+}
+
+impl<M> Inbox<M> {
+    /// Sends `message` to the loop; handed back once the loop has stopped.
+    pub fn send(&self, message: M) -> Result<(), M> {
+        self.sender.send(message).map_err(|refused| refused.0)
+    }
+
+    /// The receiving end, for the loop: `None` once a loop took it.
+    pub fn take(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<M>> {
+        self.receiver.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 /// Whether this instance is ready to serve: an explicit value that shutdown clears, read
 /// by `/ready`, gRPC health and the status view.
 #[derive(Clone, Debug)]
@@ -157,17 +184,13 @@ pub struct Core<C: MirrorCache, T> {
     register_permits: tokio::sync::Semaphore,
     /// `Register`s on their way to the instance's loop, which writes their registrations
     /// and admits their streams ([`enrolment`]).
-    enrolling: tokio::sync::mpsc::UnboundedSender<enrolment::Enrolment>,
-    /// The receiving end, until the loop takes it ([`Self::enrolments`]).
-    enrolments: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<enrolment::Enrolment>>>,
+    enrolments: Inbox<enrolment::Enrolment>,
     /// Set while the relay has not followed the store for longer than the fencing margin
     /// ([`upkeep`]): every stream was fenced and none is admitted.
     relay_fenced: std::sync::atomic::AtomicBool,
-    /// Streams that ended without their consumers leaving, on their way to the loop's
-    /// upkeep, which settles their registrations ([`departures`]).
-    departed: tokio::sync::mpsc::UnboundedSender<departures::Departed>,
-    /// The receiving end, until the loop takes it ([`Self::departures`]).
-    departures: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<departures::Departed>>>,
+    /// Registrations whose streams ended, on their way to the loop's upkeep, which settles
+    /// them ([`departures`]).
+    departures: Inbox<departures::Departed>,
 }
 
 impl<C: MirrorCache, T: streams::Told> Core<C, T> {
@@ -242,8 +265,6 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     ) -> Result<Self, crate::store::StoreError> {
         let CoreSettings { instance_id, lease_ttl, topics } = settings;
         let mirror = Mirror::load(&*store, &keys, name).await?;
-        let (departed, departures) = tokio::sync::mpsc::unbounded_channel();
-        let (enrolling, enrolments) = tokio::sync::mpsc::unbounded_channel();
         Ok(Self {
             streams: Streams::new(metrics.clone()),
             store,
@@ -258,11 +279,9 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             lease: watch::Sender::new(LeaseState::Pending),
             lease_check: tokio::sync::Notify::new(),
             register_permits: tokio::sync::Semaphore::new(REGISTRATIONS_IN_FLIGHT),
-            enrolling,
-            enrolments: std::sync::Mutex::new(Some(enrolments)),
+            enrolments: Inbox::default(),
             relay_fenced: std::sync::atomic::AtomicBool::new(false),
-            departed,
-            departures: std::sync::Mutex::new(Some(departures)),
+            departures: Inbox::default(),
         })
     }
 
@@ -275,33 +294,34 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     }
 
     /// The consumer of registration `key`, written at `registered_at`, left (drained, or
-    /// deregistered) and heard its last commands: the loop deletes the registration at
-    /// once if it is still this one, and then takes it off the departing streams
-    /// ([`Streams::set_departing`](streams::Streams::set_departing)), where the caller put
-    /// it so that nothing else settles it meanwhile.
+    /// deregistered) and heard its last commands: the registration is marked departing
+    /// ([`Streams::set_departing`](streams::Streams::set_departing)), so nothing else
+    /// settles it and it is not handed over twice, and the loop deletes it at once if it is
+    /// still this one, then unmarks it.
     pub fn leave(&self, key: streams::StreamKey, registered_at: crate::store::Revision) {
+        self.streams.set_departing(&key, true);
         self.hand_over(key, registered_at, true);
     }
 
     fn hand_over(&self, key: streams::StreamKey, registered_at: crate::store::Revision, left: bool) {
         let departed = departures::Departed { key, registered_at, at: tokio::time::Instant::now(), left };
         // Only a loop that ended (the instance stopped) does not take it.
-        let _ = self.departed.send(departed);
+        let _ = self.departures.send(departed);
     }
 
     /// Hands a `Register` to the instance's loop; handed back if the loop has stopped.
     pub fn enrol(&self, enrolment: enrolment::Enrolment) -> Result<(), enrolment::Enrolment> {
-        self.enrolling.send(enrolment).map_err(|refused| refused.0)
+        self.enrolments.send(enrolment)
     }
 
     /// The `Register`s handed over, for the instance's loop: `None` once a loop took them.
     pub fn enrolments(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<enrolment::Enrolment>> {
-        self.enrolments.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.enrolments.take()
     }
 
     /// The streams that ended, for the instance's loop: `None` once a loop took them.
     pub fn departures(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<departures::Departed>> {
-        self.departures.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.departures.take()
     }
 
     /// The instance session, while it may be acted on (`UNAVAILABLE` otherwise).

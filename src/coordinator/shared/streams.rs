@@ -339,7 +339,8 @@ impl<T: Told> Streams<LocalStream<T>> {
     }
 
     /// Marks the registration `key`, whose consumer left, as departing ([`end`] does for a
-    /// stream that ends so), or no longer once the loop deleted it (`upkeep.rs`).
+    /// stream that ends so, `Core::leave` when it hands it to the loop), or no longer once
+    /// the loop deleted it (`upkeep.rs`).
     ///
     /// [`end`]: Self::end
     pub fn set_departing(&self, key: &StreamKey, departing: bool) {
