@@ -1,10 +1,12 @@
-//! The consumer-driven steps of a handoff: `PartitionReady` and `PartitionReleased`.
+//! What happens to a topic ([`Event`]) and the one entry point that applies it ([`step`]),
+//! returning the record [`Write`]s that persist the change; among the events, the
+//! consumer-driven steps of a handoff: `PartitionReady` and `PartitionReleased`.
 //!
 //! Any instance applies these (no round trip through the leader); the coordinator makes
 //! the resulting writes conditional on the handoff record it validated against, so a
 //! concurrent change makes the write fail instead of acting on stale state.
 
-use super::{Handoff, Millis, Phase, TopicState};
+use super::{ConsumerStatus, Cooldowns, Handoff, Millis, Phase, PlanConfig, TopicState, plan};
 
 /// Why a consumer's call was refused. Nothing changes when one is returned.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -117,6 +119,128 @@ pub fn apply_released(state: &mut TopicState, consumer: &str, partition: u32) ->
             actual: describe(state, partition),
         }),
     }
+}
+
+/// One record change that persists a state change. The coordinator turns these into
+/// transaction ops, each guarded by the revision of the record as it was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Set the owner of a partition.
+    SetOwner {
+        /// The partition.
+        partition: u32,
+        /// Its new owner.
+        owner: String,
+        /// The epoch of this ownership.
+        epoch: u64,
+    },
+    /// Remove the owner record of a partition (only for partitions beyond the count).
+    ClearOwner {
+        /// The partition.
+        partition: u32,
+    },
+    /// Create or replace the handoff record of a partition.
+    PutHandoff {
+        /// The partition.
+        partition: u32,
+        /// The handoff.
+        handoff: Handoff,
+    },
+    /// Remove the handoff record of a partition.
+    DeleteHandoff {
+        /// The partition.
+        partition: u32,
+    },
+}
+
+impl Write {
+    /// The partition this write touches.
+    pub fn partition(&self) -> u32 {
+        match self {
+            Write::SetOwner { partition, .. }
+            | Write::ClearOwner { partition }
+            | Write::PutHandoff { partition, .. }
+            | Write::DeleteHandoff { partition } => *partition,
+        }
+    }
+}
+
+/// The writes that turn `old` into `new` (owners and handoffs only), in partition order.
+pub fn diff_writes(old: &TopicState, new: &TopicState) -> Vec<Write> {
+    let mut writes = Vec::new();
+    let partitions: std::collections::BTreeSet<u32> = old
+        .owners
+        .keys()
+        .chain(new.owners.keys())
+        .chain(old.handoffs.keys())
+        .chain(new.handoffs.keys())
+        .copied()
+        .collect();
+    for partition in partitions {
+        let epoch = |state: &TopicState| state.epochs.get(&partition).copied().unwrap_or(0);
+        match (old.owners.get(&partition), new.owners.get(&partition)) {
+            (a, Some(b)) if a != Some(b) || epoch(old) != epoch(new) => {
+                writes.push(Write::SetOwner { partition, owner: b.clone(), epoch: epoch(new) })
+            }
+            (Some(_), None) => writes.push(Write::ClearOwner { partition }),
+            _ => {}
+        }
+        match (old.handoffs.get(&partition), new.handoffs.get(&partition)) {
+            (a, Some(b)) if a != Some(b) => writes.push(Write::PutHandoff { partition, handoff: b.clone() }),
+            (Some(_), None) => writes.push(Write::DeleteHandoff { partition }),
+            _ => {}
+        }
+    }
+    writes
+}
+
+/// Something that happens to a topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A consumer registered (or re-registered) and is active.
+    Joined(String),
+    /// A consumer's session ended (crash, or lease expiry).
+    Expired(String),
+    /// A consumer asked to drain.
+    Draining(String),
+    /// `PartitionReady` from a consumer.
+    Ready(String, u32),
+    /// `PartitionReleased` from a consumer.
+    Released(String, u32),
+    /// Time passes; the leader reconciles at `now`.
+    Tick(Millis),
+}
+
+/// Applies one event. Consumer events change membership only (the leader reacts on its
+/// next tick); `Ready` / `Released` are validated and may be refused, leaving `state` as
+/// it was; `Tick` runs [`plan`]. Returns the writes that persist the change.
+pub fn step(
+    state: &mut TopicState,
+    event: &Event,
+    now: Millis,
+    config: &PlanConfig,
+    cooldowns: &mut Cooldowns,
+) -> Result<Vec<Write>, HandoffError> {
+    let before = state.clone();
+    match event {
+        Event::Joined(name) => {
+            state.consumers.insert(name.clone(), ConsumerStatus::Active);
+        }
+        Event::Expired(name) => {
+            state.consumers.remove(name);
+        }
+        Event::Draining(name) => {
+            if let Some(status) = state.consumers.get_mut(name) {
+                *status = ConsumerStatus::Draining;
+            }
+        }
+        Event::Ready(name, partition) => apply_ready(state, name, *partition, now)?,
+        Event::Released(name, partition) => apply_released(state, name, *partition)?,
+        Event::Tick(at) => {
+            plan(state, *at, config, cooldowns);
+        }
+    }
+    Ok(diff_writes(&before, state))
 }
 
 #[cfg(test)]

@@ -1,34 +1,34 @@
-//! `PartitionReady` / `PartitionReleased` (refused) and `Deregister`.
+//! What the fleet's loop answers to the consumers' calls (`driver.rs`): `PartitionReady` /
+//! `PartitionReleased` are refused, `Deregister` marks the consumer leaving; and the
+//! backend's face to the shared instance ([`Backend`]).
 
 use async_trait::async_trait;
 
 use super::Fleet;
 use super::records::{FleetKey, MemberRecord};
+use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::cas::{Rewrite, rewrite_bound};
-use crate::coordinator::shared::instance::{Backend, HandoffCall};
-use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
+use crate::coordinator::shared::instance::Backend;
 use crate::coordinator::{PartitionEpoch, StatusView};
 use crate::proto::v1::DeregisterAction;
 use crate::store::StoreError;
 
 /// The fleet moves partitions without handoffs, so there is nothing to be ready for or to
-/// release: `FAILED_PRECONDITION` (after the names are checked).
-pub(super) fn no_handoffs(consumer: &str, topic: &str, _partition: u32) -> Result<(), CoordinatorError> {
-    validate_consumer_name(consumer)?;
-    validate_topic_name(topic)?;
-    Err(CoordinatorError::NoHandoffs(
+/// release: `FAILED_PRECONDITION` (the names were checked before).
+pub(super) fn no_handoffs() -> CoordinatorError {
+    CoordinatorError::NoHandoffs(
         "fleet backend performs no handoffs: partitions are claimed and given back directly \
          (AssignmentUpdate), so there is nothing to be ready for or to release"
             .into(),
-    ))
+    )
 }
 
 /// `Deregister`: marks every registration of `consumer` as leaving. It leaves the fair
 /// share at once; the instance holding its stream tells it `unassigned` for everything,
 /// ends the stream cleanly and revokes its session, so its leases are free right away.
-/// There is nothing to drain: the answer is `SHUTDOWN_NOW`.
+/// There is nothing to drain: the answer is `SHUTDOWN_NOW`. Run by the loop, among its
+/// store calls.
 pub(super) async fn deregister(inner: &Fleet, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-    validate_consumer_name(consumer)?;
     // The store, not the cache: the registration may have been made a moment ago elsewhere.
     let members = inner.core.store().get_prefix(&inner.core.keys().all_members()).await?;
     let registrations: Vec<String> = members
@@ -68,14 +68,6 @@ async fn mark_leaving(inner: &Fleet, key: &str, consumer: &str) -> Result<(), Co
 /// [`StoreCoordinator`]: crate::coordinator::StoreCoordinator
 #[async_trait]
 impl Backend for Fleet {
-    async fn handoff_call(&self, call: HandoffCall<'_>) -> Result<(), CoordinatorError> {
-        no_handoffs(call.consumer, call.topic, call.partition)
-    }
-
-    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-        deregister(self, consumer).await
-    }
-
     fn status(&self) -> StatusView {
         super::status::status(self)
     }

@@ -11,8 +11,8 @@ use super::claim_decide::{self, AtRevision};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     outgoing::PassGate,
+    outgoing::update,
     streams::{EndReason, StreamKey},
-    wire::update,
 };
 use crate::store::{Revision, StoreError};
 
@@ -243,7 +243,7 @@ mod tests {
 
     use super::super::{FleetConfig, FleetCoordinator, LeaseRecord, MemberRecord};
     use crate::coordinator::shared::outgoing::STREAM_BUFFER;
-    use crate::coordinator::shared::{records::decode, wire::update};
+    use crate::coordinator::shared::{outgoing::update, records::decode};
     use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError};
     use crate::metrics::Metrics;
     use crate::proto::v1::{AssignmentCommand, assignment_command::Command};

@@ -3,7 +3,8 @@
 //!
 //! Its inputs are events: the store's changes (the mirror's [`Follower`]), the local
 //! streams that open ([`Claims::start`], from the shared registration) and those that
-//! end without their consumer leaving, the instance lease's state, the mirror's health,
+//! end without their consumer leaving, the consumers' calls (`PartitionReady` and
+//! `PartitionReleased` are refused; a `Deregister` runs among the loop's store calls), the instance lease's state, the mirror's health,
 //! the claim and upkeep timers
 //! (`shared/upkeep.rs`: settling the ended streams' registrations after the TTL, writing
 //! again those the store lost, fencing the streams while the mirror cannot follow the
@@ -28,7 +29,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Fleet, claim, relay};
+use super::{Fleet, calls, claim, relay};
+use crate::coordinator::shared::instance::Call;
 use crate::coordinator::shared::streams::StreamKey;
 use crate::coordinator::shared::upkeep::{self, Upkeep, Worked};
 use crate::store::Revision;
@@ -79,10 +81,14 @@ enum Ended {
     Step(StreamKey, Revision),
     /// The upkeep's.
     Upkeep(Worked),
+    /// A `Deregister`'s, answered already.
+    Answered,
 }
 
 /// Runs the loop until the instance stops (see the module docs).
 pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
+    // Taken once, by this loop (the backend starts one).
+    let Some(mut inbox) = inner.core.calls() else { return };
     let mut follower = inner.core.follower(inner.config.resync_interval);
     let mut timer = tokio::time::interval(inner.config.claim_interval);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -106,6 +112,18 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 let claimer = Claimer { registered_at, seen: registered_at, done, running: false, due: true };
                 claimers.insert(key, claimer);
             }
+            Some(call) = inbox.recv() => match call {
+                Call::Handoff { reply, .. } => {
+                    let _ = reply.send(Err(calls::no_handoffs()));
+                }
+                Call::Leave { consumer, reply, .. } => {
+                    let inner = inner.clone();
+                    steps.push(Box::pin(async move {
+                        let _ = reply.send(calls::deregister(&inner, &consumer).await);
+                        Ended::Answered
+                    }));
+                }
+            },
             _ = timer.tick() => claimers.values_mut().for_each(|c| c.due = true),
             (_, work) = upkept.next(&mut upkeep, &inner) => if let Some(work) = work {
                 steps.push(Box::pin(async move { Ended::Upkeep(work.await) }));
@@ -116,6 +134,7 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                     claimer.seen = claimer.seen.max(seen);
                 },
                 Ended::Upkeep(worked) => upkeep.worked(worked),
+                Ended::Answered => {}
             },
         }
         claimers.retain(|_, c| c.running || !c.done.is_cancelled());
@@ -145,7 +164,7 @@ mod tests {
 
     use super::super::{FleetConfig, FleetCoordinator};
     use crate::coordinator::ConsumerGroupCoordinator;
-    use crate::coordinator::shared::wire::update;
+    use crate::coordinator::shared::outgoing::update;
     use crate::metrics::Metrics;
     use crate::store::{LeaseStore, MemoryStore};
 

@@ -16,9 +16,9 @@ use super::{
 };
 use crate::coordinator::shared::{
     mirror::{Changes, Touched},
+    outgoing::update,
     relay::{Registration, RelayStep, StreamSeen, Tell},
     streams::Told,
-    wire::update,
 };
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};

@@ -10,9 +10,22 @@ use super::records::Keys;
 use super::state::Cache;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::cas::CAS_ATTEMPTS;
-use crate::coordinator::shared::instance::{HandoffCall, Report};
+use crate::coordinator::shared::instance::Report;
 use crate::handoff::{Cooldowns, Event, HandoffError, Millis, PlanConfig, TopicState, step};
 use crate::store::{Compare, Revision, Txn};
+
+/// A consumer's `PartitionReady` or `PartitionReleased`, as [`decide`] reads it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HandoffCall<'a> {
+    /// What it reports.
+    pub report: Report,
+    /// The consumer that reports it.
+    pub consumer: &'a str,
+    /// The topic.
+    pub topic: &'a str,
+    /// The partition.
+    pub partition: u32,
+}
 
 /// The part of a topic's state one partition call needs (the partition count, the
 /// caller's registration, the partition's owner and handoff), with the revisions to guard
@@ -30,15 +43,31 @@ pub(super) struct PartitionSlice {
 
 impl PartitionSlice {
     /// The slice of `topic` that a call of `consumer` about `partition` reads, from the
-    /// cache; `None` when the cache does not know the topic.
+    /// cache; `None` when the cache does not know the topic. Built from the topic's
+    /// records in O(1), not from a clone of every partition: it is on the handoff fast path.
     pub fn from_cache(cache: &Cache, topic: &str, consumer: &str, partition: u32) -> Option<Self> {
         let entry = cache.topics.get(topic)?;
-        entry.config.as_ref()?;
+        let config = entry.config.as_ref()?;
+        let mut state = TopicState { partition_count: config.value.partition_count, ..Default::default() };
+        let (registration, owner, handoff) =
+            (entry.consumers.get(consumer), entry.owners.get(&partition), entry.handoffs.get(&partition));
+        if let Some(record) = registration {
+            state.consumers.insert(consumer.to_string(), record.value.status);
+        }
+        if let Some(owner) = owner {
+            state.owners.insert(partition, owner.value.clone());
+        }
+        if let Some(epoch) = entry.epochs.get(&partition) {
+            state.epochs.insert(partition, *epoch);
+        }
+        if let Some(handoff) = handoff {
+            state.handoffs.insert(partition, handoff.value.clone());
+        }
         Some(Self {
-            state: entry.partition_state(consumer, partition),
-            consumer_revision: entry.consumers.get(consumer).map_or(0, |r| r.mod_revision),
-            owner_revision: entry.owner_revision(partition),
-            handoff_revision: entry.handoff_revision(partition),
+            state,
+            consumer_revision: registration.map_or(0, |r| r.mod_revision),
+            owner_revision: owner.map_or(0, |o| o.mod_revision),
+            handoff_revision: handoff.map_or(0, |h| h.mod_revision),
         })
     }
 }
@@ -111,8 +140,8 @@ pub(super) struct CallInFlight {
     /// made on the cache and written with the calls that arrive with it, the next ones on
     /// the store's state, each in a transaction of its own.
     pub attempt: usize,
-    /// Where the answer goes.
-    pub reply: oneshot::Sender<CallResult>,
+    /// Where the answer goes (once counted and logged, `driver.rs`).
+    pub reply: oneshot::Sender<Result<(), CoordinatorError>>,
 }
 
 /// What a call needs next.
@@ -128,9 +157,13 @@ pub(super) enum CallStep {
 
 impl CallInFlight {
     /// A call of `consumer` about `partition` of `topic`, answered on `reply`.
-    pub fn new(call: HandoffCall<'_>, reply: oneshot::Sender<CallResult>) -> Self {
-        let HandoffCall { report, consumer, topic, partition } = call;
-        let (consumer, topic) = (consumer.to_string(), topic.to_string());
+    pub fn new(
+        report: Report,
+        consumer: String,
+        topic: String,
+        partition: u32,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    ) -> Self {
         Self { report, consumer, topic, partition, attempt: 0, reply }
     }
 
@@ -184,9 +217,10 @@ pub(super) fn next_step(
 
 #[cfg(test)]
 mod tests {
+    use super::HandoffCall;
     use super::{CallInFlight, CallStep, Decision, PartitionSlice, decide, next_step};
     use crate::coordinator::handoff_backend::records::Keys;
-    use crate::coordinator::shared::instance::{HandoffCall, Report};
+    use crate::coordinator::shared::instance::Report;
     use crate::handoff::{ConsumerStatus, Handoff, Phase, PlanConfig, TopicState};
     use crate::store::{Compare, Op};
 
@@ -244,7 +278,7 @@ mod tests {
 
     fn in_flight(report: Report, consumer: &str) -> CallInFlight {
         let (reply, _) = tokio::sync::oneshot::channel();
-        CallInFlight::new(call(report, consumer), reply)
+        CallInFlight::new(report, consumer.into(), "t".into(), 3, reply)
     }
 
     #[test]

@@ -36,28 +36,19 @@
 use std::sync::Arc;
 
 use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
-use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::decide::{Applied, CallInFlight, CallResult, CallStep, PartitionSlice, next_step};
 use super::leader::{Answer as LeaderAnswer, Job, Leader, Why};
-use super::leave::{self, LeaveInFlight, LeaveResult, LeaveStep, Left};
+use super::leave::{self, LeaveInFlight, LeaveResult, LeaveStep, Leaving, Left};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, Batches, KeyWrite, Queued};
-use crate::coordinator::shared::instance::HandoffCall;
+use crate::coordinator::shared::instance::{Call, Report};
 use crate::coordinator::shared::upkeep::{self, Upkeep, Woke, Worked};
 use crate::handoff::TopicState;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn, TxnOutcome};
-
-/// An input of the loop from a caller, with where its answer goes.
-enum Input {
-    /// A consumer's `PartitionReady` or `PartitionReleased`.
-    Call(CallInFlight),
-    /// A consumer's `Deregister`, with what the drain policy said.
-    Leave { consumer: String, wants_drain: bool, reply: oneshot::Sender<LeaveResult> },
-}
 
 /// A call's transaction waiting for its batch.
 struct QueuedCall {
@@ -96,40 +87,8 @@ enum Done {
     Upkeep(Worked),
 }
 
-/// The way into an instance's loop: the consumers' calls.
-pub(super) struct Driver {
-    inputs: mpsc::UnboundedSender<Input>,
-}
-
-/// The receiving end of a [`Driver`], for [`run`].
-pub(super) struct Inputs(mpsc::UnboundedReceiver<Input>);
-
-/// A loop's [`Driver`] and its inputs.
-pub(super) fn channel() -> (Driver, Inputs) {
-    let (inputs, receiver) = mpsc::unbounded_channel();
-    (Driver { inputs }, Inputs(receiver))
-}
-
 fn stopped() -> StoreError {
     StoreError::Unavailable("this assigner instance is stopping".into())
-}
-
-impl Driver {
-    /// Has the loop decide and apply a consumer call (names already validated).
-    pub async fn call(&self, call: HandoffCall<'_>) -> CallResult {
-        let (reply, answer) = oneshot::channel();
-        self.inputs.send(Input::Call(CallInFlight::new(call, reply))).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
-    }
-
-    /// Has the loop decide and apply `consumer`'s `Deregister` (name already validated;
-    /// `wants_drain`: what the drain policy said).
-    pub async fn deregister(&self, consumer: &str, wants_drain: bool) -> LeaveResult {
-        let (reply, answer) = oneshot::channel();
-        let input = Input::Leave { consumer: consumer.to_string(), wants_drain, reply };
-        self.inputs.send(input).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
-    }
 }
 
 /// What the loop has asked of the store and not yet sent.
@@ -144,8 +103,9 @@ struct Pending {
 /// Runs the instance's loop until shutdown (see the module docs). What is in flight then
 /// still completes and is answered (as in a process that stalled mid-call and resumed),
 /// but nothing more is applied or decided: the streams are gone.
-pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
-    let Inputs(mut inputs) = inputs;
+pub(super) async fn run(inner: Arc<Handoff>) {
+    // Taken once, by this loop (the backend starts one).
+    let Some(mut calls) = inner.core.calls() else { return };
     let mut follower = inner.core.follower(inner.config.resync_interval);
     let store = inner.core.shared_store();
     let mut leader = Leader::new(Instant::now());
@@ -179,11 +139,11 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
                 Some(changes) => relay::tell(&inner, &changes),
                 None => break,
             },
-            input = inputs.recv() => {
-                let Some(input) = input else { break };
+            call = calls.recv() => {
+                let Some(call) = call else { break };
                 // Whatever else is queued joins the same batch.
-                for input in std::iter::once(input).chain(std::iter::from_fn(|| inputs.try_recv().ok())) {
-                    take(&inner, &mut pending, input);
+                for call in std::iter::once(call).chain(std::iter::from_fn(|| calls.try_recv().ok())) {
+                    take(&inner, &mut pending, call);
                 }
             }
             (woke, work) = upkept.next(&mut upkeep, &inner) => {
@@ -227,10 +187,12 @@ pub(super) async fn run(inner: Arc<Handoff>, inputs: Inputs) {
     }
 }
 
-/// Takes an input in: a call is decided on the cache at once.
-fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
-    match input {
-        Input::Call(mut call) => {
+/// Takes a consumer's call in: a `PartitionReady` or `PartitionReleased` is decided on
+/// the cache at once.
+fn take(inner: &Arc<Handoff>, pending: &mut Pending, call: Call) {
+    match call {
+        Call::Handoff { report, consumer, topic, partition, reply } => {
+            let mut call = CallInFlight::new(report, consumer, topic, partition, reply);
             let slice = {
                 let cache = inner.core.mirror().read();
                 PartitionSlice::from_cache(&cache, &call.topic, &call.consumer, call.partition)
@@ -244,7 +206,7 @@ fn take(inner: &Arc<Handoff>, pending: &mut Pending, input: Input) {
             };
             go(inner, pending, call, step, true);
         }
-        Input::Leave { consumer, wants_drain, reply } => {
+        Call::Leave { consumer, wants_drain, reply } => {
             let found = leave::registrations(&inner.core.mirror().read(), &consumer);
             if found.is_empty() {
                 let _ = reply.send(Err(leave::not_registered(&consumer)));
@@ -307,9 +269,7 @@ fn go(inner: &Arc<Handoff>, pending: &mut Pending, call: CallInFlight, step: Cal
         _ => step,
     };
     match step {
-        CallStep::Answer(result) => {
-            let _ = call.reply.send(result);
-        }
+        CallStep::Answer(result) => answer(inner, call, result),
         CallStep::ReadStore => {
             let inner = inner.clone();
             pending.in_flight.push(Box::pin(async move {
@@ -333,9 +293,7 @@ fn go_leave(inner: &Handoff, pending: &mut Pending, leave: LeaveInFlight, step: 
         _ => step,
     };
     match step {
-        LeaveStep::Answer(result) => {
-            let _ = leave.reply.send(result);
-        }
+        LeaveStep::Answer(result) => answer_leave(inner, leave, result),
         LeaveStep::ReadStore => {
             let store = pending.store.clone();
             let keys = leave::keys_to_read(inner.core.keys(), &leave);
@@ -393,6 +351,49 @@ async fn from_store(
         handoff_revision = kv.mod_revision;
     }
     Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
+}
+
+/// Answers `call`: a `PartitionReady` that flipped the owner, and every
+/// `PartitionReleased` that was not refused, is counted and logged.
+fn answer(inner: &Handoff, call: CallInFlight, result: CallResult) {
+    let CallInFlight { report, consumer, topic, partition, reply, .. } = call;
+    let metrics = inner.core.metrics();
+    match (&result, report) {
+        (Ok(Some(applied)), Report::Ready) => {
+            metrics.handoffs_ready.inc();
+            metrics.observe_warm_done(&topic, partition, applied.phase_since);
+            tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
+        }
+        (Ok(_), Report::Released) => {
+            metrics.handoffs_released.inc();
+            metrics.observe_handoff_done(&topic, partition);
+            tracing::info!(topic, partition, consumer, "handoff completed");
+        }
+        _ => {}
+    }
+    let _ = reply.send(result.map(|_| ()));
+}
+
+/// Answers `leave`, logging how the consumer leaves each topic.
+fn answer_leave(inner: &Handoff, leave: LeaveInFlight, result: LeaveResult) {
+    let LeaveInFlight { consumer, reply, .. } = leave;
+    if let Ok(left) = &result {
+        for (topic, leaving) in &left.topics {
+            match leaving {
+                Leaving::Draining => tracing::info!(topic, consumer, "consumer draining"),
+                Leaving::Held => {
+                    let grace = inner.config.restart_grace;
+                    tracing::info!(
+                        topic,
+                        consumer,
+                        ?grace,
+                        "consumer shutting down; partitions held for its return"
+                    )
+                }
+            }
+        }
+    }
+    let _ = reply.send(result.map(|left| left.action()));
 }
 
 /// Takes in what the store answered: applies what was written and tells the streams (while

@@ -97,8 +97,8 @@ pub(super) struct LeaveInFlight {
     pub found: Vec<Found>,
     /// Transactions that lost a race so far.
     pub attempt: usize,
-    /// Where the answer goes.
-    pub reply: oneshot::Sender<LeaveResult>,
+    /// Where the answer goes (once logged, `driver.rs`).
+    pub reply: oneshot::Sender<Result<DeregisterAction, CoordinatorError>>,
 }
 
 /// What a Deregister needs next.

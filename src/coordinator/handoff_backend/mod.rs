@@ -2,8 +2,11 @@
 //!
 //! A thin layer over the shared [`Core`]:
 //! * `driver.rs`: the instance's one loop, the only writer of its cache and the only relay:
-//!   it follows the store, decides the consumer calls (`decide.rs`, pure), commits them
-//!   (batched) and the leader's store calls, applies each commit and tells the streams;
+//!   it follows the store, takes the consumers' calls in (`PartitionReady` /
+//!   `PartitionReleased`, decided by `decide.rs`, pure, and committed with compare-and-swap
+//!   by whichever instance receives them, no leader round trip; `Deregister`, decided by
+//!   `leave.rs`, pure), commits them (batched) and the leader's store calls, applies each
+//!   commit, tells the streams and answers;
 //! * `records.rs` / `state.rs`: the key layout, the records and the cache of them;
 //! * `register.rs`: the consumer record, and the restart hold after a `SHUTDOWN_NOW`;
 //! * `relay.rs`: after every revision, each local consumer is sent the commands derived
@@ -12,9 +15,8 @@
 //!   value), reconcile with [`crate::handoff::plan_placed`] in fenced batched
 //!   transactions, the Kafka topic refresh, and the weights refresh (the weight source's
 //!   weights into the topic records);
-//! * `calls.rs`: `PartitionReady` / `PartitionReleased`, validated and handed to the loop
-//!   of whichever instance receives them (written with compare-and-swap, no leader round
-//!   trip), and `Deregister`, decided by the loop too (`leave.rs`, pure);
+//! * `calls.rs`: the backend's face to the shared instance: the drain policy, asked before
+//!   a `Deregister` reaches the loop, the epochs, shutdown and crash;
 //! * `status.rs`: the status view; `placement.rs`: its placement part (loads, shares and,
 //!   in shadow mode, the load plan).
 
@@ -137,9 +139,6 @@ pub struct Handoff {
     /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
     /// gauge and the leader read.
     leadership: watch::Sender<Option<Fence>>,
-    /// The way into the instance's loop ([`driver`]): the consumer calls, which it
-    /// decides, commits, applies and tells the streams (the leader is a part of the loop).
-    driver: driver::Driver,
 }
 
 use crate::coordinator::shared::now_ms;
@@ -160,10 +159,9 @@ impl StoreCoordinator<Handoff> {
         let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
         let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
         let core = Core::load(store, keys, metrics, settings, "handoff").await?;
-        let (driver, inputs) = driver::channel();
-        let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None), driver });
+        let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None) });
         super::shared::register::start_lease(&inner).await?;
-        tokio::spawn(driver::run(inner.clone(), inputs));
+        tokio::spawn(driver::run(inner.clone()));
         tokio::spawn(leader::publish_gauge(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "coordinator started");
         Ok(Self::new(inner))

@@ -11,9 +11,9 @@ use std::collections::BTreeSet;
 use super::{Handoff, state::Cache, state::TopicEntry};
 use crate::coordinator::shared::{
     mirror::{Changes, Scope},
+    outgoing::to_wire,
     relay::{Registration, RelayStep, StreamSeen, Tell},
     streams::{EndReason, Told},
-    wire::to_wire,
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
 use crate::proto::v1::AssignmentCommand;

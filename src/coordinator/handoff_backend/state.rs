@@ -73,30 +73,6 @@ impl TopicEntry {
         epochs
     }
 
-    /// The part of [`state`](Self::state) a call of `consumer` about `partition` reads:
-    /// the partition count, the caller's registration and the partition's owner and
-    /// handoff (what the transitions of `handoff::transitions` look at). Building it
-    /// costs O(1) instead of a clone of every partition: it is on the handoff fast path.
-    pub fn partition_state(&self, consumer: &str, partition: u32) -> TopicState {
-        let mut state = TopicState {
-            partition_count: self.config.as_ref().map_or(0, |c| c.value.partition_count),
-            ..Default::default()
-        };
-        if let Some(record) = self.consumers.get(consumer) {
-            state.consumers.insert(consumer.to_string(), record.value.status);
-        }
-        if let Some(owner) = self.owners.get(&partition) {
-            state.owners.insert(partition, owner.value.clone());
-        }
-        if let Some(epoch) = self.epochs.get(&partition) {
-            state.epochs.insert(partition, *epoch);
-        }
-        if let Some(handoff) = self.handoffs.get(&partition) {
-            state.handoffs.insert(partition, handoff.value.clone());
-        }
-        state
-    }
-
     /// The view of one consumer ([`ConsumerView::of`] of [`state`](Self::state)), from the
     /// per-consumer indexes: O(its partitions), whatever the size of the topic. Unlike
     /// the model's view, it does not look at the registration: the relay asks only for

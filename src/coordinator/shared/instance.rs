@@ -2,8 +2,12 @@
 //! store-backed backends.
 //!
 //! The handoff and fleet backends differ in what they decide (their [`Backend`]: records,
-//! relay, calls, status), not in their plumbing: registration, readiness, the session TTL,
-//! shutdown and crash are the same code for both, here and in the shared [`Core`].
+//! relay, status, and how their loop decides a call), not in their plumbing: registration,
+//! the consumers' calls, readiness, the session TTL, shutdown and crash are the same code
+//! for both, here and in the shared [`Core`]. A consumer's `PartitionReady`,
+//! `PartitionReleased` or `Deregister` is checked here, then handed to the instance's loop
+//! as a [`Call`] (an event of the loop, like a store change), which decides it, applies it
+//! and answers.
 //!
 //! A local consumer's ownership epochs are served here as a stream (docs/design.md §10):
 //! the backend's answer from its cache at once, then again after every change of the cache
@@ -14,14 +18,15 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::registrar::Registrar;
 use crate::coordinator::{
     CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, PartitionEpoch, StatusView,
-    TopicPlacement,
+    TopicPlacement, validate_consumer_name, validate_topic_name,
 };
 use crate::proto::v1::DeregisterAction;
+use crate::store::StoreError;
 
 /// What a consumer reports about a handoff.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,28 +37,46 @@ pub enum Report {
     Released,
 }
 
-/// A consumer's `PartitionReady` or `PartitionReleased`, as the backend receives it.
-#[derive(Clone, Copy, Debug)]
-pub struct HandoffCall<'a> {
-    /// What it reports.
-    pub report: Report,
-    /// The consumer that reports it.
-    pub consumer: &'a str,
-    /// The topic.
-    pub topic: &'a str,
-    /// The partition.
-    pub partition: u32,
+/// A consumer's call, its names checked, on its way into the instance's loop
+/// ([`Core::call`](super::Core::call)) with where its answer goes.
+#[derive(Debug)]
+pub enum Call {
+    /// `PartitionReady` or `PartitionReleased`.
+    Handoff {
+        /// What the consumer reports.
+        report: Report,
+        /// The consumer.
+        consumer: String,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    /// `Deregister`.
+    Leave {
+        /// The consumer.
+        consumer: String,
+        /// What the drain policy said ([`Backend::wants_drain`]).
+        wants_drain: bool,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<DeregisterAction, CoordinatorError>>,
+    },
 }
 
-/// What a store-backed backend decides on top of the shared registration ([`Registrar`]):
-/// the consumer calls and the status view.
+/// What a store-backed backend adds to the shared registration ([`Registrar`]): the status
+/// view, and what its consumers' calls need before they reach its loop. The loop itself
+/// takes the calls in ([`Core::calls`](super::Core::calls)).
 #[async_trait]
 pub trait Backend: Registrar {
-    /// A consumer's `PartitionReady` or `PartitionReleased`.
-    async fn handoff_call(&self, call: HandoffCall<'_>) -> Result<(), CoordinatorError>;
-
-    /// `consumer` is shutting down.
-    async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError>;
+    /// What the drain policy says of `consumer`'s `Deregister`, asked before the loop
+    /// takes the call in (the policy may ask Kubernetes), or why the call is refused at
+    /// once. A backend without drains answers `false`.
+    async fn wants_drain(&self, consumer: &str) -> Result<bool, CoordinatorError> {
+        let _ = consumer;
+        Ok(false)
+    }
 
     /// The read-only status view.
     fn status(&self) -> StatusView;
@@ -107,6 +130,33 @@ impl<B: Backend> StoreCoordinator<B> {
         self.backend.on_crash();
         self.backend.core().crash();
     }
+
+    /// A `PartitionReady` or `PartitionReleased`: its names checked, then decided and
+    /// applied by the instance's loop.
+    async fn handoff_call(
+        &self,
+        report: Report,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), CoordinatorError> {
+        validate_consumer_name(consumer)?;
+        validate_topic_name(topic)?;
+        let (reply, answer) = oneshot::channel();
+        let (consumer, topic) = (consumer.to_string(), topic.to_string());
+        self.to_loop(Call::Handoff { report, consumer, topic, partition, reply }, answer).await
+    }
+
+    /// Hands `call` to the instance's loop and waits for its `answer`.
+    async fn to_loop<T>(
+        &self,
+        call: Call,
+        answer: oneshot::Receiver<Result<T, CoordinatorError>>,
+    ) -> Result<T, CoordinatorError> {
+        let stopping = || StoreError::Unavailable("this assigner instance is stopping".into());
+        self.backend.core().call(call).map_err(|_| stopping())?;
+        answer.await.map_err(|_| stopping())?
+    }
 }
 
 #[async_trait]
@@ -121,8 +171,7 @@ impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
         topic: &str,
         partition: u32,
     ) -> Result<(), CoordinatorError> {
-        let call = HandoffCall { report: Report::Ready, consumer, topic, partition };
-        self.backend.handoff_call(call).await
+        self.handoff_call(Report::Ready, consumer, topic, partition).await
     }
 
     async fn partition_released(
@@ -131,12 +180,14 @@ impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
         topic: &str,
         partition: u32,
     ) -> Result<(), CoordinatorError> {
-        let call = HandoffCall { report: Report::Released, consumer, topic, partition };
-        self.backend.handoff_call(call).await
+        self.handoff_call(Report::Released, consumer, topic, partition).await
     }
 
     async fn deregister(&self, consumer: &str) -> Result<DeregisterAction, CoordinatorError> {
-        self.backend.deregister(consumer).await
+        validate_consumer_name(consumer)?;
+        let wants_drain = self.backend.wants_drain(consumer).await?;
+        let (reply, answer) = oneshot::channel();
+        self.to_loop(Call::Leave { consumer: consumer.to_string(), wants_drain, reply }, answer).await
     }
 
     async fn watch_epochs(&self, consumer: &str, topic: &str) -> Result<EpochStream, CoordinatorError> {

@@ -25,8 +25,9 @@
 //! * readiness, shutdown and crash.
 //!
 //! [`batch`] batches the writes that arrive together (registrations, and the handoff
-//! backend's calls) into one transaction, which the instance's loop commits; [`cas`],
-//! [`validate`] and [`wire`] are small helpers every backend uses.
+//! backend's calls) into one transaction, which the instance's loop commits; [`cas`] and
+//! [`validate`] are small helpers every backend uses; [`outgoing`] builds the commands
+//! every backend sends, and carries them to the consumers.
 
 pub mod batch;
 pub mod cas;
@@ -49,7 +50,6 @@ mod test_backend;
 pub mod topics;
 pub mod upkeep;
 pub mod validate;
-pub mod wire;
 
 use std::{sync::Arc, time::Duration};
 
@@ -191,6 +191,9 @@ pub struct Core<C: MirrorCache, T> {
     /// Registrations whose streams ended, on their way to the loop's upkeep, which settles
     /// them ([`departures`]).
     departures: Inbox<departures::Departed>,
+    /// The consumers' `PartitionReady`, `PartitionReleased` and `Deregister`, on their
+    /// way to the instance's loop, which decides and applies them.
+    calls: Inbox<instance::Call>,
 }
 
 impl<C: MirrorCache, T: streams::Told> Core<C, T> {
@@ -282,6 +285,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             enrolments: Inbox::default(),
             relay_fenced: std::sync::atomic::AtomicBool::new(false),
             departures: Inbox::default(),
+            calls: Inbox::default(),
         })
     }
 
@@ -317,6 +321,16 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     /// The `Register`s handed over, for the instance's loop: `None` once a loop took them.
     pub fn enrolments(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<enrolment::Enrolment>> {
         self.enrolments.take()
+    }
+
+    /// Hands a consumer's call to the instance's loop; handed back if the loop has stopped.
+    pub fn call(&self, call: instance::Call) -> Result<(), instance::Call> {
+        self.calls.send(call)
+    }
+
+    /// The consumers' calls, for the instance's loop: `None` once a loop took them.
+    pub fn calls(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<instance::Call>> {
+        self.calls.take()
     }
 
     /// The streams that ended, for the instance's loop: `None` once a loop took them.

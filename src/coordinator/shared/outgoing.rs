@@ -1,4 +1,6 @@
-//! A consumer stream's command channel, and the gate that makes the new owner hear first.
+//! What goes out to a consumer: commands in their wire form ([`to_wire`], one place for
+//! every backend), a stream's command channel, and the gate that makes the new owner hear
+//! first.
 //!
 //! Within one relay pass, what consumers gain (`assigned`, `WarmPartition`) is sent before
 //! what they lose (`unassigned`, `ReleasePartition`), see [`super::relay::RelayPass`].
@@ -27,7 +29,46 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::coordinator::{CommandStream, CoordinatorError};
-use crate::proto::v1::AssignmentCommand;
+use crate::handoff::Command;
+use crate::proto::v1::{
+    AssignmentCommand, AssignmentUpdate, ReleasePartition, TopicPartition, WarmPartition, assignment_command,
+};
+
+fn tp(topic: &str, partition: u32) -> TopicPartition {
+    TopicPartition { topic: topic.to_string(), partition }
+}
+
+/// Converts a pure command for a consumer of `topic` into the wire message.
+pub(crate) fn to_wire(topic: &str, command: Command) -> AssignmentCommand {
+    let command = match command {
+        Command::Assignment { assigned, unassigned } => {
+            assignment_command::Command::Assignment(AssignmentUpdate {
+                assigned: assigned.into_iter().map(|p| tp(topic, p)).collect(),
+                unassigned: unassigned.into_iter().map(|p| tp(topic, p)).collect(),
+            })
+        }
+        Command::Warm { partition, current_owner } => assignment_command::Command::Warm(WarmPartition {
+            partition: Some(tp(topic, partition)),
+            current_owner,
+        }),
+        Command::Release { partition, new_owner } => assignment_command::Command::Release(ReleasePartition {
+            partition: Some(tp(topic, partition)),
+            new_owner,
+        }),
+    };
+    AssignmentCommand { command: Some(command) }
+}
+
+/// An `AssignmentUpdate` for `topic` (the only command the fleet and static backends send).
+pub(crate) fn update(
+    topic: &str,
+    assigned: impl IntoIterator<Item = u32>,
+    unassigned: impl IntoIterator<Item = u32>,
+) -> AssignmentCommand {
+    let assigned = assigned.into_iter().collect();
+    let unassigned = unassigned.into_iter().collect();
+    to_wire(topic, Command::Assignment { assigned, unassigned })
+}
 
 /// How long a loss waits, at most, for the gains of its relay pass to be taken by their
 /// streams' transport. Only a consumer that stopped reading makes it wait that long.
@@ -135,7 +176,7 @@ mod tests {
     use futures::{FutureExt, StreamExt};
 
     use super::{Outgoing, PassGate, command_channel, command_stream};
-    use crate::coordinator::shared::wire::update;
+    use crate::coordinator::shared::outgoing::update;
 
     #[tokio::test(start_paused = true)]
     async fn a_loss_waits_until_the_gains_of_its_pass_are_taken() {

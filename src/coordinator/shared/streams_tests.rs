@@ -7,9 +7,9 @@ use tokio::sync::{mpsc::error::TryRecvError, oneshot};
 
 use super::{EndReason, LocalStream, STREAM_BUFFER, Streams};
 use crate::coordinator::shared::mirror::Changes;
+use crate::coordinator::shared::outgoing::update;
 use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel, command_stream};
 use crate::coordinator::shared::relay::{RelayStep, StreamSeen, Tell};
-use crate::coordinator::shared::wire::update;
 use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::metrics::Metrics;
 use crate::proto::v1::AssignmentCommand;
@@ -153,7 +153,7 @@ fn a_consumer_that_stops_reading_is_ended_resource_exhausted() {
     let (streams, _) = registry();
     let (a, mut rx, mut end) = stream(1, 1);
     streams.insert("t", "a", a);
-    let command = crate::coordinator::shared::wire::update("t", [0], []);
+    let command = crate::coordinator::shared::outgoing::update("t", [0], []);
     for _ in 0..STREAM_BUFFER + 10 {
         let mut changes = Changes::default();
         changes.topic("t");

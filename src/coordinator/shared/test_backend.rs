@@ -13,11 +13,11 @@ use futures::{StreamExt, stream::FuturesUnordered};
 use tokio::time::Instant;
 
 use super::mirror::{Changes, MirrorCache};
+use super::outgoing::update;
 use super::registrar::{Held, Registrar};
 use super::relay::{Registration, RelayStep, StreamSeen, Tell};
 use super::topics::Topics;
 use super::upkeep::{self, Upkeep};
-use super::wire::update;
 use super::{Core, CoreSettings};
 use crate::metrics::Metrics;
 use crate::store::{FaultyStore, KeyValue, LeaseStore, MemoryStore, Revision, SessionId};

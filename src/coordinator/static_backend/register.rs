@@ -7,9 +7,9 @@ use futures::StreamExt;
 
 use super::Static;
 use crate::coordinator::shared::{
+    outgoing::update,
     outgoing::{command_channel, command_stream},
     streams::{EndReason, LocalStream},
-    wire::update,
 };
 use crate::coordinator::{
     CommandStream, CoordinatorError, EpochStream, PartitionEpoch, validate_consumer_name, validate_topic_name,
