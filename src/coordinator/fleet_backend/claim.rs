@@ -38,21 +38,6 @@ pub(super) async fn step(
     (key, seen)
 }
 
-/// Every topic refresh interval, asks Kafka for the counts of the stored topics and grows
-/// those that grew (compare-and-swap: growth is monotonic, so any instance may do it).
-pub(super) async fn refresh_topics(inner: Arc<Fleet>) {
-    if inner.core.topics().source.is_none() {
-        return;
-    }
-    loop {
-        tokio::select! {
-            _ = inner.core.shutdown().cancelled() => return,
-            _ = tokio::time::sleep(inner.config.topic_refresh_interval) => {}
-        }
-        inner.core.grow_topics(None, || !inner.core.shutdown().is_cancelled()).await;
-    }
-}
-
 /// One claim step of a local consumer: give back what exceeds its fair share, claim free
 /// leases up to it. Acts on the cache, writes with compare-and-swap; a write that loses a
 /// race changes nothing, and the watch delivery of whatever won triggers the next step.

@@ -17,8 +17,10 @@
 //! A claim step decides on the cache and then writes, and to give back waits for the
 //! giver's transport (`claim.rs`, up to one TTL). It runs as a future the loop polls
 //! beside its other inputs, one step per consumer at a time; a consumer woken while its
-//! step runs steps again once it ended. The Kafka topic refresh keeps a task of its own,
-//! since Kafka may be slow.
+//! step runs steps again once it ended. With Kafka configured, the loop also refreshes the
+//! stored topics' partition counts every `topic_refresh_interval`, one refresh at a time,
+//! run among its store calls since Kafka may be slow (compare-and-swap: growth is
+//! monotonic, so any instance may grow a topic).
 //!
 //! [`Follower`]: crate::coordinator::shared::mirror::Follower
 
@@ -83,6 +85,8 @@ enum Ended {
     Upkeep(Worked),
     /// A `Deregister`'s, answered already.
     Answered,
+    /// The topic refresh's (it logged what it did).
+    Refreshed,
 }
 
 /// Runs the loop until the instance stops (see the module docs).
@@ -94,6 +98,11 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
     let mut upkept = upkeep::Inputs::new(&*inner);
+    let every = inner.config.topic_refresh_interval;
+    let mut refresh_timer = tokio::time::interval_at(Instant::now() + every, every);
+    refresh_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let refreshes = inner.core.topics().source.is_some();
+    let mut refreshing = false;
     let mut claimers: HashMap<StreamKey, Claimer> = HashMap::new();
     let mut steps: FuturesUnordered<BoxFuture<'static, Ended>> = FuturesUnordered::new();
     loop {
@@ -125,6 +134,14 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 }
             },
             _ = timer.tick() => claimers.values_mut().for_each(|c| c.due = true),
+            _ = refresh_timer.tick(), if refreshes && !refreshing => {
+                refreshing = true;
+                let inner = inner.clone();
+                steps.push(Box::pin(async move {
+                    inner.core.grow_topics(None, || !inner.core.shutdown().is_cancelled()).await;
+                    Ended::Refreshed
+                }));
+            }
             (_, work) = upkept.next(&mut upkeep, &inner) => if let Some(work) = work {
                 steps.push(Box::pin(async move { Ended::Upkeep(work.await) }));
             },
@@ -135,6 +152,7 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 },
                 Ended::Upkeep(worked) => upkeep.worked(worked),
                 Ended::Answered => {}
+                Ended::Refreshed => refreshing = false,
             },
         }
         claimers.retain(|_, c| c.running || !c.done.is_cancelled());
@@ -165,10 +183,56 @@ mod tests {
     use super::super::{FleetConfig, FleetCoordinator};
     use crate::coordinator::ConsumerGroupCoordinator;
     use crate::coordinator::shared::outgoing::update;
+    use crate::coordinator::shared::topics::testing::HeldCounts;
     use crate::metrics::Metrics;
     use crate::store::{LeaseStore, MemoryStore};
 
     const TTL: Duration = Duration::from_secs(3);
+
+    /// The topic refresh runs among the loop's store calls: while Kafka holds its answer
+    /// back, the loop goes on (a consumer of another topic is told its partitions at
+    /// once), and once Kafka answers, the topic's new partitions reach its consumer.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_topic_refresh_holds_up_nothing_and_its_growth_reaches_the_consumer() {
+        let counts = Arc::new(HeldCounts::new(2));
+        let every = Duration::from_secs(1);
+        let mut config = FleetConfig {
+            lease_ttl: TTL,
+            kafka: Some(counts.clone()),
+            topic_refresh_interval: every,
+            ..FleetConfig::default()
+        };
+        config.topic_partitions.insert("u".to_string(), 2);
+        let fleet = FleetCoordinator::start(Arc::new(MemoryStore::new()), config, Arc::new(Metrics::new()))
+            .await
+            .expect("starts");
+        let mut grown = fleet.register("a", "t").await.expect("a registers");
+        assert_eq!(grown.next().await.expect("snapshot").expect("not an error"), update("t", [], []));
+        let told = grown.next().await.expect("a command").expect("not an error");
+        assert_eq!(told, update("t", [0, 1], []));
+
+        // Kafka now has 4 partitions, and holds its answer to the next refresh back.
+        counts.hold(true);
+        counts.set(4);
+        let asked = counts.asked();
+        while counts.asked() == asked {
+            tokio::time::sleep(every / 10).await;
+        }
+        let h = async {
+            let mut other = fleet.register("h", "u").await.expect("h registers");
+            let snapshot = other.next().await.expect("snapshot").expect("not an error");
+            (snapshot, other.next().await.expect("a command").expect("not an error"))
+        };
+        let told = tokio::time::timeout(TTL / 2, h).await;
+        let told = told.expect("h registers and is told its partitions while the refresh waits for Kafka");
+        assert_eq!(told, (update("u", [], []), update("u", [0, 1], [])));
+        assert!(tokio::time::timeout(every * 5, grown.next()).await.is_err(), "a grew before Kafka answered");
+
+        counts.hold(false);
+        let told = tokio::time::timeout(every * 5, grown.next()).await;
+        let told = told.expect("the growth reaches a").expect("a command").expect("not an error");
+        assert_eq!(told, update("t", [2, 3], []));
+    }
 
     /// A give-back waits, up to one TTL, for the giver's transport to take its
     /// `unassigned`. The loop runs that step beside everything else: while `g`, which

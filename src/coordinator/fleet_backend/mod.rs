@@ -125,7 +125,6 @@ impl StoreCoordinator<Fleet> {
         let inner = Arc::new(Fleet { core, config, claims });
         super::shared::register::start_lease(&inner).await?;
         tokio::spawn(driver::run(inner.clone(), openings));
-        tokio::spawn(claim::refresh_topics(inner.clone()));
         tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");
         Ok(Self::new(inner))
     }

@@ -85,6 +85,8 @@ enum Done {
     Leader(Option<Txn>, Why, LeaderAnswer),
     /// A store call of the upkeep's ended (it logged and counted what it did).
     Upkeep(Worked),
+    /// The leader's topic refresh of this number ended (it logged what it did).
+    Refreshed(u64),
 }
 
 fn stopped() -> StoreError {
@@ -123,6 +125,12 @@ pub(super) async fn run(inner: Arc<Handoff>) {
         }
         if let Some(job) = leader.next_job(&inner, Instant::now()) {
             run_leader_job(&pending, job);
+        }
+        if let Some((number, refresh)) = leader.refresh(&inner) {
+            pending.in_flight.push(Box::pin(async move {
+                refresh.await;
+                Done::Refreshed(number)
+            }));
         }
         for work in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
             pending.in_flight.push(Box::pin(async move { Done::Upkeep(work.await) }));
@@ -177,6 +185,7 @@ pub(super) async fn run(inner: Arc<Handoff>) {
                         leader.answered(&inner, why, answer);
                     }
                     Done::Upkeep(worked) => upkeep.worked(worked),
+                    Done::Refreshed(number) => leader.refreshed(number),
                     done => finish(&inner, &mut pending, done, true),
                 }
             }
@@ -435,7 +444,7 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
             go_leave(inner, pending, leave, step, running);
         }
         // After a stop nothing is applied, and the leader is gone with the loop.
-        Done::Leader(..) | Done::Upkeep(_) => {}
+        Done::Leader(..) | Done::Upkeep(_) | Done::Refreshed(_) => {}
         Done::Txn(txn, outcome, writer) => {
             if let (true, Ok(o)) = (running, &outcome)
                 && o.succeeded

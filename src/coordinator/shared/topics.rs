@@ -206,6 +206,61 @@ async fn grow_one(store: &dyn LeaseStore, key: &str, topic: &str, count: u32, gu
     }
 }
 
+/// A partition count source for tests of the topic refresh.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+
+    use super::PartitionCounts;
+    use crate::kafka::KafkaError;
+
+    /// Answers one partition count for every topic, as Kafka would, and can hold its
+    /// answers back.
+    pub(crate) struct HeldCounts {
+        count: AtomicU32,
+        asked: AtomicUsize,
+        held: tokio::sync::watch::Sender<bool>,
+    }
+
+    impl HeldCounts {
+        /// Answers `count`, at once.
+        pub(crate) fn new(count: u32) -> Self {
+            Self { count: count.into(), asked: 0.into(), held: tokio::sync::watch::Sender::new(false) }
+        }
+
+        /// Answers `count` from now on.
+        pub(crate) fn set(&self, count: u32) {
+            self.count.store(count, Ordering::SeqCst);
+        }
+
+        /// Holds the answers back (`true`) until released (`false`).
+        pub(crate) fn hold(&self, held: bool) {
+            self.held.send_replace(held);
+        }
+
+        /// How many times it was asked.
+        pub(crate) fn asked(&self) -> usize {
+            self.asked.load(Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait]
+    impl PartitionCounts for HeldCounts {
+        async fn partition_count(&self, _topic: &str) -> Result<u32, KafkaError> {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            let mut held = self.held.subscribe();
+            let _ = held.wait_for(|held| !held).await;
+            Ok(self.count.load(Ordering::SeqCst))
+        }
+
+        fn describe(&self) -> String {
+            "the test's counts".into()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{

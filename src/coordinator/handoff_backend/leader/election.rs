@@ -11,8 +11,9 @@ pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
         me.cooldowns.clear();
         me.placement.clear();
         me.queue.clear();
-        if let Some(refresh) = me.refresh.take() {
-            refresh.abort();
+        me.refresh_due = None;
+        if let Some((_, stop)) = me.refresh.take() {
+            stop.cancel();
         }
         tracing::warn!(instance = %inner.config.instance_id, why, "leadership lost");
     }

@@ -78,3 +78,62 @@ async fn a_plan_is_written_batch_after_batch_while_the_loop_decides_calls() {
     let expected: Vec<Vec<u32>> = vec![(0..30).collect(), (30..60).collect(), (60..70).collect()];
     assert_eq!(batches, expected, "three batches, in order, each once");
 }
+
+/// The next command of `stream`.
+async fn next(stream: &mut crate::coordinator::CommandStream) -> Option<Command> {
+    stream.next().await.expect("open").expect("not an error").command
+}
+
+/// The partitions an `assigned` command names (none for another command).
+fn assigned(command: Option<Command>) -> Vec<u32> {
+    match command {
+        Some(Command::Assignment(update)) => update.assigned.iter().map(|tp| tp.partition).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The leader's topic refresh runs among the loop's store calls, beside the leader's own
+/// call: while Kafka holds its answer back, the leader goes on planning (a consumer of
+/// another topic is given its partitions), and once Kafka answers, the topic's new
+/// partitions reach its consumer.
+#[tokio::test(start_paused = true)]
+async fn a_slow_topic_refresh_holds_up_no_plan_and_its_growth_reaches_the_consumer() {
+    use crate::coordinator::shared::topics::testing::HeldCounts;
+    let counts = Arc::new(HeldCounts::new(2));
+    let every = Duration::from_secs(1);
+    let config = HandoffConfig {
+        topic_partitions: [("u".to_string(), 2)].into(),
+        kafka: Some(counts.clone()),
+        topic_refresh_interval: every,
+        lease_ttl: Duration::from_secs(3),
+        reconcile_interval: Duration::from_millis(100),
+        ..HandoffConfig::default()
+    };
+    let coordinator =
+        HandoffCoordinator::start(Arc::new(MemoryStore::new()), config, Arc::new(Metrics::new()))
+            .await
+            .expect("starts");
+    let mut a = coordinator.register("a", "t").await.expect("a registers");
+    assert_eq!(assigned(next(&mut a).await), Vec::<u32>::new(), "the snapshot is empty");
+    assert_eq!(assigned(next(&mut a).await), [0, 1]);
+
+    // Kafka now has 4 partitions, and holds its answer to the next refresh back.
+    counts.hold(true);
+    counts.set(4);
+    let asked = counts.asked();
+    while counts.asked() == asked {
+        tokio::time::sleep(every / 10).await;
+    }
+    let h = async {
+        let mut h = coordinator.register("h", "u").await.expect("h registers");
+        (assigned(next(&mut h).await), assigned(next(&mut h).await))
+    };
+    let told = tokio::time::timeout(Duration::from_secs(2), h).await;
+    let told = told.expect("h registers and is given its partitions while the refresh waits for Kafka");
+    assert_eq!(told, (vec![], vec![0, 1]));
+    assert!(tokio::time::timeout(every * 5, next(&mut a)).await.is_err(), "t grew before Kafka answered");
+
+    counts.hold(false);
+    let told = tokio::time::timeout(every * 5, next(&mut a)).await;
+    assert_eq!(assigned(told.expect("the growth reaches a")), [2, 3]);
+}

@@ -22,9 +22,10 @@
 //! record ([`weights`]), so a new leader starts from them.
 //!
 //! With Kafka configured, the leader also refreshes the partition counts of the stored
-//! topics every `topic_refresh_interval`, in a task of its own because Kafka may be slow.
-//! It grows a topic's record when Kafka's count grew; the next reconcile assigns the new
-//! partitions like any orphan.
+//! topics every `topic_refresh_interval` ([`Leader::refresh`]). The refresh runs among the
+//! loop's store calls, beside the leader's one call in flight, since Kafka may be slow. It
+//! grows a topic's record when Kafka's count grew (fenced); the next reconcile assigns the
+//! new partitions like any orphan.
 
 mod election;
 #[cfg(test)]
@@ -37,7 +38,9 @@ pub(super) use election::resign;
 
 use std::{collections::BTreeMap, collections::VecDeque, sync::Arc, time::Duration};
 
-use tokio::{task::JoinHandle, time::Instant};
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::Handoff;
 use crate::handoff::{Cooldowns, PlacementMemory};
@@ -143,8 +146,13 @@ struct Leadership {
     written: Revision,
     /// No plan before this ([`PLAN_PACE`]).
     next_plan: Option<Instant>,
-    /// The running topic refresh, if any.
-    refresh: Option<JoinHandle<()>>,
+    /// The running topic refresh, if any: its number, and what stops it when leadership
+    /// is lost.
+    refresh: Option<(u64, CancellationToken)>,
+    /// Topic refreshes started so far (each one's number).
+    refreshes: u64,
+    /// A topic refresh is due under this fence: the loop starts it ([`Leader::refresh`]).
+    refresh_due: Option<Fence>,
     /// When the next topic refresh is due.
     next_refresh: Option<Instant>,
     /// What is left of the current pass.
@@ -235,6 +243,31 @@ impl Leader {
         let job = self.take_step(inner);
         self.busy = job.is_some();
         job
+    }
+
+    /// The topic refresh to run now, if one is due (module docs), with its number for
+    /// [`refreshed`](Self::refreshed). It asks Kafka and writes the grown counts, fenced;
+    /// it stops between topics, or at once, when leadership is lost.
+    pub(super) fn refresh(&mut self, inner: &Arc<Handoff>) -> Option<(u64, BoxFuture<'static, ()>)> {
+        let fence = self.me.refresh_due.take()?;
+        self.me.refreshes += 1;
+        let (number, stop) = (self.me.refreshes, CancellationToken::new());
+        self.me.refresh = Some((number, stop.clone()));
+        let inner = inner.clone();
+        Some((
+            number,
+            Box::pin(async move {
+                let go_on = || !inner.core.shutdown().is_cancelled() && inner.fence() == Some(fence);
+                stop.run_until_cancelled(inner.core.grow_topics(Some(inner.fenced(fence)), go_on)).await;
+            }),
+        ))
+    }
+
+    /// The topic refresh `number` ended.
+    pub(super) fn refreshed(&mut self, number: u64) {
+        if self.me.refresh.as_ref().is_some_and(|(running, _)| *running == number) {
+            self.me.refresh = None;
+        }
     }
 
     /// What the store answered the leader's call.
@@ -348,9 +381,9 @@ pub(super) async fn publish_gauge(inner: Arc<Handoff>) {
     }
 }
 
-/// Starts a topic refresh when one is due and none is running.
+/// Marks a topic refresh due when its time came and none is running.
 fn start_topic_refresh(inner: &Arc<Handoff>, me: &mut Leadership, fence: Fence) {
-    if inner.core.topics().source.is_none() || me.refresh.as_ref().is_some_and(|task| !task.is_finished()) {
+    if inner.core.topics().source.is_none() || me.refresh.is_some() {
         return;
     }
     let now = Instant::now();
@@ -358,9 +391,5 @@ fn start_topic_refresh(inner: &Arc<Handoff>, me: &mut Leadership, fence: Fence) 
         return;
     }
     me.next_refresh = Some(now + inner.config.topic_refresh_interval);
-    let inner = inner.clone();
-    me.refresh = Some(tokio::spawn(async move {
-        let go_on = || !inner.core.shutdown().is_cancelled() && inner.fence() == Some(fence);
-        inner.core.grow_topics(Some(inner.fenced(fence)), go_on).await;
-    }));
+    me.refresh_due = Some(fence);
 }
