@@ -7,7 +7,7 @@ use crate::store::StoreError;
 
 /// Why a coordinator call failed. Each variant is one cause; the message is what the
 /// consumer is shown ([`CoordinatorError::public_message`]).
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum CoordinatorError {
     /// A consumer or topic name in the request is empty or malformed.
     #[error("{0}")]

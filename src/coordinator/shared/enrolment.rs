@@ -1,11 +1,12 @@
-//! A `Register` as the instance's loop takes it: its registration is decided on the cache
-//! and written in a batch with the others that arrive with it, or, where the cache cannot
-//! decide or the batch lost, decided on the store's state and written in a transaction of
-//! its own; once written, its stream is admitted and told its snapshot, in the loop, the
-//! only relay, so the next change it relays finds the stream.
+//! A `Register` as the instance's loop takes it: when the cache does not hold its topic's
+//! record, the topic is stored first (`ensure_topic`: it may ask Kafka), once for all the
+//! `Register`s of that topic that arrive meanwhile; then its registration is decided on the
+//! cache and written in a batch with the others that arrive with it, or, where the cache
+//! cannot decide or the batch lost, decided on the store's state and written in a
+//! transaction of its own; once written, its stream is admitted and told its snapshot, in
+//! the loop, the only relay, so the next change it relays finds the stream.
 //!
-//! The calling task (`register.rs`) only validates, makes sure the topic is stored, and
-//! waits for the answer. The loop's upkeep (`upkeep.rs`) carries the [`Enrolments`]: their
+//! The calling task (`register.rs`) only validates and waits for the answer. The loop's upkeep (`upkeep.rs`) carries the [`Enrolments`]: their
 //! decisions are pure, their store calls run among the loop's, and what the store answered
 //! comes back to them.
 //!
@@ -13,6 +14,7 @@
 //! that gave up has sent its next attempt, and a write decided from what that attempt
 //! wrote would replace it (docs/design.md §6).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -58,6 +60,8 @@ pub enum Outcome {
     Abandoned,
     /// The store failed; the write may have been applied.
     Failed(CoordinatorError),
+    /// Refused before anything of it was written (its topic could not be stored).
+    Refused(CoordinatorError),
 }
 
 /// An enrolment's write decided on the cache, waiting for its batch.
@@ -81,6 +85,12 @@ pub struct Enrolments {
     batches: Batches<Batched>,
     /// Enrolments whose write ended, to act on.
     ended: Vec<(Enrolment, Outcome)>,
+    /// Per topic whose record is being stored, the enrolments that wait for it.
+    topics: HashMap<String, Vec<Enrolment>>,
+    /// Topics to store (their enrolments wait in `topics`).
+    to_store: Vec<String>,
+    /// Enrolments whose topic was stored, to decide.
+    stored: Vec<Enrolment>,
 }
 
 /// A store call of the enrolments', for the loop to run.
@@ -93,12 +103,32 @@ pub enum Done {
     Batch(Vec<Batched>, Answer),
     /// One enrolment written on the store's state.
     Alone(Enrolment, Outcome),
+    /// A topic's record made sure of (or why it could not be).
+    Topic(String, Result<(), CoordinatorError>),
 }
 
 impl Enrolments {
-    /// Takes `enrolment` in: its write is decided on `cache` where `backend` allows, and
-    /// joins the next batch.
+    /// Takes `enrolment` in: its topic is stored first if `cache` does not hold it; its
+    /// write is decided on `cache` where `backend` allows, and joins the next batch.
     pub fn arrive<R: Registrar>(&mut self, backend: &R, cache: &R::Cache, enrolment: Enrolment) {
+        let topic = &enrolment.key.0;
+        if backend.core().topic_stored(cache, topic) {
+            return self.decide(backend, cache, enrolment);
+        }
+        if enrolment.caller.is_gone() {
+            self.ended.push((enrolment, Outcome::Abandoned));
+            return;
+        }
+        let waiting = self.topics.entry(topic.clone()).or_default();
+        if waiting.is_empty() {
+            self.to_store.push(topic.clone());
+        }
+        waiting.push(enrolment);
+    }
+
+    /// Decides `enrolment`'s write on `cache` where `backend` allows, and queues it for
+    /// the next batch.
+    fn decide<R: Registrar>(&mut self, backend: &R, cache: &R::Cache, enrolment: Enrolment) {
         let (topic, consumer, registration) = &enrolment.key;
         let Some(cached) = backend.cached_registration(cache, topic, consumer) else {
             self.ended.push((enrolment, Outcome::OnStore));
@@ -133,6 +163,16 @@ impl Enrolments {
                 }
             }
             Done::Alone(enrolment, outcome) => self.ended.push((enrolment, outcome)),
+            Done::Topic(topic, stored) => {
+                let waiting = self.topics.remove(&topic).unwrap_or_default();
+                match stored {
+                    Ok(()) => self.stored.extend(waiting),
+                    Err(error) => {
+                        let failed = waiting.into_iter().map(|e| (e, Outcome::Refused(error.clone())));
+                        self.ended.extend(failed);
+                    }
+                }
+            }
         }
     }
 
@@ -141,6 +181,21 @@ impl Enrolments {
     /// decide on the store's state).
     pub fn due<R: Registrar>(&mut self, backend: &Arc<R>) -> Vec<Call> {
         let mut calls: Vec<Call> = Vec::new();
+        for topic in std::mem::take(&mut self.to_store) {
+            let backend = backend.clone();
+            calls.push(Box::pin(async move {
+                let stored = backend.core().ensure_topic(&topic).await.map(|_| ());
+                Done::Topic(topic, stored)
+            }));
+        }
+        if !self.stored.is_empty() {
+            // The cache may not hold the topic's record yet: the watch brings it. The
+            // registration's write does not depend on it.
+            let cache = backend.core().mirror.read();
+            for enrolment in std::mem::take(&mut self.stored) {
+                self.decide(&**backend, &cache, enrolment);
+            }
+        }
         for (enrolment, outcome) in std::mem::take(&mut self.ended) {
             match outcome {
                 Outcome::Written(revision) => admit(backend, enrolment, revision),
@@ -155,6 +210,9 @@ impl Enrolments {
                     let error = CoordinatorError::Abandoned(format!(
                         "the caller of this Register of consumer '{consumer}' went away before it was written"
                     ));
+                    let _ = enrolment.reply.send(Err(error));
+                }
+                Outcome::Refused(error) => {
                     let _ = enrolment.reply.send(Err(error));
                 }
                 Outcome::Failed(error) => {
@@ -314,11 +372,84 @@ mod tests {
     /// A `Register` of `consumer` on `events` with registration id `id`, and its answer; its
     /// caller waits while the guard is held.
     fn enrolment(backend: &TestBackend, consumer: &str, id: i64) -> (Enrolment, Answer, CallerGuard) {
+        enrolment_on(backend, "events", consumer, id)
+    }
+
+    /// [`enrolment`] on `topic`.
+    fn enrolment_on(
+        backend: &TestBackend,
+        topic: &str,
+        consumer: &str,
+        id: i64,
+    ) -> (Enrolment, Answer, CallerGuard) {
         let (caller, guard) = Caller::waiting(Gauge::default());
         let (reply, answer) = oneshot::channel();
         let lease = backend.core.live_lease().expect("live");
-        let key = ("events".to_string(), consumer.to_string(), SessionId(id));
+        let key = (topic.to_string(), consumer.to_string(), SessionId(id));
         (Enrolment { key, lease, caller, reply }, answer, guard)
+    }
+
+    /// Runs the store calls `enrolments` asks for, one round after another, until it asks
+    /// for none; returns how many each round had.
+    async fn run_calls(enrolments: &mut Enrolments, backend: &std::sync::Arc<TestBackend>) -> Vec<usize> {
+        let mut rounds = Vec::new();
+        loop {
+            let calls = enrolments.due(backend);
+            if calls.is_empty() {
+                return rounds;
+            }
+            rounds.push(calls.len());
+            for call in calls {
+                enrolments.done(call.await);
+            }
+        }
+    }
+
+    /// `Register`s of a topic whose record is not stored yet wait for it: it is stored once
+    /// for all of them, then their registrations share one transaction.
+    #[tokio::test(start_paused = true)]
+    async fn registers_of_a_topic_not_stored_yet_store_it_once_then_share_one_transaction() {
+        let (backend, store) = TestBackend::start(TTL).await;
+        let (a, a_answer, _a_waits) = enrolment_on(&backend, "fresh", "a", 7);
+        let (b, b_answer, _b_waits) = enrolment_on(&backend, "fresh", "b", 8);
+        let mut enrolments = Enrolments::default();
+        {
+            let cache = backend.core.mirror.read();
+            enrolments.arrive(&*backend, &cache, a);
+            enrolments.arrive(&*backend, &cache, b);
+        }
+        assert_eq!(run_calls(&mut enrolments, &backend).await, [1, 1], "the topic, then one batch");
+        for answer in [a_answer, b_answer] {
+            assert!(answer.await.expect("answered").is_ok());
+        }
+        let topic = store.get("/t/fresh/config").await.expect("read").expect("the topic is stored");
+        let record: crate::coordinator::shared::records::TopicRecord =
+            crate::coordinator::shared::records::decode(&topic.key, &topic.value).expect("a topic record");
+        assert_eq!(record.partition_count, 2);
+        let (a, b) = (registration("fresh", "a"), registration("fresh", "b"));
+        let (a, b) = (store.get(&a).await.expect("read"), store.get(&b).await.expect("read"));
+        let revisions = [a.map(|kv| kv.mod_revision), b.map(|kv| kv.mod_revision)];
+        assert!(revisions[0].is_some() && revisions[0] == revisions[1], "one transaction: {revisions:?}");
+    }
+
+    /// `Register`s of a topic nobody knows are refused with the reason, and write nothing.
+    #[tokio::test(start_paused = true)]
+    async fn registers_of_an_unknown_topic_are_refused_and_write_nothing() {
+        let (backend, store) = TestBackend::start(TTL).await;
+        let (a, a_answer, _a_waits) = enrolment_on(&backend, "nope", "a", 7);
+        let (b, b_answer, _b_waits) = enrolment_on(&backend, "nope", "b", 8);
+        let mut enrolments = Enrolments::default();
+        {
+            let cache = backend.core.mirror.read();
+            enrolments.arrive(&*backend, &cache, a);
+            enrolments.arrive(&*backend, &cache, b);
+        }
+        assert_eq!(run_calls(&mut enrolments, &backend).await, [1], "the topic asked for once");
+        for answer in [a_answer, b_answer] {
+            let refused = answer.await.expect("answered");
+            assert!(matches!(refused, Err(CoordinatorError::UnknownTopic(_))), "{:?}", refused.err());
+        }
+        assert!(store.get_prefix("/t/nope/").await.expect("read").kvs.is_empty(), "nothing written");
     }
 
     #[tokio::test(start_paused = true)]

@@ -378,6 +378,13 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         }
     }
 
+    /// Whether `cache` holds `topic`'s record with a partition count as large as the
+    /// configured one, if any: then [`ensure_topic`](Self::ensure_topic) has nothing to do.
+    pub fn topic_stored(&self, cache: &C, topic: &str) -> bool {
+        let configured = self.topics.configured.get(topic);
+        cache.topic_count(topic).is_some_and(|(stored, _)| configured.is_none_or(|c| *c <= stored))
+    }
+
     /// Makes sure `topic` has a stored partition count and returns it ([`Topics::ensure`]).
     pub async fn ensure_topic(&self, topic: &str) -> Result<u32, crate::coordinator::CoordinatorError> {
         let cached = self.mirror.read().topic_count(topic);

@@ -84,8 +84,8 @@ pub async fn register<R: Registrar>(
     }
 }
 
-/// [`register`], once the names are valid: makes sure the topic is stored, then hands the
-/// registration to the instance's loop, which writes it and admits its stream
+/// [`register`], once the names are valid: hands the registration to the instance's loop,
+/// which makes sure the topic is stored, writes the registration and admits its stream
 /// (`enrolment.rs`), and waits for the answer.
 async fn register_to_the_end<R: Registrar>(
     backend: &Arc<R>,
@@ -95,7 +95,6 @@ async fn register_to_the_end<R: Registrar>(
 ) -> Result<CommandStream, CoordinatorError> {
     let core = backend.core();
     let _permit = core.register_permits.acquire().await.map_err(|_| shutting_down())?;
-    core.ensure_topic(topic).await?;
     let lease = core.live_lease()?;
     let key = (topic.to_string(), consumer.to_string(), new_registration_id());
     let (reply, answer) = oneshot::channel();

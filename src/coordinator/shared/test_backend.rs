@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::mirror::{Changes, MirrorCache};
 use super::outgoing::update;
+use super::records::{TopicRecord, decode};
 use super::registrar::{Held, Registrar};
 use super::relay::{Registration, RelayStep, StreamSeen, Tell};
 use super::topics::Topics;
@@ -84,12 +85,15 @@ impl MirrorCache for Records {
         format!("{PREFIX}{topic}/config")
     }
 
-    fn topic_count(&self, _: &str) -> Option<(u32, Revision)> {
-        None
+    fn topic_count(&self, topic: &str) -> Option<(u32, Revision)> {
+        let kv = self.kvs.get(&Self::topic_key(&(), topic))?;
+        let record = decode::<TopicRecord>(&kv.key, &kv.value).ok()?;
+        Some((record.partition_count, kv.mod_revision))
     }
 
     fn stored_topics(&self) -> Vec<(String, u32)> {
-        Vec::new()
+        let topics: BTreeSet<String> = self.kvs.keys().filter_map(|key| topic_of(key)).collect();
+        topics.into_iter().filter_map(|t| Some((t.clone(), self.topic_count(&t)?.0))).collect()
     }
 }
 
@@ -104,8 +108,9 @@ pub struct TestBackend {
 }
 
 impl TestBackend {
-    /// A backend over a fresh memory store, knowing topic `events` (4 partitions), once
-    /// its instance lease is live.
+    /// A backend over a fresh memory store, once its instance lease is live and the record
+    /// of topic `events` (4 partitions) is stored and cached. It knows topic `fresh` (2
+    /// partitions) too, not stored until a `Register` asks for it.
     pub async fn start(ttl: Duration) -> (Arc<Self>, MemoryStore) {
         let memory = MemoryStore::new();
         let (backend, _) = Self::start_faulty(ttl, memory.clone()).await;
@@ -116,7 +121,8 @@ impl TestBackend {
     /// cut the instance off).
     pub async fn start_faulty(ttl: Duration, memory: MemoryStore) -> (Arc<Self>, FaultyStore) {
         let cut = FaultyStore::new(Arc::new(memory), 1);
-        let topics = Topics { configured: [("events".to_string(), 4)].into_iter().collect(), source: None };
+        let configured = [("events".to_string(), 4), ("fresh".to_string(), 2)].into_iter().collect();
+        let topics = Topics { configured, source: None };
         let settings = CoreSettings { instance_id: "test".into(), lease_ttl: ttl, topics };
         let shared: Arc<dyn LeaseStore> = Arc::new(cut.clone());
         let core = Core::load(shared, (), Arc::new(Metrics::new()), settings, "test").await.expect("loads");
@@ -125,6 +131,11 @@ impl TestBackend {
         super::register::start_lease(&backend).await.expect("the store grants a lease");
         let mut readiness = backend.core.readiness.subscribe();
         readiness.wait_for(|ready| *ready).await.expect("becomes ready");
+        backend.core.ensure_topic("events").await.expect("stores the topic");
+        let mut changed = backend.core.mirror.subscribe();
+        while !backend.core.topic_stored(&backend.core.mirror.read(), "events") {
+            changed.changed().await.expect("the mirror follows the store");
+        }
         (backend, cut)
     }
 }
