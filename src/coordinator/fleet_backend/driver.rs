@@ -212,12 +212,7 @@ mod tests {
         assert_eq!(told, update("t", [0, 1], []));
 
         // Kafka now has 4 partitions, and holds its answer to the next refresh back.
-        counts.hold(true);
-        counts.set(4);
-        let asked = counts.asked();
-        while counts.asked() == asked {
-            tokio::time::sleep(every / 10).await;
-        }
+        counts.grow_and_hold(4, every / 10).await;
         let h = async {
             let mut other = fleet.register("h", "u").await.expect("h registers");
             let snapshot = other.next().await.expect("snapshot").expect("not an error");

@@ -45,7 +45,7 @@ use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecor
 use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, Batches, KeyWrite, Queued};
-use crate::coordinator::shared::instance::{Call, Report};
+use crate::coordinator::shared::instance::{Call, Report, stopping};
 use crate::coordinator::shared::upkeep::{self, Upkeep, Woke, Worked};
 use crate::handoff::TopicState;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn, TxnOutcome};
@@ -87,10 +87,6 @@ enum Done {
     Upkeep(Worked),
     /// The leader's topic refresh of this number ended (it logged what it did).
     Refreshed(u64),
-}
-
-fn stopped() -> StoreError {
-    StoreError::Unavailable("this assigner instance is stopping".into())
 }
 
 /// What the loop has asked of the store and not yet sent.
@@ -255,7 +251,7 @@ fn run_leader_job(pending: &Pending, job: Job) {
 /// fence is refused too). `None`: it may.
 fn refusal(inner: &Handoff, running: bool) -> Option<CoordinatorError> {
     if !running {
-        return Some(stopped().into());
+        return Some(stopping().into());
     }
     inner.core.live_lease().err()
 }

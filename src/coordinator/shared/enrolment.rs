@@ -6,7 +6,8 @@
 //! transaction of its own; once written, its stream is admitted and told its snapshot, in
 //! the loop, the only relay, so the next change it relays finds the stream.
 //!
-//! The calling task (`register.rs`) only validates and waits for the answer. The loop's upkeep (`upkeep.rs`) carries the [`Enrolments`]: their
+//! The calling task (`register.rs`) only validates and waits for the answer. The loop's
+//! upkeep (`upkeep.rs`) carries the [`Enrolments`]: their
 //! decisions are pure, their store calls run among the loop's, and what the store answered
 //! comes back to them.
 //!

@@ -37,6 +37,11 @@ pub enum Report {
     Released,
 }
 
+/// What a call that reached no loop, or whose loop stopped before answering, is told.
+pub(crate) fn stopping() -> StoreError {
+    StoreError::Unavailable("this assigner instance is stopping".into())
+}
+
 /// A consumer's call, its names checked, on its way into the instance's loop
 /// ([`Core::call`](super::Core::call)) with where its answer goes.
 #[derive(Debug)]
@@ -153,7 +158,6 @@ impl<B: Backend> StoreCoordinator<B> {
         call: Call,
         answer: oneshot::Receiver<Result<T, CoordinatorError>>,
     ) -> Result<T, CoordinatorError> {
-        let stopping = || StoreError::Unavailable("this assigner instance is stopping".into());
         self.backend.core().call(call).map_err(|_| stopping())?;
         answer.await.map_err(|_| stopping())?
     }

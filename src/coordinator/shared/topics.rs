@@ -240,9 +240,15 @@ pub(crate) mod testing {
             self.held.send_replace(held);
         }
 
-        /// How many times it was asked.
-        pub(crate) fn asked(&self) -> usize {
-            self.asked.load(Ordering::SeqCst)
+        /// Answers `count` from now on, but holds the answers back, and returns once it
+        /// is asked (polling every `poll`).
+        pub(crate) async fn grow_and_hold(&self, count: u32, poll: std::time::Duration) {
+            self.hold(true);
+            self.set(count);
+            let asked = self.asked.load(Ordering::SeqCst);
+            while self.asked.load(Ordering::SeqCst) == asked {
+                tokio::time::sleep(poll).await;
+            }
         }
     }
 

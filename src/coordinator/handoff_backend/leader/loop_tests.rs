@@ -118,12 +118,7 @@ async fn a_slow_topic_refresh_holds_up_no_plan_and_its_growth_reaches_the_consum
     assert_eq!(assigned(next(&mut a).await), [0, 1]);
 
     // Kafka now has 4 partitions, and holds its answer to the next refresh back.
-    counts.hold(true);
-    counts.set(4);
-    let asked = counts.asked();
-    while counts.asked() == asked {
-        tokio::time::sleep(every / 10).await;
-    }
+    counts.grow_and_hold(4, every / 10).await;
     let h = async {
         let mut h = coordinator.register("h", "u").await.expect("h registers");
         (assigned(next(&mut h).await), assigned(next(&mut h).await))
