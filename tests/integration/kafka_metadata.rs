@@ -27,7 +27,7 @@ use kafka_assigner::{
     backend::coordinator_from_args,
     config::{Cli, Command as CliCommand},
     coordinator::{
-        HandoffConfig,
+        HandoffConfig, PartitionCounts,
         records::{Keys, TopicRecord, decode},
     },
     kafka::{KafkaError, KafkaMetadata},
@@ -66,6 +66,35 @@ fn mock_cluster(topics: &[(&str, i32)]) -> Mock {
 /// A metadata client of `brokers` with the test timeout.
 fn kafka(brokers: &str) -> Arc<KafkaMetadata> {
     Arc::new(KafkaMetadata::new(&[brokers.to_string()], &[], KAFKA_TIMEOUT).expect("Kafka client"))
+}
+
+/// A partition-count source that counts how often it was asked, then asks Kafka.
+struct Asked {
+    kafka: Arc<KafkaMetadata>,
+    asked: AtomicUsize,
+}
+
+impl Asked {
+    fn new(kafka: Arc<KafkaMetadata>) -> Self {
+        Self { kafka, asked: AtomicUsize::new(0) }
+    }
+
+    /// How many times Kafka was asked.
+    fn count(&self) -> usize {
+        self.asked.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl PartitionCounts for Asked {
+    async fn partition_count(&self, topic: &str) -> Result<u32, KafkaError> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        self.kafka.partition_count(topic).await
+    }
+
+    fn describe(&self) -> String {
+        PartitionCounts::describe(&*self.kafka)
+    }
 }
 
 /// `host:port` where nothing listens.
@@ -319,14 +348,20 @@ async fn a_smaller_count_is_ignored() {
     first.expect_snapshot().await;
     assert_eq!(stored_topic(&cluster, "shrink").await.expect("stored").0.partition_count, 4);
 
-    cluster.config.kafka = Some(kafka(&small.bootstrap_servers()));
+    let small = Arc::new(Asked::new(kafka(&small.bootstrap_servers())));
+    cluster.config.kafka = Some(small.clone() as Arc<dyn PartitionCounts>);
     cluster.add_instance().await;
     cluster.stop(0).await;
     assert_eq!(cluster.wait_leader(PROMPT).await, 1);
     let mut second = cluster.consumer_on(1, "c2", "shrink").await;
     second.expect_snapshot().await;
     second.wait_owned(4, PROMPT * 2).await;
-    tokio::time::sleep(REFRESH * 5).await; // several refreshes by the new leader
+    // Several refreshes by the new leader, each told 2 partitions.
+    let asked = small.count() + 3;
+    wait_until(REFRESH * 10 + SLACK, "the new leader asked Kafka 3 more times", || async {
+        small.count() >= asked
+    })
+    .await;
     assert_eq!(stored_topic(&cluster, "shrink").await.expect("stored").0.partition_count, 4);
     second.assert_quiet(REFRESH).await;
     assert_eq!(second.owned, all_partitions(4));
