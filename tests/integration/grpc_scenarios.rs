@@ -12,6 +12,7 @@ use crate::support::assigner::{
     Backend, EXPIRY, PARTITIONS, PROMPT, TOPIC, TTL, TestCluster, TestConsumer, all_partitions,
     consumer_names, describe, on_both_backends, owned_by, settle, topic,
 };
+use crate::support::{metric, wait_until};
 
 on_both_backends!(
     one_consumer_gets_all_partitions,
@@ -389,8 +390,12 @@ async fn shutdown_now_after_the_stream_dropped_still_holds_partitions(backend: B
     let b_seen = b.seen();
     let dropped = Instant::now();
     a.crash().await;
-    // Deliberately let the server notice the disconnect; well within the TTL.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The server noticed the disconnect (b's stream is the one left), well within the TTL.
+    let admin = cluster.instance(0).admin_addr;
+    wait_until(TTL / 2, "the server ended a's stream", || async {
+        metric(admin, "streams").await == Some(1.0)
+    })
+    .await;
     assert_eq!(a.deregister().await.expect("Deregister within the TTL"), DeregisterAction::ShutdownNow);
     assert!(dropped.elapsed() < TTL, "the Deregister must come within the TTL");
 

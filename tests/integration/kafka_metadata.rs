@@ -107,7 +107,7 @@ async fn closed_port() -> String {
 
 /// A cluster of `instances` instances whose partition counts come from `kafka` (only
 /// the topics of [`crate::support::assigner::test_config`] are configured).
-async fn cluster(backend: Backend, instances: usize, kafka: Arc<KafkaMetadata>) -> TestCluster {
+async fn cluster(backend: Backend, instances: usize, kafka: Arc<dyn PartitionCounts>) -> TestCluster {
     TestCluster::start(backend, instances, |config: &mut HandoffConfig| {
         config.kafka = Some(kafka);
         config.topic_refresh_interval = REFRESH;
@@ -137,7 +137,8 @@ async fn refused(cluster: &TestCluster, instance: usize, name: &str, topic: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_is_fetched_and_stored_on_first_register() {
     let mock = mock_cluster(&[("orders", 6), ("events", 9)]);
-    let cluster = cluster(Backend::Memory, 1, kafka(&mock.bootstrap_servers())).await;
+    let kafka = Arc::new(Asked::new(kafka(&mock.bootstrap_servers())));
+    let cluster = cluster(Backend::Memory, 1, kafka.clone()).await;
     assert!(stored_topic(&cluster, "orders").await.is_none());
 
     let mut first = cluster.consumer_on(0, "c1", "orders").await;
@@ -158,7 +159,10 @@ async fn count_is_fetched_and_stored_on_first_register() {
     let mut third = cluster.consumer_on(0, "c3", "events").await;
     third.expect_snapshot().await;
     third.wait_owned(4, PROMPT).await;
-    tokio::time::sleep(REFRESH * 3).await;
+    // Several refreshes (each asks Kafka of `orders`).
+    let asked = kafka.count() + 3;
+    wait_until(REFRESH * 10 + SLACK, "Kafka was asked 3 more times", || async { kafka.count() >= asked })
+        .await;
     assert_eq!(stored_topic(&cluster, "events").await.expect("stored").0.partition_count, 4);
     assert_eq!(topic(&cluster.status().await, "events").partition_count, 4);
     third.assert_quiet(REFRESH).await;
@@ -349,7 +353,7 @@ async fn a_smaller_count_is_ignored() {
     assert_eq!(stored_topic(&cluster, "shrink").await.expect("stored").0.partition_count, 4);
 
     let small = Arc::new(Asked::new(kafka(&small.bootstrap_servers())));
-    cluster.config.kafka = Some(small.clone() as Arc<dyn PartitionCounts>);
+    cluster.config.kafka = Some(small.clone());
     cluster.add_instance().await;
     cluster.stop(0).await;
     assert_eq!(cluster.wait_leader(PROMPT).await, 1);

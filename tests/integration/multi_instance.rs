@@ -350,10 +350,12 @@ async fn raw_etcd_chain(cluster: &TestCluster) {
     let watcher = etcd.store().await;
     let prefix = format!("{}-raw-chain/", cluster.config.prefix.trim_end_matches('/'));
     let leader_key = format!("{}leader", cluster.config.prefix);
+    let give_up = Instant::now() + PROMPT;
     let leader_kv = loop {
         if let Some(kv) = cluster.store.get(&leader_key).await.expect("read the leader key") {
             break kv;
         }
+        assert!(Instant::now() < give_up, "no leader key within {PROMPT:?}");
         tokio::time::sleep(crate::support::POLL_INTERVAL).await;
     };
     let from = cluster.store.get_prefix(&prefix).await.expect("read").revision + 1;

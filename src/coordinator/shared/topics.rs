@@ -241,14 +241,18 @@ pub(crate) mod testing {
         }
 
         /// Answers `count` from now on, but holds the answers back, and returns once it
-        /// is asked (polling every `poll`).
+        /// is asked (polling every `poll`; panics if it is not asked within 100 polls).
         pub(crate) async fn grow_and_hold(&self, count: u32, poll: std::time::Duration) {
             self.hold(true);
             self.set(count);
             let asked = self.asked.load(Ordering::SeqCst);
-            while self.asked.load(Ordering::SeqCst) == asked {
+            for _ in 0..100 {
+                if self.asked.load(Ordering::SeqCst) != asked {
+                    return;
+                }
                 tokio::time::sleep(poll).await;
             }
+            panic!("the partition count was not asked for within {:?}", poll * 100);
         }
     }
 
