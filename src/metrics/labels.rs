@@ -42,6 +42,13 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// What became of a change to the gRPC TLS files.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TlsReloadLabels {
+    /// `reloaded`, or `refused` (the files cannot be used yet: the previous ones stay).
+    pub result: &'static str,
+}
+
 /// The stream limit that refused a `Register`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {

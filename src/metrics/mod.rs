@@ -28,7 +28,7 @@ use prometheus_client::{
 
 use labels::{
     DeferredLabels, DrainLabels, GrpcLabels, LimitLabels, MoveLabels, OpLabels, ReasonLabels,
-    StoreErrorLabels,
+    StoreErrorLabels, TlsReloadLabels,
 };
 
 /// A family of histograms with the same buckets.
@@ -88,6 +88,9 @@ pub struct Metrics {
     pub streams_ended: Family<ReasonLabels, Counter>,
     /// `Deregister` answers by decision and reason.
     pub drain_decisions: Family<DrainLabels, Counter>,
+    /// Changes to the gRPC TLS files seen by the reload watcher, by result: each check
+    /// that finds changed files it cannot use yet counts once as `refused`.
+    pub tls_reloads: Family<TlsReloadLabels, Counter>,
     fleet: scrape::FleetGauges,
     placement: placement::PlacementMetrics,
     warm_starts: handoffs::WarmStarts,
@@ -210,6 +213,11 @@ impl Metrics {
         let grpc_calls = counters(r, "grpc_calls", "Finished gRPC calls by method and status code");
         let streams_ended = counters(r, "streams_ended", "Register streams ended, by reason");
         let drain_decisions = counters(r, "drain_decisions", "Deregister answers by decision and reason");
+        let tls_reloads = counters(
+            r,
+            "tls_reloads",
+            "Changes to the gRPC TLS files seen, by result (reloaded, or refused: the previous ones stay)",
+        );
         let fleet = scrape::FleetGauges::register(r);
         let placement = placement::PlacementMetrics::register(r);
         Self {
@@ -238,6 +246,7 @@ impl Metrics {
             grpc_calls,
             streams_ended,
             drain_decisions,
+            tls_reloads,
             fleet,
             placement,
             warm_starts: handoffs::WarmStarts::default(),
@@ -304,5 +313,12 @@ impl Metrics {
     pub fn observe_drain_decision(&self, drain: bool, reason: &'static str) {
         let decision = if drain { "wait_for_drain" } else { "shutdown_now" };
         self.drain_decisions.get_or_create(&DrainLabels { decision, reason }).inc();
+    }
+
+    /// The reload watcher saw the gRPC TLS files change and `reloaded` them, or could not
+    /// use them yet.
+    pub fn observe_tls_reload(&self, reloaded: bool) {
+        let result = if reloaded { "reloaded" } else { "refused" };
+        self.tls_reloads.get_or_create(&TlsReloadLabels { result }).inc();
     }
 }

@@ -163,7 +163,7 @@ impl AssignerServer {
             OwnershipEpochsServer::new(assigner.clone()).max_decoding_message_size(limits.max_request_bytes);
         let service = KafkaAssignerServer::new(assigner).max_decoding_message_size(limits.max_request_bytes);
         let grpc_stop = stop.clone();
-        let incoming = tls::incoming(grpc_listener, tls, stop.clone());
+        let incoming = tls::incoming(grpc_listener, tls, stop.clone(), metrics.clone());
         let (keepalive_interval, keepalive_timeout) = (limits.keepalive_interval, limits.keepalive_timeout);
         let grpc = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()

@@ -36,6 +36,8 @@ use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
+
 /// Where the server's TLS material is, and how often to look for a new version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsSettings {
@@ -170,8 +172,9 @@ impl ReloadingTls {
             .collect()
     }
 
-    /// Polls the files until `stop`, swapping in a new configuration after each change.
-    async fn watch(self, stop: CancellationToken) {
+    /// Polls the files until `stop`, swapping in a new configuration after each change,
+    /// and counts what became of each change into `metrics`.
+    async fn watch(self, stop: CancellationToken, metrics: Arc<Metrics>) {
         let mut last = self.stamp();
         let mut tick = tokio::time::interval(self.settings.reload_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -187,6 +190,8 @@ impl ReloadingTls {
             match build_config(&self.settings) {
                 Ok(config) => {
                     let config = Arc::new(config);
+                    // Counted first: whoever is served the new files can see it counted.
+                    metrics.observe_tls_reload(true);
                     match self.current.write() {
                         Ok(mut guard) => *guard = config,
                         Err(poisoned) => *poisoned.into_inner() = config,
@@ -196,6 +201,7 @@ impl ReloadingTls {
                 }
                 // Often a rotation caught between writing the certificate and the key.
                 Err(error) => {
+                    metrics.observe_tls_reload(false);
                     tracing::warn!(%error, "TLS files changed but cannot be used yet; keeping the previous ones")
                 }
             }
@@ -280,15 +286,17 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_HANDSHAKES: usize = 1024;
 
 /// Accepts connections on `listener` (TLS when `tls` is set) until `stop`, and yields
-/// them for `serve_with_incoming`. Also runs the certificate watcher.
+/// them for `serve_with_incoming`. Also runs the certificate watcher, which counts its
+/// reloads into `metrics`.
 pub fn incoming(
     listener: TcpListener,
     tls: Option<ReloadingTls>,
     stop: CancellationToken,
+    metrics: Arc<Metrics>,
 ) -> ReceiverStream<Result<Conn, io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     if let Some(tls) = &tls {
-        tokio::spawn(tls.clone().watch(stop.clone()));
+        tokio::spawn(tls.clone().watch(stop.clone(), metrics));
     }
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::spawn(async move {

@@ -12,7 +12,7 @@ use tonic::Code;
 use crate::support::assigner::{PROMPT, TOPIC, TestConsumer};
 use crate::support::certs::{Leaf, Pem, TestCa, write_atomically};
 use crate::support::secure::Secured;
-use crate::support::wait_until;
+use crate::support::{metric, wait_until};
 
 /// mTLS settings for `ca`'s server certificate, clients checked against `ca`.
 fn mtls(ca: &TestCa, reload: Duration) -> TlsSettings {
@@ -161,13 +161,22 @@ async fn rotated_server_certificate_is_picked_up_while_a_stream_stays_open() {
     let rotated: Pem = new_ca.issue(Leaf::Server);
     // Half a rotation (the new key, the old certificate) is refused; the old pair stays.
     write_atomically(&key_file, &rotated.key);
-    tokio::time::sleep(Duration::from_millis(300)).await; // six reload intervals
+    // The watcher saw the half rotation, and refused it twice (it keeps looking).
+    let admin = served.server.admin_addr;
+    let refused = r#"tls_reloads_total{result="refused"}"#;
+    wait_until(PROMPT, "the watcher refused the half rotation twice", || async {
+        metric(admin, refused).await.is_some_and(|n| n >= 2.0)
+    })
+    .await;
     probe(&served, &old_ca.cert_pem(), &pod_a).await.expect("the old pair still serves mid-rotation");
+    let reloaded = r#"tls_reloads_total{result="reloaded"}"#;
+    assert_eq!(metric(admin, reloaded).await, None, "nothing was reloaded mid-rotation");
     write_atomically(&cert_file, &rotated.cert);
     wait_until(PROMPT, "a new connection is served with the rotated certificate", || async {
         probe(&served, &new_ca.cert_pem(), &pod_a).await.is_ok()
     })
     .await;
+    assert_eq!(metric(admin, reloaded).await, Some(1.0), "one reload, counted");
     assert!(probe(&served, &old_ca.cert_pem(), &pod_a).await.is_err(), "the old certificate is still served");
 
     // The stream opened before the rotation still carries commands both ways.
