@@ -159,7 +159,7 @@ async fn count_is_fetched_and_stored_on_first_register() {
     let mut third = cluster.consumer_on(0, "c3", "events").await;
     third.expect_snapshot().await;
     third.wait_owned(4, PROMPT).await;
-    // Several refreshes (each asks Kafka of `orders`).
+    // Several refreshes (each asks Kafka about `orders`).
     let asked = kafka.count() + 3;
     wait_until(REFRESH * 10 + SLACK, "Kafka was asked 3 more times", || async { kafka.count() >= asked })
         .await;
