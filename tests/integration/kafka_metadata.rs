@@ -137,8 +137,8 @@ async fn refused(cluster: &TestCluster, instance: usize, name: &str, topic: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_is_fetched_and_stored_on_first_register() {
     let mock = mock_cluster(&[("orders", 6), ("events", 9)]);
-    let kafka = Arc::new(Asked::new(kafka(&mock.bootstrap_servers())));
-    let cluster = cluster(Backend::Memory, 1, kafka.clone()).await;
+    let counted = Arc::new(Asked::new(kafka(&mock.bootstrap_servers())));
+    let cluster = cluster(Backend::Memory, 1, counted.clone()).await;
     assert!(stored_topic(&cluster, "orders").await.is_none());
 
     let mut first = cluster.consumer_on(0, "c1", "orders").await;
@@ -160,8 +160,8 @@ async fn count_is_fetched_and_stored_on_first_register() {
     third.expect_snapshot().await;
     third.wait_owned(4, PROMPT).await;
     // Several refreshes (each asks Kafka about `orders`).
-    let asked = kafka.count() + 3;
-    wait_until(REFRESH * 10 + SLACK, "Kafka was asked 3 more times", || async { kafka.count() >= asked })
+    let asked = counted.count() + 3;
+    wait_until(REFRESH * 10 + SLACK, "Kafka was asked 3 more times", || async { counted.count() >= asked })
         .await;
     assert_eq!(stored_topic(&cluster, "events").await.expect("stored").0.partition_count, 4);
     assert_eq!(topic(&cluster.status().await, "events").partition_count, 4);
@@ -352,8 +352,8 @@ async fn a_smaller_count_is_ignored() {
     first.expect_snapshot().await;
     assert_eq!(stored_topic(&cluster, "shrink").await.expect("stored").0.partition_count, 4);
 
-    let small = Arc::new(Asked::new(kafka(&small.bootstrap_servers())));
-    cluster.config.kafka = Some(small.clone());
+    let counted = Arc::new(Asked::new(kafka(&small.bootstrap_servers())));
+    cluster.config.kafka = Some(counted.clone());
     cluster.add_instance().await;
     cluster.stop(0).await;
     assert_eq!(cluster.wait_leader(PROMPT).await, 1);
@@ -361,9 +361,9 @@ async fn a_smaller_count_is_ignored() {
     second.expect_snapshot().await;
     second.wait_owned(4, PROMPT * 2).await;
     // Several refreshes by the new leader, each told 2 partitions.
-    let asked = small.count() + 3;
+    let asked = counted.count() + 3;
     wait_until(REFRESH * 10 + SLACK, "the new leader asked Kafka 3 more times", || async {
-        small.count() >= asked
+        counted.count() >= asked
     })
     .await;
     assert_eq!(stored_topic(&cluster, "shrink").await.expect("stored").0.partition_count, 4);
