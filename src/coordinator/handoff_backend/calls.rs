@@ -53,8 +53,9 @@ impl Backend for Handoff {
         super::placement::placement(self)
     }
 
+    /// The loop resigns leadership as its last store call ([`super::driver`]).
     async fn on_shutdown(&self) {
-        super::leader::resign(self).await;
+        self.stopped.cancelled().await;
     }
 
     fn on_crash(&self) {

@@ -225,3 +225,24 @@ async fn a_fenced_instance_decides_no_call_and_says_so() {
         assert!(error.to_string().contains("no live session with its store"), "{error}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_graceful_stop_returns_once_leadership_is_resigned_and_a_crash_resigns_nothing() {
+    let leader_key = super::super::records::Keys::new(&HandoffConfig::default().prefix).leader();
+    for crash in [false, true] {
+        // `a` was assigned its partitions by a plan: this instance leads.
+        let (coordinator, store, _a) = owning_all(2, 1).await;
+        assert!(coordinator.is_leader());
+        assert!(store.get(&leader_key).await.expect("reads").is_some());
+        if crash {
+            coordinator.crash();
+        } else {
+            coordinator.shutdown().await;
+        }
+        // The loop has ended (a graceful stop waited for it): nothing is still in flight.
+        coordinator.backend().stopped.cancelled().await;
+        let key = store.get(&leader_key).await.expect("reads");
+        assert_eq!(key.is_some(), crash, "crash {crash}: the leader key left as a dead process leaves it");
+        assert!(!coordinator.is_leader());
+    }
+}

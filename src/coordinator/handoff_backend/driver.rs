@@ -39,7 +39,7 @@ use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use tokio::time::Instant;
 
 use super::decide::{Applied, CallInFlight, CallResult, CallStep, PartitionSlice, next_step};
-use super::leader::{Answer as LeaderAnswer, Job, Leader, Why};
+use super::leader::{self, Answer as LeaderAnswer, Job, Leader, Why};
 use super::leave::{self, LeaveInFlight, LeaveResult, LeaveStep, Leaving, Left};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms, relay};
@@ -87,6 +87,8 @@ enum Done {
     Upkeep(Worked),
     /// The leader's topic refresh of this number ended (it logged what it did).
     Refreshed(u64),
+    /// The resignation at a graceful stop was answered.
+    Resigned(Result<TxnOutcome, StoreError>),
 }
 
 /// What the loop has asked of the store and not yet sent.
@@ -100,8 +102,11 @@ struct Pending {
 
 /// Runs the instance's loop until shutdown (see the module docs). What is in flight then
 /// still completes and is answered (as in a process that stalled mid-call and resumed),
-/// but nothing more is applied or decided: the streams are gone.
+/// but nothing more is applied or decided: the streams are gone. A graceful stop resigns
+/// leadership among those last store calls, and waits until they are all answered.
 pub(super) async fn run(inner: Arc<Handoff>) {
+    // However the loop ends, a graceful stop waiting for it goes on.
+    let _stopped = inner.stopped.clone().drop_guard();
     // Taken once, by this loop (the backend starts one).
     let Some(mut calls) = inner.core.calls() else { return };
     let mut follower = inner.core.follower(inner.config.resync_interval);
@@ -186,6 +191,15 @@ pub(super) async fn run(inner: Arc<Handoff>) {
                 }
             }
         }
+    }
+    leader.stop();
+    // A graceful stop resigns leadership, beside what is still in flight; a crash, like a
+    // dead process, leaves the key to expire with the lease.
+    if !inner.core.crashed()
+        && let Some(txn) = leader::resignation(&inner)
+    {
+        let store = pending.store.clone();
+        pending.in_flight.push(Box::pin(async move { Done::Resigned(store.txn(txn).await) }));
     }
     while let Some(done) = pending.in_flight.next().await {
         finish(&inner, &mut pending, done, false);
@@ -441,6 +455,15 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
         }
         // After a stop nothing is applied, and the leader is gone with the loop.
         Done::Leader(..) | Done::Upkeep(_) | Done::Refreshed(_) => {}
+        Done::Resigned(outcome) => {
+            let instance = &inner.config.instance_id;
+            match outcome {
+                Ok(_) => tracing::info!(%instance, "resigned leadership"),
+                Err(error) => {
+                    tracing::warn!(%instance, %error, "could not resign leadership; it ends with the lease")
+                }
+            }
+        }
         Done::Txn(txn, outcome, writer) => {
             if let (true, Ok(o)) = (running, &outcome)
                 && o.succeeded

@@ -37,6 +37,7 @@ pub use leader::Fence;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::StoreCoordinator;
 use super::shared::{Core, CoreSettings, topics::Topics};
@@ -139,6 +140,9 @@ pub struct Handoff {
     /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
     /// gauge and the leader read.
     leadership: watch::Sender<Option<Fence>>,
+    /// Cancelled once the loop has ended: what it had in flight answered and, at a graceful
+    /// stop, leadership resigned. A graceful stop waits for it.
+    stopped: CancellationToken,
 }
 
 use crate::coordinator::shared::now_ms;
@@ -159,7 +163,8 @@ impl StoreCoordinator<Handoff> {
         let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
         let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
         let core = Core::load(store, keys, metrics, settings, "handoff").await?;
-        let inner = Arc::new(Handoff { core, config, leadership: watch::Sender::new(None) });
+        let (leadership, stopped) = (watch::Sender::new(None), CancellationToken::new());
+        let inner = Arc::new(Handoff { core, config, leadership, stopped });
         super::shared::register::start_lease(&inner).await?;
         tokio::spawn(driver::run(inner.clone()));
         tokio::spawn(leader::publish_gauge(inner.clone()));

@@ -99,7 +99,8 @@ pub trait Backend: Registrar {
         Vec::new()
     }
 
-    /// What a graceful stop does beyond ending the streams (the handoff leader resigns).
+    /// What a graceful stop waits for beyond ending the streams (the handoff loop's end, after
+    /// it resigned leadership).
     async fn on_shutdown(&self) {}
 
     /// What a crash drops beyond the streams (the handoff backend's leadership value).

@@ -170,6 +170,9 @@ pub struct Core<C: MirrorCache, T> {
     lease_ttl: Duration,
     /// Cancelled when the instance shuts down or crashes: every task stops.
     shutdown: CancellationToken,
+    /// Set by a crash before `shutdown` is cancelled: a loop that stops then does nothing
+    /// a graceful stop would (the handoff leader does not resign).
+    crashed: std::sync::atomic::AtomicBool,
     /// Whether the instance serves.
     readiness: Readiness,
     /// Where partition counts come from.
@@ -277,6 +280,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             instance_id,
             lease_ttl,
             shutdown: CancellationToken::new(),
+            crashed: std::sync::atomic::AtomicBool::new(false),
             readiness: Readiness::new(false),
             topics,
             lease: watch::Sender::new(LeaseState::Pending),
@@ -427,9 +431,16 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         true
     }
 
+    /// Whether the instance crashed ([`Self::crash`]) rather than stopped gracefully; once
+    /// its shutdown token is cancelled, this is final.
+    pub fn crashed(&self) -> bool {
+        self.crashed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Stops every task abruptly, as if the process died: streams break with an error, no
     /// session is revoked and no leadership resigned. For failover tests.
     pub fn crash(&self) {
+        self.crashed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.readiness.set(false);
         self.shutdown.cancel();
         self.streams.crash_all();

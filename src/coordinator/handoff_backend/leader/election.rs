@@ -1,6 +1,6 @@
 //! Leader election: campaign for the leader key with this instance's lease; step down when
 //! the lease is fenced or replaced, or the key is gone or belongs to another election;
-//! adopt a key that holds our lease after a lost answer; resign on shutdown.
+//! adopt a key that holds our lease after a lost answer; resign at a graceful stop.
 
 use super::{Fence, Handoff, Leadership, Step, settle};
 use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn, TxnOutcome};
@@ -118,12 +118,11 @@ pub(super) fn still_leading(
     }
 }
 
-/// Gives up leadership on shutdown (deletes our leader key if it is still ours), so
-/// another instance takes over at once instead of after the TTL.
-pub(in crate::coordinator::handoff_backend) async fn resign(inner: &Handoff) {
-    let Some(fence) = inner.leadership.send_replace(None) else { return };
+/// The transaction that gives up leadership at a graceful stop (deletes our leader key if
+/// it is still ours, so another instance takes over at once instead of after the TTL);
+/// `None` when this instance does not lead. The loop runs it as its last store call.
+pub(in crate::coordinator::handoff_backend) fn resignation(inner: &Handoff) -> Option<Txn> {
+    let fence = inner.leadership.send_replace(None)?;
     let key = inner.core.keys().leader();
-    let txn = Txn::new().when(Compare::CreateRevision(key.clone(), fence.revision)).then(Op::delete(&key));
-    let _ = inner.core.store().txn(txn).await;
-    tracing::info!(instance = %inner.config.instance_id, "resigned leadership");
+    Some(Txn::new().when(Compare::CreateRevision(key.clone(), fence.revision)).then(Op::delete(&key)))
 }

@@ -34,7 +34,7 @@ mod reconcile;
 mod view;
 mod weights;
 
-pub(super) use election::resign;
+pub(super) use election::resignation;
 
 use std::{collections::BTreeMap, collections::VecDeque, sync::Arc, time::Duration};
 
@@ -261,6 +261,14 @@ impl Leader {
                 stop.run_until_cancelled(inner.core.grow_topics(Some(inner.fenced(fence)), go_on)).await;
             }),
         ))
+    }
+
+    /// The loop stops: a topic refresh under way is cancelled, so the stop waits for no
+    /// Kafka answer (the leadership is resigned by the loop: [`resignation`]).
+    pub(super) fn stop(&mut self) {
+        if let Some((_, stop)) = self.me.refresh.take() {
+            stop.cancel();
+        }
     }
 
     /// The topic refresh `number` ended.
