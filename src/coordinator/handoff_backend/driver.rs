@@ -458,7 +458,8 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
         Done::Resigned(outcome) => {
             let instance = &inner.config.instance_id;
             match outcome {
-                Ok(_) => tracing::info!(%instance, "resigned leadership"),
+                Ok(o) if o.succeeded => tracing::info!(%instance, "resigned leadership"),
+                Ok(_) => tracing::info!(%instance, "stopped; the leader key was no longer ours"),
                 Err(error) => {
                     tracing::warn!(%instance, %error, "could not resign leadership; it ends with the lease")
                 }
