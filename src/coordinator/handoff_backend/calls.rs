@@ -1,6 +1,7 @@
 //! The handoff backend's face to the shared instance ([`Backend`]): what a `Deregister`
 //! asks before it reaches the instance's loop (the drain policy), the status view, the
-//! epochs and the placement view, and what shutdown and crash add.
+//! epochs and the placement view, and what shutdown and crash add; and how the loop
+//! answers the consumers' calls (counted and logged).
 //!
 //! The consumers' calls themselves are events of the loop (`driver.rs`). Ready and
 //! released are the fast path of a handoff (docs/design.md §9): the receiving instance's
@@ -12,12 +13,14 @@
 //! that arrive together share transactions (`shared/batch.rs`): a scale-out brings
 //! thousands at once.
 
-use super::Handoff;
 use async_trait::async_trait;
 
+use super::Handoff;
+use super::decide::{CallInFlight, CallResult};
+use super::leave::{LeaveInFlight, LeaveResult, Leaving};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::StatusView;
-use crate::coordinator::shared::instance::Backend;
+use crate::coordinator::shared::instance::{Backend, Report};
 
 /// Whether `consumer`'s `Deregister` should drain (when the policy says so and someone can
 /// take the partitions) rather than hold the partitions for its return. A consumer this
@@ -29,6 +32,49 @@ async fn wants_drain(inner: &Handoff, consumer: &str) -> Result<bool, Coordinato
     }
     let decider = inner.config.drain_decider.as_deref();
     Ok(crate::drain::wants_drain(decider, inner.config.drain_policy, consumer, inner.core.metrics()).await)
+}
+
+/// Answers `call`: a `PartitionReady` that flipped the owner, and every
+/// `PartitionReleased` that was not refused, is counted and logged.
+pub(super) fn answer(inner: &Handoff, call: CallInFlight, result: CallResult) {
+    let CallInFlight { report, consumer, topic, partition, reply, .. } = call;
+    let metrics = inner.core.metrics();
+    match (&result, report) {
+        (Ok(Some(applied)), Report::Ready) => {
+            metrics.handoffs_ready.inc();
+            metrics.observe_warm_done(&topic, partition, applied.phase_since);
+            tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
+        }
+        (Ok(_), Report::Released) => {
+            metrics.handoffs_released.inc();
+            metrics.observe_handoff_done(&topic, partition);
+            tracing::info!(topic, partition, consumer, "handoff completed");
+        }
+        _ => {}
+    }
+    let _ = reply.send(result.map(|_| ()));
+}
+
+/// Answers `leave`, logging how the consumer leaves each topic.
+pub(super) fn answer_leave(inner: &Handoff, leave: LeaveInFlight, result: LeaveResult) {
+    let LeaveInFlight { consumer, reply, .. } = leave;
+    if let Ok(left) = &result {
+        for (topic, leaving) in &left.topics {
+            match leaving {
+                Leaving::Draining => tracing::info!(topic, consumer, "consumer draining"),
+                Leaving::Held => {
+                    let grace = inner.config.restart_grace;
+                    tracing::info!(
+                        topic,
+                        consumer,
+                        ?grace,
+                        "consumer shutting down; partitions held for its return"
+                    )
+                }
+            }
+        }
+    }
+    let _ = reply.send(result.map(|left| left.action()));
 }
 
 /// The handoff backend's calls, as the shared instance ([`StoreCoordinator`]) runs them.

@@ -38,14 +38,15 @@ use std::sync::Arc;
 use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use tokio::time::Instant;
 
-use super::decide::{Applied, CallInFlight, CallResult, CallStep, PartitionSlice, next_step};
+use super::calls::{answer, answer_leave};
+use super::decide::{Applied, CallInFlight, CallStep, PartitionSlice, next_step};
 use super::leader::{self, Answer as LeaderAnswer, Job, Leader, Why};
-use super::leave::{self, LeaveInFlight, LeaveResult, LeaveStep, Leaving, Left};
+use super::leave::{self, LeaveInFlight, LeaveStep, Left};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, Batches, KeyWrite, Queued};
-use crate::coordinator::shared::instance::{Call, Report, stopping};
+use crate::coordinator::shared::instance::{Call, stopping};
 use crate::coordinator::shared::upkeep::{self, Upkeep, Woke, Worked};
 use crate::handoff::TopicState;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn, TxnOutcome};
@@ -370,49 +371,6 @@ async fn from_store(
         handoff_revision = kv.mod_revision;
     }
     Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
-}
-
-/// Answers `call`: a `PartitionReady` that flipped the owner, and every
-/// `PartitionReleased` that was not refused, is counted and logged.
-fn answer(inner: &Handoff, call: CallInFlight, result: CallResult) {
-    let CallInFlight { report, consumer, topic, partition, reply, .. } = call;
-    let metrics = inner.core.metrics();
-    match (&result, report) {
-        (Ok(Some(applied)), Report::Ready) => {
-            metrics.handoffs_ready.inc();
-            metrics.observe_warm_done(&topic, partition, applied.phase_since);
-            tracing::info!(topic, partition, consumer, "handoff ready: ownership flipped, release requested");
-        }
-        (Ok(_), Report::Released) => {
-            metrics.handoffs_released.inc();
-            metrics.observe_handoff_done(&topic, partition);
-            tracing::info!(topic, partition, consumer, "handoff completed");
-        }
-        _ => {}
-    }
-    let _ = reply.send(result.map(|_| ()));
-}
-
-/// Answers `leave`, logging how the consumer leaves each topic.
-fn answer_leave(inner: &Handoff, leave: LeaveInFlight, result: LeaveResult) {
-    let LeaveInFlight { consumer, reply, .. } = leave;
-    if let Ok(left) = &result {
-        for (topic, leaving) in &left.topics {
-            match leaving {
-                Leaving::Draining => tracing::info!(topic, consumer, "consumer draining"),
-                Leaving::Held => {
-                    let grace = inner.config.restart_grace;
-                    tracing::info!(
-                        topic,
-                        consumer,
-                        ?grace,
-                        "consumer shutting down; partitions held for its return"
-                    )
-                }
-            }
-        }
-    }
-    let _ = reply.send(result.map(|left| left.action()));
 }
 
 /// Takes in what the store answered: applies what was written and tells the streams (while

@@ -16,7 +16,8 @@
 //!   transactions, the Kafka topic refresh, and the weights refresh (the weight source's
 //!   weights into the topic records);
 //! * `calls.rs`: the backend's face to the shared instance: the drain policy, asked before
-//!   a `Deregister` reaches the loop, the epochs, shutdown and crash;
+//!   a `Deregister` reaches the loop, the epochs, shutdown and crash; and the calls'
+//!   answers, counted and logged;
 //! * `status.rs`: the status view; `placement.rs`: its placement part (loads, shares and,
 //!   in shadow mode, the load plan).
 
