@@ -15,7 +15,8 @@
 //! * With one endpoint there is nowhere else to go: one attempt may use the whole budget
 //!   (a short attempt timeout would only resend, and double-apply, slow writes).
 //! * A request cut by a broken connection (the client reports it as `Unknown: transport
-//!   error`) is retried like `Unavailable`: no answer came, as with an attempt that timed
+//!   error`, or as an `h2 protocol error` when the answer was cut after its headers) is
+//!   retried like `Unavailable`: no answer came, as with an attempt that timed
 //!   out (and, like one, it may have been applied: a write's compares tell on the retry).
 //! * A call that needed retries is logged once as it starts waiting (`warn`, naming the
 //!   endpoint and the error), and once when it got through (`info`, with the time lost).
@@ -64,11 +65,17 @@ pub(super) fn is_retryable(error: &etcd_client::Error) -> bool {
 /// Whether `status` is the client's own report of a connection that broke under the request
 /// (etcd's answers carry no source). A request sent on a connection etcd just dropped comes
 /// back at once as `Unknown: transport error` (connection reset): the outage seen early,
-/// and its retry waits for the next connection like any other attempt in it.
+/// and its retry waits for the next connection like any other attempt in it. An answer cut
+/// after its headers comes back as `Unknown: h2 protocol error: error reading a body from
+/// connection`, whose source is hyper's error over h2's, which hides the I/O error beneath
+/// it: any hyper error but a misuse of its API is a broken connection too.
 fn cut_in_transit(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {
         if error.is::<tonic::transport::Error>() || error.is::<std::io::Error>() {
+            return true;
+        }
+        if error.downcast_ref::<hyper::Error>().is_some_and(|hyper| !hyper.is_user()) {
             return true;
         }
         source = error.source();
@@ -291,5 +298,62 @@ mod tests {
         }
         // It may give up early, when the next retry would not fit: never late.
         assert!(elapsed < budget + Duration::from_millis(300), "took {elapsed:?}");
+    }
+
+    /// Serves gRPC health on loopback behind a proxy that passes the client's bytes on, and
+    /// the server's up to the first response headers, then closes the client's connection:
+    /// an answer cut after its headers, as when etcd dies mid-answer. The address to call.
+    async fn answers_cut_after_their_headers() -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
+        let server_addr = server.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(server);
+        tokio::spawn(tonic::transport::Server::builder().add_service(health).serve_with_incoming(incoming));
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
+        let proxy_addr = proxy.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        tokio::spawn(async move {
+            let (client, _) = proxy.accept().await.unwrap_or_else(|e| panic!("{e}"));
+            let upstream =
+                tokio::net::TcpStream::connect(server_addr).await.unwrap_or_else(|e| panic!("{e}"));
+            let ((mut from_client, mut to_client), (mut from_server, mut to_server)) =
+                (client.into_split(), upstream.into_split());
+            tokio::spawn(async move { tokio::io::copy(&mut from_client, &mut to_server).await });
+            // The server's side, frame by frame (9-byte header: length, type, flags, stream).
+            let mut frame_header = [0u8; 9];
+            loop {
+                from_server.read_exact(&mut frame_header).await.unwrap_or_else(|e| panic!("{e}"));
+                let length = u32::from_be_bytes([0, frame_header[0], frame_header[1], frame_header[2]]);
+                let mut payload = vec![0u8; length as usize];
+                from_server.read_exact(&mut payload).await.unwrap_or_else(|e| panic!("{e}"));
+                to_client.write_all(&frame_header).await.unwrap_or_else(|e| panic!("{e}"));
+                to_client.write_all(&payload).await.unwrap_or_else(|e| panic!("{e}"));
+                let stream =
+                    u32::from_be_bytes([frame_header[5], frame_header[6], frame_header[7], frame_header[8]]);
+                const HEADERS: u8 = 0x1;
+                if frame_header[3] == HEADERS && stream & 0x7fff_ffff != 0 {
+                    break;
+                }
+            }
+            // A clean end of the connection (FIN), so the headers arrive before it.
+            to_client.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+            std::future::pending::<()>().await;
+        });
+        proxy_addr
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_after_its_headers_is_retried() {
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let address = answers_cut_after_their_headers().await;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let answer = HealthClient::new(channel).check(HealthCheckRequest { service: String::new() }).await;
+        let status = answer.expect_err("the answer was cut");
+        assert_eq!(status.code(), tonic::Code::Unknown, "{status:?}");
+        assert!(is_retryable(&etcd_client::Error::GRpcStatus(status.clone())), "not retried: {status:?}");
     }
 }
