@@ -51,6 +51,13 @@ impl TopicEntry {
         }
     }
 
+    /// The highest epoch the topic's records hold, owners' and handoffs' alike: the floor
+    /// every new ownership planned from this entry is put above (docs/design.md §10).
+    pub fn highest_epoch(&self) -> u64 {
+        let handoffs = self.handoffs.values().map(|h| h.value.epoch);
+        self.epochs.values().copied().chain(handoffs).max().unwrap_or(0)
+    }
+
     /// The epochs of the partitions `consumer` owns or is warming (docs/design.md §10), in
     /// partition order: O(its partitions), from the indexes.
     pub fn epochs_of(&self, consumer: &str) -> Vec<crate::coordinator::PartitionEpoch> {
