@@ -129,6 +129,40 @@ pub fn claim_txn(keys: &FleetKeys, claim: Claim<'_>, partitions: &[Free]) -> Txn
     })
 }
 
+/// A new incarnation of `consumer` (docs/design.md §10): each lease it holds in `entry`
+/// rewritten bound to `lease` (its new registration's instance lease) with an epoch above
+/// its floor, the cache's `revision` and `now_micros`, and that epoch written as the new
+/// floor; each compared with the lease and the floor it replaces. Moves nothing.
+pub fn raise_txns(
+    keys: &FleetKeys,
+    entry: &FleetTopic,
+    topic: &str,
+    consumer: &str,
+    lease: SessionId,
+    revision: Revision,
+    now_micros: u64,
+) -> Vec<crate::coordinator::shared::batch::KeyWrite> {
+    let held = entry.leases.iter().filter(|(_, owner)| owner.value == consumer).map(|(p, _)| *p);
+    held.map(|p| {
+        let (floor, floor_at) = entry.floor(p);
+        let epoch = next_epoch(revision, floor, now_micros);
+        let (lease_key, floor_key) = (keys.lease(topic, p), keys.epoch(topic, p));
+        let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
+        crate::coordinator::shared::batch::KeyWrite {
+            key: lease_key.clone(),
+            compares: vec![
+                Compare::ModRevision(lease_key.clone(), entry.lease_revision(p)),
+                Compare::ModRevision(floor_key.clone(), floor_at),
+            ],
+            ops: vec![
+                Op::put_in(lease_key, record, lease),
+                Op::put(floor_key, encode(&EpochRecord { v: RECORD_VERSION, epoch })),
+            ],
+        }
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,7 +123,7 @@ impl TopicEntry {
     }
 
     /// Sets a partition's owner (keeping the index); returns the previous one.
-    fn set_owner(&mut self, partition: u32, owner: Option<Versioned<String>>) -> Option<String> {
+    pub(super) fn set_owner(&mut self, partition: u32, owner: Option<Versioned<String>>) -> Option<String> {
         let before = match owner {
             Some(owner) => {
                 self.owned_by.entry(owner.value.clone()).or_default().insert(partition);
@@ -145,7 +145,11 @@ impl TopicEntry {
     }
 
     /// Sets a partition's handoff (keeping the index); returns the previous one.
-    fn set_handoff(&mut self, partition: u32, handoff: Option<Versioned<Handoff>>) -> Option<Handoff> {
+    pub(super) fn set_handoff(
+        &mut self,
+        partition: u32,
+        handoff: Option<Versioned<Handoff>>,
+    ) -> Option<Handoff> {
         let before = match handoff {
             Some(h) => self.handoffs.insert(partition, h),
             None => self.handoffs.remove(&partition),
@@ -165,6 +169,16 @@ impl TopicEntry {
             }
         }
         before
+    }
+
+    /// The partitions `consumer` owns, in order (from the index).
+    pub fn owned_by(&self, consumer: &str) -> impl Iterator<Item = u32> + '_ {
+        self.owned_by.get(consumer).into_iter().flatten().copied()
+    }
+
+    /// The partitions `consumer` takes part in a handoff of, as source or target, in order.
+    pub fn handoffs_of(&self, consumer: &str) -> impl Iterator<Item = u32> + '_ {
+        self.handoffs_of.get(consumer).into_iter().flatten().copied()
     }
 
     /// Mod revision of a partition's assignment record (0 when absent).
