@@ -45,10 +45,13 @@ impl FleetTopic {
         self.leases.iter().filter(|(p, o)| **p < count && o.value == consumer).map(|(p, _)| *p).collect()
     }
 
-    /// The epochs of the partitions whose lease `consumer` holds, in partition order.
-    pub fn epochs_of(&self, consumer: &str) -> Vec<crate::coordinator::PartitionEpoch> {
+    /// The epochs of the partitions whose lease `consumer` holds, in partition order, save
+    /// leases last written before `since` (the consumer's registration, which rewrites every
+    /// lease it keeps with a raised epoch): an earlier incarnation's.
+    pub fn epochs_of(&self, consumer: &str, since: Revision) -> Vec<crate::coordinator::PartitionEpoch> {
         self.held_by(consumer)
             .into_iter()
+            .filter(|p| self.lease_revision(*p) >= since)
             .filter_map(|partition| {
                 let epoch = *self.epochs.get(&partition)?;
                 Some(crate::coordinator::PartitionEpoch { partition, epoch, warming: false })

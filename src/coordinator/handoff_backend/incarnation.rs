@@ -163,4 +163,18 @@ mod tests {
         );
         assert_eq!(writes[1].ops.len(), 2, "the owner and the handoff");
     }
+
+    #[test]
+    fn a_record_older_than_the_registration_is_not_told_until_raised() {
+        let entry = entry();
+        let told =
+            |since| entry.epochs_of("a", since).iter().map(|e| (e.partition, e.epoch)).collect::<Vec<_>>();
+        assert_eq!(told(0), vec![(0, 10), (1, 11)]);
+        // Registered at revision 4: partition 0's record (revision 3) is the earlier
+        // incarnation's; partition 1's (revision 4) is not older than the registration.
+        assert_eq!(told(4), vec![(1, 11)]);
+        let warmed = |since| entry.epochs_of("b", since).iter().map(|e| e.partition).collect::<Vec<_>>();
+        assert_eq!(warmed(6), vec![1, 2]);
+        assert_eq!(warmed(7), vec![2], "the warm of 1 was written at 6");
+    }
 }

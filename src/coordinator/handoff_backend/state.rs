@@ -59,16 +59,18 @@ impl TopicEntry {
     }
 
     /// The epochs of the partitions `consumer` owns or is warming (docs/design.md §10), in
-    /// partition order: O(its partitions), from the indexes.
-    pub fn epochs_of(&self, consumer: &str) -> Vec<crate::coordinator::PartitionEpoch> {
+    /// partition order: O(its partitions), from the indexes. A record last written before
+    /// `since` (the consumer's registration) holds an earlier incarnation's epoch, not yet
+    /// raised (`incarnation.rs`: a registration decided from a cache that lagged): left out.
+    pub fn epochs_of(&self, consumer: &str, since: Revision) -> Vec<crate::coordinator::PartitionEpoch> {
         use crate::coordinator::PartitionEpoch;
-        let owned = self.owned_by.get(consumer).into_iter().flatten().map(|p| PartitionEpoch {
-            partition: *p,
-            epoch: self.epochs.get(p).copied().unwrap_or(0),
-            warming: false,
+        let current = |p: &u32| self.owners.get(p).is_some_and(|o| o.mod_revision >= since);
+        let owned = self.owned_by.get(consumer).into_iter().flatten().filter(|p| current(p)).map(|p| {
+            PartitionEpoch { partition: *p, epoch: self.epochs.get(p).copied().unwrap_or(0), warming: false }
         });
         let warming = self.handoffs_of.get(consumer).into_iter().flatten().filter_map(|p| {
-            let h = &self.handoffs.get(p)?.value;
+            let h = self.handoffs.get(p).filter(|h| h.mod_revision >= since)?;
+            let h = &h.value;
             (h.phase == Phase::Warming && h.to == consumer).then_some(PartitionEpoch {
                 partition: *p,
                 epoch: h.epoch,

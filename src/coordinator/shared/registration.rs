@@ -72,7 +72,9 @@ pub async fn write<R: Registrar>(
         if !outcome.succeeded {
             continue;
         }
-        let mut revision = outcome.revision;
+        // The registration's own revision, which is where the stream's epochs start
+        // (records written before it are shown once raised, by what follows).
+        let revision = outcome.revision;
         for txn in later.into_iter().filter(|t| !t.ops.is_empty()) {
             let outcome = store.txn(txn).await?;
             if !outcome.succeeded {
@@ -82,7 +84,6 @@ pub async fn write<R: Registrar>(
                     "consumer '{consumer}' changed ownership while its epochs were raised; retry"
                 )));
             }
-            revision = outcome.revision;
         }
         return Ok(Some(revision));
     }
