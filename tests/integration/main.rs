@@ -12,6 +12,7 @@ mod compose_up;
 mod container_faults;
 mod epochs;
 mod epochs_incarnation;
+mod epochs_restore;
 mod every_backend;
 mod example_consumer;
 mod faults;

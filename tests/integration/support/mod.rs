@@ -10,6 +10,7 @@ pub mod certs;
 pub mod cluster;
 pub mod docker;
 pub mod etcd;
+pub mod etcd_restore;
 pub mod etcd_tls;
 pub mod findings;
 pub mod proxy;
