@@ -13,6 +13,7 @@ mod container_faults;
 mod epochs;
 mod epochs_incarnation;
 mod epochs_restore;
+mod epochs_state_dir;
 mod every_backend;
 mod example_consumer;
 mod faults;

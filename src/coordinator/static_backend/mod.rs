@@ -30,6 +30,7 @@ use std::{
 };
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +51,9 @@ pub struct StaticConfig {
     pub topic_partitions: BTreeMap<String, u32>,
     /// Who gets which partitions.
     pub assignment: StaticAssignment,
+    /// The epoch of every ownership for this run (docs/design.md §10): 1 by default; above
+    /// the floor kept in `--state-dir` when it is set, so a restart raises it.
+    pub epoch: u64,
 }
 
 impl StaticConfig {
@@ -63,7 +67,15 @@ impl StaticConfig {
         members: Option<&str>,
     ) -> Result<Self, String> {
         let assignment = StaticAssignment::from_settings(assignment, members, &topic_partitions)?;
-        Ok(Self { instance_id, topic_partitions, assignment })
+        Ok(Self { instance_id, topic_partitions, assignment, epoch: register::STATIC_EPOCH })
+    }
+
+    /// The same settings with every ownership at `epoch` (at least 1: a served epoch is
+    /// never 0).
+    #[must_use]
+    pub fn with_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch.max(1);
+        self
     }
 }
 
@@ -141,7 +153,16 @@ impl ConsumerGroupCoordinator for StaticCoordinator {
     }
 
     async fn watch_epochs(&self, consumer: &str, topic: &str) -> Result<EpochStream, CoordinatorError> {
-        register::watch_epochs(&self.inner, consumer, topic)
+        // register.rs serves the configuration's epochs as if from STATIC_EPOCH; this run
+        // starts from `config.epoch` instead, so shift them (by 0 without `--state-dir`).
+        let shift = self.inner.config.epoch.saturating_sub(register::STATIC_EPOCH);
+        let epochs = register::watch_epochs(&self.inner, consumer, topic)?;
+        Ok(Box::pin(epochs.map(move |mut snapshot| {
+            for partition in &mut snapshot {
+                partition.epoch = partition.epoch.saturating_add(shift);
+            }
+            snapshot
+        })))
     }
 
     async fn status(&self) -> StatusView {
