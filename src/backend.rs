@@ -8,8 +8,8 @@ use crate::coordinator::{
     ConsumerGroupCoordinator, CoordinatorError, FleetConfig, FleetCoordinator, HandoffConfig,
     HandoffCoordinator, PartitionCounts, StaticConfig, StaticCoordinator,
 };
-use crate::epoch_floor::{FloorError, FloorFile, Reservation, now_micros, spawn_keeper};
 use crate::drain::{DrainDecider, FixedDecider, K8sDrainDecider, K8sSettings, RolloutView};
+use crate::epoch_floor::{FloorError, FloorFile, Reservation, now_micros, spawn_keeper};
 use crate::handoff::{PlacementMode, PlacementSettings, PlanConfig};
 use crate::kafka::KafkaMetadata;
 use crate::kafka_load::{KafkaLoad, Learning};

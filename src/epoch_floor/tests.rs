@@ -62,7 +62,8 @@ fn a_corrupt_file_stops_the_start() {
 #[test]
 fn a_crash_and_a_clock_stepped_back_never_reuse_an_epoch() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (first, mut run) = Reservation::begin(FloorFile::open(dir.path()).expect("opens"), NOW).expect("begins");
+    let (first, mut run) =
+        Reservation::begin(FloorFile::open(dir.path()).expect("opens"), NOW).expect("begins");
     assert_eq!(first, NOW);
     assert_eq!(run.reserved(), NOW + BLOCK);
     // The first run hands out epochs up to `high`; the keeper renews as it goes.
@@ -84,4 +85,29 @@ fn a_crash_and_a_clock_stepped_back_never_reuse_an_epoch() {
         Reservation::begin(FloorFile::open(dir.path()).expect("opens"), stepped_back).expect("begins");
     assert!(second > handed_out, "the second run starts at {second}, above {handed_out}");
     assert!(run.reserved() > second);
+}
+
+/// The running keeper renews the file once what may be handed out nears the reservation,
+/// and ends when the store it watches is dropped.
+#[tokio::test]
+async fn the_keeper_renews_ahead_and_ends_with_its_store() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = FloorFile::open(dir.path()).expect("opens");
+    let (start, run) = Reservation::begin(file.clone(), NOW).expect("begins");
+    let high = Arc::new(AtomicU64::new(start + BLOCK * 3 / 4));
+    let keeper = spawn_keeper(run, Arc::downgrade(&high), |h: &AtomicU64| h.load(Ordering::SeqCst));
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while file.read().expect("reads") != Some(start + BLOCK * 3 / 4 + BLOCK) {
+        assert!(std::time::Instant::now() < give_up, "no renewal: {:?}", file.read());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    drop(high);
+    tokio::time::timeout(std::time::Duration::from_secs(5), keeper)
+        .await
+        .expect("the keeper ends with its store")
+        .expect("and does not panic");
 }

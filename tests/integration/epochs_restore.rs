@@ -30,7 +30,9 @@ use std::{
 
 use async_trait::async_trait;
 use kafka_assigner::client::{AssignerClient, Backoff, ClientConfig, Handler, Partition, WarmError};
-use kafka_assigner::coordinator::{ConsumerGroupCoordinator, FleetConfig, FleetCoordinator, HandoffCoordinator};
+use kafka_assigner::coordinator::{
+    ConsumerGroupCoordinator, FleetConfig, FleetCoordinator, HandoffCoordinator,
+};
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::server::AssignerServer;
 use kafka_assigner::store::{EtcdStore, EtcdStoreConfig, LeaseStore};
@@ -156,7 +158,9 @@ async fn start_nodes(kind: Kind, etcd: &RestorableEtcd, prefix: &str, ports: &Po
                 let mut config = test_config(Backend::Etcd, prefix);
                 config.instance_id = instance_id;
                 config.topic_partitions.insert(TOPIC.into(), PARTITIONS);
-                Arc::new(HandoffCoordinator::start(store, config, metrics.clone()).await.expect("handoff starts"))
+                Arc::new(
+                    HandoffCoordinator::start(store, config, metrics.clone()).await.expect("handoff starts"),
+                )
             }
             Kind::Fleet => {
                 let mut config = FleetConfig {

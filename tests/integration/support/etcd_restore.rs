@@ -15,7 +15,9 @@ use std::{
 
 use tempfile::TempDir;
 
-use super::etcd::{MemberSpec, Process, START_DEADLINE, exited, find_etcd, free_ports, log_tail, spawn, wait_healthy};
+use super::etcd::{
+    MemberSpec, Process, START_DEADLINE, exited, find_etcd, free_ports, log_tail, spawn, wait_healthy,
+};
 
 /// The member name and cluster token the restore must repeat (etcd derives its member and
 /// cluster ids from them).
@@ -137,7 +139,11 @@ impl RestorableEtcd {
         let endpoints = vec![self.endpoint()];
         if let Err(error) = wait_healthy(&endpoints, START_DEADLINE, || exited(&mut process)).await {
             process.stop();
-            panic!("etcd on {} does not serve: {error}; log:\n{}", self.data_dir.display(), log_tail(&self.log, log_start));
+            panic!(
+                "etcd on {} does not serve: {error}; log:\n{}",
+                self.data_dir.display(),
+                log_tail(&self.log, log_start)
+            );
         }
         self.process = Some(process);
     }
