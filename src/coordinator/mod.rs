@@ -73,6 +73,20 @@ pub trait ConsumerGroupCoordinator: Send + Sync + 'static {
     /// the snapshot of its partitions.
     async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError>;
 
+    /// [`register`](Self::register), sent by the client process `incarnation` (the
+    /// `INCARNATION_HEADER` of the request; 0: none): a registration that replaces one of
+    /// the same process is a reconnect, any other a new incarnation of the name, whose
+    /// epochs are raised (docs/design.md §10). Backends without epochs ignore it.
+    async fn register_as(
+        &self,
+        consumer: &str,
+        topic: &str,
+        incarnation: u64,
+    ) -> Result<CommandStream, CoordinatorError> {
+        let _ = incarnation;
+        self.register(consumer, topic).await
+    }
+
     /// `consumer` finished warming `partition` of `topic`.
     async fn partition_ready(
         &self,

@@ -182,6 +182,7 @@ mod tests {
             instance: "i".into(),
             leaving: false,
             info: Default::default(),
+            incarnation: 0,
         };
         let mut entry = FleetTopic { count: Some(versioned(4, 1)), ..FleetTopic::default() };
         entry.members.insert("a".into(), versioned(member(1), 2));

@@ -32,12 +32,16 @@ impl Registrar for Fleet {
         self.core.keys().member(topic, consumer)
     }
 
-    fn registration_record(&self, consumer: &str, registration: SessionId) -> Vec<u8> {
-        encode(&member_record(self, consumer, registration))
+    fn registration_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> Vec<u8> {
+        encode(&member_record(self, consumer, registration, incarnation))
     }
 
     fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId> {
         decode::<MemberRecord>(key, value).ok().map(|r| SessionId(r.session))
+    }
+
+    fn incarnation_in(&self, key: &str, value: &[u8]) -> u64 {
+        decode::<MemberRecord>(key, value).map_or(0, |r| r.incarnation)
     }
 
     fn bound_prefix(&self, topic: &str) -> Option<String> {

@@ -174,7 +174,16 @@ impl<B: Backend> StoreCoordinator<B> {
 #[async_trait]
 impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
     async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
-        super::register::register(&self.backend, consumer, topic).await
+        self.register_as(consumer, topic, 0).await
+    }
+
+    async fn register_as(
+        &self,
+        consumer: &str,
+        topic: &str,
+        incarnation: u64,
+    ) -> Result<CommandStream, CoordinatorError> {
+        super::register::register(&self.backend, consumer, topic, incarnation).await
     }
 
     async fn partition_ready(

@@ -63,6 +63,11 @@ pub fn stored_epoch(epoch: u64, mod_revision: Revision) -> u64 {
     if epoch == 0 { u64::try_from(mod_revision).unwrap_or(0) } else { epoch }
 }
 
+/// Whether `n` is 0 (serde's `skip_serializing_if` for fields absent from older records).
+pub fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Encodes a record.
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     // Serializing these plain structs cannot fail.

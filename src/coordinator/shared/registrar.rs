@@ -104,12 +104,23 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     fn registration_key(&self, topic: &str, consumer: &str) -> String;
 
     /// The record of `consumer`'s active registration with id `registration` on this
-    /// instance, encoded.
-    fn registration_record(&self, consumer: &str, registration: SessionId) -> Vec<u8>;
+    /// instance, sent by the client process `incarnation` (0: unknown), encoded.
+    fn registration_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> Vec<u8>;
 
     /// The registration id the stored record `value` at `key` names (`None`: it does not
     /// parse).
     fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId>;
+
+    /// The client process the stored record `value` at `key` was registered by (0: unknown).
+    fn incarnation_in(&self, _key: &str, _value: &[u8]) -> u64 {
+        0
+    }
+
+    /// The client process `consumer`'s registration on `topic` in `cache` was registered by
+    /// (0: unknown, or no registration).
+    fn cached_incarnation(&self, _cache: &Self::Cache, _topic: &str, _consumer: &str) -> u64 {
+        0
+    }
 
     /// Where the records bound to a registration of `topic` besides its own are (the
     /// fleet's leases): they move to a new registration of the same name and are deleted

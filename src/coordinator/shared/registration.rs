@@ -34,16 +34,25 @@ pub async fn write<R: Registrar>(
     topic: &str,
     registration: SessionId,
     lease: SessionId,
+    incarnation: u64,
     caller: &Caller,
-) -> Result<Option<Revision>, CoordinatorError> {
+) -> Result<Option<Written>, CoordinatorError> {
     let core = backend.core();
     let key = backend.registration_key(topic, consumer);
-    let record = backend.registration_record(consumer, registration);
+    let record = backend.registration_record(consumer, registration, incarnation);
     let store = &*core.store;
     for _ in 0..CAS_ATTEMPTS {
-        let existing = store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+        let stored = store.get(&key).await?;
+        let existing = stored.as_ref().map_or(0, |kv| kv.mod_revision);
+        // The same client process reconnecting: nothing to fence (§10).
+        let same_process = incarnation != 0
+            && stored.as_ref().is_some_and(|kv| backend.incarnation_in(&key, &kv.value) == incarnation);
         let bound = bound_records(backend, store, topic, consumer).await?;
-        let raised = raised_epochs(backend, store, topic, consumer, lease).await?;
+        let raised = if same_process {
+            Vec::new()
+        } else {
+            raised_epochs(backend, store, topic, consumer, lease).await?
+        };
         if caller.is_gone() {
             return Ok(None);
         }
@@ -85,11 +94,20 @@ pub async fn write<R: Registrar>(
                 )));
             }
         }
-        return Ok(Some(revision));
+        return Ok(Some(Written { revision, same_process }));
     }
     Err(CoordinatorError::Contended(format!(
         "consumer '{consumer}' is being registered concurrently elsewhere; retry"
     )))
+}
+
+/// A registration [`write`] wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The registration's revision.
+    pub revision: Revision,
+    /// Whether it replaced a registration of the same client process (nothing raised).
+    pub same_process: bool,
 }
 
 /// Whether `write` still fits in `txn` within etcd's limits per transaction.
@@ -154,7 +172,7 @@ pub async fn rewrite_lost<R: Registrar>(
     let (topic, consumer, registration) = key;
     let record_key = backend.registration_key(topic, consumer);
     let ours = |bytes: &[u8]| backend.registration_in(&record_key, bytes) == Some(*registration);
-    let record = backend.registration_record(consumer, *registration);
+    let record = backend.registration_record(consumer, *registration, 0);
     create_bound(&*backend.core().store, &record_key, record, lease, ours).await
 }
 
