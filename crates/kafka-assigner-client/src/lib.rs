@@ -134,6 +134,22 @@ pub enum ClientError {
     /// The client task ended abnormally (a handler panicked, or the runtime is shutting down).
     #[error("the client task failed: {0}")]
     Task(String),
+    /// The client stopped as `outcome` says, but handler calls were still running after
+    /// waiting `waited` (the session timeout) for them: they were abandoned (their futures
+    /// dropped), so whatever they had not made durable is not. Counted in
+    /// `handler_calls_abandoned`.
+    #[error(
+        "stopped ({outcome:?}), but {abandoned} handler call(s) had not returned after {waited:?} \
+         (the session timeout) and were abandoned"
+    )]
+    HandlerCallsAbandoned {
+        /// Handler calls still running (one per partition; what was queued behind them never ran).
+        abandoned: usize,
+        /// How long the shutdown waited for them.
+        waited: Duration,
+        /// How the shutdown ended otherwise.
+        outcome: ShutdownOutcome,
+    },
 }
 
 /// How [`AssignerClient::shutdown`] ended.
@@ -340,6 +356,11 @@ impl AssignerClient {
     /// Leaves gracefully: `Deregister`; on `WAIT_FOR_DRAIN` keeps serving releases until
     /// the server ends the stream or the drain deadline passes. Every partition still
     /// held gets `unassigned` before this returns.
+    ///
+    /// The handler calls still queued then are waited for at most the session timeout
+    /// (past it the partitions may have new owners anyway): a call that has not returned
+    /// by then is abandoned (its future dropped), counted in `handler_calls_abandoned`,
+    /// and the shutdown answers [`ClientError::HandlerCallsAbandoned`].
     pub async fn shutdown(mut self) -> Result<ShutdownOutcome, ClientError> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -367,6 +388,10 @@ impl Drop for AssignerClient {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "shutdown_tests.rs"]
+mod shutdown_tests;
 
 #[cfg(test)]
 mod tests {
