@@ -208,8 +208,11 @@ impl<H: Handler> Driver<H> {
                     match snapshot {
                         Ok(Some(snapshot)) => {
                             let partitions = snapshot.partitions.iter().map(|p| (p.partition, p.epoch, p.warming));
-                            self.gate.snapshot(partitions);
-                            self.release_gate();
+                            if self.gate.snapshot(snapshot.revision, partitions) {
+                                self.release_gate();
+                            } else {
+                                tracing::debug!(revision = snapshot.revision, "an epoch snapshot older than one applied; ignored");
+                            }
                         }
                         // A drain ends both streams; the commands' end is what tells.
                         Ok(None) | Err(_) if stopping => self.epochs = None,
