@@ -93,7 +93,8 @@ async fn static_backend_epochs_are_constant_and_end_with_the_registration() {
 
 on_both_backends!(
     handoff_epochs_are_known_at_the_warm_and_kept_at_the_flip,
-    fleet_epochs_grow_with_every_new_owner
+    fleet_epochs_grow_with_every_new_owner,
+    snapshot_revisions_never_go_down_and_cover_their_epochs
 );
 
 /// The handoff backend: a partition being warmed shows the epoch its target will own it
@@ -173,4 +174,58 @@ async fn fleet_epochs_grow_with_every_new_owner(backend: Backend) {
         assert!(!kept.contains_key(partition));
     }
     drop((a, b, server, memory, etcd));
+}
+
+/// The snapshots a stream sent, as (revision, partition → (epoch, warming)), until one
+/// satisfies `done`.
+async fn revisions_until(
+    stream: &mut Streaming<EpochSnapshot>,
+    done: impl Fn(&BTreeMap<u32, (u64, bool)>) -> bool,
+) -> Vec<(u64, BTreeMap<u32, (u64, bool)>)> {
+    let mut seen = Vec::new();
+    loop {
+        let item = tokio::time::timeout(PROMPT, stream.next()).await.expect("a snapshot in time");
+        let snapshot = item.expect("the stream is open").expect("not an error");
+        let partitions = snapshot.partitions.iter().map(|p| (p.partition, (p.epoch, p.warming))).collect();
+        let finished = done(&partitions);
+        seen.push((snapshot.revision, partitions));
+        if finished {
+            return seen;
+        }
+    }
+}
+
+/// `EpochSnapshot.revision` (docs/design.md §10): along a stream, through a warm handoff,
+/// it never goes down, and it covers what the snapshot shows: an epoch is one above the
+/// revision of the cache its ownership was planned from, and the instance's cache, which
+/// the snapshot was read from, was already there, so `revision + 1 >= epoch` for every
+/// partition of the snapshot. (An assigner that leaves the field out sends 0.)
+async fn snapshot_revisions_never_go_down_and_cover_their_epochs(backend: Backend) {
+    let cluster = TestCluster::start(backend, 1, |_| {}).await;
+    let url = cluster.instance(0).grpc_url.clone();
+    let mut a = register(&url, "a", "events").await;
+    a.wait_owned(4, PROMPT).await;
+    let mut a_epochs = watch(&url, "a", "events").await.expect("a is registered");
+    let mut seen_a = revisions_until(&mut a_epochs, |s| s.len() == 4).await;
+    let mut b = register(&url, "b", "events").await;
+    b.wait_warms(2, PROMPT).await;
+    let mut b_epochs = watch(&url, "b", "events").await.expect("b is registered");
+    let mut seen_b = revisions_until(&mut b_epochs, |s| s.len() == 2).await;
+    b.ready_all().await;
+    seen_b.extend(revisions_until(&mut b_epochs, |s| s.len() == 2 && s.values().all(|(_, w)| !w)).await);
+    seen_a.extend(revisions_until(&mut a_epochs, |s| s.len() == 2).await);
+    for (name, seen) in [("a", &seen_a), ("b", &seen_b)] {
+        let revisions: Vec<u64> = seen.iter().map(|(revision, _)| *revision).collect();
+        println!("{}: {name}'s snapshot revisions {revisions:?}", backend.name());
+        assert!(revisions.windows(2).all(|w| w[0] <= w[1]), "{name}'s revisions went down: {seen:?}");
+        for (revision, partitions) in seen {
+            for (partition, (epoch, _)) in partitions {
+                assert!(
+                    revision + 1 >= *epoch,
+                    "{name}'s snapshot at revision {revision} shows {partition} at epoch {epoch}: {seen:?}"
+                );
+            }
+        }
+    }
+    a.release_all().await;
 }

@@ -585,3 +585,7 @@ async fn next_message<T>(stream: &mut Option<Streaming<T>>) -> Result<Option<T>,
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod tests;
