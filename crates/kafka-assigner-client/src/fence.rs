@@ -121,7 +121,8 @@ impl Fence {
     /// write while holding it. A writer with a higher epoch waits (blocking the thread)
     /// until the guard is dropped; a writer with a lower epoch than one admitted is refused
     /// at once. In async code use [`lock_async`](Self::lock_async), which does not block
-    /// the runtime's thread.
+    /// the runtime's thread. The slot is not reentrant: a writer that already holds the
+    /// partition's guard and locks it again waits for itself.
     pub fn lock(&self, partition: &Partition) -> Result<FenceGuard, StaleEpoch> {
         let slot = self.slot(&partition.topic, partition.partition);
         let mut state = lock(&slot.state);
