@@ -114,6 +114,13 @@ impl Op {
     pub fn delete(key: impl Into<String>) -> Self {
         Op::Delete { key: key.into() }
     }
+
+    /// The key this operation writes.
+    pub fn key(&self) -> &str {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key } => key,
+        }
+    }
 }
 
 /// An atomic compare-and-swap: if every compare holds, every op applies, else none does.

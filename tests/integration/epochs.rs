@@ -26,7 +26,11 @@ use crate::support::assigner::{
 };
 
 /// Opens `WatchEpochs` for `consumer` on `url`.
-async fn watch(url: &str, consumer: &str, topic: &str) -> Result<Streaming<EpochSnapshot>, tonic::Status> {
+pub(crate) async fn watch(
+    url: &str,
+    consumer: &str,
+    topic: &str,
+) -> Result<Streaming<EpochSnapshot>, tonic::Status> {
     let mut client = OwnershipEpochsClient::connect(url.to_string()).await.expect("connect");
     let request = WatchEpochsRequest { consumer_name: consumer.into(), topic: topic.into() };
     client.watch_epochs(request).await.map(|r| r.into_inner())
@@ -40,7 +44,7 @@ async fn next(stream: &mut Streaming<EpochSnapshot>) -> BTreeMap<u32, (u64, bool
 }
 
 /// The next snapshot that satisfies `done`.
-async fn next_until(
+pub(crate) async fn next_until(
     stream: &mut Streaming<EpochSnapshot>,
     done: impl Fn(&BTreeMap<u32, (u64, bool)>) -> bool,
 ) -> BTreeMap<u32, (u64, bool)> {
@@ -52,7 +56,7 @@ async fn next_until(
     }
 }
 
-async fn register(url: &str, consumer: &str, topic: &str) -> TestConsumer {
+pub(crate) async fn register(url: &str, consumer: &str, topic: &str) -> TestConsumer {
     let client = KafkaAssignerClient::connect(url.to_string()).await.expect("connect");
     TestConsumer::register(client, consumer, topic).await.expect("registers")
 }

@@ -11,6 +11,7 @@ mod compose;
 mod compose_up;
 mod container_faults;
 mod epochs;
+mod epochs_incarnation;
 mod every_backend;
 mod example_consumer;
 mod faults;

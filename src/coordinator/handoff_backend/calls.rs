@@ -90,9 +90,14 @@ impl Backend for Handoff {
         super::status::status(self)
     }
 
-    fn epochs(&self, topic: &str, consumer: &str) -> Option<Vec<crate::coordinator::PartitionEpoch>> {
+    fn epochs(
+        &self,
+        topic: &str,
+        consumer: &str,
+        since: crate::store::Revision,
+    ) -> Option<Vec<crate::coordinator::PartitionEpoch>> {
         let cache = self.core.mirror().read();
-        Some(cache.topics.get(topic).map(|entry| entry.epochs_of(consumer)).unwrap_or_default())
+        Some(cache.topics.get(topic).map(|entry| entry.epochs_of(consumer, since)).unwrap_or_default())
     }
 
     fn placement(&self) -> Vec<crate::coordinator::TopicPlacement> {

@@ -119,6 +119,16 @@ impl Keys {
         format!("{}handoffs/{topic}/{partition}", self.prefix)
     }
 
+    /// `{prefix}assignments/{topic}/`: the topic's owners.
+    pub fn assignments(&self, topic: &str) -> String {
+        format!("{}assignments/{topic}/", self.prefix)
+    }
+
+    /// `{prefix}handoffs/{topic}/`: the topic's handoffs.
+    pub fn handoffs(&self, topic: &str) -> String {
+        format!("{}handoffs/{topic}/", self.prefix)
+    }
+
     /// `{prefix}leader`.
     pub fn leader(&self) -> String {
         format!("{}leader", self.prefix)

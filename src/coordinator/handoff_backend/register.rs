@@ -10,6 +10,7 @@ use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
 use super::{Handoff, relay, state::Cache};
 use crate::coordinator::shared::{
     Core,
+    batch::KeyWrite,
     mirror::Scope,
     registrar::{Held, Registrar},
     relay::{RelayStep, StreamSeen},
@@ -58,6 +59,23 @@ impl Registrar for Handoff {
         // Decided from the cache first, in a shared transaction: a storm of Registers
         // then costs a few transactions, not one each.
         Some(cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision))
+    }
+
+    fn epoch_prefixes(&self, topic: &str) -> Vec<String> {
+        vec![self.core.keys().assignments(topic), self.core.keys().handoffs(topic)]
+    }
+
+    fn raise_epochs(
+        &self,
+        cache: &Cache,
+        topic: &str,
+        consumer: &str,
+        _lease: SessionId,
+        now_micros: u64,
+    ) -> Vec<KeyWrite> {
+        let Some(entry) = cache.topics.get(topic) else { return Vec::new() };
+        let raised = super::incarnation::raise(entry, consumer, cache.revision, now_micros);
+        super::incarnation::raise_writes(self.core.keys(), entry, topic, raised)
     }
 
     fn relay_step(

@@ -141,11 +141,23 @@ impl Enrolments {
         }
         let key = backend.registration_key(topic, consumer);
         let record = backend.registration_record(consumer, *registration);
-        let write = KeyWrite {
+        let mut write = KeyWrite {
             key: key.clone(),
             compares: vec![Compare::ModRevision(key.clone(), cached)],
             ops: vec![Op::put_in(&key, record, enrolment.lease)],
         };
+        // A new incarnation of the name: its epochs are raised in the same transaction,
+        // so its stream never hears an epoch the old incarnation still holds (§10).
+        let now_micros = super::records::now_micros();
+        for raised in backend.raise_epochs(cache, topic, consumer, enrolment.lease, now_micros) {
+            write.compares.extend(raised.compares);
+            write.ops.extend(raised.ops);
+        }
+        if write.compares.len().max(write.ops.len()) > super::batch::TXN_LIMIT {
+            // Too many for one transaction: the store's-state path splits them.
+            self.ended.push((enrolment, Outcome::OnStore));
+            return;
+        }
         self.batches.queue(Batched { write, enrolment });
     }
 

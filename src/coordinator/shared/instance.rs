@@ -87,10 +87,17 @@ pub trait Backend: Registrar {
     fn status(&self) -> StatusView;
 
     /// The epochs of the partitions `consumer` owns or is warming in `topic`, from the
-    /// cache (docs/design.md §10), in partition order; `None` when the backend has no
-    /// epochs.
-    fn epochs(&self, topic: &str, consumer: &str) -> Option<Vec<PartitionEpoch>> {
-        let _ = (topic, consumer);
+    /// cache (docs/design.md §10), in partition order, save those whose record was last
+    /// written before `since` (the consumer's registration): those are an earlier
+    /// incarnation's epochs, which a new incarnation is never told, until they are raised;
+    /// `None` when the backend has no epochs.
+    fn epochs(
+        &self,
+        topic: &str,
+        consumer: &str,
+        since: crate::store::Revision,
+    ) -> Option<Vec<PartitionEpoch>> {
+        let _ = (topic, consumer, since);
         None
     }
 
@@ -245,7 +252,7 @@ fn watch_epochs<B: Backend>(
             "consumer '{consumer}' of topic '{topic}' just left this assigner instance; register again"
         )));
     };
-    if backend.epochs(topic, consumer).is_none() {
+    if backend.epochs(topic, consumer, 0).is_none() {
         return Err(CoordinatorError::NoEpochs(
             "this assigner's backend hands out no ownership epochs".into(),
         ));
@@ -282,12 +289,13 @@ impl<B: Backend> Watching<B> {
                 return None;
             }
             let (topic, consumer, _) = &self.key;
+            let since = self.backend.core().streams().with(&self.key, |s| s.incarnation_at)?;
             // Read before the epochs, not after: the cache only moves forward, so the epochs
             // hold every change up to this revision (a change applied between the two reads,
             // or an own write applied ahead of the watch, makes them newer, never older).
             // Read after, it could be a later revision than the epochs were read at.
             let revision = self.backend.core().mirror().read().revision();
-            let now = self.backend.epochs(topic, consumer)?;
+            let now = self.backend.epochs(topic, consumer, since)?;
             if self.last.as_ref() != Some(&now) {
                 self.last = Some(now.clone());
                 // Revisions are positive; 0 (never sent from a store) only if one were not.

@@ -12,6 +12,7 @@ use std::sync::{
 use tokio_util::sync::CancellationToken;
 
 use super::Core;
+use super::batch::KeyWrite;
 use super::mirror::MirrorCache;
 use super::relay::{RelayStep, StreamSeen};
 use super::streams::{StreamKey, Told};
@@ -129,6 +130,29 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     /// ([`super::registration::write`]).
     fn cached_registration(&self, _cache: &Self::Cache, _topic: &str, _consumer: &str) -> Option<Revision> {
         None
+    }
+
+    /// Where the records that carry `topic`'s epochs are: read, when a registration is
+    /// decided on the store's state, for [`raise_epochs`](Self::raise_epochs). Empty: the
+    /// backend raises none.
+    fn epoch_prefixes(&self, _topic: &str) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// A new incarnation of `consumer` on `topic` (docs/design.md §10): the writes that
+    /// raise, above `now_micros`, the epoch of every partition the name owns or is warming
+    /// in `cache`, moving nothing, each compared with the records it replaces; a record
+    /// bound to the registration is written bound to `lease`. They join the registration's
+    /// transaction. Empty when the name holds nothing.
+    fn raise_epochs(
+        &self,
+        _cache: &Self::Cache,
+        _topic: &str,
+        _consumer: &str,
+        _lease: SessionId,
+        _now_micros: u64,
+    ) -> Vec<KeyWrite> {
+        Vec::new()
     }
 
     /// The relay model: what the stream `seen` of `consumer` on `topic` must be told, given

@@ -7,11 +7,15 @@
 //! A registration whose stream is gone is deleted here too ([`unregister_retrying`]), once
 //! the loop's upkeep says (`departures.rs`, `upkeep.rs`).
 
+use std::collections::HashSet;
+
+use super::batch::{KeyWrite, TXN_LIMIT};
 use super::cas::{CAS_ATTEMPTS, create_bound};
+use super::mirror::MirrorCache;
 use super::registrar::{Caller, Registrar};
 use super::streams::StreamKey;
 use crate::coordinator::CoordinatorError;
-use crate::store::{Compare, KeyValue, LeaseStore, Op, Revision, SessionId, StoreError, Txn};
+use crate::store::{Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn};
 
 /// Writes `consumer`'s registration with id `registration` on `topic`, bound to the
 /// instance `lease`, replacing any earlier one of the same name with compare-and-swap on
@@ -39,27 +43,90 @@ pub async fn write<R: Registrar>(
     for _ in 0..CAS_ATTEMPTS {
         let existing = store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
         let bound = bound_records(backend, store, topic, consumer).await?;
+        let raised = raised_epochs(backend, store, topic, consumer, lease).await?;
         if caller.is_gone() {
             return Ok(None);
         }
+        // A bound record whose epoch is raised is moved to `lease` by its raise.
+        let raised_keys: HashSet<String> =
+            raised.iter().flat_map(|w| w.ops.iter().map(|op| op.key().to_string())).collect();
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
             &key,
             record.clone(),
             lease,
         ));
-        for kv in bound {
+        for kv in bound.into_iter().filter(|kv| !raised_keys.contains(&kv.key)) {
             txn = txn
                 .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
                 .then(Op::put_in(kv.key, kv.value, lease));
         }
-        let outcome = store.txn(txn).await?;
-        if outcome.succeeded {
-            return Ok(Some(outcome.revision));
+        // The raise goes in the registration's transaction as far as it fits; the rest
+        // follows in transactions of their own before the stream is admitted.
+        let mut later = vec![Txn::new()];
+        for write in raised {
+            let target = if fits(&txn, &write) { &mut txn } else { open_txn(&mut later, &write) };
+            target.compares.extend(write.compares);
+            target.ops.extend(write.ops);
         }
+        let outcome = store.txn(txn).await?;
+        if !outcome.succeeded {
+            continue;
+        }
+        // The registration's own revision, which is where the stream's epochs start
+        // (records written before it are shown once raised, by what follows).
+        let revision = outcome.revision;
+        for txn in later.into_iter().filter(|t| !t.ops.is_empty()) {
+            let outcome = store.txn(txn).await?;
+            if !outcome.succeeded {
+                // Registered, but not every epoch raised: the stream is not admitted, and
+                // the client's next attempt raises them again.
+                return Err(CoordinatorError::Contended(format!(
+                    "consumer '{consumer}' changed ownership while its epochs were raised; retry"
+                )));
+            }
+        }
+        return Ok(Some(revision));
     }
     Err(CoordinatorError::Contended(format!(
         "consumer '{consumer}' is being registered concurrently elsewhere; retry"
     )))
+}
+
+/// Whether `write` still fits in `txn` within etcd's limits per transaction.
+fn fits(txn: &Txn, write: &KeyWrite) -> bool {
+    txn.compares.len() + write.compares.len() <= TXN_LIMIT && txn.ops.len() + write.ops.len() <= TXN_LIMIT
+}
+
+/// The last of `txns` if `write` fits in it, else a new one.
+fn open_txn<'a>(txns: &'a mut Vec<Txn>, write: &KeyWrite) -> &'a mut Txn {
+    if !txns.last().is_some_and(|t| fits(t, write)) {
+        txns.push(Txn::new());
+    }
+    let last = txns.len() - 1;
+    &mut txns[last]
+}
+
+/// The writes that raise the epochs of a new incarnation of `consumer` on `topic`
+/// ([`Registrar::raise_epochs`]), decided on the records as stored now.
+async fn raised_epochs<R: Registrar>(
+    backend: &R,
+    store: &dyn LeaseStore,
+    topic: &str,
+    consumer: &str,
+    lease: SessionId,
+) -> Result<Vec<KeyWrite>, StoreError> {
+    let prefixes = backend.epoch_prefixes(topic);
+    if prefixes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut snapshot = PrefixSnapshot { kvs: Vec::new(), revision: 0 };
+    for prefix in prefixes {
+        let read = store.get_prefix(&prefix).await?;
+        snapshot.kvs.extend(read.kvs);
+        snapshot.revision = snapshot.revision.max(read.revision);
+    }
+    let cache = <R::Cache as MirrorCache>::from_snapshot(backend.core().keys(), snapshot);
+    Ok(backend.raise_epochs(&cache, topic, consumer, lease, super::records::now_micros()))
 }
 
 /// The records bound to `consumer`'s registration on `topic`, as stored now.

@@ -71,6 +71,10 @@ pub struct LocalStream<T> {
     /// Store revision of the registration write. Before the cache reaches it, a missing
     /// or different record means "not seen yet"; after it, "replaced or expired".
     pub registered_at: Revision,
+    /// Store revision of the registration that opened this stream: unlike
+    /// `registered_at`, kept when a lost registration is written again. Epochs stored before
+    /// it belong to an earlier incarnation of the name until raised (docs/design.md §10).
+    pub incarnation_at: Revision,
     /// Whether the snapshot (always the first message) has been sent.
     pub activated: bool,
     /// Since when the store has lost this stream's registration while the stream is open
@@ -106,6 +110,7 @@ impl<T: Told> LocalStream<T> {
         let stream = Self {
             session,
             registered_at,
+            incarnation_at: registered_at,
             activated: false,
             lost_since: None,
             told: T::default(),
