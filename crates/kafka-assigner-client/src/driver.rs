@@ -128,8 +128,14 @@ impl<H: Handler> Driver<H> {
     /// Runs until a fatal error or, after `stop`, the end of the shutdown.
     pub async fn run(mut self, stop: oneshot::Receiver<()>) -> Result<ShutdownOutcome, ClientError> {
         let result = self.serve(stop).await;
-        self.finish().await;
-        result
+        let abandoned = self.finish().await;
+        match result {
+            Ok(outcome) if abandoned > 0 => {
+                Err(ClientError::HandlerCallsAbandoned { abandoned, waited: self.session_timeout, outcome })
+            }
+            // A fatal error says more than the abandoned calls, which were logged and counted.
+            result => result,
+        }
     }
 
     async fn serve(&mut self, stop: oneshot::Receiver<()>) -> Result<ShutdownOutcome, ClientError> {
@@ -202,8 +208,11 @@ impl<H: Handler> Driver<H> {
                     match snapshot {
                         Ok(Some(snapshot)) => {
                             let partitions = snapshot.partitions.iter().map(|p| (p.partition, p.epoch, p.warming));
-                            self.gate.snapshot(partitions);
-                            self.release_gate();
+                            if self.gate.snapshot(snapshot.revision, partitions) {
+                                self.release_gate();
+                            } else {
+                                tracing::debug!(revision = snapshot.revision, "an epoch snapshot older than one applied; ignored");
+                            }
                         }
                         // A drain ends both streams; the commands' end is what tells.
                         Ok(None) | Err(_) if stopping => self.epochs = None,
@@ -524,17 +533,28 @@ impl<H: Handler> Driver<H> {
         self.gate.reset();
     }
 
-    /// Unassigns what is left, runs the queued handler calls, sends the last
-    /// acknowledgements (bounded), and marks the client disconnected.
-    async fn finish(&mut self) {
+    /// Unassigns what is left, runs the queued handler calls (for at most the session
+    /// timeout: past it the partitions count as lost anyway, and a hung handler must not
+    /// hold the shutdown forever), sends the last acknowledgements (bounded), and marks the
+    /// client disconnected. Returns how many handler calls were abandoned.
+    async fn finish(&mut self) -> usize {
         if let Some(connecting) = self.connecting.take() {
             connecting.abort();
         }
         self.drop_epochs();
         self.apply(Input::LoseAll);
         self.stream = None;
+        let mut abandoned = 0;
         if let Some(workers) = self.workers.take() {
-            workers.finish().await;
+            abandoned = workers.finish(self.session_timeout).await;
+        }
+        if abandoned > 0 {
+            tracing::warn!(
+                abandoned,
+                session_timeout = ?self.session_timeout,
+                "handler calls still running after the session timeout; stopping without them"
+            );
+            self.metrics.handler_calls_abandoned.inc_by(abandoned as u64);
         }
         // A release that was running when we stopped is acknowledged now.
         while let Ok(input) = self.done.try_recv() {
@@ -554,6 +574,7 @@ impl<H: Handler> Driver<H> {
         self.connected_tx.send_replace(false);
         self.metrics.connected.set(0);
         self.metrics.owned_partitions.set(self.state.owned().len() as i64);
+        abandoned
     }
 }
 
@@ -564,3 +585,7 @@ async fn next_message<T>(stream: &mut Option<Streaming<T>>) -> Result<Option<T>,
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod tests;

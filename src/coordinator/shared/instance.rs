@@ -20,10 +20,10 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
 
-use super::registrar::Registrar;
+use super::{mirror::MirrorCache, registrar::Registrar};
 use crate::coordinator::{
-    CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, PartitionEpoch, StatusView,
-    TopicPlacement, validate_consumer_name, validate_topic_name,
+    CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, EpochsAt, PartitionEpoch,
+    StatusView, TopicPlacement, validate_consumer_name, validate_topic_name,
 };
 use crate::proto::v1::DeregisterAction;
 use crate::store::StoreError;
@@ -291,18 +291,25 @@ struct Watching<B> {
 }
 
 impl<B: Backend> Watching<B> {
-    /// The next snapshot that differs from the last one, or the end.
-    async fn next(mut self) -> Option<(Vec<PartitionEpoch>, Self)> {
+    /// The next snapshot whose epochs differ from the last one's, or the end.
+    async fn next(mut self) -> Option<(EpochsAt, Self)> {
         loop {
             if !self.backend.core().streams().contains(&self.key) {
                 return None;
             }
             let (topic, consumer, _) = &self.key;
             let since = self.backend.core().streams().with(&self.key, |s| s.incarnation_at)?;
+            // Read before the epochs, not after: the cache only moves forward, so the epochs
+            // hold every change up to this revision (a change applied between the two reads,
+            // or an own write applied ahead of the watch, makes them newer, never older).
+            // Read after, it could be a later revision than the epochs were read at.
+            let revision = self.backend.core().mirror().read().revision();
             let now = self.backend.epochs(topic, consumer, since)?;
             if self.last.as_ref() != Some(&now) {
                 self.last = Some(now.clone());
-                return Some((now, self));
+                // Revisions are positive; 0 (never sent from a store) only if one were not.
+                let revision = u64::try_from(revision).unwrap_or(0);
+                return Some((EpochsAt { revision, partitions: now }, self));
             }
             tokio::select! {
                 changed = self.changed.changed() => changed.ok()?,
