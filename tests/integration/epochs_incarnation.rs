@@ -12,12 +12,18 @@ use kafka_assigner::coordinator::{FleetConfig, FleetCoordinator};
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::server::AssignerServer;
 
+use kafka_assigner::proto::INCARNATION_HEADER;
+use kafka_assigner::proto::v1::{RegisterRequest, kafka_assigner_client::KafkaAssignerClient};
+
 use crate::epochs::{next_until, register, watch};
-use crate::support::assigner::{Backend, PROMPT, TTL, TestCluster, TestStore, connect, on_both_backends};
+use crate::support::assigner::{
+    Backend, PROMPT, TTL, TestCluster, TestConsumer, TestStore, connect, on_both_backends,
+};
 
 on_both_backends!(
     a_new_incarnation_raises_the_owned_and_warming_epochs_and_the_old_one_is_fenced,
-    a_new_fleet_incarnation_raises_its_lease_epochs_and_the_old_one_is_fenced
+    a_new_fleet_incarnation_raises_its_lease_epochs_and_the_old_one_is_fenced,
+    the_same_process_reconnecting_keeps_its_epochs_and_another_is_raised
 );
 
 /// Partition → epoch.
@@ -110,4 +116,47 @@ async fn a_new_fleet_incarnation_raises_its_lease_epochs_and_the_old_one_is_fenc
         next_until(&mut a2_epochs, raised).await.into_iter().map(|(p, (e, _))| (p, e)).collect();
     old_writes_are_refused(&old, &new);
     drop((a, a2, server, memory, etcd));
+}
+
+/// `Register` as the client process `incarnation` (the header the client crate sends).
+async fn register_as(url: &str, consumer: &str, incarnation: u64) -> TestConsumer {
+    let client = KafkaAssignerClient::connect(url.to_string()).await.expect("connect");
+    let mut sent = client.clone();
+    let mut request =
+        tonic::Request::new(RegisterRequest { consumer_name: consumer.into(), topic: "events".into() });
+    request.metadata_mut().insert(INCARNATION_HEADER, incarnation.into());
+    let stream = sent.register(request).await.expect("registers").into_inner();
+    TestConsumer::from_stream(client, consumer, "events", stream)
+}
+
+/// The epochs `consumer` is told on `url` once it owns all four partitions.
+async fn owned_epochs(url: &str, consumer: &str, done: impl Fn(&Epochs) -> bool) -> Epochs {
+    let mut epochs = watch(url, consumer, "events").await.expect("registered");
+    let all = |s: &BTreeMap<u32, (u64, bool)>| {
+        let owned: Epochs = s.iter().map(|(p, (e, _))| (*p, *e)).collect();
+        owned.len() == 4 && done(&owned)
+    };
+    next_until(&mut epochs, all).await.into_iter().map(|(p, (e, _))| (p, e)).collect()
+}
+
+/// A `Register` with the process number of the registration it replaces is that process
+/// reconnecting: its epochs stay as they are (nothing to fence, and its handler keeps its
+/// partitions undisturbed). Another number is a new process: every epoch is raised.
+async fn the_same_process_reconnecting_keeps_its_epochs_and_another_is_raised(backend: Backend) {
+    let cluster = TestCluster::start(backend, 1, |_| {}).await;
+    let url = cluster.instance(0).grpc_url.clone();
+    let mut first = register_as(&url, "a", 7).await;
+    first.wait_owned(4, PROMPT).await;
+    let before = owned_epochs(&url, "a", |_| true).await;
+
+    let mut again = register_as(&url, "a", 7).await;
+    again.wait_owned(4, PROMPT).await;
+    let kept = owned_epochs(&url, "a", |_| true).await;
+    assert_eq!(kept, before, "the same process reconnected: its epochs are kept");
+
+    let mut other = register_as(&url, "a", 8).await;
+    other.wait_owned(4, PROMPT).await;
+    let raised = owned_epochs(&url, "a", |e| e.iter().all(|(p, epoch)| *epoch > before[p])).await;
+    old_writes_are_refused(&before, &raised);
+    drop((first, again, other));
 }

@@ -71,6 +71,9 @@ pub struct Driver<H> {
     session_timeout: Duration,
     /// When each running `release` stops counting as holding its partition.
     release_deadlines: BTreeMap<u32, Instant>,
+    /// This client's number on every `Register` ([`calls::new_incarnation`]): a reconnect is
+    /// the same process, so the assigner keeps its epochs.
+    incarnation: u64,
 }
 
 impl<H: Handler> Driver<H> {
@@ -112,6 +115,7 @@ impl<H: Handler> Driver<H> {
             lease_deadline: None,
             session_timeout,
             release_deadlines: BTreeMap::new(),
+            incarnation: calls::new_incarnation(),
         }
     }
 
@@ -446,10 +450,11 @@ impl<H: Handler> Driver<H> {
     fn connect(&mut self) {
         let endpoint = self.endpoints[self.next_endpoint % self.endpoints.len()].clone();
         let (consumer, topic) = (self.config.consumer_name.clone(), self.config.topic.clone());
-        let timeout = self.config.call_timeout;
+        let (timeout, incarnation) = (self.config.call_timeout, self.incarnation);
         tracing::debug!(endpoint = %endpoint.uri(), "connecting");
-        self.connecting =
-            Some(tokio::spawn(async move { calls::register(&endpoint, &consumer, &topic, timeout).await }));
+        let register =
+            async move { calls::register(&endpoint, &consumer, &topic, incarnation, timeout).await };
+        self.connecting = Some(tokio::spawn(register));
     }
 
     fn connected(&mut self, registered: Registered) {

@@ -303,7 +303,7 @@ mod tests {
         for (consumer, topic, bad_name) in
             [("", "events", true), ("a/b", "events", true), ("a", "", true), ("a", "unknown", false)]
         {
-            let error = register(&backend, consumer, topic).await.err().expect("refused");
+            let error = register(&backend, consumer, topic, 0).await.err().expect("refused");
             let expected = if bad_name {
                 matches!(error, CoordinatorError::InvalidName(_))
             } else {

@@ -30,7 +30,6 @@ use std::{
 };
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -153,16 +152,7 @@ impl ConsumerGroupCoordinator for StaticCoordinator {
     }
 
     async fn watch_epochs(&self, consumer: &str, topic: &str) -> Result<EpochStream, CoordinatorError> {
-        // register.rs serves the configuration's epochs as if from STATIC_EPOCH; this run
-        // starts from `config.epoch` instead, so shift them (by 0 without `--state-dir`).
-        let shift = self.inner.config.epoch.saturating_sub(register::STATIC_EPOCH);
-        let epochs = register::watch_epochs(&self.inner, consumer, topic)?;
-        Ok(Box::pin(epochs.map(move |mut snapshot| {
-            for partition in &mut snapshot {
-                partition.epoch = partition.epoch.saturating_add(shift);
-            }
-            snapshot
-        })))
+        register::watch_epochs(&self.inner, consumer, topic)
     }
 
     async fn status(&self) -> StatusView {

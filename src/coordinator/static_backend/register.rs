@@ -59,8 +59,8 @@ pub(super) fn register(
     Ok(command_stream(rx))
 }
 
-/// The static backend's epoch of every ownership (docs/design.md §10): the configuration
-/// decides who owns what, and nothing ever moves while it runs.
+/// The static backend's epoch of every ownership without `--state-dir` (docs/design.md
+/// §10): the configuration decides who owns what, and nothing ever moves while it runs.
 pub(super) const STATIC_EPOCH: u64 = 1;
 
 /// The revision of every static epoch snapshot: there is no store, and the one snapshot a
@@ -68,7 +68,8 @@ pub(super) const STATIC_EPOCH: u64 = 1;
 const STATIC_REVISION: u64 = 1;
 
 /// The epochs of a registered consumer's configured partitions: one snapshot, every
-/// partition at [`STATIC_EPOCH`]; the stream ends with the consumer's registration.
+/// partition at this run's epoch (`config.epoch`); the stream ends with the consumer's
+/// registration.
 pub(super) fn watch_epochs(
     inner: &Arc<Static>,
     consumer: &str,
@@ -92,7 +93,7 @@ pub(super) fn watch_epochs(
         .assignment
         .partitions(topic, consumer, count)?
         .into_iter()
-        .map(|partition| PartitionEpoch { partition, epoch: STATIC_EPOCH, warming: false })
+        .map(|partition| PartitionEpoch { partition, epoch: inner.config.epoch, warming: false })
         .collect();
     let shutdown = inner.shutdown.clone();
     let end = async move {
