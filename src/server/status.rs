@@ -21,6 +21,7 @@ pub fn code_of(error: &CoordinatorError) -> Code {
         CoordinatorError::Contended(_) | CoordinatorError::Replaced(_) => Code::Aborted,
         // Passing: the consumer reconnects (here later, or to another instance).
         CoordinatorError::NoSession(_)
+        | CoordinatorError::RegistrationLost(_)
         | CoordinatorError::ShuttingDown
         | CoordinatorError::StreamEnded(..) => Code::Unavailable,
         CoordinatorError::NotReading(_) => Code::ResourceExhausted,

@@ -117,6 +117,8 @@ struct State {
     cut: Option<Option<Instant>>,
     /// Reads and watches fail while sessions and transactions still work.
     reads_cut: bool,
+    /// New sessions are refused while everything else works.
+    grants_refused: bool,
     /// Sessions granted through this wrapper and not revoked or expired through it.
     sessions: BTreeSet<SessionId>,
     stats: FaultStats,
@@ -200,6 +202,7 @@ impl FaultyStore {
             watch_lag: Duration::ZERO,
             cut: None,
             reads_cut: false,
+            grants_refused: false,
             sessions: BTreeSet::new(),
             stats: FaultStats::default(),
             stall: None,
@@ -279,6 +282,13 @@ impl FaultyStore {
     /// Ends a [`cut_reads`](Self::cut_reads) now.
     pub fn restore_reads(&self) {
         self.state().reads_cut = false;
+    }
+
+    /// Refuses new sessions (`grant_session` fails `Unavailable`) while `on`; every other
+    /// call works: an instance whose lease the store expired early cannot get another one
+    /// yet, so its lost registrations stay lost (`shared/rebind.rs`).
+    pub fn refuse_grants(&self, on: bool) {
+        self.state().grants_refused = on;
     }
 
     /// Holds back the answers of transactions (`txn`, `put`, `delete`) until
@@ -415,6 +425,9 @@ impl LeaseStore for FaultyStore {
     async fn grant_session(&self, ttl: Duration) -> Result<SessionId, StoreError> {
         let inner = self.inner.clone();
         let shared = self.shared.clone();
+        if self.state().grants_refused {
+            return Err(self.refused("grant session"));
+        }
         self.call("grant session", Kind::Write, async move {
             let session = inner.grant_session(ttl).await?;
             // Granted in the store, even if the answer is lost below.

@@ -218,6 +218,19 @@ impl<T: Told> Visit<'_, T> {
         self.stream.seen()
     }
 
+    /// Keeps what the stream's registration record says, as the cache holds it now at
+    /// `mod_revision` (call it only while the record is this stream's): `encode` runs only
+    /// when the record changed since it was last kept, and answers `None` when the record
+    /// says nothing a fresh registration would not. A lost registration is written again
+    /// as what was kept ([`super::rebind`]).
+    pub fn keep(&mut self, mod_revision: Revision, encode: impl FnOnce() -> Option<Vec<u8>>) {
+        let stream = &mut *self.stream;
+        if stream.kept.as_ref().is_some_and(|(at, _)| *at == mod_revision) {
+            return;
+        }
+        stream.kept = encode().map(|record| (mod_revision, record));
+    }
+
     /// Applies the relay model's `step` to the stream: its gains go now, its losses at the
     /// end of the pass, and so does its end if the step (or a full buffer) ends it.
     pub fn apply(mut self, step: RelayStep<T>) {

@@ -77,6 +77,12 @@ pub struct LocalStream<T> {
     /// (the instance lease expired before this instance fenced itself). The stream stays
     /// open and relayed while [`super::rebind`] writes the registration again.
     pub lost_since: Option<tokio::time::Instant>,
+    /// The registration record as the cache last held it while it was this stream's, with
+    /// its mod revision, when it said more than a fresh registration would (a drain, a
+    /// restart hold, placement info; kept by the backend's relay, [`super::relay::Visit::keep`]).
+    /// A lost registration is written again as this ([`super::rebind`]), so the consumer
+    /// does not forget that it is draining.
+    pub kept: Option<(Revision, Vec<u8>)>,
     /// What the consumer has been told so far.
     pub told: T,
     /// Whether `told` followed every relay step since the snapshot. A step that told
@@ -108,6 +114,7 @@ impl<T: Told> LocalStream<T> {
             registered_at,
             activated: false,
             lost_since: None,
+            kept: None,
             told: T::default(),
             told_complete: true,
             tx,
