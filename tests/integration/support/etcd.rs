@@ -135,7 +135,9 @@ impl EtcdServer {
     pub fn store_config(&self) -> EtcdStoreConfig {
         let mut config = EtcdStoreConfig::new(self.endpoints())
             .with_connect_timeout(Duration::from_secs(2))
-            .with_request_timeout(Duration::from_secs(5));
+            .with_request_timeout(Duration::from_secs(5))
+            // As the service sets it: a quarter of the session TTL.
+            .with_watch_progress_every(super::assigner::TTL / 4);
         if let Mode::Tls(tls) = &self.mode {
             config.security = tls.security();
         }

@@ -1,5 +1,15 @@
 //! Following the store: the watch, the re-reads that close its gaps, and the periodic
 //! resync, as one step at a time that the backend's own loop asks for.
+//!
+//! **A watch that hangs without an error** (a connection that stopped forwarding) would
+//! look like a quiet store. A store whose watches can hang sends progress marks on a quiet
+//! watch ([`LeaseStore::watch_progress_every`]): a watch that has sent nothing at all, not
+//! even a mark, for [`Source::stale_after`] (three quarters of the TTL) is stale. The
+//! mirror then does not follow, as of when it last heard from the watch, so the upkeep
+//! fences the streams at once (the fence of a mirror that cannot read the store); and it
+//! watches again, following again only once the new watch has been heard from.
+//!
+//! [`LeaseStore::watch_progress_every`]: crate::store::LeaseStore::watch_progress_every
 
 use std::time::Duration;
 
@@ -43,12 +53,52 @@ pub struct Follower<'a, C: MirrorCache> {
     backoff: Duration,
     /// When a failed re-read may be tried again.
     retry_at: Option<tokio::time::Instant>,
+    /// When the watch was last heard from (opened, an event, a progress mark).
+    heard: tokio::time::Instant,
+    /// A watch went silent: the mirror follows again only once a new watch is heard from.
+    unproven: bool,
 }
 
 impl<'a, C: MirrorCache> Follower<'a, C> {
     pub(super) fn new(mirror: &'a Mirror<C>, source: Source<'a, C::Keys>) -> Self {
         let from = mirror.read().revision() + 1;
-        Self { mirror, source, phase: Phase::Watch(from, None), backoff: FIRST_BACKOFF, retry_at: None }
+        Self {
+            mirror,
+            source,
+            phase: Phase::Watch(from, None),
+            backoff: FIRST_BACKOFF,
+            retry_at: None,
+            heard: tokio::time::Instant::now(),
+            unproven: false,
+        }
+    }
+
+    /// When the open watch counts as silent, if the store's watches send progress marks.
+    fn silent_at(&self) -> Option<tokio::time::Instant> {
+        let every = self.source.store.watch_progress_every()?;
+        // Never less than two marks' worth, whatever the TTL.
+        Some(self.heard + self.source.stale_after.max(every * 2))
+    }
+
+    /// The watch said nothing since [`heard`](Self::heard): not following as of then, and
+    /// watch again (after a re-read: what the watch held back is unknown).
+    fn went_silent(&mut self) {
+        let (mirror, silent_for) = (self.mirror, self.heard.elapsed());
+        tracing::warn!(
+            mirror = mirror.name,
+            ?silent_for,
+            "the watch sent nothing, not even a progress mark: the relay is stale; watching again"
+        );
+        mirror.set_silent(self.heard);
+        self.unproven = true;
+        self.phase = Phase::Reread { interrupted: true, read: None };
+    }
+
+    /// Reports following, unless a silent watch made the mirror wait for a new one to speak.
+    fn following(&self, interrupted: bool) {
+        if !self.unproven {
+            self.mirror.set_following(true, interrupted);
+        }
     }
 
     /// Waits until the cache has advanced (a watched revision, an own write, a re-read
@@ -61,12 +111,13 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
     /// watch stays open, a watch or re-read under way goes on, a failed re-read keeps its
     /// backoff), so an instance's loop can wait on it beside its other inputs.
     pub async fn next(&mut self) -> Option<Changes> {
-        let Source { store, keys, shutdown, resync_interval } = self.source;
+        let Source { store, keys, shutdown, resync_interval, .. } = self.source;
         let (mirror, name) = (self.mirror, self.mirror.name);
         loop {
             if shutdown.is_cancelled() {
                 return None;
             }
+            let silent = self.silent_at();
             match &mut self.phase {
                 Phase::Watch(from, call) => {
                     let from = *from;
@@ -78,7 +129,8 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     match watch {
                         Ok(stream) => {
                             self.backoff = FIRST_BACKOFF;
-                            mirror.set_following(true, false);
+                            self.heard = tokio::time::Instant::now();
+                            self.following(false);
                             let resync = Box::pin(tokio::time::sleep(jittered(resync_interval)));
                             self.phase = Phase::Following(stream, resync);
                         }
@@ -89,6 +141,12 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     }
                 }
                 Phase::Following(stream, resync) => {
+                    let silence = async {
+                        match silent {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     // `None`: an own write was offered, no watch item is at hand.
                     let item = tokio::select! {
                         _ = shutdown.cancelled() => return None,
@@ -96,9 +154,20 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                             self.phase = Phase::Reread { interrupted: false, read: None };
                             continue;
                         }
+                        () = silence => {
+                            self.went_silent();
+                            continue;
+                        }
                         item = stream.next() => Some(item),
                         _ = mirror.own_offered.notified() => None,
                     };
+                    if item.is_some() {
+                        self.heard = tokio::time::Instant::now();
+                        if std::mem::take(&mut self.unproven) {
+                            tracing::info!(mirror = name, "the new watch speaks: following again");
+                            mirror.set_following(true, false);
+                        }
+                    }
                     let (changes, advanced, failed) = apply(mirror, keys, stream, item);
                     if failed {
                         self.phase = Phase::Reread { interrupted: true, read: None };
@@ -139,7 +208,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                             cache.carry_over(&mut fresh);
                             *cache = fresh;
                             drop(cache);
-                            mirror.set_following(true, interrupted);
+                            self.following(interrupted);
                             return Some(changes);
                         }
                         Err(error) => {
@@ -170,6 +239,8 @@ fn apply<C: MirrorCache>(
     let before = cache.revision();
     while let Some(next) = item {
         match next {
+            // A progress mark: the watch is alive, there is nothing to apply.
+            Some(Ok(batch)) if batch.events.is_empty() => {}
             // A revision already applied as an own write: skip the copy.
             Some(Ok(batch)) if batch.revision <= cache.revision() => {}
             Some(Ok(batch)) => {
