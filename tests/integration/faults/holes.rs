@@ -256,6 +256,14 @@ async fn an_instance_whose_watch_hangs_fences_its_consumers() {
     let mut b = cluster.consumer_on(0, "b", WIDE).await;
     b.expect_snapshot().await;
     b.wait_for(PROMPT, "warms", |b| !b.warms.is_empty()).await;
+    // A quiet watch that answers etcd's progress requests is not silent: two TTLs in
+    // which nothing changes end no stream.
+    let quiet = Instant::now();
+    while quiet.elapsed() < TTL * 2 {
+        a.poll_now();
+        assert!(a.ended.is_none(), "a quiet, live watch fenced a: {a:?}");
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
     steer.hush_watches();
     let hushed = Instant::now();
     b.ready_all().await;

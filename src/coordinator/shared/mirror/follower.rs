@@ -73,11 +73,24 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
         }
     }
 
-    /// When the open watch counts as silent, if the store's watches send progress marks.
-    fn silent_at(&self) -> Option<tokio::time::Instant> {
+    /// How long the open watch may say nothing, if the store's watches send progress
+    /// marks (never less than two marks' worth, whatever the TTL), and how often they do.
+    fn silence(&self) -> Option<(Duration, Duration)> {
         let every = self.source.store.watch_progress_every()?;
-        // Never less than two marks' worth, whatever the TTL.
-        Some(self.heard + self.source.stale_after.max(every * 2))
+        Some((self.source.stale_after.max(every * 2), every))
+    }
+
+    /// The watch's silence reached its bound at `at`. Noticed late, it says nothing about
+    /// the watch: the loop was busy elsewhere, and the watch asks for progress only while it
+    /// is polled (a busy instance delivers late; it must not fence itself for being busy).
+    /// Then the watch gets two more progress periods to speak, and `false` is returned.
+    fn silence_holds(&mut self, at: tokio::time::Instant, (bound, every): (Duration, Duration)) -> bool {
+        let now = tokio::time::Instant::now();
+        if now.duration_since(at) <= every {
+            return true;
+        }
+        self.heard = now + every * 2 - bound;
+        false
     }
 
     /// The watch said nothing since [`heard`](Self::heard): not following as of then, and
@@ -117,7 +130,8 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
             if shutdown.is_cancelled() {
                 return None;
             }
-            let silent = self.silent_at();
+            let silence = self.silence();
+            let silent_at = silence.map(|(bound, _)| self.heard + bound);
             match &mut self.phase {
                 Phase::Watch(from, call) => {
                     let from = *from;
@@ -141,25 +155,31 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     }
                 }
                 Phase::Following(stream, resync) => {
-                    let silence = async {
-                        match silent {
+                    let silent = async {
+                        match silent_at {
                             Some(at) => tokio::time::sleep_until(at).await,
                             None => std::future::pending().await,
                         }
                     };
-                    // `None`: an own write was offered, no watch item is at hand.
+                    // `None`: an own write was offered, no watch item is at hand. A watch
+                    // item at hand goes before the silence: it ends it.
                     let item = tokio::select! {
+                        biased;
                         _ = shutdown.cancelled() => return None,
                         _ = resync.as_mut() => {
                             self.phase = Phase::Reread { interrupted: false, read: None };
                             continue;
                         }
-                        () = silence => {
-                            self.went_silent();
-                            continue;
-                        }
                         item = stream.next() => Some(item),
                         _ = mirror.own_offered.notified() => None,
+                        () = silent => {
+                            if let (Some(at), Some(silence)) = (silent_at, silence)
+                                && self.silence_holds(at, silence)
+                            {
+                                self.went_silent();
+                            }
+                            continue;
+                        }
                     };
                     if item.is_some() {
                         self.heard = tokio::time::Instant::now();
