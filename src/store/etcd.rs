@@ -403,7 +403,8 @@ impl LeaseStore for EtcdStore {
         };
         let on_break = (self.clients.clone(), endpoint);
         let timing = watch::Timing { progress_every: self.config.watch_progress_every, answer_within };
-        let mut watch = Watch::new(stream, from_revision, self.clients.endpoints().to_string(), timing, on_break);
+        let mut watch =
+            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), timing, on_break);
         match first {
             Some(response) => watch.absorb(response),
             None => {

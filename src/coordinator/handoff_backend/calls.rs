@@ -61,8 +61,14 @@ pub(super) fn answer(inner: &Handoff, call: CallInFlight, result: CallResult) {
 /// instance still holds the consumer's stream: the store lost the registration and it is
 /// being written again (`shared/rebind.rs`), so the refusal is passing, not final (a
 /// client gives up on `NOT_FOUND`, and the handoff would wait for its time limit).
-fn while_rewritten(inner: &Handoff, topic: &str, consumer: &str, error: CoordinatorError) -> CoordinatorError {
-    let unknown = matches!(&error, CoordinatorError::Handoff { source: HandoffError::UnknownConsumer(_), .. });
+fn while_rewritten(
+    inner: &Handoff,
+    topic: &str,
+    consumer: &str,
+    error: CoordinatorError,
+) -> CoordinatorError {
+    let unknown =
+        matches!(&error, CoordinatorError::Handoff { source: HandoffError::UnknownConsumer(_), .. });
     if !unknown || inner.core.streams().session_of(topic, consumer).is_none() {
         return error;
     }

@@ -36,7 +36,8 @@ async fn a_owns_all(store: Arc<dyn LeaseStore>) -> (HandoffCoordinator, CommandS
         drain_policy: crate::drain::DrainPolicy::Drain,
         ..HandoffConfig::default()
     };
-    let coordinator = HandoffCoordinator::start(store, config, Arc::new(Metrics::new())).await.expect("starts");
+    let coordinator =
+        HandoffCoordinator::start(store, config, Arc::new(Metrics::new())).await.expect("starts");
     let mut a = coordinator.register("a", "t").await.expect("a registers");
     let mut owned = 0;
     while owned < 2 {

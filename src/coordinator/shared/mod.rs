@@ -413,8 +413,13 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     /// prefix every `resync_interval` as a safety net, until shutdown.
     pub fn follower(&self, resync_interval: Duration) -> mirror::Follower<'_, C> {
         let stale_after = lease::fence_after(self.lease_ttl);
-        let source =
-            Source { store: &*self.store, keys: &self.keys, resync_interval, stale_after, shutdown: &self.shutdown };
+        let source = Source {
+            store: &*self.store,
+            keys: &self.keys,
+            resync_interval,
+            stale_after,
+            shutdown: &self.shutdown,
+        };
         self.mirror.follower(source)
     }
 

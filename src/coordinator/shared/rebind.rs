@@ -42,7 +42,7 @@ pub async fn rewrite_all<R: Registrar>(backend: &Arc<R>) {
         let Some(lease) = live_lease(core).await else { continue };
         let written = stream::iter(lost)
             .map(|key| async move {
-                let kept = core.streams.with(&key, |s| s.kept.as_ref().map(|(_, record)| record.clone()));
+                let kept = core.streams.with(&key, |s| s.kept.as_ref().map(|kept| kept.1.clone()));
                 let kept = kept.flatten();
                 let result = super::registration::rewrite_lost(&**backend, &key, kept, lease).await;
                 (key, result)

@@ -225,10 +225,10 @@ impl<T: Told> Visit<'_, T> {
     /// as what was kept ([`super::rebind`]).
     pub fn keep(&mut self, mod_revision: Revision, encode: impl FnOnce() -> Option<Vec<u8>>) {
         let stream = &mut *self.stream;
-        if stream.kept.as_ref().is_some_and(|(at, _)| *at == mod_revision) {
+        if stream.kept.as_ref().is_some_and(|kept| kept.0 == mod_revision) {
             return;
         }
-        stream.kept = encode().map(|record| (mod_revision, record));
+        stream.kept = encode().map(|record| Box::new((mod_revision, record)));
     }
 
     /// Applies the relay model's `step` to the stream: its gains go now, its losses at the

@@ -82,7 +82,8 @@ pub struct LocalStream<T> {
     /// restart hold, placement info; kept by the backend's relay, [`super::relay::Visit::keep`]).
     /// A lost registration is written again as this ([`super::rebind`]), so the consumer
     /// does not forget that it is draining.
-    pub kept: Option<(Revision, Vec<u8>)>,
+    /// Boxed: most streams keep nothing, and every stream carries the field.
+    pub kept: Option<Box<(Revision, Vec<u8>)>>,
     /// What the consumer has been told so far.
     pub told: T,
     /// Whether `told` followed every relay step since the snapshot. A step that told

@@ -35,7 +35,12 @@ impl Events {
             if !batch.events.is_empty() {
                 break batch;
             }
-            assert!(batch.revision >= self.last, "{what}: a progress mark at {} after {}", batch.revision, self.last);
+            assert!(
+                batch.revision >= self.last,
+                "{what}: a progress mark at {} after {}",
+                batch.revision,
+                self.last
+            );
         };
         assert!(batch.revision > self.last, "{what}: revision {} after {}", batch.revision, self.last);
         for event in &batch.events {

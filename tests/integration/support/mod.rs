@@ -70,4 +70,3 @@ where
         Err(_) => panic!("timed out after {deadline:?} waiting for {what}"),
     }
 }
-

@@ -308,7 +308,8 @@ impl<C: MirrorCache> Mirror<C> {
         let snapshot = store.get_prefix(C::prefix(keys)).await?;
         let cache = C::from_snapshot(keys, snapshot);
         let (changed, _) = watch::channel(cache.revision());
-        let health = watch::Sender::new(MirrorHealth { following: true, interruptions: 0, silent_since: None });
+        let health =
+            watch::Sender::new(MirrorHealth { following: true, interruptions: 0, silent_since: None });
         Ok(Self {
             cache: RwLock::new(cache),
             changed,
