@@ -95,6 +95,8 @@ mod tests {
             (CoordinatorError::NoEpochs("x".into()), Code::Unimplemented),
             (CoordinatorError::Contended("x".into()), Code::Aborted),
             (CoordinatorError::ShuttingDown, Code::Unavailable),
+            // Passing: the client retries it until the registration is written again.
+            (CoordinatorError::RegistrationLost("x".into()), Code::Unavailable),
             (CoordinatorError::NotReading("x".into()), Code::ResourceExhausted),
             (CoordinatorError::Store(StoreError::Closed), Code::Unavailable),
             (
