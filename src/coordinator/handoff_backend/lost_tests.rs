@@ -1,7 +1,7 @@
 //! A registration the store lost while its stream is open (the instance lease expired
 //! early, `shared/rebind.rs`), on the memory store (paused time): it is written again as it
 //! was (a draining consumer still drains), and the consumer's calls meanwhile are refused
-//! as passing, not as final.
+//! as passing, not as final. And a release that waited out its bound is counted.
 
 use std::{sync::Arc, time::Duration};
 
@@ -139,4 +139,37 @@ async fn calls_while_a_lost_registration_is_written_again_are_refused_as_passing
         assert!(tokio::time::Instant::now() < deadline, "still refused: {error}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The new owner does not read its stream: the old owner's release waits out its bound
+/// for the new owner's `assigned` to be taken, then goes, and that is counted.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_waited_out_its_bound_for_the_new_owner_is_counted() {
+    let config = HandoffConfig {
+        topic_partitions: [("t".to_string(), 2)].into(),
+        lease_ttl: Duration::from_secs(3),
+        reconcile_interval: Duration::from_millis(100),
+        ..HandoffConfig::default()
+    };
+    let metrics = Arc::new(Metrics::new());
+    let store = Arc::new(MemoryStore::new());
+    let coordinator = HandoffCoordinator::start(store, config, metrics.clone()).await.expect("starts");
+    let mut a = coordinator.register("a", "t").await.expect("a registers");
+    let mut owned = 0;
+    while owned < 2 {
+        if let Some(Command::Assignment(update)) = next(&mut a).await {
+            owned += update.assigned.len();
+        }
+    }
+    let mut b = coordinator.register("b", "t").await.expect("b registers");
+    let p = warmed(&mut b).await;
+    // From now on b reads nothing: its `assigned` stays in its channel.
+    coordinator.partition_ready("b", "t", p).await.expect("ready");
+    loop {
+        if let Some(Command::Release(_)) = next(&mut a).await {
+            break;
+        }
+    }
+    let counted = "kafka_assigner_losses_waited_out_total 1";
+    assert!(metrics.encode().lines().any(|line| line == counted), "{}", metrics.encode());
 }

@@ -124,7 +124,12 @@ impl<T: Told> Streams<LocalStream<T>> {
         RelayPass {
             streams: self,
             concerned: concerned.into_iter(),
-            book: PassBook { gate: PassGate::new(), deferred: Vec::new(), ended: Vec::new(), lost: false },
+            book: PassBook {
+                gate: PassGate::counting(self.metrics.losses_waited_out.clone()),
+                deferred: Vec::new(),
+                ended: Vec::new(),
+                lost: false,
+            },
         }
     }
 }

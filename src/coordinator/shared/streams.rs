@@ -240,7 +240,7 @@ pub fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
 /// The local streams, at most one per (topic, consumer).
 pub struct Streams<S> {
     pub(super) map: DashMap<(String, String), S>,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
     /// Woken when a relay pass found a stream whose registration the store lost.
     pub(super) lost: tokio::sync::Notify,
     /// Held while a stream is admitted ([`Streams::admit`]) and while every stream is
