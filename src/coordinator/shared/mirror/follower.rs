@@ -183,10 +183,11 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     };
                     if item.is_some() {
                         self.heard = tokio::time::Instant::now();
-                        if std::mem::take(&mut self.unproven) {
-                            tracing::info!(mirror = name, "the new watch speaks: following again");
-                            mirror.set_following(true, false);
-                        }
+                    }
+                    // Only a batch or a progress mark proves a new watch (an error ends it).
+                    if matches!(item, Some(Some(Ok(_)))) && std::mem::take(&mut self.unproven) {
+                        tracing::info!(mirror = name, "the new watch speaks: following again");
+                        mirror.set_following(true, false);
                     }
                     let (changes, advanced, failed) = apply(mirror, keys, stream, item);
                     if failed {
