@@ -219,6 +219,9 @@ async fn open_store(
             let config = EtcdStoreConfig {
                 endpoints: args.etcd_endpoints.clone(),
                 security,
+                // A watch then speaks at least every quarter TTL; one silent for three
+                // quarters is stale (`coordinator::shared::mirror`).
+                watch_progress_every: args.lease_ttl / 4,
                 ..EtcdStoreConfig::default()
             };
             Arc::new(EtcdStore::connect(config).await.map_err(CoordinatorError::from)?)

@@ -196,6 +196,7 @@ async fn tell_giver(inner: &Fleet, key: &StreamKey, partitions: &[u32], done: &C
             // Taken, or dropped with its channel: only a stream still open heard it.
             Ok(()) => inner.core.streams().with(key, |stream| !stream.tx.is_closed()).unwrap_or(false),
             Err(_) => {
+                inner.core.metrics().give_backs_timed_out.inc();
                 let why = format!("it did not take a command for {bound:?}");
                 not_reading(inner, key, partitions, &why);
                 false

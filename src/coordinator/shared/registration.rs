@@ -161,18 +161,25 @@ async fn bound_records<R: Registrar>(
 
 /// Writes the registration `key` again, bound to the instance `lease`, after the store
 /// lost it (the previous lease expired before this instance fenced itself), only where no
-/// other registration took the name ([`create_bound`]). The records that were bound to it
-/// went with the lost lease (the fleet's claim step claims again). Returns the revision of
-/// the record, or `None` if another registration has the name.
+/// other registration took the name ([`create_bound`]). It is written as `kept`, what the
+/// lost record said as this instance last saw it (a drain, a restart hold: a consumer
+/// that called `Deregister` still leaves), or as a fresh registration when nothing was
+/// kept. The records that were bound to it went with the lost lease (the fleet's claim
+/// step claims again). Returns the revision of the record, or `None` if another
+/// registration has the name.
 pub async fn rewrite_lost<R: Registrar>(
     backend: &R,
     key: &StreamKey,
+    kept: Option<Vec<u8>>,
     lease: SessionId,
 ) -> Result<Option<Revision>, StoreError> {
     let (topic, consumer, registration) = key;
     let record_key = backend.registration_key(topic, consumer);
     let ours = |bytes: &[u8]| backend.registration_in(&record_key, bytes) == Some(*registration);
-    let record = backend.registration_record(consumer, *registration, 0);
+    // A kept record that is not this registration's (it cannot be: only the relay keeps it,
+    // while the record is ours) is not written.
+    let kept = kept.filter(|record| ours(record));
+    let record = kept.unwrap_or_else(|| backend.registration_record(consumer, *registration, 0));
     create_bound(&*backend.core().store, &record_key, record, lease, ours).await
 }
 

@@ -81,6 +81,13 @@ pub struct LocalStream<T> {
     /// (the instance lease expired before this instance fenced itself). The stream stays
     /// open and relayed while [`super::rebind`] writes the registration again.
     pub lost_since: Option<tokio::time::Instant>,
+    /// The registration record as the cache last held it while it was this stream's, with
+    /// its mod revision, when it said more than a fresh registration would (a drain, a
+    /// restart hold, placement info; kept by the backend's relay, [`super::relay::Visit::keep`]).
+    /// A lost registration is written again as this ([`super::rebind`]), so the consumer
+    /// does not forget that it is draining.
+    /// Boxed: most streams keep nothing, and every stream carries the field.
+    pub kept: Option<Box<(Revision, Vec<u8>)>>,
     /// What the consumer has been told so far.
     pub told: T,
     /// Whether `told` followed every relay step since the snapshot. A step that told
@@ -113,6 +120,7 @@ impl<T: Told> LocalStream<T> {
             incarnation_at: registered_at,
             activated: false,
             lost_since: None,
+            kept: None,
             told: T::default(),
             told_complete: true,
             tx,
@@ -237,7 +245,7 @@ pub fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
 /// The local streams, at most one per (topic, consumer).
 pub struct Streams<S> {
     pub(super) map: DashMap<(String, String), S>,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
     /// Woken when a relay pass found a stream whose registration the store lost.
     pub(super) lost: tokio::sync::Notify,
     /// Held while a stream is admitted ([`Streams::admit`]) and while every stream is

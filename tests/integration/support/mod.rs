@@ -71,14 +71,3 @@ where
         Err(_) => panic!("timed out after {deadline:?} waiting for {what}"),
     }
 }
-
-/// Asserts that `stream` yields nothing for `quiet` (use sparingly: it costs `quiet`).
-pub async fn assert_quiet<S>(stream: &mut S, quiet: Duration, what: &str)
-where
-    S: Stream + Unpin,
-    S::Item: std::fmt::Debug,
-{
-    if let Ok(item) = tokio::time::timeout(quiet, stream.next()).await {
-        panic!("expected nothing from {what} for {quiet:?}, got {item:?}");
-    }
-}
