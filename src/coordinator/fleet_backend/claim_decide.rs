@@ -278,4 +278,57 @@ mod tests {
         let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
         assert_eq!(record.epoch, 21, "one above the cache it was decided from");
     }
+
+    /// The lagging-cache claim (issue: a claim's epoch was one above its cache's revision,
+    /// and its only compare on a free partition was "no lease"): `b` claims partition 0 and
+    /// gives it back, both after `a`'s cache was read; `a`'s claim from that cache must fail
+    /// instead of writing an epoch at or below `b`'s. The clock is held at 0 here so that the
+    /// floor's compare alone has to refuse it.
+    #[tokio::test]
+    async fn a_claim_from_a_cache_that_missed_a_claim_and_give_back_fails_on_the_floor() {
+        use crate::store::{LeaseStore, MemoryStore};
+        let store = MemoryStore::starting_at(1);
+        let keys = FleetKeys::new("/p/");
+        let lease = store.grant_session(std::time::Duration::from_secs(10)).await.expect("session");
+        let a_at = store.put(&keys.member("t", "a"), b"a".to_vec(), Some(lease)).await.expect("a");
+        let b_at = store.put(&keys.member("t", "b"), b"b".to_vec(), Some(lease)).await.expect("b");
+        // `a`'s cache: partition 0 free, no floor, at revision `b_at`.
+        let stale = Free { partition: 0, lease_at: 0, floor: 0, floor_at: 0 };
+        let claim = |consumer, registered_at| Claim {
+            topic: "t",
+            consumer,
+            registered_at,
+            instance_lease: lease,
+            decided_at: b_at,
+            now_micros: 0,
+        };
+        let b = store.txn(claim_txn(&keys, claim("b", b_at), &[stale])).await.expect("b claims");
+        assert!(b.succeeded);
+        let b_epoch = store.get(&keys.lease("t", 0)).await.expect("read").map(|kv| {
+            crate::coordinator::shared::records::decode::<LeaseRecord>("lease", &kv.value)
+                .expect("lease")
+                .epoch
+        });
+        let gave_back = store.txn(give_back_txn(&keys, "t", &[(0, b.revision)])).await.expect("gives back");
+        assert!(gave_back.succeeded);
+
+        let a = store.txn(claim_txn(&keys, claim("a", a_at), &[stale])).await.expect("answered");
+        assert!(
+            !a.succeeded,
+            "a claimed partition 0 from a cache older than b's claim (b's epoch {b_epoch:?})"
+        );
+        // From a cache that saw the floor, the claim succeeds above b's epoch.
+        let floor = store.get(&keys.epoch("t", 0)).await.expect("read").expect("the floor stays");
+        let seen: EpochRecord =
+            crate::coordinator::shared::records::decode("floor", &floor.value).expect("floor");
+        let fresh = Free { floor: seen.epoch, floor_at: floor.mod_revision, ..stale };
+        let a = store.txn(claim_txn(&keys, claim("a", a_at), &[fresh])).await.expect("answered");
+        assert!(a.succeeded);
+        let a_epoch = store.get(&keys.lease("t", 0)).await.expect("read").map(|kv| {
+            crate::coordinator::shared::records::decode::<LeaseRecord>("lease", &kv.value)
+                .expect("lease")
+                .epoch
+        });
+        assert!(a_epoch > b_epoch, "a's epoch {a_epoch:?} is above b's {b_epoch:?}");
+    }
 }
