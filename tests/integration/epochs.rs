@@ -139,21 +139,8 @@ async fn handoff_epochs_are_known_at_the_warm_and_kept_at_the_flip(backend: Back
 /// partitions the first gives back are owned by the second with greater epochs, and the
 /// first's snapshot no longer holds them; the epochs of what the first kept do not change.
 async fn fleet_epochs_grow_with_every_new_owner(backend: Backend) {
-    let TestStore { prefix, memory, etcd, .. } = TestStore::start(backend, "fleet-epochs").await;
-    let mut config = FleetConfig {
-        backend: format!("fleet-{}", backend.name()),
-        prefix,
-        lease_ttl: TTL,
-        claim_interval: Duration::from_millis(200),
-        ..FleetConfig::default()
-    };
-    config.topic_partitions.insert("events".into(), 4);
-    let store = connect(memory.as_ref(), etcd.as_ref()).await;
-    let metrics = Arc::new(Metrics::new());
-    let fleet = FleetCoordinator::start(store, config, metrics.clone()).await.expect("fleet starts");
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let server = AssignerServer::start(Arc::new(fleet), metrics, any, any).await.expect("serves");
-    let url = server.grpc_url();
+    let fleet = FleetServer::start(backend, "fleet-epochs").await;
+    let url = fleet.server.grpc_url();
 
     let mut a = register(&url, "a", "events").await;
     a.wait_owned(4, PROMPT).await;
@@ -177,7 +164,7 @@ async fn fleet_epochs_grow_with_every_new_owner(backend: Backend) {
         );
         assert!(!kept.contains_key(partition));
     }
-    drop((a, b, server, memory, etcd));
+    drop((a, b, fleet));
 }
 
 /// The snapshots a stream sent, as (revision, partition → (epoch, warming)), until one
@@ -225,4 +212,34 @@ async fn snapshot_revisions_are_served_and_never_go_down(backend: Backend) {
     }
     assert!(seen_b[0].0 >= seen_a[0].0, "b's stream started below a's first snapshot: {seen_a:?} {seen_b:?}");
     a.release_all().await;
+}
+
+/// A fleet instance (four partitions of `events`, on `backend`'s store) serving real gRPC.
+pub(crate) struct FleetServer {
+    /// The server; dropping it stops serving.
+    pub server: AssignerServer,
+    /// The store the instance runs on, kept alive with it.
+    _store: TestStore,
+}
+
+impl FleetServer {
+    /// Starts one under a prefix of its own (`name`).
+    pub(crate) async fn start(backend: Backend, name: &str) -> FleetServer {
+        let store = TestStore::start(backend, name).await;
+        let mut config = FleetConfig {
+            backend: format!("fleet-{}", backend.name()),
+            prefix: store.prefix.clone(),
+            lease_ttl: TTL,
+            claim_interval: Duration::from_millis(200),
+            ..FleetConfig::default()
+        };
+        config.topic_partitions.insert("events".into(), 4);
+        let lease_store = connect(store.memory.as_ref(), store.etcd.as_ref()).await;
+        let metrics = Arc::new(Metrics::new());
+        let fleet =
+            FleetCoordinator::start(lease_store, config, metrics.clone()).await.expect("fleet starts");
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let server = AssignerServer::start(Arc::new(fleet), metrics, any, any).await.expect("serves");
+        FleetServer { server, _store: store }
+    }
 }

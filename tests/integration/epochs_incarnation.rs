@@ -5,20 +5,15 @@
 //! On the handoff backend (memory, and etcd with the new stream on another instance) and
 //! on the fleet (memory and etcd).
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::collections::BTreeMap;
 
 use kafka_assigner::client::Fence;
-use kafka_assigner::coordinator::{FleetConfig, FleetCoordinator};
-use kafka_assigner::metrics::Metrics;
-use kafka_assigner::server::AssignerServer;
 
 use kafka_assigner::proto::INCARNATION_HEADER;
 use kafka_assigner::proto::v1::{RegisterRequest, kafka_assigner_client::KafkaAssignerClient};
 
-use crate::epochs::{next_until, register, watch};
-use crate::support::assigner::{
-    Backend, PROMPT, TTL, TestCluster, TestConsumer, TestStore, connect, on_both_backends,
-};
+use crate::epochs::{FleetServer, next_until, register, watch};
+use crate::support::assigner::{Backend, PROMPT, TestCluster, TestConsumer, on_both_backends};
 
 on_both_backends!(
     a_new_incarnation_raises_the_owned_and_warming_epochs_and_the_old_one_is_fenced,
@@ -51,9 +46,7 @@ async fn a_new_incarnation_raises_the_owned_and_warming_epochs_and_the_old_one_i
     let first_url = cluster.instance(0).grpc_url.clone();
     let mut a = register(&first_url, "a", "events").await;
     a.wait_owned(4, PROMPT).await;
-    let mut a_epochs = watch(&first_url, "a", "events").await.expect("a is registered");
-    let old: Epochs =
-        next_until(&mut a_epochs, |s| s.len() == 4).await.into_iter().map(|(p, (e, _))| (p, e)).collect();
+    let old = owned_epochs(&first_url, "a", |_| true).await;
     let mut b = register(&first_url, "b", "events").await;
     b.wait_warms(2, PROMPT).await;
 
@@ -61,10 +54,7 @@ async fn a_new_incarnation_raises_the_owned_and_warming_epochs_and_the_old_one_i
     let url = cluster.instance(instances - 1).grpc_url.clone();
     let mut a2 = register(&url, "a", "events").await;
     a2.wait_owned(4, PROMPT).await;
-    let mut a2_epochs = watch(&url, "a", "events").await.expect("a registered again");
-    let raised = |s: &BTreeMap<u32, (u64, bool)>| s.len() == 4 && s.iter().all(|(p, (e, _))| *e > old[p]);
-    let new: Epochs =
-        next_until(&mut a2_epochs, raised).await.into_iter().map(|(p, (e, _))| (p, e)).collect();
+    let new = owned_epochs(&url, "a", |e| e.iter().all(|(p, epoch)| *epoch > old[p])).await;
     assert_eq!(new.keys().collect::<Vec<_>>(), old.keys().collect::<Vec<_>>(), "nothing moved");
     old_writes_are_refused(&old, &new);
 
@@ -86,36 +76,18 @@ async fn a_new_incarnation_raises_the_owned_and_warming_epochs_and_the_old_one_i
 /// The fleet: `a` holds every lease; `a` registers again; its leases stay its own, with
 /// raised epochs, and the old incarnation's writes are refused.
 async fn a_new_fleet_incarnation_raises_its_lease_epochs_and_the_old_one_is_fenced(backend: Backend) {
-    let TestStore { prefix, memory, etcd, .. } = TestStore::start(backend, "fleet-incarnation").await;
-    let mut config = FleetConfig {
-        backend: format!("fleet-{}", backend.name()),
-        prefix,
-        lease_ttl: TTL,
-        claim_interval: Duration::from_millis(200),
-        ..FleetConfig::default()
-    };
-    config.topic_partitions.insert("events".into(), 4);
-    let store = connect(memory.as_ref(), etcd.as_ref()).await;
-    let metrics = Arc::new(Metrics::new());
-    let fleet = FleetCoordinator::start(store, config, metrics.clone()).await.expect("fleet starts");
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let server = AssignerServer::start(Arc::new(fleet), metrics, any, any).await.expect("serves");
-    let url = server.grpc_url();
+    let fleet = FleetServer::start(backend, "fleet-incarnation").await;
+    let url = fleet.server.grpc_url();
 
     let mut a = register(&url, "a", "events").await;
     a.wait_owned(4, PROMPT).await;
-    let mut a_epochs = watch(&url, "a", "events").await.expect("a is registered");
-    let old: Epochs =
-        next_until(&mut a_epochs, |s| s.len() == 4).await.into_iter().map(|(p, (e, _))| (p, e)).collect();
+    let old = owned_epochs(&url, "a", |_| true).await;
 
     let mut a2 = register(&url, "a", "events").await;
     a2.wait_owned(4, PROMPT).await;
-    let mut a2_epochs = watch(&url, "a", "events").await.expect("a registered again");
-    let raised = |s: &BTreeMap<u32, (u64, bool)>| s.len() == 4 && s.iter().all(|(p, (e, _))| *e > old[p]);
-    let new: Epochs =
-        next_until(&mut a2_epochs, raised).await.into_iter().map(|(p, (e, _))| (p, e)).collect();
+    let new = owned_epochs(&url, "a", |e| e.iter().all(|(p, epoch)| *epoch > old[p])).await;
     old_writes_are_refused(&old, &new);
-    drop((a, a2, server, memory, etcd));
+    drop((a, a2, fleet));
 }
 
 /// `Register` as the client process `incarnation` (the header the client crate sends).
