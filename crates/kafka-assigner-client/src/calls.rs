@@ -288,7 +288,7 @@ mod tests {
         let server = server().await;
         let endpoint = Endpoint::from_shared(server.grpc_url()).expect("url");
         let Registered { mut stream, announced_ttl: ttl, .. } =
-            register(&endpoint, "c", "events", Duration::from_secs(2)).await.expect("Register");
+            register(&endpoint, "c", "events", 1, Duration::from_secs(2)).await.expect("Register");
         assert_eq!(ttl, Some(HandoffConfig::default().lease_ttl), "the server announces its session TTL");
         // The snapshot, then (the leader plans the new group after its rebalance delay)
         // every partition.
