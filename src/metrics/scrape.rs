@@ -54,11 +54,12 @@ impl FleetGauges {
             unowned: gauges(r, "partitions_unowned", "Partitions with no owner, by topic (should be 0)"),
             consumers: gauges(r, "consumers", "Registered consumers, by topic and status"),
             handoffs: gauges(r, "handoffs_in_flight", "Handoffs in flight, by topic and phase"),
-            oldest_handoff: gauges(
-                r,
-                "handoff_oldest_seconds",
-                "Age of the oldest handoff in flight in its current phase, by topic and phase (0: none)",
-            ),
+            oldest_handoff: {
+                let f = Family::<PhaseLabels, FloatGauge>::default();
+                let help = "Age of the oldest handoff in flight in its current phase, by topic and phase (0: none)";
+                r.register("handoff_oldest_seconds", help, f.clone());
+                f
+            },
             ready: {
                 let g = Gauge::default();
                 r.register("ready", "1 while this instance is ready (what /ready answers)", g.clone());

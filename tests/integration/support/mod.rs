@@ -6,12 +6,16 @@
 #![allow(dead_code)]
 
 pub mod assigner;
+pub mod browser;
+pub mod child;
 pub mod certs;
 pub mod cluster;
 pub mod docker;
 pub mod etcd;
 pub mod etcd_tls;
 pub mod findings;
+pub mod poll;
+pub mod prometheus;
 pub mod proxy;
 pub mod secure;
 

@@ -1,0 +1,101 @@
+//! The alert rules on a real Prometheus (Debian's `prometheus`), scraping a running
+//! assigner: a consumer crashes and its partitions stay unowned (nobody else is there to
+//! take them), KafkaAssignerPartitionsUnowned fires in Prometheus's own `/api/v1/alerts`; a
+//! consumer comes back, takes them, and the alert resolves.
+//!
+//! The rules are the deployed file, `deploy/prometheus/kafka-assigner.rules.yml`, with one
+//! change made here: every `for:` becomes 2 s (the deployed ones are minutes; the test's
+//! TTL is 1 s and Prometheus scrapes and evaluates every second). The expressions are the
+//! deployed ones untouched, so the deployed file stays a plain rules file (no template to
+//! render) and what is tested is what ships.
+
+use std::time::Duration;
+
+use crate::support::{
+    assigner::{Backend, PROMPT, TestCluster},
+    poll::poll_async,
+    prometheus::Prometheus,
+};
+
+/// The test's `for:` (see the module docs).
+const FOR: &str = "2s";
+/// Scrape (1 s) + evaluation (1 s) + `for` (2 s) + the TTL, with room for a busy machine.
+const ALERT: Duration = Duration::from_secs(30);
+const UNOWNED: &str = "KafkaAssignerPartitionsUnowned";
+
+/// The deployed rules with every `for:` set to `for_`.
+pub fn rules_with_for(for_: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus/kafka-assigner.rules.yml");
+    let text = std::fs::read_to_string(path).expect("rules file");
+    let mut changed = 0;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| match line.trim_start().strip_prefix("for: ") {
+            Some(_) => {
+                changed += 1;
+                format!("{}for: {for_}", &line[..line.len() - line.trim_start().len()])
+            }
+            None => line.to_string(),
+        })
+        .collect();
+    assert!(changed >= 5, "the rules file has its for: lines ({changed})");
+    lines.join("\n") + "\n"
+}
+
+/// `alertname`'s state in Prometheus now (`None`: neither pending nor firing).
+async fn state(prometheus: &Prometheus, alertname: &str) -> Option<String> {
+    prometheus.alerts().await.into_iter().find(|(name, _, _)| name == alertname).map(|(_, state, _)| state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unowned_partitions_fire_and_resolve_on_a_real_prometheus() {
+    // One topic, so the only unowned partitions are the ones this test makes.
+    let cluster = TestCluster::start(Backend::Memory, 1, |c| {
+        c.topic_partitions.clear();
+        c.topic_partitions.insert("events".into(), 4);
+        // A crashed consumer's partitions are not held for it past its TTL.
+        c.restart_grace = Duration::ZERO;
+    })
+    .await;
+    let admin = cluster.instance(0).admin_addr;
+    let mut a = cluster.consumer_on(0, "a", "events").await;
+    a.wait_owned(4, PROMPT).await;
+
+    let prometheus = Prometheus::start(&rules_with_for(FOR), &[admin]).await;
+    // Healthy first: the target is scraped, the rules evaluate, and the alert is not there.
+    poll_async(ALERT, "Prometheus scrapes the assigner and evaluates the rules", || async {
+        let targets = prometheus.api("/api/v1/targets").await;
+        let up = targets["activeTargets"].as_array()?.iter().any(|t| t["health"] == "up");
+        let rules = prometheus.api("/api/v1/rules").await;
+        let group = rules["groups"].as_array()?.first()?.clone();
+        let evaluated = group["rules"].as_array()?.iter().all(|r| r["health"] == "ok")
+            && group["lastEvaluation"].as_str().is_some_and(|t| !t.starts_with("0001"));
+        (up && evaluated).then_some(())
+    })
+    .await;
+    // Both sides of a positive check: the series is there and is 0.
+    let query = prometheus.api("/api/v1/query?query=kafka_assigner_partitions_unowned").await;
+    assert_eq!(query["result"][0]["value"][1], "0", "{query}");
+    assert_eq!(state(&prometheus, UNOWNED).await, None, "{}", prometheus.log());
+
+    // a crashes: its registration expires after the TTL, nobody can take its partitions.
+    a.crash().await;
+    poll_async(ALERT, "the unowned alert fires", || async {
+        (state(&prometheus, UNOWNED).await.as_deref() == Some("firing")).then_some(())
+    })
+    .await;
+    let firing = prometheus.alerts().await.into_iter().find(|(name, _, _)| name == UNOWNED).expect("firing");
+    assert_eq!(firing.2["topic"], "events", "{firing:?}");
+    assert_eq!(firing.2["severity"], "critical", "{firing:?}");
+
+    // Healed: b registers and gets every partition directly; the alert resolves.
+    let mut b = cluster.consumer_on(0, "b", "events").await;
+    b.wait_owned(4, PROMPT).await;
+    poll_async(ALERT, "the unowned alert resolves", || async {
+        state(&prometheus, UNOWNED).await.is_none().then_some(())
+    })
+    .await;
+    // Nothing else fired on the way (a crash is not a leader loss, a store outage, ...).
+    let others: Vec<_> = prometheus.alerts().await.into_iter().filter(|(n, _, _)| n != UNOWNED).collect();
+    assert!(others.is_empty(), "{others:?}");
+}
