@@ -1,7 +1,8 @@
 //! The alert rules on a real Prometheus (Debian's `prometheus`), scraping a running
-//! assigner: a consumer crashes and its partitions stay unowned (nobody else is there to
-//! take them), KafkaAssignerPartitionsUnowned fires in Prometheus's own `/api/v1/alerts`; a
-//! consumer comes back, takes them, and the alert resolves.
+//! assigner: the only consumer crashes, its registration expires and nobody is there to
+//! take its partitions (they stay its own, read by nobody), KafkaAssignerPartitionsUnowned
+//! fires in Prometheus's own `/api/v1/alerts`; a consumer comes, takes them, and the alert
+//! resolves.
 //!
 //! The rules are the deployed file, `deploy/prometheus/kafka-assigner.rules.yml`, with one
 //! change made here: every `for:` becomes 2 s (the deployed ones are minutes; the test's
@@ -9,7 +10,7 @@
 //! deployed ones untouched, so the deployed file stays a plain rules file (no template to
 //! render) and what is tested is what ships.
 
-use std::time::Duration;
+use std::{net::SocketAddr, time::Duration};
 
 use crate::support::{
     assigner::{Backend, PROMPT, TestCluster},
@@ -47,6 +48,20 @@ async fn state(prometheus: &Prometheus, alertname: &str) -> Option<String> {
     prometheus.alerts().await.into_iter().find(|(name, _, _)| name == alertname).map(|(_, state, _)| state)
 }
 
+/// Waits until the unowned alert's state passes `want`; on the deadline the panic shows the
+/// alerts, the assigner's `/status` and Prometheus's log.
+async fn eventually(prometheus: &Prometheus, admin: SocketAddr, what: &str, want: impl Fn(&Option<String>) -> bool) {
+    let give_up = tokio::time::Instant::now() + ALERT;
+    while !want(&state(prometheus, UNOWNED).await) {
+        if tokio::time::Instant::now() >= give_up {
+            let (_, status) = crate::metrics::http_get(admin, "/status").await;
+            let alerts = prometheus.alerts().await;
+            panic!("{what}: not within {ALERT:?}; alerts {alerts:?}; /status {status}; log {}", prometheus.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unowned_partitions_fire_and_resolve_on_a_real_prometheus() {
     // One topic, so the only unowned partitions are the ones this test makes.
@@ -80,10 +95,7 @@ async fn unowned_partitions_fire_and_resolve_on_a_real_prometheus() {
 
     // a crashes: its registration expires after the TTL, nobody can take its partitions.
     a.crash().await;
-    poll_async(ALERT, "the unowned alert fires", || async {
-        (state(&prometheus, UNOWNED).await.as_deref() == Some("firing")).then_some(())
-    })
-    .await;
+    eventually(&prometheus, admin, "the unowned alert fires", |s| s.as_deref() == Some("firing")).await;
     let firing = prometheus.alerts().await.into_iter().find(|(name, _, _)| name == UNOWNED).expect("firing");
     assert_eq!(firing.2["topic"], "events", "{firing:?}");
     assert_eq!(firing.2["severity"], "critical", "{firing:?}");
@@ -91,10 +103,7 @@ async fn unowned_partitions_fire_and_resolve_on_a_real_prometheus() {
     // Healed: b registers and gets every partition directly; the alert resolves.
     let mut b = cluster.consumer_on(0, "b", "events").await;
     b.wait_owned(4, PROMPT).await;
-    poll_async(ALERT, "the unowned alert resolves", || async {
-        state(&prometheus, UNOWNED).await.is_none().then_some(())
-    })
-    .await;
+    eventually(&prometheus, admin, "the unowned alert resolves", |s| s.is_none()).await;
     // Nothing else fired on the way (a crash is not a leader loss, a store outage, ...).
     let others: Vec<_> = prometheus.alerts().await.into_iter().filter(|(n, _, _)| n != UNOWNED).collect();
     assert!(others.is_empty(), "{others:?}");
