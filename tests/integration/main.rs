@@ -31,6 +31,7 @@ mod log_format;
 mod manifests;
 mod metrics;
 mod multi_instance;
+mod ops_logs;
 mod ops_prometheus;
 mod ops_rules;
 mod ops_ui;

@@ -30,13 +30,14 @@ const SHOWN: Duration = Duration::from_secs(20);
 
 /// What the page shows, read from its DOM (not from its data).
 const READ_PAGE: &str = r#"(() => {
-  const text = (n) => n.textContent.trim();
+  // Read as soon as the navigation commits: the document may not be parsed yet.
+  const text = (n) => (n ? n.textContent.trim() : '');
   return {
     renders: window.kaRenders || 0,
     planted: window.kaPlanted || null,
     origin: performance.timeOrigin,
-    leader: text(document.getElementById('leader') || document.body),
-    ready: text(document.getElementById('ready') || document.body),
+    leader: text(document.getElementById('leader')),
+    ready: text(document.getElementById('ready')),
     consumers: [...document.querySelectorAll('section[data-topic] tr[data-consumer]')]
       .map((tr) => [tr.closest('section').dataset.topic, ...[...tr.cells].map(text)]),
     owners: [...document.querySelectorAll('section[data-topic] [data-partition]')]
@@ -214,6 +215,7 @@ async fn the_page_follows_a_handoff_without_a_reload_and_says_what_status_says()
     // The same document all along: no reload, no navigation, and it redrew meanwhile.
     assert_eq!(after["planted"], "before the handoff", "the page was reloaded");
     assert_eq!(after["origin"], before["origin"], "the page was reloaded");
-    assert!(after["renders"].as_u64().expect("renders") > renders_before + 2, "{after}");
+    // Redrawn at least twice since (the handoff, then the new owners), by its own polling.
+    assert!(after["renders"].as_u64().expect("renders") >= renders_before + 2, "{after}");
     browser.screenshot(&target_dir().join("kafka-assigner-ui.png")).await;
 }

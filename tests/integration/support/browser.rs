@@ -60,13 +60,14 @@ impl Browser {
         .await;
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let page = crate::support::poll::poll_async(PROMPT, "Chromium lists its page", || async move {
-            let (code, body) = crate::metrics::http_get(addr, "/json/list").await;
+            let (code, body) = super::http10::get(addr, "/json/list").await.ok()?;
             let targets: Vec<Value> = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
             let page = targets.iter().find(|t| t["type"] == "page")?;
             page["webSocketDebuggerUrl"].as_str().map(str::to_string)
         })
         .await;
-        let path = page.split_once(&format!("127.0.0.1:{port}")).map(|(_, p)| p.to_string()).expect("ws url");
+        // `ws://127.0.0.1[:port]/devtools/page/<id>`: the path is what the handshake asks for.
+        let path = page.find("/devtools/").map(|i| page[i..].to_string()).unwrap_or_else(|| panic!("ws url {page}"));
         let socket = handshake(addr, &path).await;
         Browser { socket, next_id: 0, _child: child, _profile: profile }
     }

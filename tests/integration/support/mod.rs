@@ -14,6 +14,7 @@ pub mod docker;
 pub mod etcd;
 pub mod etcd_tls;
 pub mod findings;
+pub mod http10;
 pub mod poll;
 pub mod prometheus;
 pub mod proxy;

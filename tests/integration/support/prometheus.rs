@@ -5,9 +5,7 @@
 use std::{net::SocketAddr, time::Duration};
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-use super::child::Guarded;
+use super::{child::Guarded, http10::get};
 
 /// How long Prometheus gets to start and to answer.
 const PROMPT: Duration = Duration::from_secs(30);
@@ -88,19 +86,4 @@ impl Prometheus {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
     }
-}
-
-/// A plain HTTP/1.0 GET (so the answer is never chunked): (status, body).
-async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let exchange = async {
-        let mut conn = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-        conn.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
-        let mut response = String::new();
-        conn.read_to_string(&mut response).await.map_err(|e| e.to_string())?;
-        let (head, body) = response.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {response}"))?;
-        let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        Ok((code, body.to_string()))
-    };
-    tokio::time::timeout(PROMPT, exchange).await.map_err(|_| format!("no answer within {PROMPT:?}"))?
 }
