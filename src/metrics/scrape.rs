@@ -56,7 +56,8 @@ impl FleetGauges {
             handoffs: gauges(r, "handoffs_in_flight", "Handoffs in flight, by topic and phase"),
             oldest_handoff: {
                 let f = Family::<PhaseLabels, FloatGauge>::default();
-                let help = "Age of the oldest handoff in flight in its current phase, by topic and phase (0: none)";
+                let help =
+                    "Age of the oldest handoff in flight in its current phase, by topic and phase (0: none)";
                 r.register("handoff_oldest_seconds", help, f.clone());
                 f
             },

@@ -50,13 +50,21 @@ async fn state(prometheus: &Prometheus, alertname: &str) -> Option<String> {
 
 /// Waits until the unowned alert's state passes `want`; on the deadline the panic shows the
 /// alerts, the assigner's `/status` and Prometheus's log.
-async fn eventually(prometheus: &Prometheus, admin: SocketAddr, what: &str, want: impl Fn(&Option<String>) -> bool) {
+async fn eventually(
+    prometheus: &Prometheus,
+    admin: SocketAddr,
+    what: &str,
+    want: impl Fn(&Option<String>) -> bool,
+) {
     let give_up = tokio::time::Instant::now() + ALERT;
     while !want(&state(prometheus, UNOWNED).await) {
         if tokio::time::Instant::now() >= give_up {
             let (_, status) = crate::metrics::http_get(admin, "/status").await;
             let alerts = prometheus.alerts().await;
-            panic!("{what}: not within {ALERT:?}; alerts {alerts:?}; /status {status}; log {}", prometheus.log());
+            panic!(
+                "{what}: not within {ALERT:?}; alerts {alerts:?}; /status {status}; log {}",
+                prometheus.log()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

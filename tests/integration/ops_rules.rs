@@ -46,7 +46,8 @@ fn promtool(args: &[&str], dir: &Path) -> String {
         .current_dir(dir)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {binary} (Debian: apt-get install prometheus): {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "{binary} {args:?} failed:\n{text}");
     text
 }
@@ -115,10 +116,14 @@ fn anchor(heading: &str) -> String {
 #[test]
 fn every_alert_links_its_runbook_section() {
     let operating = std::fs::read_to_string(repo().join("docs/operating.md")).expect("operating.md");
-    let anchors: BTreeSet<String> =
-        operating.lines().filter_map(|l| l.strip_prefix('#')).map(|h| anchor(h.trim_start_matches('#'))).collect();
+    let anchors: BTreeSet<String> = operating
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|h| anchor(h.trim_start_matches('#')))
+        .collect();
     for (alert, _, runbook) in alerts() {
-        let (page, section) = runbook.split_once('#').unwrap_or_else(|| panic!("{alert}: {runbook} has no anchor"));
+        let (page, section) =
+            runbook.split_once('#').unwrap_or_else(|| panic!("{alert}: {runbook} has no anchor"));
         assert!(page.ends_with("/docs/operating.md"), "{alert}: {runbook}");
         assert_eq!(section, alert.to_lowercase(), "{alert}: its section is named after it");
         assert!(anchors.contains(section), "{alert}: docs/operating.md has no section #{section}");
@@ -199,7 +204,9 @@ fn dashboard_exprs() -> Vec<String> {
     collect(&dashboard["panels"], &mut exprs);
     exprs
         .into_iter()
-        .map(|e| e.replace("$__rate_interval", "5m").replace("$topic", "events").replace("$job", "kafka-assigner"))
+        .map(|e| {
+            e.replace("$__rate_interval", "5m").replace("$topic", "events").replace("$job", "kafka-assigner")
+        })
         .collect()
 }
 
@@ -212,10 +219,13 @@ async fn exported_names() -> BTreeSet<String> {
     let mut config = HandoffConfig::default();
     config.topic_partitions.insert("events".into(), 4);
     let metrics = Arc::new(Metrics::new());
-    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(Arc::new(MemoryStore::new()), metrics.clone()));
-    let coordinator = HandoffCoordinator::start(store, config, metrics.clone()).await.expect("memory backend");
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(MeteredStore::new(Arc::new(MemoryStore::new()), metrics.clone()));
+    let coordinator =
+        HandoffCoordinator::start(store, config, metrics.clone()).await.expect("memory backend");
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let server = AssignerServer::start(Arc::new(coordinator), metrics.clone(), any, any).await.expect("serve");
+    let server =
+        AssignerServer::start(Arc::new(coordinator), metrics.clone(), any, any).await.expect("serve");
     let client = KafkaAssignerClient::connect(server.grpc_url()).await.expect("connect");
     let mut a = TestConsumer::register(client, "a", "events").await.expect("Register");
     a.wait_owned(4, PROMPT).await;
@@ -257,7 +267,10 @@ async fn dashboard_and_rules_parse_and_name_only_exported_metrics() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut file = String::from("groups:\n  - name: dashboard\n    rules:\n");
     for (i, expr) in exprs.iter().enumerate() {
-        file.push_str(&format!("      - record: dashboard:expr_{i}\n        expr: {}\n", serde_json::to_string(expr).expect("quote")));
+        file.push_str(&format!(
+            "      - record: dashboard:expr_{i}\n        expr: {}\n",
+            serde_json::to_string(expr).expect("quote")
+        ));
     }
     std::fs::write(dir.path().join("dashboard.yml"), file).expect("write");
     let checked = promtool(&["check", "rules", "dashboard.yml"], dir.path());
@@ -270,7 +283,10 @@ async fn dashboard_and_rules_parse_and_name_only_exported_metrics() {
         used.extend(metric_names(expr));
     }
     let unknown: Vec<&String> = used.difference(&exported).collect();
-    assert!(unknown.is_empty(), "the dashboard or the rules name metrics the service does not export: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "the dashboard or the rules name metrics the service does not export: {unknown:?}"
+    );
 
     // The panels the on-call engineer needs (issue: owners, unowned, handoffs and their
     // durations, store latency and errors, leader, streams, imbalance and the shadow plan).

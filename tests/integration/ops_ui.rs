@@ -66,7 +66,11 @@ struct View {
 
 fn page_view(page: &Value) -> View {
     let strings = |row: &Value| -> Vec<String> {
-        row.as_array().into_iter().flatten().map(|c| c.as_str().map_or_else(|| c.to_string(), str::to_string)).collect()
+        row.as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c.as_str().map_or_else(|| c.to_string(), str::to_string))
+            .collect()
     };
     let rows = |key: &str, take: usize| -> Vec<String> {
         page[key].as_array().into_iter().flatten().map(|r| strings(r)[..take].join(" ")).collect()
@@ -125,7 +129,12 @@ async fn cli_and_status_view(admin: std::net::SocketAddr) -> View {
 
 /// Waits until the page shows what `want` accepts and the page, the CLI and `/status`
 /// agree on it; returns the page's raw reading.
-async fn shown(browser: &mut Browser, admin: std::net::SocketAddr, what: &str, want: impl Fn(&View) -> bool) -> Value {
+async fn shown(
+    browser: &mut Browser,
+    admin: std::net::SocketAddr,
+    what: &str,
+    want: impl Fn(&View) -> bool,
+) -> Value {
     let give_up = tokio::time::Instant::now() + SHOWN;
     loop {
         let page = browser.eval(READ_PAGE).await;
@@ -140,7 +149,10 @@ async fn shown(browser: &mut Browser, admin: std::net::SocketAddr, what: &str, w
             last.1 = Some(other);
         }
         last.0 = Some(view);
-        assert!(tokio::time::Instant::now() < give_up, "the page did not show {what} within {SHOWN:?}: {last:#?}");
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the page did not show {what} within {SHOWN:?}: {last:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -170,7 +182,9 @@ async fn the_page_follows_a_handoff_without_a_reload_and_says_what_status_says()
     let mut browser = Browser::launch().await;
     browser.navigate(&format!("http://{admin}/ui")).await;
     let before = shown(&mut browser, admin, "three consumers with two partitions each", |v| {
-        v.consumers.len() == 3 && ["c-0", "c-1", "c-2"].iter().all(|c| owned(v, c) == 2) && v.handoffs.is_empty()
+        v.consumers.len() == 3
+            && ["c-0", "c-1", "c-2"].iter().all(|c| owned(v, c) == 2)
+            && v.handoffs.is_empty()
     })
     .await;
     assert_eq!(page_view(&before).leader, "memory-instance-0");
@@ -185,8 +199,10 @@ async fn the_page_follows_a_handoff_without_a_reload_and_says_what_status_says()
         page_view(&before).owners.iter().filter(|(_, _, o)| o == "c-1").map(|(_, p, _)| *p).collect();
     assert_eq!(c1.deregister().await.expect("Deregister"), DeregisterAction::WaitForDrain);
     let during = shown(&mut browser, admin, "c-1's partitions warming elsewhere", |v| {
-        let warming: Vec<&String> = v.handoffs.iter().filter(|h| h.contains(" c-1 ") && h.ends_with(" warming")).collect();
-        warming.len() == leaving.len() && v.consumers.iter().any(|r| r.contains(" c-1 ") && r.contains(" draining "))
+        let warming: Vec<&String> =
+            v.handoffs.iter().filter(|h| h.contains(" c-1 ") && h.ends_with(" warming")).collect();
+        warming.len() == leaving.len()
+            && v.consumers.iter().any(|r| r.contains(" c-1 ") && r.contains(" draining "))
     })
     .await;
     browser.screenshot(&target_dir().join("kafka-assigner-ui-handoff.png")).await;
@@ -200,7 +216,10 @@ async fn the_page_follows_a_handoff_without_a_reload_and_says_what_status_says()
                 c.answer_all().await;
             }
             let view = page_view(&browser.eval(READ_PAGE).await);
-            if view.consumers.len() == 2 && view.handoffs.is_empty() && owned(&view, "c-0") + owned(&view, "c-2") == 6 {
+            if view.consumers.len() == 2
+                && view.handoffs.is_empty()
+                && owned(&view, "c-0") + owned(&view, "c-2") == 6
+            {
                 break shown(&mut browser, admin, "the new owners", |v| v == &view).await;
             }
             assert!(tokio::time::Instant::now() < give_up, "the page did not show the new owners: {view:#?}");

@@ -55,7 +55,9 @@ impl Browser {
         // Chromium writes the port it picked (and the browser's path) to this file.
         let port_file = profile.path().join("profile").join("DevToolsActivePort");
         let port = crate::support::poll::poll(PROMPT, "Chromium writes DevToolsActivePort", || {
-            std::fs::read_to_string(&port_file).ok().and_then(|t| t.lines().next()?.trim().parse::<u16>().ok())
+            std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|t| t.lines().next()?.trim().parse::<u16>().ok())
         })
         .await;
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
@@ -67,7 +69,8 @@ impl Browser {
         })
         .await;
         // `ws://127.0.0.1[:port]/devtools/page/<id>`: the path is what the handshake asks for.
-        let path = page.find("/devtools/").map(|i| page[i..].to_string()).unwrap_or_else(|| panic!("ws url {page}"));
+        let path =
+            page.find("/devtools/").map(|i| page[i..].to_string()).unwrap_or_else(|| panic!("ws url {page}"));
         let socket = handshake(addr, &path).await;
         Browser { socket, next_id: 0, _child: child, _profile: profile }
     }
@@ -82,7 +85,8 @@ impl Browser {
         let answer = tokio::time::timeout(PROMPT, async {
             loop {
                 let text = read_message(&mut self.socket).await;
-                let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("CDP sent {e}: {text}"));
+                let value: Value =
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("CDP sent {e}: {text}"));
                 if value["id"] == id {
                     return value;
                 }
@@ -114,7 +118,9 @@ impl Browser {
 
     /// Saves a PNG of the page (the whole page, not only the window) at `path`.
     pub async fn screenshot(&mut self, path: &Path) {
-        let shot = self.call("Page.captureScreenshot", json!({ "format": "png", "captureBeyondViewport": true })).await;
+        let shot = self
+            .call("Page.captureScreenshot", json!({ "format": "png", "captureBeyondViewport": true }))
+            .await;
         let data = shot["data"].as_str().expect("screenshot data");
         let png = base64_decode(data);
         assert!(png.starts_with(b"\x89PNG"), "the screenshot is a PNG");
@@ -177,7 +183,11 @@ async fn read_message(socket: &mut TcpStream) -> String {
             127 => socket.read_u64().await.expect("length"),
             n => u64::from(n),
         };
-        let mask = if second & 0x80 != 0 { Some(socket.read_u32().await.expect("mask").to_be_bytes()) } else { None };
+        let mask = if second & 0x80 != 0 {
+            Some(socket.read_u32().await.expect("mask").to_be_bytes())
+        } else {
+            None
+        };
         let mut payload = vec![0; usize::try_from(len).expect("frame fits in memory")];
         socket.read_exact(&mut payload).await.expect("frame payload");
         if let Some(mask) = mask {
@@ -205,7 +215,8 @@ fn base64_decode(text: &str) -> Vec<u8> {
         b'/' => 63,
         _ => panic!("not base64: {c}"),
     };
-    let digits: Vec<u8> = text.bytes().filter(|c| *c != b'=' && !c.is_ascii_whitespace()).map(value).collect();
+    let digits: Vec<u8> =
+        text.bytes().filter(|c| *c != b'=' && !c.is_ascii_whitespace()).map(value).collect();
     let mut out = Vec::with_capacity(digits.len() * 3 / 4);
     for chunk in digits.chunks(4) {
         let n = chunk.iter().enumerate().fold(0u32, |n, (i, d)| n | (u32::from(*d) << (18 - 6 * i)));

@@ -27,7 +27,8 @@ pub async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> 
             }
             head.push(line.trim_end().to_string());
         }
-        let code = head.first().and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let code =
+            head.first().and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
         let header = |name: &str| {
             head.iter().skip(1).find_map(|l| {
                 let (k, v) = l.split_once(':')?;
@@ -55,7 +56,8 @@ fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
     loop {
         let end = raw.windows(2).position(|w| w == b"\r\n").ok_or("chunk size line")?;
         let size = std::str::from_utf8(&raw[..end]).map_err(|e| e.to_string())?;
-        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).map_err(|e| e.to_string())?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|e| e.to_string())?;
         raw = &raw[end + 2..];
         if size == 0 {
             return Ok(out);

@@ -7,8 +7,8 @@
 
 pub mod assigner;
 pub mod browser;
-pub mod child;
 pub mod certs;
+pub mod child;
 pub mod cluster;
 pub mod docker;
 pub mod etcd;

@@ -4,8 +4,8 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use serde_json::Value;
 use super::{child::Guarded, http10::get};
+use serde_json::Value;
 
 /// How long Prometheus gets to start and to answer.
 const PROMPT: Duration = Duration::from_secs(30);
@@ -64,7 +64,8 @@ impl Prometheus {
     /// `GET path` of the HTTP API: its `data` (panics unless the answer is a success).
     pub async fn api(&self, path: &str) -> Value {
         let (code, body) = get(self.addr, path).await.unwrap_or_else(|e| panic!("prometheus {path}: {e}"));
-        let doc: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path} ({code}): {e}: {body}"));
+        let doc: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path} ({code}): {e}: {body}"));
         assert!(code == 200 && doc["status"] == "success", "{path} answered {code}: {body}");
         doc["data"].clone()
     }
