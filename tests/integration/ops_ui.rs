@@ -9,6 +9,8 @@
 //! * at each of those three moments the page, `kafka-assigner status` (the real binary) and
 //!   `/status` say the same: the same consumer rows (topic, name, instance, status, owned,
 //!   ranges), the same handoffs and the same owner for every partition;
+//! * with mTLS on the gRPC port, the admin port serves the page as it serves `/status`
+//!   (plain HTTP, reads only), and the page reads nothing but `/status`;
 //! * screenshots are saved under `target/` (`kafka-assigner-ui-handoff.png`,
 //!   `kafka-assigner-ui.png`).
 
@@ -18,9 +20,14 @@ use kafka_assigner::config::DrainPolicy;
 use kafka_assigner::proto::v1::DeregisterAction;
 use serde_json::Value;
 
+use kafka_assigner::server::{ServerOptions, identity::IdentityRule, tls::TlsSettings};
+
 use crate::support::{
     assigner::{Backend, TestCluster, TestConsumer, settle},
     browser::Browser,
+    certs::{Leaf, TestCa},
+    http10::{get, get_with_headers},
+    secure::Secured,
 };
 
 const TOPIC: &str = "events";
@@ -237,4 +244,37 @@ async fn the_page_follows_a_handoff_without_a_reload_and_says_what_status_says()
     // Redrawn at least twice since (the handoff, then the new owners), by its own polling.
     assert!(after["renders"].as_u64().expect("renders") >= renders_before + 2, "{after}");
     browser.screenshot(&target_dir().join("kafka-assigner-ui.png")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_mtls_on_the_page_is_served_as_status_is_and_reads_only_status() {
+    let ca = TestCa::new("ui-ca");
+    let (cert, key) = ca.issue(Leaf::Server).write(ca.dir.path(), "server");
+    let tls = TlsSettings { cert, key, client_ca: Some(ca.write_ca("client-ca")), reload_interval: SHOWN };
+    let options = ServerOptions {
+        tls: Some(tls),
+        bind_identity: Some(IdentityRule::new(None).expect("rule")),
+        ..ServerOptions::default()
+    };
+    let served = Secured::memory(options).await;
+    let pod = ca.issue(Leaf::ClientDns("pod-a"));
+    let client = served.tls(&ca.cert_pem(), Some(&pod)).await.expect("pod-a connects with its certificate");
+    let mut a = TestConsumer::register(client, "pod-a", "events").await.expect("pod-a registers");
+    a.wait_owned(4, SHOWN).await;
+
+    let admin = served.server.admin_addr;
+    let (code, headers, page) = get_with_headers(admin, "/ui").await.expect("GET /ui");
+    assert_eq!(code, 200, "{page}");
+    let html = headers.iter().any(|h| h.to_ascii_lowercase().starts_with("content-type: text/html"));
+    assert!(html, "{headers:?}");
+    let (code, status) = get(admin, "/status").await.expect("GET /status");
+    assert_eq!(code, 200, "{status}");
+    assert!(status.contains("\"pod-a\""), "{status}");
+    // The page's one request is /status on its own origin: no other path, no other host.
+    assert_eq!(page.matches("fetch(").count(), 1, "{page}");
+    assert!(page.contains("fetch(\"/status\""), "{page}");
+    assert!(!page.contains("http://") && !page.contains("https://"), "the page loads nothing from elsewhere");
+    // An unknown path is still a 404, next to the page.
+    assert_eq!(get(admin, "/ui/x").await.expect("GET /ui/x").0, 404);
+    served.stop().await;
 }

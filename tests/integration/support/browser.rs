@@ -16,8 +16,9 @@ use tokio::{
 
 use super::child::Guarded;
 
-/// How long Chromium gets to start and to answer one command.
-const PROMPT: Duration = Duration::from_secs(30);
+/// How long Chromium gets to start and to answer one command (generous: the whole suite
+/// runs next to it on two cores).
+const PROMPT: Duration = Duration::from_secs(60);
 
 /// A running headless Chromium with one page attached; killed on drop.
 pub struct Browser {

@@ -11,6 +11,11 @@ const PROMPT: Duration = Duration::from_secs(30);
 
 /// `GET path` at `addr`: (status, body).
 pub async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    get_with_headers(addr, path).await.map(|(code, _, body)| (code, body))
+}
+
+/// `GET path` at `addr`: (status, header lines `name: value`, body).
+pub async fn get_with_headers(addr: SocketAddr, path: &str) -> Result<(u16, Vec<String>, String), String> {
     let exchange = async {
         let conn = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let mut conn = BufReader::new(conn);
@@ -45,7 +50,7 @@ pub async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> 
                 body = dechunk(&body)?;
             }
         }
-        Ok((code, String::from_utf8_lossy(&body).into_owned()))
+        Ok((code, head, String::from_utf8_lossy(&body).into_owned()))
     };
     tokio::time::timeout(PROMPT, exchange).await.map_err(|_| format!("no answer within {PROMPT:?}"))?
 }
