@@ -115,4 +115,5 @@ async fn unowned_partitions_fire_and_resolve_on_a_real_prometheus() {
     // Nothing else fired on the way (a crash is not a leader loss, a store outage, ...).
     let others: Vec<_> = prometheus.alerts().await.into_iter().filter(|(n, _, _)| n != UNOWNED).collect();
     assert!(others.is_empty(), "{others:?}");
+    prometheus.close().await;
 }

@@ -244,6 +244,7 @@ async fn the_page_follows_a_handoff_without_a_reload_and_says_what_status_says()
     // Redrawn at least twice since (the handoff, then the new owners), by its own polling.
     assert!(after["renders"].as_u64().expect("renders") >= renders_before + 2, "{after}");
     browser.screenshot(&target_dir().join("kafka-assigner-ui.png")).await;
+    browser.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

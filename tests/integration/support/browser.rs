@@ -22,6 +22,8 @@ const PROMPT: Duration = Duration::from_secs(60);
 
 /// A running headless Chromium with one page attached; killed on drop.
 pub struct Browser {
+    /// Where its DevTools server listens.
+    pub devtools: std::net::SocketAddr,
     socket: TcpStream,
     next_id: u64,
     // Dropped after the socket: the process group is killed, then its profile goes.
@@ -73,7 +75,21 @@ impl Browser {
         let path =
             page.find("/devtools/").map(|i| page[i..].to_string()).unwrap_or_else(|| panic!("ws url {page}"));
         let socket = handshake(addr, &path).await;
-        Browser { socket, next_id: 0, _child: child, _profile: profile }
+        Browser { devtools: addr, socket, next_id: 0, _child: child, _profile: profile }
+    }
+
+    /// Ends Chromium (what dropping does) and checks that it is gone: its DevTools port
+    /// refuses connections and no process (the browser, its renderers, its GPU and utility
+    /// processes, all started with the profile dir on their command line) is left.
+    pub async fn close(self) {
+        let (devtools, profile) = (self.devtools, self._profile.path().display().to_string());
+        // The check below looks at the right processes: they are there before.
+        let running = super::child::processes_mentioning(&profile);
+        assert!(running.len() >= 2, "Chromium's processes are found by their profile dir: {running:?}");
+        drop(self);
+        assert!(TcpStream::connect(devtools).await.is_err(), "Chromium's DevTools port still answers");
+        let left = super::child::processes_mentioning(&profile);
+        assert!(left.is_empty(), "Chromium processes left behind: {left:?}");
     }
 
     /// Sends one command and returns its `result` (events that arrive meanwhile are

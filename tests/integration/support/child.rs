@@ -75,3 +75,18 @@ impl Drop for Guarded {
         let _ = self.child.wait();
     }
 }
+
+/// The live processes (not zombies: those have no command line) whose command line
+/// mentions `needle`, as `pid: command line`.
+pub fn processes_mentioning(needle: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(needle).then(|| format!("{}: {cmdline}", e.file_name().to_string_lossy()))
+        })
+        .collect()
+}

@@ -83,6 +83,18 @@ impl Prometheus {
             .collect()
     }
 
+    /// Ends Prometheus (what dropping does) and checks that it is gone: its port refuses
+    /// connections and no process runs with its config file.
+    pub async fn close(self) {
+        let (addr, config) = (self.addr, self.dir.path().join("prometheus.yml").display().to_string());
+        let running = super::child::processes_mentioning(&config);
+        assert!(!running.is_empty(), "Prometheus is found by its config file: {running:?}");
+        drop(self);
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "Prometheus still answers on {addr}");
+        let left = super::child::processes_mentioning(&config);
+        assert!(left.is_empty(), "Prometheus left behind: {left:?}");
+    }
+
     /// Its log so far (for a failing test's message).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
