@@ -21,7 +21,7 @@ use crate::support::{
 /// The test's `for:` (see the module docs).
 const FOR: &str = "2s";
 /// Scrape (1 s) + evaluation (1 s) + `for` (2 s) + the TTL, with room for a busy machine.
-const ALERT: Duration = Duration::from_secs(30);
+const ALERT: Duration = Duration::from_secs(60);
 const UNOWNED: &str = "KafkaAssignerPartitionsUnowned";
 
 /// The deployed rules with every `for:` set to `for_`.

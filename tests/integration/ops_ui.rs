@@ -33,7 +33,7 @@ use crate::support::{
 const TOPIC: &str = "events";
 /// The page polls `/status` every second; a change must show within a few polls even on a
 /// busy machine.
-const SHOWN: Duration = Duration::from_secs(20);
+const SHOWN: Duration = Duration::from_secs(30);
 
 /// What the page shows, read from its DOM (not from its data).
 const READ_PAGE: &str = r#"(() => {
