@@ -2,7 +2,8 @@
 //! assigner: the only consumer crashes, its registration expires and nobody is there to
 //! take its partitions (they stay its own, read by nobody), KafkaAssignerPartitionsUnowned
 //! fires in Prometheus's own `/api/v1/alerts`; a consumer comes, takes them, and the alert
-//! resolves.
+//! resolves. Then the assigner stops: its scrapes fail and KafkaAssignerNotReady fires for
+//! it (the rule's `up == 0` half).
 //!
 //! The rules are the deployed file, `deploy/prometheus/kafka-assigner.rules.yml`, with one
 //! change made here: every `for:` becomes 2 s (the deployed ones are minutes; the test's
@@ -23,6 +24,7 @@ const FOR: &str = "2s";
 /// Scrape (1 s) + evaluation (1 s) + `for` (2 s) + the TTL, with room for a busy machine.
 const ALERT: Duration = Duration::from_secs(60);
 const UNOWNED: &str = "KafkaAssignerPartitionsUnowned";
+const NOT_READY: &str = "KafkaAssignerNotReady";
 
 /// The deployed rules with every `for:` set to `for_`.
 pub fn rules_with_for(for_: &str) -> String {
@@ -48,21 +50,22 @@ async fn state(prometheus: &Prometheus, alertname: &str) -> Option<String> {
     prometheus.alerts().await.into_iter().find(|(name, _, _)| name == alertname).map(|(_, state, _)| state)
 }
 
-/// Waits until the unowned alert's state passes `want`; on the deadline the panic shows the
-/// alerts, the assigner's `/status` and Prometheus's log.
+/// Waits until `alertname`'s state passes `want`; on the deadline the panic shows the
+/// alerts, the assigner's `/status` (if it still answers) and Prometheus's log.
 async fn eventually(
     prometheus: &Prometheus,
     admin: SocketAddr,
+    alertname: &str,
     what: &str,
     want: impl Fn(&Option<String>) -> bool,
 ) {
     let give_up = tokio::time::Instant::now() + ALERT;
-    while !want(&state(prometheus, UNOWNED).await) {
+    while !want(&state(prometheus, alertname).await) {
         if tokio::time::Instant::now() >= give_up {
-            let (_, status) = crate::metrics::http_get(admin, "/status").await;
+            let status = crate::support::http10::get(admin, "/status").await;
             let alerts = prometheus.alerts().await;
             panic!(
-                "{what}: not within {ALERT:?}; alerts {alerts:?}; /status {status}; log {}",
+                "{what}: not within {ALERT:?}; alerts {alerts:?}; /status {status:?}; log {}",
                 prometheus.log()
             );
         }
@@ -71,9 +74,9 @@ async fn eventually(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unowned_partitions_fire_and_resolve_on_a_real_prometheus() {
+async fn alerts_fire_and_resolve_on_a_real_prometheus() {
     // One topic, so the only unowned partitions are the ones this test makes.
-    let cluster = TestCluster::start(Backend::Memory, 1, |c| {
+    let mut cluster = TestCluster::start(Backend::Memory, 1, |c| {
         c.topic_partitions.clear();
         c.topic_partitions.insert("events".into(), 4);
         // A crashed consumer's partitions are not held for it past its TTL.
@@ -99,11 +102,14 @@ async fn unowned_partitions_fire_and_resolve_on_a_real_prometheus() {
     // Both sides of a positive check: the series is there and is 0.
     let query = prometheus.api("/api/v1/query?query=kafka_assigner_partitions_unowned").await;
     assert_eq!(query["result"][0]["value"][1], "0", "{query}");
-    assert_eq!(state(&prometheus, UNOWNED).await, None, "{}", prometheus.log());
+    // No rule fires, or is pending, on a healthy assigner.
+    let alerts = prometheus.alerts().await;
+    assert!(alerts.is_empty(), "{alerts:?}\n{}", prometheus.log());
 
     // a crashes: its registration expires after the TTL, nobody can take its partitions.
     a.crash().await;
-    eventually(&prometheus, admin, "the unowned alert fires", |s| s.as_deref() == Some("firing")).await;
+    eventually(&prometheus, admin, UNOWNED, "the unowned alert fires", |s| s.as_deref() == Some("firing"))
+        .await;
     let firing = prometheus.alerts().await.into_iter().find(|(name, _, _)| name == UNOWNED).expect("firing");
     assert_eq!(firing.2["topic"], "events", "{firing:?}");
     assert_eq!(firing.2["severity"], "critical", "{firing:?}");
@@ -111,9 +117,21 @@ async fn unowned_partitions_fire_and_resolve_on_a_real_prometheus() {
     // Healed: b registers and gets every partition directly; the alert resolves.
     let mut b = cluster.consumer_on(0, "b", "events").await;
     b.wait_owned(4, PROMPT).await;
-    eventually(&prometheus, admin, "the unowned alert resolves", |s| s.is_none()).await;
+    eventually(&prometheus, admin, UNOWNED, "the unowned alert resolves", |s| s.is_none()).await;
     // Nothing else fired on the way (a crash is not a leader loss, a store outage, ...).
     let others: Vec<_> = prometheus.alerts().await.into_iter().filter(|(n, _, _)| n != UNOWNED).collect();
     assert!(others.is_empty(), "{others:?}");
+
+    // The assigner goes away: its scrapes fail (up == 0), and NotReady fires for it, found
+    // by the ready series it exported before.
+    drop(b);
+    cluster.stop(0).await;
+    eventually(&prometheus, admin, NOT_READY, "the not-ready alert fires for a silent assigner", |s| {
+        s.as_deref() == Some("firing")
+    })
+    .await;
+    let firing =
+        prometheus.alerts().await.into_iter().find(|(name, _, _)| name == NOT_READY).expect("firing");
+    assert_eq!(firing.2["instance"], admin.to_string(), "{firing:?}");
     prometheus.close().await;
 }
