@@ -9,11 +9,12 @@ use crate::coordinator::{
     HandoffCoordinator, PartitionCounts, StaticConfig, StaticCoordinator,
 };
 use crate::drain::{DrainDecider, FixedDecider, K8sDrainDecider, K8sSettings, RolloutView};
+use crate::epoch_floor::{FloorError, FloorFile, Reservation, now_micros, spawn_keeper};
 use crate::handoff::{PlacementMode, PlacementSettings, PlanConfig};
 use crate::kafka::KafkaMetadata;
 use crate::kafka_load::{KafkaLoad, Learning};
 use crate::metrics::Metrics;
-use crate::store::{EtcdStore, EtcdStoreConfig, LeaseStore, MemoryStore, MeteredStore};
+use crate::store::{EtcdStore, EtcdStoreConfig, LeaseStore, MemoryStore, MeteredStore, Revision};
 use crate::weights::{ExplicitWeights, WeightSource, WeightsError};
 
 /// Errors building a backend from flags.
@@ -37,6 +38,9 @@ pub enum BackendError {
     /// The Kafka client that learns partition weights could not be created.
     #[error("{0}")]
     KafkaLoad(#[from] crate::kafka_load::KafkaLoadError),
+    /// The epoch floor in `--state-dir` cannot be read or written.
+    #[error(transparent)]
+    EpochFloor(#[from] FloorError),
 }
 
 /// What `--drain-policy` builds: the `Deregister` decider and, under `k8s`, the Kubernetes
@@ -86,6 +90,9 @@ pub async fn coordinator_from_args(
         Backend::Fleet if args.drain_policy != DrainPolicy::K8s => None,
         _ => Some(drain_from_args(args).await?),
     };
+    if store_kind == StoreKind::Etcd && args.state_dir.is_some() {
+        tracing::warn!("--state-dir is ignored on etcd, which keeps the epochs' floors itself");
+    }
     let store = open_store(store_kind, args, &metrics).await?;
     let instance_id = args.instance_id.clone().unwrap_or_else(crate::config::default_instance_id);
     if args.backend == Backend::Fleet {
@@ -206,19 +213,48 @@ async fn open_store(
     metrics: &Arc<Metrics>,
 ) -> Result<Arc<dyn LeaseStore>, BackendError> {
     let store: Arc<dyn LeaseStore> = match kind {
-        // Revisions (and so ownership epochs) above any an earlier run handed out.
-        StoreKind::Memory => Arc::new(MemoryStore::starting_now()),
+        StoreKind::Memory => memory_store(args)?,
         StoreKind::Etcd => {
             let security = args.etcd_security.security().map_err(BackendError::Config)?;
             let config = EtcdStoreConfig {
                 endpoints: args.etcd_endpoints.clone(),
                 security,
+                // A watch then speaks at least every quarter TTL; one silent for three
+                // quarters is stale (`coordinator::shared::mirror`).
+                watch_progress_every: args.lease_ttl / 4,
                 ..EtcdStoreConfig::default()
             };
             Arc::new(EtcdStore::connect(config).await.map_err(CoordinatorError::from)?)
         }
     };
     Ok(Arc::new(MeteredStore::new(store, metrics.clone())))
+}
+
+/// The memory store. Its revisions (and so the ownership epochs, docs/design.md §10) start
+/// at the clock, above any an earlier run handed out unless the clock went back; with
+/// `--state-dir`, above the floor kept there too, which a task keeps ahead of the
+/// revision and the clock while the store lives.
+fn memory_store(args: &ServeArgs) -> Result<Arc<dyn LeaseStore>, BackendError> {
+    let Some(dir) = &args.state_dir else {
+        return Ok(Arc::new(MemoryStore::starting_now()));
+    };
+    let (start, reservation) = Reservation::begin(FloorFile::open(dir)?, now_micros())?;
+    let start = Revision::try_from(start).unwrap_or(Revision::MAX / 2);
+    let store = Arc::new(MemoryStore::starting_at(start));
+    spawn_keeper(reservation, Arc::downgrade(&store), |store: &MemoryStore| {
+        u64::try_from(store.revision()).unwrap_or(0).max(now_micros())
+    });
+    Ok(store)
+}
+
+/// The `static` backend's epoch for this run: 1 without `--state-dir` (the configuration
+/// decides ownership and nothing moves while it runs); with it, above the floor kept there
+/// and at least the clock, so a restart, which is how a static configuration changes,
+/// raises every partition's epoch.
+fn static_epoch(args: &ServeArgs) -> Result<u64, BackendError> {
+    let Some(dir) = &args.state_dir else { return Ok(1) };
+    let (epoch, _reservation) = Reservation::begin(FloorFile::open(dir)?, now_micros())?;
+    Ok(epoch)
 }
 
 /// The `static` backend: parses `--static-assignment` / `--static-members` (or their
@@ -233,6 +269,7 @@ fn static_from_args(
         args.static_assignment.as_deref(),
         args.static_members.as_deref(),
     )
-    .map_err(BackendError::Config)?;
+    .map_err(BackendError::Config)?
+    .with_epoch(static_epoch(args)?);
     Ok(Arc::new(StaticCoordinator::new(config, metrics)))
 }

@@ -28,6 +28,8 @@
 //! * [`status`] — the read-only status view (`/status`, the fleet gauges).
 //! * [`duration`] — durations on the command line (`500ms`, `10s`).
 //! * [`drain`] — what `Deregister` answers (fixed, or from the Kubernetes API).
+//! * [`epoch_floor`] — `--state-dir`: the epoch floor file of the memory and static
+//!   backends, so their epochs never go back across restarts.
 //! * [`cli`] — client subcommands (`kafka-assigner status`, `kafka-assigner probe`).
 //! * [`client`] — the consumer side: a client that drives a handler (warm / assigned /
 //!   release / unassigned), and the rdkafka example consumer. It is the
@@ -47,6 +49,7 @@ pub mod config;
 pub mod coordinator;
 pub mod drain;
 pub mod duration;
+pub mod epoch_floor;
 pub mod handoff;
 pub mod kafka;
 pub mod kafka_load;

@@ -193,6 +193,14 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_INSTANCE_ID")]
     pub instance_id: Option<String>,
 
+    /// Memory and static backends (and the fleet on `--store memory`): a directory where
+    /// this instance keeps its epoch floor (`epoch-floor`), so the ownership epochs it hands
+    /// out stay above every earlier run's even when the clock was stepped back (docs/design.md
+    /// §10). One directory per instance, on a disk that survives restarts. Unset: epochs
+    /// rest on the clock alone (memory), or are 1 for every run (static). etcd keeps its own.
+    #[arg(long, env = "KAFKA_ASSIGNER_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
     /// Kafka bootstrap brokers, comma-separated (`host:port`): partition counts of topics
     /// not in `--topic-partitions` are asked from Kafka. None: only `--topic-partitions`.
     #[arg(long, env = "KAFKA_ASSIGNER_KAFKA_BROKERS", value_delimiter = ',')]

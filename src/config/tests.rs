@@ -135,3 +135,10 @@ fn fleet_and_static_flags() {
     let err = Cli::try_parse_from(["kafka-assigner", "serve", "--store", "zk"]).unwrap_err().to_string();
     assert!(err.contains("--store"), "{err}");
 }
+
+#[test]
+fn state_dir() {
+    assert_eq!(serve(&[]).state_dir, None, "unset by default: today's epochs");
+    let args = serve(&["--backend", "static", "--state-dir", "/var/lib/kafka-assigner"]);
+    assert_eq!(args.state_dir, Some(PathBuf::from("/var/lib/kafka-assigner")));
+}

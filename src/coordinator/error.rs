@@ -40,6 +40,12 @@ pub enum CoordinatorError {
     /// or fenced): it serves no registrations until it has one again.
     #[error("{0}")]
     NoSession(String),
+    /// The consumer's stream is open here, but the store lost its registration (the
+    /// instance lease expired early) and this instance is writing it again
+    /// (`shared/rebind.rs`): the call is refused for now, and the same call succeeds once
+    /// the registration is back.
+    #[error("{0}")]
+    RegistrationLost(String),
     /// This instance is shutting down.
     #[error("this assigner instance is shutting down")]
     ShuttingDown,

@@ -58,9 +58,20 @@ pub struct PartitionEpoch {
     pub warming: bool,
 }
 
+/// One snapshot of a consumer's epochs, with the store revision it was read at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochsAt {
+    /// The revision of the cache the epochs were read from: every change up to it is in
+    /// `partitions` (which may hold newer ones too, never older). Never goes down along one
+    /// stream. A constant on a backend whose epochs never change.
+    pub revision: u64,
+    /// The partitions, in partition order.
+    pub partitions: Vec<PartitionEpoch>,
+}
+
 /// The epochs of one consumer's partitions: a snapshot at once, then a new one after each
-/// change, in partition order. Ends with the consumer's registration on this instance.
-pub type EpochStream = Pin<Box<dyn Stream<Item = Vec<PartitionEpoch>> + Send>>;
+/// change. Ends with the consumer's registration on this instance.
+pub type EpochStream = Pin<Box<dyn Stream<Item = EpochsAt> + Send>>;
 
 /// Commands for one registered consumer. Ends when the server ends the registration
 /// (drained: cleanly; replaced, expired or shutting down: with an error item).
@@ -72,6 +83,20 @@ pub trait ConsumerGroupCoordinator: Send + Sync + 'static {
     /// Registers `consumer` for `topic` and returns its command stream; the first item is
     /// the snapshot of its partitions.
     async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError>;
+
+    /// [`register`](Self::register), sent by the client process `incarnation` (the
+    /// `INCARNATION_HEADER` of the request; 0: none): a registration that replaces one of
+    /// the same process is a reconnect, any other a new incarnation of the name, whose
+    /// epochs are raised (docs/design.md §10). Backends without epochs ignore it.
+    async fn register_as(
+        &self,
+        consumer: &str,
+        topic: &str,
+        incarnation: u64,
+    ) -> Result<CommandStream, CoordinatorError> {
+        let _ = incarnation;
+        self.register(consumer, topic).await
+    }
 
     /// `consumer` finished warming `partition` of `topic`.
     async fn partition_ready(

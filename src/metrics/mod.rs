@@ -50,6 +50,13 @@ pub struct Metrics {
     pub warm_timeouts: Counter,
     /// Releasing handoffs completed without an acknowledgement because it timed out.
     pub release_timeouts: Counter,
+    /// Fleet give-backs whose giver's transport did not take the `unassigned` within the
+    /// bound (one TTL): the giver's stream was ended, its leases wait for its registration.
+    pub give_backs_timed_out: Counter,
+    /// Releases and `unassigned`s of a relay pass sent after waiting out their bound (1 s)
+    /// for the pass's gains (`assigned`, warms) to be taken: a consumer that does not read
+    /// its stream made the handoff's overlap longer.
+    pub losses_waited_out: Counter,
     /// Partitions given to a consumer directly (no live owner to hand off from).
     pub direct_assignments: Counter,
     /// Leader reconcile transactions that failed their compare (stale state or deposed).
@@ -159,6 +166,16 @@ impl Metrics {
         let warm_timeouts = counter(r, "warm_timeouts", "Warming handoffs that timed out");
         let release_timeouts =
             counter(r, "release_timeouts", "Releases completed without acknowledgement after the timeout");
+        let give_backs_timed_out = counter(
+            r,
+            "give_backs_timed_out",
+            "Fleet give-backs whose giver did not take its unassigned within one TTL (its stream was ended)",
+        );
+        let losses_waited_out = counter(
+            r,
+            "losses_waited_out",
+            "Releases and unassigns sent after waiting out their bound for the new owner's commands to be taken",
+        );
         let direct_assignments = counter(r, "direct_assignments", "Partitions assigned with no live owner");
         let reconcile_conflicts =
             counter(r, "reconcile_conflicts", "Leader transactions refused by their compare");
@@ -228,6 +245,8 @@ impl Metrics {
             handoffs_cancelled,
             warm_timeouts,
             release_timeouts,
+            give_backs_timed_out,
+            losses_waited_out,
             direct_assignments,
             reconcile_conflicts,
             registrations_swept,

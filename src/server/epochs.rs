@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use super::grpc::AssignerService;
 use super::status::to_status;
-use crate::coordinator::PartitionEpoch;
+use crate::coordinator::EpochsAt;
 use crate::proto::v1::{self, EpochSnapshot, WatchEpochsRequest, ownership_epochs_server::OwnershipEpochs};
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<EpochSnapshot, Status>> + Send>>;
@@ -32,18 +32,20 @@ impl OwnershipEpochs for AssignerService {
             Ok((stream, topic))
         };
         let (stream, topic) = self.counted("WatchEpochs", call).await?;
-        let snapshots = stream.map(move |partitions| Ok(snapshot(&topic, &partitions)));
+        let snapshots = stream.map(move |epochs| Ok(snapshot(&topic, &epochs)));
         Ok(Response::new(Box::pin(snapshots)))
     }
 }
 
-/// The wire form of a consumer's epochs.
-fn snapshot(topic: &str, partitions: &[PartitionEpoch]) -> EpochSnapshot {
+/// The wire form of a consumer's epochs, with the revision they were read at.
+fn snapshot(topic: &str, epochs: &EpochsAt) -> EpochSnapshot {
     EpochSnapshot {
         topic: topic.to_string(),
-        partitions: partitions
+        partitions: epochs
+            .partitions
             .iter()
             .map(|p| v1::PartitionEpoch { partition: p.partition, epoch: p.epoch, warming: p.warming })
             .collect(),
+        revision: epochs.revision,
     }
 }

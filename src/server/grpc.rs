@@ -21,7 +21,7 @@ use crate::proto::v1::{
 
 /// Response header of `Register` with the session TTL (defined beside the contract, for
 /// the client to read).
-pub use crate::proto::SESSION_TTL_HEADER;
+pub use crate::proto::{INCARNATION_HEADER, SESSION_TTL_HEADER};
 
 /// The gRPC service.
 #[derive(Clone)]
@@ -112,6 +112,13 @@ fn required(partition: Option<TopicPartition>) -> Result<TopicPartition, Status>
 
 type CommandStream = Pin<Box<dyn Stream<Item = Result<AssignmentCommand, Status>> + Send>>;
 
+/// The client process a `Register` comes from ([`INCARNATION_HEADER`]); 0 when the header is
+/// absent or not a number, which makes the registration a new incarnation: the safe side.
+fn incarnation_of(metadata: &tonic::metadata::MetadataMap) -> u64 {
+    let value = metadata.get(INCARNATION_HEADER).and_then(|v| v.to_str().ok());
+    value.and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 #[tonic::async_trait]
 impl KafkaAssigner for AssignerService {
     type RegisterStream = CommandStream;
@@ -122,8 +129,10 @@ impl KafkaAssigner for AssignerService {
             let ip = request.extensions().get::<super::tls::ConnInfo>().map(|info| info.remote_addr.ip());
             // Held by the stream: dropped when the stream ends or the client goes away.
             let permit = self.policy.gate.acquire(ip, &self.metrics)?;
+            let incarnation = incarnation_of(request.metadata());
             let RegisterRequest { consumer_name, topic } = request.into_inner();
-            let stream = self.coordinator.register(&consumer_name, &topic).await.map_err(to_status)?;
+            let stream =
+                self.coordinator.register_as(&consumer_name, &topic, incarnation).await.map_err(to_status)?;
             Ok((stream, permit))
         };
         let (stream, permit) = self.counted("Register", register).await?;

@@ -21,6 +21,7 @@ pub fn code_of(error: &CoordinatorError) -> Code {
         CoordinatorError::Contended(_) | CoordinatorError::Replaced(_) => Code::Aborted,
         // Passing: the consumer reconnects (here later, or to another instance).
         CoordinatorError::NoSession(_)
+        | CoordinatorError::RegistrationLost(_)
         | CoordinatorError::ShuttingDown
         | CoordinatorError::StreamEnded(..) => Code::Unavailable,
         CoordinatorError::NotReading(_) => Code::ResourceExhausted,
@@ -94,6 +95,8 @@ mod tests {
             (CoordinatorError::NoEpochs("x".into()), Code::Unimplemented),
             (CoordinatorError::Contended("x".into()), Code::Aborted),
             (CoordinatorError::ShuttingDown, Code::Unavailable),
+            // Passing: the client retries it until the registration is written again.
+            (CoordinatorError::RegistrationLost("x".into()), Code::Unavailable),
             (CoordinatorError::NotReading("x".into()), Code::ResourceExhausted),
             (CoordinatorError::Store(StoreError::Closed), Code::Unavailable),
             (

@@ -69,6 +69,12 @@ pub struct EtcdStoreConfig {
     pub attempt_timeout: Duration,
     /// TLS and credentials (none: plaintext, no auth).
     pub security: super::EtcdSecurity,
+    /// How long a watch may be quiet before it asks etcd for a progress notification
+    /// (`WatchRequest::ProgressRequest`, etcd 3.4+): a live member answers at once, and
+    /// the answer reaches the follower as a progress mark, so a watch that hangs without
+    /// an error is noticed ([`LeaseStore::watch_progress_every`]). The service sets a
+    /// quarter of the session TTL.
+    pub watch_progress_every: Duration,
 }
 
 impl EtcdStoreConfig {
@@ -99,6 +105,12 @@ impl EtcdStoreConfig {
         self.attempt_timeout = timeout;
         self
     }
+
+    /// Sets [`watch_progress_every`](Self::watch_progress_every).
+    pub fn with_watch_progress_every(mut self, every: Duration) -> Self {
+        self.watch_progress_every = every;
+        self
+    }
 }
 
 impl Default for EtcdStoreConfig {
@@ -112,6 +124,8 @@ impl Default for EtcdStoreConfig {
             // member's answer and leaves a 5 s budget room for four more endpoints.
             attempt_timeout: Duration::from_secs(1),
             security: super::EtcdSecurity::default(),
+            // A quarter of the service's default 10 s session TTL.
+            watch_progress_every: Duration::from_millis(2_500),
         }
     }
 }
@@ -388,8 +402,9 @@ impl LeaseStore for EtcdStore {
             self.config.request_timeout
         };
         let on_break = (self.clients.clone(), endpoint);
+        let timing = watch::Timing { progress_every: self.config.watch_progress_every, answer_within };
         let mut watch =
-            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), answer_within, on_break);
+            Watch::new(stream, from_revision, self.clients.endpoints().to_string(), timing, on_break);
         match first {
             Some(response) => watch.absorb(response),
             None => {
@@ -403,6 +418,10 @@ impl LeaseStore for EtcdStore {
             return Err(compacted);
         }
         Ok(watch.into_stream())
+    }
+
+    fn watch_progress_every(&self) -> Option<Duration> {
+        Some(self.config.watch_progress_every)
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {

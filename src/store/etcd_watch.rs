@@ -7,10 +7,12 @@
 //!
 //! **Liveness.** A watch on a frozen member, or behind a network that drops everything,
 //! never errors: it just goes quiet (HTTP/2 keep-alive notices only after 15 s). So after
-//! [`PROGRESS_AFTER_IDLE`] of silence the watch asks etcd for a progress notification,
-//! which a live member answers at once; no answer within the call timeout ends the watch
-//! with [`StoreError::Unavailable`], and the caller re-watches (through the store's
-//! failover to a healthy endpoint).
+//! [`Timing::progress_every`] of silence the watch asks etcd for a progress notification,
+//! which a live member answers at once. Each answer goes to the caller as a progress mark
+//! (a [`WatchBatch`] without events), so the caller hears from a live watch at least that
+//! often, and counts a watch that says nothing at all as stale (the mirror's follower).
+//! No answer within the call timeout ends the watch with [`StoreError::Unavailable`], and
+//! the caller re-watches (through the store's failover to a healthy endpoint).
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
@@ -23,8 +25,14 @@ use super::{
 };
 use crate::store::{Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind, WatchStream};
 
-/// Silence after which a watch checks that its member still answers.
-pub(super) const PROGRESS_AFTER_IDLE: Duration = Duration::from_secs(2);
+/// When a watch asks for progress, and how long it waits for the answer.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Timing {
+    /// Silence after which the watch asks its member for a progress notification.
+    pub progress_every: Duration,
+    /// How long a progress request may wait for its answer before the watch ends.
+    pub answer_within: Duration,
+}
 
 /// The state behind a [`WatchStream`] from etcd.
 pub(super) struct Watch {
@@ -34,32 +42,24 @@ pub(super) struct Watch {
     failed: bool,
     from_revision: Revision,
     endpoints: String,
-    /// How long a progress request may wait for its answer.
-    answer_within: Duration,
+    /// When it asks for progress, and how long it waits for the answer.
+    timing: Timing,
     /// The store's clients and the endpoint this watch is on: told when the stream breaks,
     /// so the re-watch (and other calls) go to another endpoint at once.
     on_break: (Arc<Clients>, usize),
 }
 
 impl Watch {
-    /// A watch on an etcd stream that asked for history from `from_revision`; a progress
-    /// request unanswered within `answer_within` ends it.
+    /// A watch on an etcd stream that asked for history from `from_revision`, asking for
+    /// progress and ending as `timing` says.
     pub(super) fn new(
         stream: etcd_client::WatchStream,
         from_revision: Revision,
         endpoints: String,
-        answer_within: Duration,
+        timing: Timing,
         on_break: (Arc<Clients>, usize),
     ) -> Self {
-        Watch {
-            stream,
-            pending: VecDeque::new(),
-            failed: false,
-            from_revision,
-            endpoints,
-            answer_within,
-            on_break,
-        }
+        Watch { stream, pending: VecDeque::new(), failed: false, from_revision, endpoints, timing, on_break }
     }
 
     /// The stream broke (not a refusal by etcd): fail, and move calls off its endpoint.
@@ -137,6 +137,10 @@ impl Watch {
         }
         if let Some(done) = batch {
             self.pending.push_back(Ok(done));
+        } else if !response.created() {
+            // A progress notification: everything up to its revision was delivered.
+            let revision = response.header().map_or(0, |h| h.revision());
+            self.pending.push_back(Ok(WatchBatch { revision, events: Vec::new() }));
         }
     }
 
@@ -155,7 +159,8 @@ impl Watch {
                 return None;
             }
             // `message()` keeps its state in the stream, so timing it out loses nothing.
-            let message = match tokio::time::timeout(PROGRESS_AFTER_IDLE, self.stream.message()).await {
+            let Timing { progress_every, answer_within } = self.timing;
+            let message = match tokio::time::timeout(progress_every, self.stream.message()).await {
                 Ok(message) => message,
                 Err(_quiet) => {
                     if let Err(error) = self.stream.request_progress().await {
@@ -165,12 +170,12 @@ impl Watch {
                         ));
                         continue;
                     }
-                    match tokio::time::timeout(self.answer_within, self.stream.message()).await {
+                    match tokio::time::timeout(answer_within, self.stream.message()).await {
                         Ok(message) => message,
                         Err(_) => {
                             self.broke(format!(
                                 "etcd at {}: the watch went quiet and a progress request got no answer within {:?}",
-                                self.endpoints, self.answer_within
+                                self.endpoints, answer_within
                             ));
                             continue;
                         }

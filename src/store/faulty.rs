@@ -25,6 +25,11 @@
 //!   store *late* (a write sent before a session expired lands after), and their answers
 //!   either arrive late ([`AfterStall::Deliver`]) or are lost after the wait, with every
 //!   open watch broken ([`AfterStall::Lose`]: the connection reset);
+//! * **hushes watches** ([`hush_watches`](FaultyStore::hush_watches)): open and new watches
+//!   deliver nothing (no event, no progress mark, no error) while every other call works,
+//!   as a watch whose connection hangs does; what arrived meanwhile follows, in order, once
+//!   [`unhush_watches`](FaultyStore::unhush_watches) ends it;
+//! * **refuses new sessions** ([`refuse_grants`](FaultyStore::refuse_grants));
 //! * **expires sessions** on demand ([`expire_session`](FaultyStore::expire_session),
 //!   [`expire_all_sessions`](FaultyStore::expire_all_sessions)), as a store does when it
 //!   has not heard from the session's holder for its TTL (even while cut off).
@@ -99,6 +104,8 @@ struct Shared {
     holding: watch::Sender<bool>,
     /// Moves whenever a stall starts or ends early: calls held by one look again.
     stalls: watch::Sender<u64>,
+    /// While `true`, watches deliver nothing ([`FaultyStore::hush_watches`]).
+    hushed: watch::Sender<bool>,
 }
 
 struct State {
@@ -117,6 +124,8 @@ struct State {
     cut: Option<Option<Instant>>,
     /// Reads and watches fail while sessions and transactions still work.
     reads_cut: bool,
+    /// New sessions are refused while everything else works.
+    grants_refused: bool,
     /// Sessions granted through this wrapper and not revoked or expired through it.
     sessions: BTreeSet<SessionId>,
     stats: FaultStats,
@@ -200,6 +209,7 @@ impl FaultyStore {
             watch_lag: Duration::ZERO,
             cut: None,
             reads_cut: false,
+            grants_refused: false,
             sessions: BTreeSet::new(),
             stats: FaultStats::default(),
             stall: None,
@@ -209,7 +219,9 @@ impl FaultyStore {
         let (cuts, _) = watch::channel(0);
         let (holding, _) = watch::channel(false);
         let (stalls, _) = watch::channel(0);
-        FaultyStore { inner, shared: Arc::new(Shared { state: Mutex::new(state), cuts, holding, stalls }) }
+        let (hushed, _) = watch::channel(false);
+        let shared = Shared { state: Mutex::new(state), cuts, holding, stalls, hushed };
+        FaultyStore { inner, shared: Arc::new(shared) }
     }
 
     /// The wrapped store (calls on it bypass every fault).
@@ -279,6 +291,25 @@ impl FaultyStore {
     /// Ends a [`cut_reads`](Self::cut_reads) now.
     pub fn restore_reads(&self) {
         self.state().reads_cut = false;
+    }
+
+    /// Hushes every watch, open or opened later, until
+    /// [`unhush_watches`](Self::unhush_watches): it delivers nothing, not even a progress
+    /// mark, and does not break, while every other call works (a hung watch connection).
+    pub fn hush_watches(&self) {
+        self.shared.hushed.send_replace(true);
+    }
+
+    /// Ends [`hush_watches`](Self::hush_watches): what the watches held comes, in order.
+    pub fn unhush_watches(&self) {
+        self.shared.hushed.send_replace(false);
+    }
+
+    /// Refuses new sessions (`grant_session` fails `Unavailable`) while `on`; every other
+    /// call works: an instance whose lease the store expired early cannot get another one
+    /// yet, so its lost registrations stay lost (`shared/rebind.rs`).
+    pub fn refuse_grants(&self, on: bool) {
+        self.state().grants_refused = on;
     }
 
     /// Holds back the answers of transactions (`txn`, `put`, `delete`) until
@@ -415,6 +446,9 @@ impl LeaseStore for FaultyStore {
     async fn grant_session(&self, ttl: Duration) -> Result<SessionId, StoreError> {
         let inner = self.inner.clone();
         let shared = self.shared.clone();
+        if self.state().grants_refused {
+            return Err(self.refused("grant session"));
+        }
         self.call("grant session", Kind::Write, async move {
             let session = inner.grant_session(ttl).await?;
             // Granted in the store, even if the answer is lost below.
@@ -488,6 +522,10 @@ impl LeaseStore for FaultyStore {
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
         self.call("compact", Kind::Write, self.inner.compact(revision)).await
     }
+
+    fn watch_progress_every(&self) -> Option<Duration> {
+        self.inner.watch_progress_every()
+    }
 }
 
 /// Forwards `stream` with the injected delays (in order), and breaks it at the next cut-off.
@@ -540,6 +578,18 @@ fn faulty_watch(store: FaultyStore, mut stream: WatchStream, cuts: watch::Receiv
                     held.is_none_or(|stall| stall.then == AfterStall::Deliver).then_some(item)
                 }
             },
+            None => None,
+        };
+        // A hushed watch holds the batch (and what follows it) until it is unhushed.
+        let item = match item {
+            Some(item) => {
+                let mut hushed = store.shared.hushed.subscribe();
+                tokio::select! {
+                    biased;
+                    _ = cuts.changed() => None,
+                    _ = hushed.wait_for(|hushed| !hushed) => Some(item),
+                }
+            }
             None => None,
         };
         let Some(item) = item else {

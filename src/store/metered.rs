@@ -117,6 +117,10 @@ impl LeaseStore for MeteredStore {
         self.metered("compact", self.inner.compact(revision)).await
     }
 
+    fn watch_progress_every(&self) -> Option<Duration> {
+        self.inner.watch_progress_every()
+    }
+
     async fn put(
         &self,
         key: &str,

@@ -114,6 +114,13 @@ impl Op {
     pub fn delete(key: impl Into<String>) -> Self {
         Op::Delete { key: key.into() }
     }
+
+    /// The key this operation writes.
+    pub fn key(&self) -> &str {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key } => key,
+        }
+    }
 }
 
 /// An atomic compare-and-swap: if every compare holds, every op applies, else none does.
@@ -179,7 +186,9 @@ pub struct WatchEvent {
 pub struct WatchBatch {
     /// The revision of every event in the batch.
     pub revision: Revision,
-    /// The changes under the watched prefix, in the transaction's op order; never empty.
+    /// The changes under the watched prefix, in the transaction's op order. Empty only in
+    /// a progress mark: the store says the watch is alive and has delivered everything up
+    /// to `revision` ([`LeaseStore::watch_progress_every`]); there is nothing to apply.
     pub events: Vec<WatchEvent>,
 }
 
@@ -238,6 +247,15 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// [`WatchBatch`] per revision. Fails (immediately or as the first item) with [`StoreError::Compacted`] when that
     /// history is gone.
     async fn watch_prefix(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError>;
+
+    /// How often a quiet watch of this store sends a progress mark (a [`WatchBatch`]
+    /// without events), if it does. A watch that has sent nothing, not even a mark, for
+    /// much longer has hung without an error (a connection that stopped forwarding), and
+    /// its follower counts itself stale (`coordinator::shared::mirror`). `None`: the
+    /// store's watches cannot hang (an in-process store) and send no marks.
+    fn watch_progress_every(&self) -> Option<Duration> {
+        None
+    }
 
     /// Discards history before `revision`: watches from older revisions then fail with
     /// [`StoreError::Compacted`]. Current records are untouched.

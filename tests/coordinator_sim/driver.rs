@@ -199,6 +199,8 @@ pub struct Outcome {
     pub plan_moves: u64,
     /// Owner changes whose epochs were checked to grow.
     pub epoch_checks: u64,
+    /// Owned partitions a new incarnation of their owner was checked to raise.
+    pub incarnation_checks: u64,
     /// Stalls that began, early expiries, restarts with the old stream left open.
     pub stalls: u64,
     pub revokes: u64,
@@ -224,6 +226,7 @@ impl Outcome {
         self.overlaps_in_window += o.overlaps_in_window;
         self.plan_moves += o.plan_moves;
         self.epoch_checks += o.epoch_checks;
+        self.incarnation_checks += o.incarnation_checks;
         self.stalls += o.stalls;
         self.revokes += o.revokes;
         self.follower_revokes += o.follower_revokes;
@@ -310,6 +313,7 @@ impl Driven for Sim {
         self.truth.apply(&self.keys, &batch, self.strict, &writers)?;
         self.outcome.plan_moves = self.truth.plan_moves;
         self.outcome.epoch_checks = self.truth.epoch_checks;
+        self.outcome.incarnation_checks = self.truth.incarnation_checks;
         Ok(())
     }
 

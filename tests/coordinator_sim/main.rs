@@ -235,7 +235,7 @@ fn run_kind(kind: Kind) {
     eprintln!(
         "{kind:?}: {} schedules in {:?}: {} commands, {} streams, {} ended while cut off (latest at {:.2} TTL), \
          slowest settle {:?}, {} overlaps inside release windows, {} moves by plan, {} new owners' epochs \
-         checked; {} stalls, {} early \
+         checked, {} epochs raised by a new incarnation; {} stalls, {} early \
          expiries ({} of an instance that did not lead), {} restarts with the old stream open ({} of those replaced), {} readies raced by joins, \
          {} deregisters raced by a restart",
         seeds.len(),
@@ -248,6 +248,7 @@ fn run_kind(kind: Kind) {
         total.overlaps_in_window,
         total.plan_moves,
         total.epoch_checks,
+        total.incarnation_checks,
         total.stalls,
         total.revokes,
         total.follower_revokes,
@@ -261,6 +262,7 @@ fn run_kind(kind: Kind) {
     assert!(total.commands > seeds.len() as u64, "{kind:?}: hardly any command was delivered");
     assert!(total.plan_moves > 0, "{kind:?}: no partition was ever moved by plan");
     assert!(total.epoch_checks > 0, "{kind:?}: no new owner's epoch was ever checked");
+    assert!(total.incarnation_checks > 0, "{kind:?}: no new incarnation ever raised an epoch");
     if seeds.len() >= 10 {
         match kind {
             Kind::CutOff | Kind::Crashes => {

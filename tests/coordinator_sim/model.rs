@@ -120,6 +120,8 @@ pub struct Truth {
     epochs: BTreeMap<u32, (String, u64)>,
     /// Owner changes whose epochs were compared (the check is not vacuous).
     pub epoch_checks: u64,
+    /// Partitions whose epoch a new incarnation of their owner was checked to raise.
+    pub incarnation_checks: u64,
 }
 
 impl Truth {
@@ -147,6 +149,27 @@ impl Truth {
                 _ => None,
             })
             .map(|p| (p, (self.owners.get(&p).cloned(), self.handoffs.get(&p).cloned())))
+            .collect();
+        // What a new incarnation is compared with: the registrations replaced in this
+        // batch, and every partition's epochs (owner's, handoff's) before it.
+        // A lost registration written again keeps its id: only an id the store never held
+        // for the name is a new incarnation.
+        let sessions_before: BTreeMap<String, BTreeSet<i64>> = batch
+            .events
+            .iter()
+            .filter_map(|e| match keys.parse(&e.key) {
+                Some(Key::Consumer(_, name)) => {
+                    let known = self.registrations_seen.iter().filter(|(n, _)| *n == name).map(|(_, id)| *id);
+                    let known = known.collect();
+                    Some((name, known))
+                }
+                _ => None,
+            })
+            .collect();
+        let epochs_before: BTreeMap<u32, (u64, u64)> = self
+            .epochs
+            .iter()
+            .map(|(p, (_, e))| (*p, (*e, self.handoffs.get(p).map_or(0, |h| h.epoch))))
             .collect();
         for event in &batch.events {
             let Some(key) = keys.parse(&event.key) else { continue };
@@ -206,6 +229,8 @@ impl Truth {
                 (Key::Topic(_) | Key::Instance(_), _) => {}
             }
         }
+        self.incarnations_raised(keys, batch, &sessions_before, &epochs_before)
+            .map_err(|e| format!("revision {}: {e}", batch.revision))?;
         for (p, (owner, handoff)) in before {
             let after = (self.owners.get(&p).cloned(), self.handoffs.get(&p).cloned());
             let by_plan = plan_move(&(owner.clone(), handoff.clone()), &after);
@@ -230,6 +255,55 @@ impl Truth {
                 "revision {}: partition {p} was given to {owner}, whose registration is {status:?}",
                 batch.revision
             );
+        }
+        Ok(())
+    }
+
+    /// A new incarnation (docs/design.md §10): where this batch put a registration of a
+    /// name under a new registration id, every record of a partition the name owns or
+    /// warms that the batch rewrote carries a greater epoch than before (the raise shares
+    /// the registration's transaction). A partition the registering instance's cache did
+    /// not show as the name's yet keeps its record, and its epoch is never told to the new
+    /// incarnation until raised (`epochs_of`); that is not visible from the store.
+    fn incarnations_raised(
+        &mut self,
+        keys: &Keys,
+        batch: &WatchBatch,
+        sessions_before: &BTreeMap<String, BTreeSet<i64>>,
+        epochs_before: &BTreeMap<u32, (u64, u64)>,
+    ) -> Result<(), String> {
+        for (name, before) in sessions_before {
+            let Some(record) = self.consumers.get(name) else { continue };
+            let put_here = batch.events.iter().any(|e| {
+                matches!(keys.parse(&e.key), Some(Key::Consumer(_, n)) if n == *name)
+                    && matches!(e.kind, WatchEventKind::Put(_))
+            });
+            if !put_here || before.contains(&record.session) {
+                continue;
+            }
+            let rewritten: BTreeSet<u32> = batch
+                .events
+                .iter()
+                .filter_map(|e| match keys.parse(&e.key) {
+                    Some(Key::Assignment(_, p) | Key::Handoff(_, p)) => Some(p),
+                    _ => None,
+                })
+                .collect();
+            for (p, owner) in self.owners.iter().filter(|(p, _)| rewritten.contains(p)) {
+                let Some((old, _)) = epochs_before.get(p).filter(|_| owner == name) else { continue };
+                let now = self.epochs.get(p).map_or(0, |(_, e)| *e);
+                ensure!(now > *old, "{name} registered again, but its partition {p} kept epoch {now}");
+                self.incarnation_checks += 1;
+            }
+            for (p, handoff) in self.handoffs.iter().filter(|(p, _)| rewritten.contains(p)) {
+                let Some((_, old)) = epochs_before.get(p) else { continue };
+                if handoff.to == *name && handoff.phase == Phase::Warming {
+                    ensure!(
+                        handoff.epoch > *old,
+                        "{name} registered again, but the partition {p} it warms kept epoch {old}"
+                    );
+                }
+            }
         }
         Ok(())
     }
@@ -350,7 +424,13 @@ fn plan_move(
     (o0, h0): &(Option<String>, Option<Handoff>),
     (o1, h1): &(Option<String>, Option<Handoff>),
 ) -> bool {
-    if o0 == o1 && h0 == h1 {
+    // A handoff whose epoch alone changed was raised by a new incarnation of one of its
+    // consumers (docs/design.md §10), which is a registration's write, not a plan's.
+    let same_but_epoch = |a: &Option<Handoff>, b: &Option<Handoff>| match (a, b) {
+        (Some(a), Some(b)) => Handoff { epoch: b.epoch, ..a.clone() } == *b,
+        _ => a == b,
+    };
+    if o0 == o1 && same_but_epoch(h0, h1) {
         return false;
     }
     let flip = matches!((h0, h1), (Some(w), Some(r))

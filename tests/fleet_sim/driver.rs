@@ -153,6 +153,8 @@ pub struct Outcome {
     pub max_fence_ttl: f64,
     pub settled_after: Duration,
     pub lost_answers: u64,
+    /// New ownerships whose epoch was checked to be above every earlier one.
+    pub epoch_checks: u64,
     /// A digest of the whole log (replays compare it).
     pub digest: u64,
 }
@@ -167,6 +169,7 @@ impl Outcome {
         self.max_fence_ttl = self.max_fence_ttl.max(o.max_fence_ttl);
         self.settled_after = self.settled_after.max(o.settled_after);
         self.lost_answers += o.lost_answers;
+        self.epoch_checks += o.epoch_checks;
     }
 }
 
@@ -225,6 +228,7 @@ impl Sim {
         run::run(self).await?;
         self.outcome.lost_answers = self.world.instances.iter().map(|i| i.faulty.stats().lost_answers).sum();
         self.outcome.digest = self.world.digest;
+        self.outcome.epoch_checks = self.truth.epoch_checks;
         Ok(())
     }
 

@@ -67,6 +67,10 @@ pub struct Truth {
     pub revision: Revision,
     pub members: BTreeMap<String, Member>,
     pub leases: BTreeMap<u32, String>,
+    /// Per partition, the highest lease epoch written so far and its owner.
+    pub epochs: BTreeMap<u32, (String, u64)>,
+    /// New ownerships whose epoch was compared with an earlier one (not vacuous).
+    pub epoch_checks: u64,
 }
 
 impl Truth {
@@ -90,7 +94,13 @@ impl Truth {
                 Some(FleetKey::Lease(t, p)) if t == topic => match put {
                     Some(value) => {
                         let lease: LeaseRecord = decode(&event.key, value).map_err(|e| e.to_string())?;
-                        changes.push(format!("+{p}:{}", lease.owner));
+                        changes.push(format!("+{p}:{}@{}", lease.owner, lease.epoch));
+                        self.epoch_grows(
+                            p,
+                            self.leases.get(&p) == Some(&lease.owner),
+                            &lease,
+                            batch.revision,
+                        )?;
                         self.leases.insert(p, lease.owner);
                     }
                     None => {
@@ -121,6 +131,32 @@ impl Truth {
             );
         }
         Ok((!changes.is_empty()).then(|| format!("store r{}: {}", batch.revision, changes.join(" "))))
+    }
+
+    /// Epochs (docs/design.md §10): a lease's epoch is never 0 and never below one written
+    /// before for its partition; a new ownership (`kept` false: the partition was free or
+    /// another's) is strictly above every earlier one, so no two ownerships share one.
+    fn epoch_grows(
+        &mut self,
+        p: u32,
+        kept: bool,
+        lease: &LeaseRecord,
+        revision: Revision,
+    ) -> Result<(), String> {
+        ensure!(lease.epoch > 0, "revision {revision}: lease {p} of {} has no epoch", lease.owner);
+        if let Some((before, seen)) = self.epochs.get(&p) {
+            ensure!(
+                lease.epoch >= *seen && (kept || lease.epoch > *seen),
+                "revision {revision}: partition {p} was leased to {} with epoch {}, not above {before}'s {seen}",
+                lease.owner,
+                lease.epoch
+            );
+            if !kept {
+                self.epoch_checks += 1;
+            }
+        }
+        self.epochs.insert(p, (lease.owner.clone(), lease.epoch));
+        Ok(())
     }
 
     pub fn held_by(&self, name: &str) -> BTreeSet<u32> {

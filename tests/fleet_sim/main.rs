@@ -156,7 +156,7 @@ fn run_kind(kind: Kind) {
     );
     eprintln!(
         "{kind:?}: {} schedules in {:?}: {} commands, {} streams, {} partitions told to stop, {} streams fenced \
-         (latest {:.2} TTL after the cut), {} lost answers, slowest settle {:?}",
+         (latest {:.2} TTL after the cut), {} lost answers, slowest settle {:?}, {} new owners' epochs checked",
         seeds.len(),
         started.elapsed(),
         total.commands,
@@ -165,12 +165,14 @@ fn run_kind(kind: Kind) {
         total.fenced,
         total.max_fence_ttl,
         total.lost_answers,
-        total.settled_after
+        total.settled_after,
+        total.epoch_checks
     );
     // Not vacuous: consumers were told things, gave partitions back, were fenced.
     assert!(total.commands > seeds.len() as u64, "{kind:?}: hardly any command was delivered");
     if seeds.len() >= 10 {
         assert!(total.stopped > 0, "{kind:?}: no consumer was ever told to stop a partition");
+        assert!(total.epoch_checks > 0, "{kind:?}: no new owner's epoch was ever checked");
         match kind {
             Kind::CutOffs => assert!(total.fenced > 0, "{kind:?}: no stream was ever fenced"),
             Kind::Lossy => assert!(total.lost_answers > 0, "{kind:?}: no answer was ever lost"),

@@ -26,7 +26,11 @@ use crate::support::assigner::{
 };
 
 /// Opens `WatchEpochs` for `consumer` on `url`.
-async fn watch(url: &str, consumer: &str, topic: &str) -> Result<Streaming<EpochSnapshot>, tonic::Status> {
+pub(crate) async fn watch(
+    url: &str,
+    consumer: &str,
+    topic: &str,
+) -> Result<Streaming<EpochSnapshot>, tonic::Status> {
     let mut client = OwnershipEpochsClient::connect(url.to_string()).await.expect("connect");
     let request = WatchEpochsRequest { consumer_name: consumer.into(), topic: topic.into() };
     client.watch_epochs(request).await.map(|r| r.into_inner())
@@ -40,7 +44,7 @@ async fn next(stream: &mut Streaming<EpochSnapshot>) -> BTreeMap<u32, (u64, bool
 }
 
 /// The next snapshot that satisfies `done`.
-async fn next_until(
+pub(crate) async fn next_until(
     stream: &mut Streaming<EpochSnapshot>,
     done: impl Fn(&BTreeMap<u32, (u64, bool)>) -> bool,
 ) -> BTreeMap<u32, (u64, bool)> {
@@ -52,7 +56,7 @@ async fn next_until(
     }
 }
 
-async fn register(url: &str, consumer: &str, topic: &str) -> TestConsumer {
+pub(crate) async fn register(url: &str, consumer: &str, topic: &str) -> TestConsumer {
     let client = KafkaAssignerClient::connect(url.to_string()).await.expect("connect");
     TestConsumer::register(client, consumer, topic).await.expect("registers")
 }
@@ -93,7 +97,8 @@ async fn static_backend_epochs_are_constant_and_end_with_the_registration() {
 
 on_both_backends!(
     handoff_epochs_are_known_at_the_warm_and_kept_at_the_flip,
-    fleet_epochs_grow_with_every_new_owner
+    fleet_epochs_grow_with_every_new_owner,
+    snapshot_revisions_are_served_and_never_go_down
 );
 
 /// The handoff backend: a partition being warmed shows the epoch its target will own it
@@ -173,4 +178,51 @@ async fn fleet_epochs_grow_with_every_new_owner(backend: Backend) {
         assert!(!kept.contains_key(partition));
     }
     drop((a, b, server, memory, etcd));
+}
+
+/// The snapshots a stream sent, as (revision, partition → (epoch, warming)), until one
+/// satisfies `done`.
+async fn revisions_until(
+    stream: &mut Streaming<EpochSnapshot>,
+    done: impl Fn(&BTreeMap<u32, (u64, bool)>) -> bool,
+) -> Vec<(u64, BTreeMap<u32, (u64, bool)>)> {
+    let mut seen = Vec::new();
+    loop {
+        let item = tokio::time::timeout(PROMPT, stream.next()).await.expect("a snapshot in time");
+        let snapshot = item.expect("the stream is open").expect("not an error");
+        let partitions = snapshot.partitions.iter().map(|p| (p.partition, (p.epoch, p.warming))).collect();
+        let finished = done(&partitions);
+        seen.push((snapshot.revision, partitions));
+        if finished {
+            return seen;
+        }
+    }
+}
+
+/// `EpochSnapshot.revision` (docs/design.md §10) is filled in (an assigner without it
+/// sends 0), and along a stream, through a warm handoff, it never goes down. Both streams
+/// are read from one instance's cache, which only moves forward: `b`'s stream, opened after
+/// `a`'s first snapshot was read, starts at or above that snapshot's revision.
+async fn snapshot_revisions_are_served_and_never_go_down(backend: Backend) {
+    let cluster = TestCluster::start(backend, 1, |_| {}).await;
+    let url = cluster.instance(0).grpc_url.clone();
+    let mut a = register(&url, "a", "events").await;
+    a.wait_owned(4, PROMPT).await;
+    let mut a_epochs = watch(&url, "a", "events").await.expect("a is registered");
+    let mut seen_a = revisions_until(&mut a_epochs, |s| s.len() == 4).await;
+    let mut b = register(&url, "b", "events").await;
+    b.wait_warms(2, PROMPT).await;
+    let mut b_epochs = watch(&url, "b", "events").await.expect("b is registered");
+    let mut seen_b = revisions_until(&mut b_epochs, |s| s.len() == 2).await;
+    b.ready_all().await;
+    seen_b.extend(revisions_until(&mut b_epochs, |s| s.len() == 2 && s.values().all(|(_, w)| !w)).await);
+    seen_a.extend(revisions_until(&mut a_epochs, |s| s.len() == 2).await);
+    for (name, seen) in [("a", &seen_a), ("b", &seen_b)] {
+        let revisions: Vec<u64> = seen.iter().map(|(revision, _)| *revision).collect();
+        println!("{}: {name}'s snapshot revisions {revisions:?}", backend.name());
+        assert!(revisions.iter().all(|r| *r > 0), "{name}'s snapshots carry no revision: {seen:?}");
+        assert!(revisions.windows(2).all(|w| w[0] <= w[1]), "{name}'s revisions went down: {seen:?}");
+    }
+    assert!(seen_b[0].0 >= seen_a[0].0, "b's stream started below a's first snapshot: {seen_a:?} {seen_b:?}");
+    a.release_all().await;
 }

@@ -12,12 +12,12 @@ use tonic::{
 };
 
 use super::Backoff;
-use crate::proto::SESSION_TTL_HEADER;
 use crate::proto::v1::{
     AssignmentCommand, DeregisterAction, DeregisterRequest, EpochSnapshot, PartitionReadyRequest,
     PartitionReleasedRequest, RegisterRequest, TopicPartition, WatchEpochsRequest,
     kafka_assigner_client::KafkaAssignerClient, ownership_epochs_client::OwnershipEpochsClient,
 };
+use crate::proto::{INCARNATION_HEADER, SESSION_TTL_HEADER};
 
 /// A gRPC client on one connection.
 pub type Rpc = KafkaAssignerClient<Channel>;
@@ -44,11 +44,21 @@ pub struct Registered {
     pub announced_ttl: Option<Duration>,
 }
 
-/// Connects to `endpoint` and opens the `Register` stream.
+/// A number for one client (its process's incarnation, [`INCARNATION_HEADER`]): random, never
+/// 0, drawn from the standard library's randomly seeded hasher.
+pub fn new_incarnation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.finish().max(1)
+}
+
+/// Connects to `endpoint` and opens the `Register` stream, sent as client `incarnation`.
 pub async fn register(
     endpoint: &Endpoint,
     consumer: &str,
     topic: &str,
+    incarnation: u64,
     timeout: Duration,
 ) -> Result<Registered, Status> {
     let channel = endpoint
@@ -56,7 +66,11 @@ pub async fn register(
         .await
         .map_err(|e| Status::unavailable(format!("cannot connect to {}: {e}", endpoint.uri())))?;
     let mut rpc = KafkaAssignerClient::new(channel.clone());
-    let request = RegisterRequest { consumer_name: consumer.to_string(), topic: topic.to_string() };
+    let mut request = tonic::Request::new(RegisterRequest {
+        consumer_name: consumer.to_string(),
+        topic: topic.to_string(),
+    });
+    request.metadata_mut().insert(INCARNATION_HEADER, incarnation.into());
     let response = tokio::time::timeout(timeout, rpc.register(request))
         .await
         .map_err(|_| Status::unavailable(format!("Register not answered within {timeout:?}")))??;

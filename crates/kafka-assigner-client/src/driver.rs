@@ -71,6 +71,9 @@ pub struct Driver<H> {
     session_timeout: Duration,
     /// When each running `release` stops counting as holding its partition.
     release_deadlines: BTreeMap<u32, Instant>,
+    /// This client's number on every `Register` ([`calls::new_incarnation`]): a reconnect is
+    /// the same process, so the assigner keeps its epochs.
+    incarnation: u64,
 }
 
 impl<H: Handler> Driver<H> {
@@ -112,6 +115,7 @@ impl<H: Handler> Driver<H> {
             lease_deadline: None,
             session_timeout,
             release_deadlines: BTreeMap::new(),
+            incarnation: calls::new_incarnation(),
         }
     }
 
@@ -128,8 +132,14 @@ impl<H: Handler> Driver<H> {
     /// Runs until a fatal error or, after `stop`, the end of the shutdown.
     pub async fn run(mut self, stop: oneshot::Receiver<()>) -> Result<ShutdownOutcome, ClientError> {
         let result = self.serve(stop).await;
-        self.finish().await;
-        result
+        let abandoned = self.finish().await;
+        match result {
+            Ok(outcome) if abandoned > 0 => {
+                Err(ClientError::HandlerCallsAbandoned { abandoned, waited: self.session_timeout, outcome })
+            }
+            // A fatal error says more than the abandoned calls, which were logged and counted.
+            result => result,
+        }
     }
 
     async fn serve(&mut self, stop: oneshot::Receiver<()>) -> Result<ShutdownOutcome, ClientError> {
@@ -202,8 +212,11 @@ impl<H: Handler> Driver<H> {
                     match snapshot {
                         Ok(Some(snapshot)) => {
                             let partitions = snapshot.partitions.iter().map(|p| (p.partition, p.epoch, p.warming));
-                            self.gate.snapshot(partitions);
-                            self.release_gate();
+                            if self.gate.snapshot(snapshot.revision, partitions) {
+                                self.release_gate();
+                            } else {
+                                tracing::debug!(revision = snapshot.revision, "an epoch snapshot older than one applied; ignored");
+                            }
                         }
                         // A drain ends both streams; the commands' end is what tells.
                         Ok(None) | Err(_) if stopping => self.epochs = None,
@@ -437,10 +450,11 @@ impl<H: Handler> Driver<H> {
     fn connect(&mut self) {
         let endpoint = self.endpoints[self.next_endpoint % self.endpoints.len()].clone();
         let (consumer, topic) = (self.config.consumer_name.clone(), self.config.topic.clone());
-        let timeout = self.config.call_timeout;
+        let (timeout, incarnation) = (self.config.call_timeout, self.incarnation);
         tracing::debug!(endpoint = %endpoint.uri(), "connecting");
-        self.connecting =
-            Some(tokio::spawn(async move { calls::register(&endpoint, &consumer, &topic, timeout).await }));
+        let register =
+            async move { calls::register(&endpoint, &consumer, &topic, incarnation, timeout).await };
+        self.connecting = Some(tokio::spawn(register));
     }
 
     fn connected(&mut self, registered: Registered) {
@@ -524,17 +538,28 @@ impl<H: Handler> Driver<H> {
         self.gate.reset();
     }
 
-    /// Unassigns what is left, runs the queued handler calls, sends the last
-    /// acknowledgements (bounded), and marks the client disconnected.
-    async fn finish(&mut self) {
+    /// Unassigns what is left, runs the queued handler calls (for at most the session
+    /// timeout: past it the partitions count as lost anyway, and a hung handler must not
+    /// hold the shutdown forever), sends the last acknowledgements (bounded), and marks the
+    /// client disconnected. Returns how many handler calls were abandoned.
+    async fn finish(&mut self) -> usize {
         if let Some(connecting) = self.connecting.take() {
             connecting.abort();
         }
         self.drop_epochs();
         self.apply(Input::LoseAll);
         self.stream = None;
+        let mut abandoned = 0;
         if let Some(workers) = self.workers.take() {
-            workers.finish().await;
+            abandoned = workers.finish(self.session_timeout).await;
+        }
+        if abandoned > 0 {
+            tracing::warn!(
+                abandoned,
+                session_timeout = ?self.session_timeout,
+                "handler calls still running after the session timeout; stopping without them"
+            );
+            self.metrics.handler_calls_abandoned.inc_by(abandoned as u64);
         }
         // A release that was running when we stopped is acknowledged now.
         while let Ok(input) = self.done.try_recv() {
@@ -554,6 +579,7 @@ impl<H: Handler> Driver<H> {
         self.connected_tx.send_replace(false);
         self.metrics.connected.set(0);
         self.metrics.owned_partitions.set(self.state.owned().len() as i64);
+        abandoned
     }
 }
 
@@ -564,3 +590,7 @@ async fn next_message<T>(stream: &mut Option<Streaming<T>>) -> Result<Option<T>,
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod tests;

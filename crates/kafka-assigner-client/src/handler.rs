@@ -14,7 +14,8 @@ pub struct Partition {
     /// The epoch of this consumer's ownership of the partition (docs/design.md §10): greater
     /// than the epoch of every earlier owner, so a sink that refuses epochs below the highest
     /// it has seen ([`Fence`](crate::Fence)) cannot be written by a superseded owner. For
-    /// `warm`, the epoch the consumer will own the partition with; for `release` and
+    /// `warm`, the epoch the consumer will own the partition with (not yet: nothing may be
+    /// written to the shared sink with it during the warm); for `release` and
     /// `unassigned`, the epoch it was held with.
     ///
     /// `0` means this server hands out no epochs: nothing to fence with (see
@@ -40,7 +41,11 @@ pub type WarmError = Box<dyn std::error::Error + Send + Sync>;
 /// calls either without it.
 ///
 /// * `warm(p)`: prepare `p` (load state, catch up) without processing it. `Ok` sends
-///   `PartitionReady`; an error is logged and the assigner times the warm out.
+///   `PartitionReady`; an error is logged and the assigner times the warm out. `p.epoch`
+///   is the epoch the consumer *will* own `p` with, and another consumer still owns it:
+///   never write to the shared sink with it (a fenced sink would take it as the newest
+///   owner's and refuse the current owner's writes for the rest of the warm). Read, load
+///   local state, and keep the epoch for the writes that follow `assigned`.
 /// * `assigned(p)`: `p` is ours: start processing it.
 /// * `release(p)`: `p` moved to another consumer: stop processing it and make progress
 ///   durable (commit offsets) before returning; `PartitionReleased` is sent on return.
@@ -49,7 +54,8 @@ pub type WarmError = Box<dyn std::error::Error + Send + Sync>;
 ///   warm state.
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
-    /// Prepare `partition` before taking it over.
+    /// Prepare `partition` before taking it over: read only, nothing written to the shared
+    /// sink with its (future) epoch.
     async fn warm(&self, partition: Partition) -> Result<(), WarmError>;
     /// Start processing `partition`.
     async fn assigned(&self, partition: Partition);

@@ -37,11 +37,34 @@
 //! lost a partition, so two consumers can briefly process one partition. Make that
 //! harmless where the writes land: tag every write (a row, an offset commit, a message)
 //! with the epoch of the partition it came from, and let the sink refuse a write whose
-//! epoch is below the highest it has seen for that partition. [`Fence`] is that check for
-//! a sink in your process (`fence.admit(&partition)?` before each write); a database does
-//! the same with a conditional write (`... WHERE epoch <= $epoch`), and the Kafka example
+//! epoch is below the highest it has seen for that partition.
+//!
+//! The check must hold until the write has landed: a superseded owner that passed it just
+//! before the new owner must not write after it. [`Fence`] is that check for a sink in
+//! your process, in a form that holds its partition across the write:
+//!
+//! ```
+//! # use kafka_assigner_client::{Fence, Partition, StaleEpoch};
+//! # fn store(_: &Partition, _: &[u8]) {}
+//! fn write(fence: &Fence, partition: &Partition, row: &[u8]) -> Result<(), StaleEpoch> {
+//!     // A higher epoch waits until this write is done; a lower one is refused.
+//!     fence.admit_then(partition, || store(partition, row))
+//! }
+//! ```
+//!
+//! ([`Fence::lock`] returns the guard itself, [`Fence::lock_async`] and
+//! [`Fence::admit_then_async`] wait without blocking the runtime; [`Fence::admit`] is the
+//! check alone, which does not cover the write that follows it.) A store that compares as
+//! it writes needs no lock: a database's conditional write (`UPDATE ... SET ..., epoch = $1
+//! WHERE key = $2 AND epoch <= $1`, zero rows updated meaning fenced), or an etcd
+//! transaction that compares the epoch stored beside the value. The Kafka example
 //! (`kafka_example`, feature `kafka-example`) keeps the epoch in its offset commits'
 //! metadata and will not resume from a commit of a newer owner.
+//!
+//! `warm` is handed the epoch the consumer *will* own the partition with: it does not own
+//! it yet. A warm handler must not write to the shared sink with that epoch (the sink
+//! would then refuse the current owner, which is still processing the partition until the
+//! handoff completes); it may only read and load local state.
 //!
 //! The epochs come from the assigner's `OwnershipEpochs` service, beside the contract;
 //! [`ClientConfig::epochs`] says what to do with an assigner that has none
@@ -56,7 +79,7 @@
 //!   the endpoints, runs the client-side lease and the shutdown (`Deregister`, drain).
 //! * `calls`: the RPCs, retrying `UNAVAILABLE` / `ABORTED`.
 //! * `epochs`: pure — the commands waiting for their partitions' epochs.
-//! * [`Fence`]: a sink-side check of epochs.
+//! * [`Fence`]: a sink-side check of epochs, held across the write ([`FenceGuard`]).
 //! * `workers`: one queue per partition, so handler calls for a partition never overlap.
 //! * [`signal`]: SIGTERM / Ctrl-C, for a consumer's `main` (and the assigner's).
 //! * `kafka_example` (cargo feature `kafka-example`): the rdkafka consumer of the
@@ -86,7 +109,7 @@ pub mod testing;
 mod workers;
 
 pub use backoff::Backoff;
-pub use fence::{Fence, StaleEpoch};
+pub use fence::{Fence, FenceGuard, StaleEpoch};
 pub use handler::{Handler, Partition, WarmError};
 pub use metrics::ClientMetrics;
 
@@ -134,6 +157,22 @@ pub enum ClientError {
     /// The client task ended abnormally (a handler panicked, or the runtime is shutting down).
     #[error("the client task failed: {0}")]
     Task(String),
+    /// The client stopped as `outcome` says, but handler calls were still running after
+    /// waiting `waited` (the session timeout) for them: they were abandoned (their futures
+    /// dropped), so whatever they had not made durable is not. Counted in
+    /// `handler_calls_abandoned`.
+    #[error(
+        "stopped ({outcome:?}), but {abandoned} handler call(s) had not returned after {waited:?} \
+         (the session timeout) and were abandoned"
+    )]
+    HandlerCallsAbandoned {
+        /// Handler calls still running (one per partition; what was queued behind them never ran).
+        abandoned: usize,
+        /// How long the shutdown waited for them.
+        waited: Duration,
+        /// How the shutdown ended otherwise.
+        outcome: ShutdownOutcome,
+    },
 }
 
 /// How [`AssignerClient::shutdown`] ended.
@@ -340,6 +379,11 @@ impl AssignerClient {
     /// Leaves gracefully: `Deregister`; on `WAIT_FOR_DRAIN` keeps serving releases until
     /// the server ends the stream or the drain deadline passes. Every partition still
     /// held gets `unassigned` before this returns.
+    ///
+    /// The handler calls still queued then are waited for at most the session timeout
+    /// (past it the partitions may have new owners anyway): a call that has not returned
+    /// by then is abandoned (its future dropped), counted in `handler_calls_abandoned`,
+    /// and the shutdown answers [`ClientError::HandlerCallsAbandoned`].
     pub async fn shutdown(mut self) -> Result<ShutdownOutcome, ClientError> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -367,6 +411,10 @@ impl Drop for AssignerClient {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "shutdown_tests.rs"]
+mod shutdown_tests;
 
 #[cfg(test)]
 mod tests {

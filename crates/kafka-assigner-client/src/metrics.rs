@@ -33,6 +33,9 @@ pub struct ClientMetrics {
     /// `release` calls still running when their partition stopped being held (the session
     /// was lost, or the release outlived the session timeout).
     pub abandoned_releases: Counter,
+    /// Handler calls still running when a shutdown stopped waiting for them (after the
+    /// session timeout): the client ended without them.
+    pub handler_calls_abandoned: Counter,
     /// The session timeout in force, in seconds: the configured one, or lower if the
     /// assigner's session TTL asks for it.
     pub session_timeout_seconds: Gauge<f64, AtomicU64>,
@@ -64,6 +67,11 @@ impl ClientMetrics {
             "abandoned_releases",
             "Releases still running when their partition stopped being held (session lost or timed out)",
             self.abandoned_releases.clone(),
+        );
+        r.register(
+            "handler_calls_abandoned",
+            "Handler calls still running when the shutdown stopped waiting for them (after the session timeout)",
+            self.handler_calls_abandoned.clone(),
         );
         r.register(
             "session_timeout_seconds",

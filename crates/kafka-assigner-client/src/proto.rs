@@ -16,3 +16,10 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("kafk
 /// session after its stream is gone (the coordinator's session TTL; absent when sessions
 /// never expire). The wire contract has no field for it, so it rides in the metadata.
 pub const SESSION_TTL_HEADER: &str = "x-kafka-assigner-session-ttl-ms";
+
+/// Request header of `Register`: a number the client's process draws once at start (never
+/// 0), the same on every `Register` it sends. A registration that replaces one sent with the
+/// same number is the same process reconnecting; any other is a new incarnation of the
+/// name, whose epochs the assigner raises so that an older process's writes are fenced
+/// (docs/design.md §10). A client that sends none is always a new incarnation.
+pub const INCARNATION_HEADER: &str = "x-kafka-assigner-incarnation";

@@ -2,7 +2,7 @@
 //! order the state machine asked for them; different partitions run concurrently (a long
 //! `warm` must not hold up a `release`).
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use tokio::{sync::mpsc, task::JoinSet};
 
@@ -47,15 +47,35 @@ impl<H: Handler> Workers<H> {
         self.tasks.spawn(run(handler, topic, p, rx, done, metrics));
     }
 
-    /// Closes every queue and waits until the queued calls have run.
-    pub async fn finish(mut self) {
+    /// Closes every queue and waits until the queued calls have run, but not past
+    /// `bound`: a handler call that hangs must not hold the shutdown forever. Returns how
+    /// many partitions still had a call running then; their tasks are aborted (the
+    /// handler's future is dropped at its next await, and nothing queued behind it runs).
+    pub async fn finish(mut self, bound: Duration) -> usize {
         self.queues.clear();
         drop(self.done);
-        while let Some(result) = self.tasks.join_next().await {
-            if let Err(error) = result {
-                tracing::error!(%error, "a handler call panicked");
+        let all_ran = tokio::time::timeout(bound, async {
+            while let Some(result) = self.tasks.join_next().await {
+                report(result);
             }
+        })
+        .await;
+        if all_ran.is_ok() {
+            return 0;
         }
+        // Calls that ended just as the bound ran out are not abandoned.
+        while let Some(result) = self.tasks.try_join_next() {
+            report(result);
+        }
+        let abandoned = self.tasks.len();
+        self.tasks.abort_all();
+        abandoned
+    }
+}
+
+fn report(result: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = result {
+        tracing::error!(%error, "a handler call panicked");
     }
 }
 

@@ -72,8 +72,13 @@ impl Backend for Fleet {
         super::status::status(self)
     }
 
-    fn epochs(&self, topic: &str, consumer: &str) -> Option<Vec<PartitionEpoch>> {
+    fn epochs(
+        &self,
+        topic: &str,
+        consumer: &str,
+        since: crate::store::Revision,
+    ) -> Option<Vec<PartitionEpoch>> {
         let cache = self.core.mirror().read();
-        Some(cache.topics.get(topic).map(|entry| entry.epochs_of(consumer)).unwrap_or_default())
+        Some(cache.topics.get(topic).map(|entry| entry.epochs_of(consumer, since)).unwrap_or_default())
     }
 }

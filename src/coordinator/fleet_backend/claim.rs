@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::Fleet;
-use super::claim_decide::{self, AtRevision};
+use super::claim_decide::{self, AtRevision, Free};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     outgoing::PassGate,
@@ -98,20 +98,22 @@ async fn claim_step(
     }
 
     if !decision.claim.is_empty() {
-        let claim = claim_decide::Claim { topic, consumer, registered_at, instance_lease, decided_at };
-        let txn = |partitions: &[AtRevision]| claim_decide::claim_txn(keys, claim, partitions);
+        let now_micros = crate::coordinator::shared::records::now_micros();
+        let claim =
+            claim_decide::Claim { topic, consumer, registered_at, instance_lease, decided_at, now_micros };
+        let txn = |partitions: &[Free]| claim_decide::claim_txn(keys, claim, partitions);
         let mut claimed = Vec::new();
         let outcome = inner.core.store().txn(txn(&decision.claim)).await?;
         if outcome.succeeded {
             *seen = outcome.revision;
-            claimed.extend(decision.claim.iter().map(|(p, _)| *p));
+            claimed.extend(decision.claim.iter().map(|free| free.partition));
         } else {
             // Someone else claimed one of them first: take the others one by one.
             for one in &decision.claim {
                 let outcome = inner.core.store().txn(txn(&[*one])).await?;
                 if outcome.succeeded {
                     *seen = outcome.revision;
-                    claimed.push(one.0);
+                    claimed.push(one.partition);
                 }
             }
         }
@@ -194,6 +196,7 @@ async fn tell_giver(inner: &Fleet, key: &StreamKey, partitions: &[u32], done: &C
             // Taken, or dropped with its channel: only a stream still open heard it.
             Ok(()) => inner.core.streams().with(key, |stream| !stream.tx.is_closed()).unwrap_or(false),
             Err(_) => {
+                inner.core.metrics().give_backs_timed_out.inc();
                 let why = format!("it did not take a command for {bound:?}");
                 not_reading(inner, key, partitions, &why);
                 false

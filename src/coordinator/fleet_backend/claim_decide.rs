@@ -1,20 +1,35 @@
 //! The claim step's decision, pure: from the cached topic, the consumer's registration and
 //! what its stream hides (partitions it was told to give back), what to show it again, give
-//! back and claim, each with the lease revision its compare-and-swap is conditioned on; and
-//! the transactions that do it. No I/O, no clock: `claim.rs` reads the cache, calls
-//! [`decide`], tells and writes.
+//! back and claim, each with the lease revision its compare-and-swap is conditioned on (and,
+//! for a claim, the partition's epoch floor: docs/design.md §10); and the transactions that
+//! do it. No I/O, no clock: `claim.rs` reads the cache and the time, calls [`decide`], tells
+//! and writes.
 
 use std::collections::BTreeSet;
 
-use super::records::{FleetKeys, LeaseRecord};
+use super::records::{EpochRecord, FleetKeys, LeaseRecord};
 use super::share;
 use super::state::FleetTopic;
 use crate::assignment::Balanced;
-use crate::coordinator::shared::records::{RECORD_VERSION, encode};
+use crate::coordinator::shared::records::{RECORD_VERSION, encode, next_epoch};
 use crate::store::{Compare, Op, Revision, SessionId, Txn};
 
 /// A partition and the mod revision of its lease as the cache holds it (0: no lease).
 pub type AtRevision = (u32, Revision);
+
+/// A free partition to claim, as the cache holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Free {
+    /// The partition.
+    pub partition: u32,
+    /// The mod revision of its lease (0: none, which the claim needs still).
+    pub lease_at: Revision,
+    /// The highest epoch known for it: the claim's epoch is above it.
+    pub floor: u64,
+    /// The mod revision of its epoch floor record (0: none): the claim holds only while
+    /// no other claim has written it since.
+    pub floor_at: Revision,
+}
 
 /// What one claim step does for one consumer (see the module docs).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -28,7 +43,7 @@ pub struct ClaimDecision {
     /// Leases beyond the quota, to give back (the consumer is told first).
     pub give_back: Vec<AtRevision>,
     /// Free leases to claim, up to the quota.
-    pub claim: Vec<AtRevision>,
+    pub claim: Vec<Free>,
 }
 
 /// The claim step of `consumer` with registration `session` over the cached `entry`, its
@@ -50,6 +65,10 @@ pub fn decide(
     let plan =
         share::share_of(&Balanced, entry.partition_count(), &entry.live(), registered, consumer, &owners)?;
     let at = |p: &u32| (*p, entry.lease_revision(*p));
+    let free = |p: &u32| {
+        let (floor, floor_at) = entry.floor(*p);
+        Free { partition: *p, lease_at: entry.lease_revision(*p), floor, floor_at }
+    };
     let show = hidden
         .iter()
         .filter(|p| owners.get(p) == Some(&consumer) && !plan.give_back.contains(p))
@@ -59,7 +78,7 @@ pub fn decide(
         quota: plan.quota,
         show,
         give_back: plan.give_back.iter().map(at).collect(),
-        claim: plan.claim.iter().map(at).collect(),
+        claim: plan.claim.iter().map(free).collect(),
     })
 }
 
@@ -82,29 +101,66 @@ pub struct Claim<'a> {
     pub registered_at: Revision,
     /// The instance lease the leases are bound to.
     pub instance_lease: SessionId,
-    /// The revision of the cache the claim was decided from: the claimed leases' epoch is
-    /// one above it (docs/design.md §10). Every earlier owner of a partition that is free
-    /// in that cache had its lease written, and deleted, at or below it; a claim from an
-    /// older cache fails its compare.
+    /// The revision of the cache the claim was decided from.
     pub decided_at: Revision,
+    /// The wall clock when it was decided, in microseconds since the Unix epoch.
+    pub now_micros: u64,
 }
 
 /// Writes the consumer's leases of `partitions` under the instance lease, each only if it
-/// is still at its revision (0: still absent), and all only while the consumer's
-/// registration is the one written at `registered_at`.
-pub fn claim_txn(keys: &FleetKeys, claim: Claim<'_>, partitions: &[AtRevision]) -> Txn {
-    let Claim { topic, consumer, registered_at, instance_lease, decided_at } = claim;
-    let epoch = crate::coordinator::shared::records::epoch_above(decided_at);
-    let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
+/// is still at its revision (0: still absent) and its epoch floor too, and all only while
+/// the consumer's registration is the one written at `registered_at`. Each lease's epoch is
+/// above its floor, the cache's revision and the clock ([`next_epoch`], docs/design.md
+/// §10), and is written as the partition's new floor, a record no session takes away: a
+/// claim from a cache that missed another consumer's claim (and give-back) of the
+/// partition fails on the floor's compare instead of repeating or lowering that epoch.
+pub fn claim_txn(keys: &FleetKeys, claim: Claim<'_>, partitions: &[Free]) -> Txn {
+    let Claim { topic, consumer, registered_at, instance_lease, decided_at, now_micros } = claim;
     let member = Compare::ModRevision(keys.member(topic, consumer), registered_at);
-    partitions.iter().fold(Txn::new().when(member), |txn, (p, revision)| {
-        let lease = keys.lease(topic, *p);
-        txn.when(Compare::ModRevision(lease.clone(), *revision)).then(Op::put_in(
-            lease,
-            record.clone(),
-            instance_lease,
-        ))
+    partitions.iter().fold(Txn::new().when(member), |txn, free| {
+        let epoch = next_epoch(decided_at, free.floor, now_micros);
+        let lease = keys.lease(topic, free.partition);
+        let floor = keys.epoch(topic, free.partition);
+        let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
+        txn.when(Compare::ModRevision(lease.clone(), free.lease_at))
+            .when(Compare::ModRevision(floor.clone(), free.floor_at))
+            .then(Op::put_in(lease, record, instance_lease))
+            .then(Op::put(floor, encode(&EpochRecord { v: RECORD_VERSION, epoch })))
     })
+}
+
+/// A new incarnation of `consumer` (docs/design.md §10): each lease it holds in `entry`
+/// rewritten bound to `lease` (its new registration's instance lease) with an epoch above
+/// its floor, the cache's `revision` and `now_micros`, and that epoch written as the new
+/// floor; each compared with the lease and the floor it replaces. Moves nothing.
+pub fn raise_txns(
+    keys: &FleetKeys,
+    entry: &FleetTopic,
+    topic: &str,
+    consumer: &str,
+    lease: SessionId,
+    revision: Revision,
+    now_micros: u64,
+) -> Vec<crate::coordinator::shared::batch::KeyWrite> {
+    let held = entry.leases.iter().filter(|(_, owner)| owner.value == consumer).map(|(p, _)| *p);
+    held.map(|p| {
+        let (floor, floor_at) = entry.floor(p);
+        let epoch = next_epoch(revision, floor, now_micros);
+        let (lease_key, floor_key) = (keys.lease(topic, p), keys.epoch(topic, p));
+        let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
+        crate::coordinator::shared::batch::KeyWrite {
+            key: lease_key.clone(),
+            compares: vec![
+                Compare::ModRevision(lease_key.clone(), entry.lease_revision(p)),
+                Compare::ModRevision(floor_key.clone(), floor_at),
+            ],
+            ops: vec![
+                Op::put_in(lease_key, record, lease),
+                Op::put(floor_key, encode(&EpochRecord { v: RECORD_VERSION, epoch })),
+            ],
+        }
+    })
+    .collect()
 }
 
 #[cfg(test)]
@@ -126,6 +182,7 @@ mod tests {
             instance: "i".into(),
             leaving: false,
             info: Default::default(),
+            incarnation: 0,
         };
         let mut entry = FleetTopic { count: Some(versioned(4, 1)), ..FleetTopic::default() };
         entry.members.insert("a".into(), versioned(member(1), 2));
@@ -158,7 +215,8 @@ mod tests {
         entry.leases.remove(&3);
         let decision = decide(&entry, "a", SessionId(1), &hidden).expect("a is registered");
         assert_eq!(decision.show, vec![(2, 13)]);
-        assert_eq!(decision.claim, vec![(3, 0)], "claimed only if still absent");
+        let free = Free { partition: 3, lease_at: 0, floor: 0, floor_at: 0 };
+        assert_eq!(decision.claim, vec![free], "claimed only if still absent");
         // Still over the quota: what is given back is not shown.
         let decision = decide(&topic(), "a", SessionId(1), &hidden).expect("a is registered");
         assert!(decision.show.is_empty(), "{decision:?}");
@@ -187,20 +245,37 @@ mod tests {
             registered_at: 3,
             instance_lease: SessionId(7),
             decided_at: 20,
+            now_micros: 5,
         };
-        let txn = claim_txn(&keys, claim, &[(2, 0)]);
+        let free = Free { partition: 2, lease_at: 0, floor: 30, floor_at: 12 };
+        let txn = claim_txn(&keys, claim, &[free]);
         assert_eq!(
             txn.compares,
-            vec![Compare::ModRevision(keys.member("t", "b"), 3), Compare::ModRevision(keys.lease("t", 2), 0)]
+            vec![
+                Compare::ModRevision(keys.member("t", "b"), 3),
+                Compare::ModRevision(keys.lease("t", 2), 0),
+                Compare::ModRevision(keys.epoch("t", 2), 12),
+            ]
         );
-        let [Op::Put { session: Some(SessionId(7)), value, .. }] = &txn.ops[..] else {
+        let [
+            Op::Put { session: Some(SessionId(7)), value, .. },
+            Op::Put { key, session: None, value: floor },
+        ] = &txn.ops[..]
+        else {
             panic!("{:?}", txn.ops)
         };
         let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
-        assert_eq!(
-            (record.owner.as_str(), record.epoch),
-            ("b", 21),
-            "one above the cache it was decided from"
-        );
+        assert_eq!((record.owner.as_str(), record.epoch), ("b", 31), "above the floor");
+        let floor: EpochRecord = crate::coordinator::shared::records::decode("floor", floor).expect("floor");
+        assert_eq!((key.as_str(), floor.epoch), (keys.epoch("t", 2).as_str(), 31), "the new floor");
+        // Above the clock when it is ahead, and above the cache's revision.
+        let txn = claim_txn(&keys, Claim { now_micros: 1_000, ..claim }, &[free]);
+        let Op::Put { value, .. } = &txn.ops[0] else { panic!("{:?}", txn.ops) };
+        let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
+        assert_eq!(record.epoch, 1_000);
+        let txn = claim_txn(&keys, claim, &[Free { floor: 0, ..free }]);
+        let Op::Put { value, .. } = &txn.ops[0] else { panic!("{:?}", txn.ops) };
+        let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
+        assert_eq!(record.epoch, 21, "one above the cache it was decided from");
     }
 }

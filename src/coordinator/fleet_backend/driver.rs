@@ -263,4 +263,28 @@ mod tests {
         let held = store.get_prefix(&leases).await.expect("read").kvs.len();
         assert_eq!(held, 4, "g's give-back is still waiting: every lease of t stands");
     }
+
+    /// A give-back that waited its whole bound (one TTL) for a giver that does not read
+    /// is counted, not only logged.
+    #[tokio::test(start_paused = true)]
+    async fn a_give_back_that_waited_until_its_bound_is_counted() {
+        let store = MemoryStore::new();
+        let mut config = FleetConfig { lease_ttl: TTL, ..FleetConfig::default() };
+        config.topic_partitions.insert("t".to_string(), 4);
+        let metrics = Arc::new(Metrics::new());
+        let fleet =
+            FleetCoordinator::start(Arc::new(store.clone()), config, metrics.clone()).await.expect("starts");
+        let leases = fleet.backend().core.keys().leases("t");
+        let _giver = fleet.register("g", "t").await.expect("g registers");
+        while store.get_prefix(&leases).await.expect("read").kvs.len() < 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _taker = fleet.register("c", "t").await.expect("c registers");
+        let counted = "kafka_assigner_give_backs_timed_out_total 1";
+        let deadline = tokio::time::Instant::now() + TTL * 3;
+        while !metrics.encode().lines().any(|line| line == counted) {
+            assert!(tokio::time::Instant::now() < deadline, "not counted within 3 TTLs");
+            tokio::time::sleep(TTL / 10).await;
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! {prefix}fleet/topics/{topic}                 TopicRecord   (durable; first registration creates it)
 //! {prefix}fleet/members/{topic}/{consumer}     MemberRecord  (bound to the consumer's session)
 //! {prefix}fleet/leases/{topic}/{partition}     LeaseRecord   (bound to the owner's session)
+//! {prefix}fleet/epochs/{topic}/{partition}     EpochRecord   (durable: the partition's highest epoch)
 //! ```
 //!
 //! A lease is bound to the same session as its owner's member record, so the two vanish in
@@ -33,6 +34,12 @@ pub struct MemberRecord {
     /// What placement knows of the consumer (nothing stored while all defaults).
     #[serde(default, skip_serializing_if = "ConsumerInfo::is_default")]
     pub info: ConsumerInfo,
+    /// The number the registering client's process sent ([`INCARNATION_HEADER`]; 0: none),
+    /// which tells a reconnect of the same process from a new incarnation of the name.
+    ///
+    /// [`INCARNATION_HEADER`]: crate::proto::INCARNATION_HEADER
+    #[serde(default, skip_serializing_if = "crate::coordinator::shared::records::is_zero")]
+    pub incarnation: u64,
 }
 
 /// `{prefix}fleet/leases/{topic}/{partition}`: the partition's owner.
@@ -49,6 +56,18 @@ pub struct LeaseRecord {
     pub epoch: u64,
 }
 
+/// `{prefix}fleet/epochs/{topic}/{partition}`: the highest epoch the partition was ever
+/// leased with (docs/design.md §10). Durable: a lease vanishes with its owner's session,
+/// this record does not, so a claim decided from a cache that missed a lease claimed and
+/// given back since still fails its compare on this record instead of repeating an epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// Record format version.
+    pub v: u32,
+    /// The highest epoch handed out for the partition.
+    pub epoch: u64,
+}
+
 /// A parsed fleet key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FleetKey {
@@ -58,6 +77,8 @@ pub enum FleetKey {
     Member(String, String),
     /// A partition lease.
     Lease(String, u32),
+    /// A partition's epoch floor.
+    Epoch(String, u32),
 }
 
 /// Builds and parses the fleet's keys under one prefix.
@@ -107,6 +128,16 @@ impl FleetKeys {
         format!("{}leases/{topic}/", self.root)
     }
 
+    /// `{prefix}fleet/epochs/{topic}/{partition}`.
+    pub fn epoch(&self, topic: &str, partition: u32) -> String {
+        format!("{}epochs/{topic}/{partition}", self.root)
+    }
+
+    /// `{prefix}fleet/epochs/{topic}/`: the topic's epoch floors.
+    pub fn epochs(&self, topic: &str) -> String {
+        format!("{}epochs/{topic}/", self.root)
+    }
+
     /// Parses a fleet key; `None` for anything else.
     pub fn parse(&self, key: &str) -> Option<FleetKey> {
         let rest = key.strip_prefix(&self.root)?;
@@ -120,6 +151,10 @@ impl FleetKeys {
             "leases" => {
                 let (topic, partition) = rest.split_once('/')?;
                 Some(FleetKey::Lease(topic.to_string(), partition.parse().ok()?))
+            }
+            "epochs" => {
+                let (topic, partition) = rest.split_once('/')?;
+                Some(FleetKey::Epoch(topic.to_string(), partition.parse().ok()?))
             }
             _ => None,
         }
@@ -142,6 +177,8 @@ mod tests {
         assert_eq!(keys.parse(&keys.lease("events", 7)), Some(FleetKey::Lease("events".into(), 7)));
         assert!(keys.lease("events", 7).starts_with(&keys.leases("events")));
         assert!(!keys.lease("events2", 7).starts_with(&keys.leases("events")));
+        assert_eq!(keys.parse(&keys.epoch("events", 7)), Some(FleetKey::Epoch("events".into(), 7)));
+        assert!(keys.epoch("events", 7).starts_with(&keys.epochs("events")));
         assert_eq!(keys.parse("/ka/fleet/leases/events/x"), None);
         assert_eq!(keys.parse("/ka/consumers/events/pod-0"), None);
     }

@@ -15,12 +15,18 @@ use crate::store::SessionId;
 /// instance, with what the Kubernetes view knows of it at this moment (from memory: never
 /// waits on the API). Unlike the leader, claiming reads only the stored info, so that
 /// every instance computes the same quotas.
-pub(super) fn member_record(inner: &Fleet, consumer: &str, registration: SessionId) -> MemberRecord {
+pub(super) fn member_record(
+    inner: &Fleet,
+    consumer: &str,
+    registration: SessionId,
+    incarnation: u64,
+) -> MemberRecord {
     MemberRecord {
         v: RECORD_VERSION,
         session: registration.0,
         instance: inner.core.instance_id().to_string(),
         leaving: false,
         info: inner.config.view.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
+        incarnation,
     }
 }

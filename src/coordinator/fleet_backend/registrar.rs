@@ -12,6 +12,7 @@ use super::relay::{FleetTold, relay_step};
 use super::{Fleet, state::FleetCache};
 use crate::coordinator::shared::{
     Core,
+    batch::KeyWrite,
     records::{decode, encode},
     registrar::{Held, Registrar},
     relay::{RelayStep, StreamSeen},
@@ -31,12 +32,16 @@ impl Registrar for Fleet {
         self.core.keys().member(topic, consumer)
     }
 
-    fn registration_record(&self, consumer: &str, registration: SessionId) -> Vec<u8> {
-        encode(&member_record(self, consumer, registration))
+    fn registration_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> Vec<u8> {
+        encode(&member_record(self, consumer, registration, incarnation))
     }
 
     fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId> {
         decode::<MemberRecord>(key, value).ok().map(|r| SessionId(r.session))
+    }
+
+    fn incarnation_in(&self, key: &str, value: &[u8]) -> u64 {
+        decode::<MemberRecord>(key, value).map_or(0, |r| r.incarnation)
     }
 
     fn bound_prefix(&self, topic: &str) -> Option<String> {
@@ -47,6 +52,30 @@ impl Registrar for Fleet {
 
     fn is_bound_to(&self, consumer: &str, kv: &KeyValue) -> bool {
         decode::<LeaseRecord>(&kv.key, &kv.value).is_ok_and(|lease| lease.owner == consumer)
+    }
+
+    fn epoch_prefixes(&self, topic: &str) -> Vec<String> {
+        vec![self.core.keys().leases(topic), self.core.keys().epochs(topic)]
+    }
+
+    fn raise_epochs(
+        &self,
+        cache: &FleetCache,
+        topic: &str,
+        consumer: &str,
+        lease: SessionId,
+        now_micros: u64,
+    ) -> Vec<KeyWrite> {
+        let Some(entry) = cache.topics.get(topic) else { return Vec::new() };
+        super::claim_decide::raise_txns(
+            self.core.keys(),
+            entry,
+            topic,
+            consumer,
+            lease,
+            cache.revision,
+            now_micros,
+        )
     }
 
     fn relay_step(

@@ -3,7 +3,7 @@
 use crate::assignment::ConsumerInfo;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::records::{FleetKey, FleetKeys, LeaseRecord, MemberRecord};
+use super::records::{EpochRecord, FleetKey, FleetKeys, LeaseRecord, MemberRecord};
 use crate::coordinator::shared::mirror::{Changes, MirrorCache, Versioned};
 use crate::coordinator::shared::records::{TopicRecord, decode};
 use crate::store::{KeyValue, Revision};
@@ -19,6 +19,9 @@ pub struct FleetTopic {
     pub leases: BTreeMap<u32, Versioned<String>>,
     /// The epoch of each lease (docs/design.md §10), by partition.
     pub epochs: BTreeMap<u32, u64>,
+    /// The durable epoch floor of each partition ever leased since floors exist
+    /// (`EpochRecord`), with its mod revision.
+    pub floors: BTreeMap<u32, Versioned<u64>>,
 }
 
 impl FleetTopic {
@@ -42,15 +45,27 @@ impl FleetTopic {
         self.leases.iter().filter(|(p, o)| **p < count && o.value == consumer).map(|(p, _)| *p).collect()
     }
 
-    /// The epochs of the partitions whose lease `consumer` holds, in partition order.
-    pub fn epochs_of(&self, consumer: &str) -> Vec<crate::coordinator::PartitionEpoch> {
+    /// The epochs of the partitions whose lease `consumer` holds, in partition order, save
+    /// leases last written before `since` (the consumer's registration, which rewrites every
+    /// lease it keeps with a raised epoch): an earlier incarnation's.
+    pub fn epochs_of(&self, consumer: &str, since: Revision) -> Vec<crate::coordinator::PartitionEpoch> {
         self.held_by(consumer)
             .into_iter()
+            .filter(|p| self.lease_revision(*p) >= since)
             .filter_map(|partition| {
                 let epoch = *self.epochs.get(&partition)?;
                 Some(crate::coordinator::PartitionEpoch { partition, epoch, warming: false })
             })
             .collect()
+    }
+
+    /// The highest epoch this cache knows for `partition` (its floor record's, or its
+    /// lease's, written before floors existed) and the mod revision of its floor record (0:
+    /// none), which a claim compares.
+    pub fn floor(&self, partition: u32) -> (u64, Revision) {
+        let stored = self.floors.get(&partition);
+        let leased = self.epochs.get(&partition).copied().unwrap_or(0);
+        (stored.map_or(0, |f| f.value).max(leased), stored.map_or(0, |f| f.mod_revision))
     }
 
     /// Mod revision of a partition's lease (0 when free).
@@ -100,6 +115,10 @@ impl MirrorCache for FleetCache {
                 let before = self.topic(t).leases.insert(*p, Versioned { value: r.owner, mod_revision: rev });
                 changes.consumers(t, before.iter().map(|o| o.value.as_str()).chain([owner.as_str()]));
             }),
+            // A floor changes no one's view: only claims read it.
+            FleetKey::Epoch(t, p) => decode::<EpochRecord>(&kv.key, &kv.value).map(|r| {
+                self.topic(t).floors.insert(*p, Versioned { value: r.epoch, mod_revision: rev });
+            }),
         };
         if let Err(error) = decoded {
             // An unreadable record is skipped, not fatal: the rest of the fleet keeps working.
@@ -121,6 +140,9 @@ impl MirrorCache for FleetCache {
                 self.topic(&t).epochs.remove(&p);
                 let before = self.topic(&t).leases.remove(&p);
                 changes.consumers(&t, before.iter().map(|o| o.value.as_str()));
+            }
+            Some(FleetKey::Epoch(t, p)) => {
+                self.topic(&t).floors.remove(&p);
             }
             None => {}
         }

@@ -21,6 +21,7 @@ use super::leave::{LeaveInFlight, LeaveResult, Leaving};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::StatusView;
 use crate::coordinator::shared::instance::{Backend, Report};
+use crate::handoff::HandoffError;
 
 /// Whether `consumer`'s `Deregister` should drain (when the policy says so and someone can
 /// take the partitions) rather than hold the partitions for its return. A consumer this
@@ -52,7 +53,29 @@ pub(super) fn answer(inner: &Handoff, call: CallInFlight, result: CallResult) {
         }
         _ => {}
     }
+    let result = result.map_err(|error| while_rewritten(inner, &topic, &consumer, error));
     let _ = reply.send(result.map(|_| ()));
+}
+
+/// A call refused because the store has no registration for its consumer, while this
+/// instance still holds the consumer's stream: the store lost the registration and it is
+/// being written again (`shared/rebind.rs`), so the refusal is passing, not final (a
+/// client gives up on `NOT_FOUND`, and the handoff would wait for its time limit).
+fn while_rewritten(
+    inner: &Handoff,
+    topic: &str,
+    consumer: &str,
+    error: CoordinatorError,
+) -> CoordinatorError {
+    let unknown =
+        matches!(&error, CoordinatorError::Handoff { source: HandoffError::UnknownConsumer(_), .. });
+    if !unknown || inner.core.streams().session_of(topic, consumer).is_none() {
+        return error;
+    }
+    CoordinatorError::RegistrationLost(format!(
+        "the registration of consumer '{consumer}' on topic '{topic}' is being written again after the \
+         store lost it; retry"
+    ))
 }
 
 /// Answers `leave`, logging how the consumer leaves each topic.
@@ -90,9 +113,14 @@ impl Backend for Handoff {
         super::status::status(self)
     }
 
-    fn epochs(&self, topic: &str, consumer: &str) -> Option<Vec<crate::coordinator::PartitionEpoch>> {
+    fn epochs(
+        &self,
+        topic: &str,
+        consumer: &str,
+        since: crate::store::Revision,
+    ) -> Option<Vec<crate::coordinator::PartitionEpoch>> {
         let cache = self.core.mirror().read();
-        Some(cache.topics.get(topic).map(|entry| entry.epochs_of(consumer)).unwrap_or_default())
+        Some(cache.topics.get(topic).map(|entry| entry.epochs_of(consumer, since)).unwrap_or_default())
     }
 
     fn placement(&self) -> Vec<crate::coordinator::TopicPlacement> {
@@ -112,3 +140,7 @@ impl Backend for Handoff {
 #[cfg(test)]
 #[path = "calls_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "lost_tests.rs"]
+mod lost_tests;

@@ -192,6 +192,7 @@ mod tests {
             instance: "i0".into(),
             hold_until: None,
             info: Default::default(),
+            incarnation: 0,
         }
     }
 

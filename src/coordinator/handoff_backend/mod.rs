@@ -9,6 +9,7 @@
 //!   commit, tells the streams and answers;
 //! * `records.rs` / `state.rs`: the key layout, the records and the cache of them;
 //! * `register.rs`: the consumer record, and the restart hold after a `SHUTDOWN_NOW`;
+//!   `incarnation.rs`: the epochs a registration that replaces another raises (pure);
 //! * `relay.rs`: after every revision, each local consumer is sent the commands derived
 //!   from the new state ([`crate::handoff::diff_views`]);
 //! * `leader/`: the leader as a part of the loop: election (leadership is one `watch`
@@ -24,6 +25,7 @@
 mod calls;
 mod decide;
 mod driver;
+mod incarnation;
 mod leader;
 mod leave;
 mod placement;

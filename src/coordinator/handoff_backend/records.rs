@@ -36,6 +36,12 @@ pub struct ConsumerRecord {
     /// What placement knows of the consumer (nothing stored while all defaults).
     #[serde(default, skip_serializing_if = "ConsumerInfo::is_default")]
     pub info: ConsumerInfo,
+    /// The number the registering client's process sent ([`INCARNATION_HEADER`]; 0: none),
+    /// which tells a reconnect of the same process from a new incarnation of the name.
+    ///
+    /// [`INCARNATION_HEADER`]: crate::proto::INCARNATION_HEADER
+    #[serde(default, skip_serializing_if = "crate::coordinator::shared::records::is_zero")]
+    pub incarnation: u64,
 }
 
 /// `{prefix}assignments/{topic}/{partition}`: the partition's owner.
@@ -117,6 +123,16 @@ impl Keys {
     /// `{prefix}handoffs/{topic}/{partition}`.
     pub fn handoff(&self, topic: &str, partition: u32) -> String {
         format!("{}handoffs/{topic}/{partition}", self.prefix)
+    }
+
+    /// `{prefix}assignments/{topic}/`: the topic's owners.
+    pub fn assignments(&self, topic: &str) -> String {
+        format!("{}assignments/{topic}/", self.prefix)
+    }
+
+    /// `{prefix}handoffs/{topic}/`: the topic's handoffs.
+    pub fn handoffs(&self, topic: &str) -> String {
+        format!("{}handoffs/{topic}/", self.prefix)
     }
 
     /// `{prefix}leader`.

@@ -10,6 +10,7 @@ use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
 use super::{Handoff, relay, state::Cache};
 use crate::coordinator::shared::{
     Core,
+    batch::KeyWrite,
     mirror::Scope,
     registrar::{Held, Registrar},
     relay::{RelayStep, StreamSeen},
@@ -22,7 +23,7 @@ impl Handoff {
     /// The record of `consumer`'s active registration with id `registration` on this
     /// instance, with what the Kubernetes view knows of it at this moment (from memory:
     /// never waits on the API; the leader plans with the view's later info anyway).
-    fn active_record(&self, consumer: &str, registration: SessionId) -> ConsumerRecord {
+    fn active_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> ConsumerRecord {
         ConsumerRecord {
             v: RECORD_VERSION,
             status: ConsumerStatus::Active,
@@ -30,6 +31,7 @@ impl Handoff {
             instance: self.core.instance_id().to_string(),
             hold_until: None,
             info: self.config.rollout.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
+            incarnation,
         }
     }
 }
@@ -46,18 +48,43 @@ impl Registrar for Handoff {
         self.core.keys().consumer(topic, consumer)
     }
 
-    fn registration_record(&self, consumer: &str, registration: SessionId) -> Vec<u8> {
-        encode(&self.active_record(consumer, registration))
+    fn registration_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> Vec<u8> {
+        encode(&self.active_record(consumer, registration, incarnation))
     }
 
     fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId> {
         decode::<ConsumerRecord>(key, value).ok().map(|r| SessionId(r.session))
     }
 
+    fn incarnation_in(&self, key: &str, value: &[u8]) -> u64 {
+        decode::<ConsumerRecord>(key, value).map_or(0, |r| r.incarnation)
+    }
+
+    fn cached_incarnation(&self, cache: &Cache, topic: &str, consumer: &str) -> u64 {
+        cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.value.incarnation)
+    }
+
     fn cached_registration(&self, cache: &Cache, topic: &str, consumer: &str) -> Option<Revision> {
         // Decided from the cache first, in a shared transaction: a storm of Registers
         // then costs a few transactions, not one each.
         Some(cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision))
+    }
+
+    fn epoch_prefixes(&self, topic: &str) -> Vec<String> {
+        vec![self.core.keys().assignments(topic), self.core.keys().handoffs(topic)]
+    }
+
+    fn raise_epochs(
+        &self,
+        cache: &Cache,
+        topic: &str,
+        consumer: &str,
+        _lease: SessionId,
+        now_micros: u64,
+    ) -> Vec<KeyWrite> {
+        let Some(entry) = cache.topics.get(topic) else { return Vec::new() };
+        let raised = super::incarnation::raise(entry, consumer, cache.revision, now_micros);
+        super::incarnation::raise_writes(self.core.keys(), entry, topic, raised)
     }
 
     fn relay_step(

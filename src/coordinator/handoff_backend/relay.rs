@@ -12,7 +12,8 @@ use super::{Handoff, state::Cache, state::TopicEntry};
 use crate::coordinator::shared::{
     mirror::{Changes, Scope},
     outgoing::to_wire,
-    relay::{Registration, RelayStep, StreamSeen, Tell},
+    records::encode,
+    relay::{Registration, RelayStep, StreamSeen, Tell, Visit},
     streams::{EndReason, Told},
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
@@ -88,6 +89,21 @@ pub(super) fn relay_step(
     })
 }
 
+/// Keeps what the stream's registration record says while it is the stream's, for a lost
+/// registration to be written again as it was (`shared/rebind.rs`): a draining consumer
+/// whose record the store lost still drains.
+fn keep_registration(visit: &mut Visit<'_, ConsumerView>, entry: Option<&TopicEntry>) {
+    let Some(record) = entry.and_then(|e| e.consumers.get(visit.consumer())) else { return };
+    if record.value.session != visit.seen().session.0 {
+        return;
+    }
+    let plain = record.value.status == ConsumerStatus::Active
+        && record.value.hold_until.is_none()
+        && record.value.info.is_default()
+        && record.value.incarnation == 0;
+    visit.keep(record.mod_revision, || (!plain).then(|| encode(&record.value)));
+}
+
 /// Splits commands into what the consumer gains (`assigned`, warms), sent at once, and
 /// what it loses (`unassigned`, releases), sent once every stream of the relay pass heard
 /// its gains: the new owner hears first.
@@ -114,9 +130,10 @@ fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
 /// partitions a revision changed where it says which.
 fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
     let mut pass = inner.core.streams().pass(changes);
-    while let Some(visit) = pass.next() {
+    while let Some(mut visit) = pass.next() {
+        let entry = cache.topics.get(visit.topic());
+        keep_registration(&mut visit, entry);
         let (topic, consumer) = (visit.topic(), visit.consumer());
-        let entry = cache.topics.get(topic);
         let scope = changes.scope(topic, consumer);
         let step = relay_step(topic, consumer, visit.seen(), entry, scope, cache.revision);
         if let RelayStep::Tell(tell) = &step {

@@ -51,17 +51,26 @@ impl TopicEntry {
         }
     }
 
+    /// The highest epoch the topic's records hold, owners' and handoffs' alike: the floor
+    /// every new ownership planned from this entry is put above (docs/design.md §10).
+    pub fn highest_epoch(&self) -> u64 {
+        let handoffs = self.handoffs.values().map(|h| h.value.epoch);
+        self.epochs.values().copied().chain(handoffs).max().unwrap_or(0)
+    }
+
     /// The epochs of the partitions `consumer` owns or is warming (docs/design.md §10), in
-    /// partition order: O(its partitions), from the indexes.
-    pub fn epochs_of(&self, consumer: &str) -> Vec<crate::coordinator::PartitionEpoch> {
+    /// partition order: O(its partitions), from the indexes. A record last written before
+    /// `since` (the consumer's registration) holds an earlier incarnation's epoch, not yet
+    /// raised (`incarnation.rs`: a registration decided from a cache that lagged): left out.
+    pub fn epochs_of(&self, consumer: &str, since: Revision) -> Vec<crate::coordinator::PartitionEpoch> {
         use crate::coordinator::PartitionEpoch;
-        let owned = self.owned_by.get(consumer).into_iter().flatten().map(|p| PartitionEpoch {
-            partition: *p,
-            epoch: self.epochs.get(p).copied().unwrap_or(0),
-            warming: false,
+        let current = |p: &u32| self.owners.get(p).is_some_and(|o| o.mod_revision >= since);
+        let owned = self.owned_by.get(consumer).into_iter().flatten().filter(|p| current(p)).map(|p| {
+            PartitionEpoch { partition: *p, epoch: self.epochs.get(p).copied().unwrap_or(0), warming: false }
         });
         let warming = self.handoffs_of.get(consumer).into_iter().flatten().filter_map(|p| {
-            let h = &self.handoffs.get(p)?.value;
+            let h = self.handoffs.get(p).filter(|h| h.mod_revision >= since)?;
+            let h = &h.value;
             (h.phase == Phase::Warming && h.to == consumer).then_some(PartitionEpoch {
                 partition: *p,
                 epoch: h.epoch,
@@ -116,7 +125,7 @@ impl TopicEntry {
     }
 
     /// Sets a partition's owner (keeping the index); returns the previous one.
-    fn set_owner(&mut self, partition: u32, owner: Option<Versioned<String>>) -> Option<String> {
+    pub(super) fn set_owner(&mut self, partition: u32, owner: Option<Versioned<String>>) -> Option<String> {
         let before = match owner {
             Some(owner) => {
                 self.owned_by.entry(owner.value.clone()).or_default().insert(partition);
@@ -138,7 +147,11 @@ impl TopicEntry {
     }
 
     /// Sets a partition's handoff (keeping the index); returns the previous one.
-    fn set_handoff(&mut self, partition: u32, handoff: Option<Versioned<Handoff>>) -> Option<Handoff> {
+    pub(super) fn set_handoff(
+        &mut self,
+        partition: u32,
+        handoff: Option<Versioned<Handoff>>,
+    ) -> Option<Handoff> {
         let before = match handoff {
             Some(h) => self.handoffs.insert(partition, h),
             None => self.handoffs.remove(&partition),
@@ -158,6 +171,16 @@ impl TopicEntry {
             }
         }
         before
+    }
+
+    /// The partitions `consumer` owns, in order (from the index).
+    pub fn owned_by(&self, consumer: &str) -> impl Iterator<Item = u32> + '_ {
+        self.owned_by.get(consumer).into_iter().flatten().copied()
+    }
+
+    /// The partitions `consumer` takes part in a handoff of, as source or target, in order.
+    pub fn handoffs_of(&self, consumer: &str) -> impl Iterator<Item = u32> + '_ {
+        self.handoffs_of.get(consumer).into_iter().flatten().copied()
     }
 
     /// Mod revision of a partition's assignment record (0 when absent).

@@ -34,6 +34,8 @@ pub struct Enrolment {
     pub key: StreamKey,
     /// The instance lease it is written on, and its stream admitted under.
     pub lease: SessionId,
+    /// The client process that sent it (`INCARNATION_HEADER`; 0: unknown).
+    pub incarnation: u64,
     /// Whether anyone still waits for it.
     pub caller: Caller,
     /// The answer: the command stream, whose first item is the snapshot.
@@ -52,8 +54,9 @@ impl std::fmt::Debug for Enrolment {
 /// How an enrolment's write ended, for [`Enrolments::ended`].
 #[derive(Debug)]
 pub enum Outcome {
-    /// Written at this revision: admit the stream.
-    Written(Revision),
+    /// Written at this revision: admit the stream; `true` when it replaced a registration of
+    /// the same client process (its epochs were not raised, and it is told them all).
+    Written(Revision, bool),
     /// To be decided on the store's state: the batch it was in lost a compare, or the
     /// cache cannot decide it.
     OnStore,
@@ -70,6 +73,8 @@ pub enum Outcome {
 pub struct Batched {
     write: KeyWrite,
     enrolment: Enrolment,
+    /// It replaces a registration of the same client process.
+    same_process: bool,
 }
 
 impl Queued for Batched {
@@ -140,13 +145,35 @@ impl Enrolments {
             return;
         }
         let key = backend.registration_key(topic, consumer);
-        let record = backend.registration_record(consumer, *registration);
-        let write = KeyWrite {
+        let record = backend.registration_record(consumer, *registration, enrolment.incarnation);
+        let mut write = KeyWrite {
             key: key.clone(),
             compares: vec![Compare::ModRevision(key.clone(), cached)],
             ops: vec![Op::put_in(&key, record, enrolment.lease)],
         };
-        self.batches.queue(Batched { write, enrolment });
+        // A new incarnation of the name: its epochs are raised in the same transaction,
+        // so its stream never hears an epoch the old incarnation still holds (§10). The
+        // same process reconnecting (the compare holds the record it was decided on) has
+        // nobody to fence.
+        let same_process = enrolment.incarnation != 0
+            && cached != 0
+            && backend.cached_incarnation(cache, topic, consumer) == enrolment.incarnation;
+        let now_micros = super::records::now_micros();
+        let raise = if same_process {
+            Vec::new()
+        } else {
+            backend.raise_epochs(cache, topic, consumer, enrolment.lease, now_micros)
+        };
+        for raised in raise {
+            write.compares.extend(raised.compares);
+            write.ops.extend(raised.ops);
+        }
+        if write.compares.len().max(write.ops.len()) > super::batch::TXN_LIMIT {
+            // Too many for one transaction: the store's-state path splits them.
+            self.ended.push((enrolment, Outcome::OnStore));
+            return;
+        }
+        self.batches.queue(Batched { write, enrolment, same_process });
     }
 
     /// A [`Call`] ended.
@@ -154,9 +181,9 @@ impl Enrolments {
         match done {
             Done::Batch(batch, answer) => {
                 self.batches.done();
-                for Batched { enrolment, .. } in batch {
+                for Batched { enrolment, same_process, .. } in batch {
                     let outcome = match &answer {
-                        Ok(Some(written)) => Outcome::Written(written.revision),
+                        Ok(Some(written)) => Outcome::Written(written.revision, same_process),
                         Ok(None) => Outcome::OnStore,
                         Err(error) => Outcome::Failed(error.clone().into()),
                     };
@@ -199,7 +226,7 @@ impl Enrolments {
         }
         for (enrolment, outcome) in std::mem::take(&mut self.ended) {
             match outcome {
-                Outcome::Written(revision) => admit(backend, enrolment, revision),
+                Outcome::Written(revision, same_process) => admit(backend, enrolment, revision, same_process),
                 Outcome::OnStore => calls.push(write_alone(backend.clone(), enrolment)),
                 Outcome::Abandoned => {
                     let (topic, consumer, _) = &enrolment.key;
@@ -252,11 +279,12 @@ fn write_alone<R: Registrar>(backend: Arc<R>, enrolment: Enrolment) -> Call {
             topic,
             *registration,
             enrolment.lease,
+            enrolment.incarnation,
             &enrolment.caller,
         )
         .await;
         let outcome = match written {
-            Ok(Some(revision)) => Outcome::Written(revision),
+            Ok(Some(written)) => Outcome::Written(written.revision, written.same_process),
             Ok(None) => Outcome::Abandoned,
             Err(error) => Outcome::Failed(error),
         };
@@ -271,12 +299,16 @@ fn write_alone<R: Registrar>(backend: Arc<R>, enrolment: Enrolment) -> Call {
 /// consumer comes back.
 ///
 /// [`Core::admit`]: super::Core::admit
-fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, registered_at: Revision) {
+fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, registered_at: Revision, same_process: bool) {
     let Enrolment { key, lease, reply, .. } = enrolment;
     let core = backend.core();
     let (topic, consumer, registration) = (&key.0, &key.1, key.2);
     let (tx, rx) = command_channel();
     let (mut stream, end_rx) = LocalStream::new(registration, registered_at, tx.clone());
+    if same_process {
+        // The process's own epochs, none of them an earlier incarnation's.
+        stream.incarnation_at = 0;
+    }
     {
         // Relay and admit under one read of the cache: this loop relays the next
         // revision only after, and its relay then finds the stream.

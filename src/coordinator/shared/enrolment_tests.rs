@@ -32,7 +32,7 @@ fn enrolment_on(
     let (reply, answer) = oneshot::channel();
     let lease = backend.core.live_lease().expect("live");
     let key = (topic.to_string(), consumer.to_string(), SessionId(id));
-    (Enrolment { key, lease, caller, reply }, answer, guard)
+    (Enrolment { key, lease, incarnation: 0, caller, reply }, answer, guard)
 }
 
 /// Runs the store calls `enrolments` asks for, one round after another, until it asks

@@ -20,10 +20,10 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
 
-use super::registrar::Registrar;
+use super::{mirror::MirrorCache, registrar::Registrar};
 use crate::coordinator::{
-    CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, PartitionEpoch, StatusView,
-    TopicPlacement, validate_consumer_name, validate_topic_name,
+    CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, EpochsAt, PartitionEpoch,
+    StatusView, TopicPlacement, validate_consumer_name, validate_topic_name,
 };
 use crate::proto::v1::DeregisterAction;
 use crate::store::StoreError;
@@ -87,10 +87,17 @@ pub trait Backend: Registrar {
     fn status(&self) -> StatusView;
 
     /// The epochs of the partitions `consumer` owns or is warming in `topic`, from the
-    /// cache (docs/design.md §10), in partition order; `None` when the backend has no
-    /// epochs.
-    fn epochs(&self, topic: &str, consumer: &str) -> Option<Vec<PartitionEpoch>> {
-        let _ = (topic, consumer);
+    /// cache (docs/design.md §10), in partition order, save those whose record was last
+    /// written before `since` (the consumer's registration): those are an earlier
+    /// incarnation's epochs, which a new incarnation is never told, until they are raised;
+    /// `None` when the backend has no epochs.
+    fn epochs(
+        &self,
+        topic: &str,
+        consumer: &str,
+        since: crate::store::Revision,
+    ) -> Option<Vec<PartitionEpoch>> {
+        let _ = (topic, consumer, since);
         None
     }
 
@@ -167,7 +174,16 @@ impl<B: Backend> StoreCoordinator<B> {
 #[async_trait]
 impl<B: Backend> ConsumerGroupCoordinator for StoreCoordinator<B> {
     async fn register(&self, consumer: &str, topic: &str) -> Result<CommandStream, CoordinatorError> {
-        super::register::register(&self.backend, consumer, topic).await
+        self.register_as(consumer, topic, 0).await
+    }
+
+    async fn register_as(
+        &self,
+        consumer: &str,
+        topic: &str,
+        incarnation: u64,
+    ) -> Result<CommandStream, CoordinatorError> {
+        super::register::register(&self.backend, consumer, topic, incarnation).await
     }
 
     async fn partition_ready(
@@ -245,7 +261,7 @@ fn watch_epochs<B: Backend>(
             "consumer '{consumer}' of topic '{topic}' just left this assigner instance; register again"
         )));
     };
-    if backend.epochs(topic, consumer).is_none() {
+    if backend.epochs(topic, consumer, 0).is_none() {
         return Err(CoordinatorError::NoEpochs(
             "this assigner's backend hands out no ownership epochs".into(),
         ));
@@ -275,17 +291,25 @@ struct Watching<B> {
 }
 
 impl<B: Backend> Watching<B> {
-    /// The next snapshot that differs from the last one, or the end.
-    async fn next(mut self) -> Option<(Vec<PartitionEpoch>, Self)> {
+    /// The next snapshot whose epochs differ from the last one's, or the end.
+    async fn next(mut self) -> Option<(EpochsAt, Self)> {
         loop {
             if !self.backend.core().streams().contains(&self.key) {
                 return None;
             }
             let (topic, consumer, _) = &self.key;
-            let now = self.backend.epochs(topic, consumer)?;
+            let since = self.backend.core().streams().with(&self.key, |s| s.incarnation_at)?;
+            // Read before the epochs, not after: the cache only moves forward, so the epochs
+            // hold every change up to this revision (a change applied between the two reads,
+            // or an own write applied ahead of the watch, makes them newer, never older).
+            // Read after, it could be a later revision than the epochs were read at.
+            let revision = self.backend.core().mirror().read().revision();
+            let now = self.backend.epochs(topic, consumer, since)?;
             if self.last.as_ref() != Some(&now) {
                 self.last = Some(now.clone());
-                return Some((now, self));
+                // Revisions are positive; 0 (never sent from a store) only if one were not.
+                let revision = u64::try_from(revision).unwrap_or(0);
+                return Some((EpochsAt { revision, partitions: now }, self));
             }
             tokio::select! {
                 changed = self.changed.changed() => changed.ok()?,

@@ -412,8 +412,14 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     /// Follows the store into the mirror ([`mirror::Follower`]), re-reading the whole
     /// prefix every `resync_interval` as a safety net, until shutdown.
     pub fn follower(&self, resync_interval: Duration) -> mirror::Follower<'_, C> {
-        let source =
-            Source { store: &*self.store, keys: &self.keys, resync_interval, shutdown: &self.shutdown };
+        let stale_after = lease::fence_after(self.lease_ttl);
+        let source = Source {
+            store: &*self.store,
+            keys: &self.keys,
+            resync_interval,
+            stale_after,
+            shutdown: &self.shutdown,
+        };
         self.mirror.follower(source)
     }
 

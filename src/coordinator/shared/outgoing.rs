@@ -24,6 +24,7 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -87,8 +88,9 @@ enum Order {
     Free,
     /// A gain: holds its pass's gate until the transport takes it.
     Gain(Arc<DropGuard>),
-    /// A loss: waits until its pass's gains were all taken, or until the deadline.
-    Loss(CancellationToken, tokio::time::Instant),
+    /// A loss: waits until its pass's gains were all taken, or until the deadline (then
+    /// counted in the counter, if any).
+    Loss(CancellationToken, tokio::time::Instant, Option<Counter>),
 }
 
 impl Outgoing {
@@ -103,6 +105,8 @@ impl Outgoing {
 pub struct PassGate {
     hold: Arc<DropGuard>,
     taken: CancellationToken,
+    /// Counts the losses that waited out [`GAINS_FIRST_WAIT`].
+    waited_out: Option<Counter>,
 }
 
 impl PassGate {
@@ -110,7 +114,14 @@ impl PassGate {
     /// leaves only the gains' shares holding it.
     pub fn new() -> Self {
         let taken = CancellationToken::new();
-        Self { hold: Arc::new(taken.clone().drop_guard()), taken }
+        Self { hold: Arc::new(taken.clone().drop_guard()), taken, waited_out: None }
+    }
+
+    /// A gate like [`new`](Self::new) whose losses that waited out [`GAINS_FIRST_WAIT`]
+    /// are counted in `waited_out` (`losses_waited_out_total`): a release that went before
+    /// its new owner heard `assigned` is a longer overlap, worth seeing, not only a delay.
+    pub fn counting(waited_out: Counter) -> Self {
+        Self { waited_out: Some(waited_out), ..Self::new() }
     }
 
     /// A gain of this pass.
@@ -121,13 +132,16 @@ impl PassGate {
     /// A loss of this pass, sent once its gains were taken.
     pub fn loss(&self, command: AssignmentCommand) -> Outgoing {
         let deadline = tokio::time::Instant::now() + GAINS_FIRST_WAIT;
-        Outgoing { item: Ok(command), order: Order::Loss(self.taken.clone(), deadline) }
+        Outgoing {
+            item: Ok(command),
+            order: Order::Loss(self.taken.clone(), deadline, self.waited_out.clone()),
+        }
     }
 
     /// Resolves once every gain of this gate was taken from its channel, or dropped with
     /// it: a sender that must know the consumer heard checks that its stream is still open.
     pub fn taken(self) -> impl Future<Output = ()> + Send + 'static {
-        let Self { hold, taken } = self;
+        let Self { hold, taken, .. } = self;
         drop(hold);
         taken.cancelled_owned()
     }
@@ -163,8 +177,11 @@ pub fn command_stream(rx: CommandReceiver) -> CommandStream {
         match order {
             Order::Free => {}
             Order::Gain(share) => drop(share),
-            Order::Loss(taken, deadline) => {
-                let _ = tokio::time::timeout_at(deadline, taken.cancelled()).await;
+            Order::Loss(taken, deadline, waited_out) => {
+                let waited = tokio::time::timeout_at(deadline, taken.cancelled()).await;
+                if let (Err(_), Some(counter)) = (waited, waited_out) {
+                    counter.inc();
+                }
             }
         }
         item

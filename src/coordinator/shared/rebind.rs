@@ -7,7 +7,8 @@
 //! each of them lost (the relay model's [`Registration::Lost`]) and keeps relaying it, and the
 //! instance's loop writes its registration again, with the same registration id, bound to the
 //! instance's new lease, only where no other registration took the name meanwhile
-//! (compare-and-swap on absence). The stream does not end and the consumer is told nothing
+//! (compare-and-swap on absence), as the record said when this instance last saw it (a
+//! draining consumer still drains). The stream does not end and the consumer is told nothing
 //! for it: the relay's diff tells it only what really changed (a partition the leader gave
 //! away meanwhile is `unassigned`). A stream whose registration could not be written again
 //! within one TTL ends with `UNAVAILABLE`.
@@ -41,7 +42,9 @@ pub async fn rewrite_all<R: Registrar>(backend: &Arc<R>) {
         let Some(lease) = live_lease(core).await else { continue };
         let written = stream::iter(lost)
             .map(|key| async move {
-                let result = super::registration::rewrite_lost(&**backend, &key, lease).await;
+                let kept = core.streams.with(&key, |s| s.kept.as_ref().map(|kept| kept.1.clone()));
+                let kept = kept.flatten();
+                let result = super::registration::rewrite_lost(&**backend, &key, kept, lease).await;
                 (key, result)
             })
             .buffer_unordered(REWRITES_IN_FLIGHT)

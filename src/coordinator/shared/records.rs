@@ -31,17 +31,41 @@ impl TopicRecord {
     }
 }
 
-/// The epoch of an ownership decided from a cache at `revision` (docs/design.md §10): one
-/// above it, so above every epoch already written (each was at most the revision of its
-/// own record's write, which that cache has seen).
-pub fn epoch_above(revision: Revision) -> u64 {
-    u64::try_from(revision).unwrap_or(0) + 1
+/// The epoch of a new ownership (docs/design.md §10), decided at wall-clock `now_micros`
+/// (microseconds since the Unix epoch) from a cache at `revision` in which the highest
+/// epoch stored for the partitions concerned is `floor`: the greatest of the three
+/// bounds, each of which keeps the promise in a case where the others may not.
+///
+/// * `floor + 1`: above every epoch this cache holds for the partition, and the write that
+///   uses it compares the records it read, so it cannot repeat one written since.
+/// * `revision + 1`: above every epoch written as one above an earlier revision.
+/// * `now_micros`: a store restored from a snapshot rewinds its revisions and forgets the
+///   floors written after the snapshot; the clock does not go back with it, so an epoch
+///   decided after the restore is above every one decided before it, as long as the
+///   restore took longer than the instances' clocks disagree (§10 says why).
+pub fn next_epoch(revision: Revision, floor: u64, now_micros: u64) -> u64 {
+    let above_revision = u64::try_from(revision).unwrap_or(0).saturating_add(1);
+    above_revision.max(floor.saturating_add(1)).max(now_micros)
+}
+
+/// Wall-clock microseconds since the Unix epoch: the clock bound of [`next_epoch`]. Read
+/// by the callers (drivers), never by the pure decisions, which take it as an input.
+pub fn now_micros() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// The epoch a stored ownership record stands for: its own, or, in a record written before
 /// epochs existed (0), the record's mod revision.
 pub fn stored_epoch(epoch: u64, mod_revision: Revision) -> u64 {
     if epoch == 0 { u64::try_from(mod_revision).unwrap_or(0) } else { epoch }
+}
+
+/// Whether `n` is 0 (serde's `skip_serializing_if` for fields absent from older records).
+pub fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Encodes a record.

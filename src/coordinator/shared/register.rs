@@ -60,10 +60,14 @@ pub fn new_registration_id() -> SessionId {
 /// dropped, and its registration settled as after any disconnect.
 /// But such a registration never replaces another one ([`Caller`]): the client that gave up
 /// has sent its next attempt, and that one is the consumer's live stream.
+///
+/// `incarnation` is the number the client's process sent (0: none), which tells its own
+/// reconnect from a new incarnation of the name (docs/design.md §10).
 pub async fn register<R: Registrar>(
     backend: &Arc<R>,
     consumer: &str,
     topic: &str,
+    incarnation: u64,
 ) -> Result<CommandStream, CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
@@ -73,7 +77,7 @@ pub async fn register<R: Registrar>(
     let (caller, _gone_if_dropped) = Caller::waiting(backend.core().metrics.registers_abandoned.clone());
     let (backend, consumer, topic) = (backend.clone(), consumer.to_string(), topic.to_string());
     let work = async move {
-        let result = register_to_the_end(&backend, &consumer, &topic, &caller).await;
+        let result = register_to_the_end(&backend, &consumer, &topic, incarnation, &caller).await;
         caller.answered();
         result
     };
@@ -91,6 +95,7 @@ async fn register_to_the_end<R: Registrar>(
     backend: &Arc<R>,
     consumer: &str,
     topic: &str,
+    incarnation: u64,
     caller: &Caller,
 ) -> Result<CommandStream, CoordinatorError> {
     let core = backend.core();
@@ -98,7 +103,8 @@ async fn register_to_the_end<R: Registrar>(
     let lease = core.live_lease()?;
     let key = (topic.to_string(), consumer.to_string(), new_registration_id());
     let (reply, answer) = oneshot::channel();
-    core.enrol(Enrolment { key, lease, caller: caller.clone(), reply }).map_err(|_| shutting_down())?;
+    let enrolment = Enrolment { key, lease, incarnation, caller: caller.clone(), reply };
+    core.enrol(enrolment).map_err(|_| shutting_down())?;
     answer.await.map_err(|_| shutting_down())?
 }
 
@@ -124,7 +130,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_open_stream_keeps_its_session_for_many_ttls() {
         let (backend, store) = TestBackend::start(TTL).await;
-        let mut stream = register(&backend, "a", "events").await.expect("registers");
+        let mut stream = register(&backend, "a", "events", 0).await.expect("registers");
         let first = stream.next().await.expect("snapshot").expect("not an error");
         assert!(matches!(first.command, Some(Command::Assignment(_))), "the snapshot comes first: {first:?}");
         tokio::time::sleep(TTL * 5).await;
@@ -136,7 +142,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dropped_stream_loses_its_registration_after_the_ttl() {
         let (backend, store) = TestBackend::start(TTL).await;
-        let stream = register(&backend, "a", "events").await.expect("registers");
+        let stream = register(&backend, "a", "events", 0).await.expect("registers");
         drop(stream);
         tokio::time::sleep(TTL / 2).await;
         assert!(store.get(&registration("events", "a")).await.expect("read").is_some(), "kept for the TTL");
@@ -148,10 +154,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_second_registration_replaces_the_first() {
         let (backend, store) = TestBackend::start(TTL).await;
-        let mut first = register(&backend, "a", "events").await.expect("registers");
+        let mut first = register(&backend, "a", "events", 0).await.expect("registers");
         first.next().await.expect("snapshot").expect("not an error");
         let first_id = store.get(&registration("events", "a")).await.expect("read").map(|kv| kv.value);
-        let mut second = register(&backend, "a", "events").await.expect("registers again");
+        let mut second = register(&backend, "a", "events", 0).await.expect("registers again");
         second.next().await.expect("snapshot").expect("not an error");
         let error = first.next().await.expect("an error item").expect_err("replaced");
         assert!(matches!(error, CoordinatorError::Replaced(_)), "{error}");
@@ -165,7 +171,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_instance_cut_off_from_its_store_fences_before_its_lease_can_expire() {
         let (backend, cut) = TestBackend::start_faulty(TTL, crate::store::MemoryStore::new()).await;
-        let mut stream = register(&backend, "a", "events").await.expect("registers");
+        let mut stream = register(&backend, "a", "events", 0).await.expect("registers");
         stream.next().await.expect("snapshot").expect("not an error");
         let cut_at = tokio::time::Instant::now();
         cut.cut_off();
@@ -177,7 +183,7 @@ mod tests {
         // quarter TTL before the lease could expire.
         assert!(fenced_after <= TTL * 3 / 4, "fenced {fenced_after:?} after the cut");
         assert!(!backend.core.readiness.get(), "not ready while cut off");
-        assert!(register(&backend, "b", "events").await.is_err(), "no registration while fenced");
+        assert!(register(&backend, "b", "events", 0).await.is_err(), "no registration while fenced");
         // Back in touch after the lease expired: a new lease, ready again.
         tokio::time::sleep(TTL * 2).await;
         cut.restore();
@@ -186,13 +192,13 @@ mod tests {
             .await
             .expect("ready again")
             .expect("open");
-        assert!(register(&backend, "a", "events").await.is_ok());
+        assert!(register(&backend, "a", "events", 0).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_lease_the_store_expires_early_is_replaced_without_ending_the_stream() {
         let (backend, store) = TestBackend::start(TTL).await;
-        let mut stream = register(&backend, "a", "events").await.expect("registers");
+        let mut stream = register(&backend, "a", "events", 0).await.expect("registers");
         stream.next().await.expect("snapshot").expect("not an error");
         let before = store.get(&registration("events", "a")).await.expect("read").expect("registered");
         let old_lease = before.session.expect("bound to the instance lease");
@@ -242,10 +248,10 @@ mod tests {
         let memory = crate::store::MemoryStore::new();
         let (backend, faults) = TestBackend::start_faulty(TTL, memory.clone()).await;
         // Another consumer first: the topic's record is written, only `a`'s write is left.
-        let _b = register(&backend, "b", "events").await.expect("registers");
+        let _b = register(&backend, "b", "events", 0).await.expect("registers");
         // Every answer takes 100 ms: 50 ms to reach the store, 50 ms back.
         faults.delay(Duration::from_millis(100), Duration::from_millis(100));
-        let mut call = Box::pin(register(&backend, "a", "events"));
+        let mut call = Box::pin(register(&backend, "a", "events", 0));
         // The caller goes away once the write was applied, before its answer came.
         loop {
             tokio::select! {
@@ -265,9 +271,9 @@ mod tests {
     async fn a_registration_whose_answer_was_lost_ends_after_the_ttl() {
         let memory = crate::store::MemoryStore::new();
         let (backend, faults) = TestBackend::start_faulty(TTL, memory.clone()).await;
-        let _b = register(&backend, "b", "events").await.expect("registers");
+        let _b = register(&backend, "b", "events", 0).await.expect("registers");
         faults.lose_next_txn_answers(1);
-        let error = register(&backend, "a", "events").await.err().expect("the answer was lost");
+        let error = register(&backend, "a", "events", 0).await.err().expect("the answer was lost");
         assert!(matches!(error, CoordinatorError::Store(StoreError::Unavailable(_))), "{error}");
         assert!(
             memory.get(&registration("events", "a")).await.expect("read").is_some(),
@@ -297,7 +303,7 @@ mod tests {
         for (consumer, topic, bad_name) in
             [("", "events", true), ("a/b", "events", true), ("a", "", true), ("a", "unknown", false)]
         {
-            let error = register(&backend, consumer, topic).await.err().expect("refused");
+            let error = register(&backend, consumer, topic, 0).await.err().expect("refused");
             let expected = if bad_name {
                 matches!(error, CoordinatorError::InvalidName(_))
             } else {
@@ -311,14 +317,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn no_registration_after_shutdown() {
         let (backend, _store) = TestBackend::start(TTL).await;
-        let mut stream = register(&backend, "a", "events").await.expect("registers");
+        let mut stream = register(&backend, "a", "events", 0).await.expect("registers");
         stream.next().await.expect("snapshot").expect("not an error");
         assert!(backend.core.begin_shutdown());
         assert!(!backend.core.begin_shutdown(), "a second shutdown does nothing");
         assert!(!backend.core.readiness.get());
         let error = stream.next().await.expect("an error item").expect_err("shutting down");
         assert!(matches!(error, CoordinatorError::StreamEnded(StreamEnd::Shutdown, _)), "{error}");
-        let error = register(&backend, "b", "events").await.err().expect("refused");
+        let error = register(&backend, "b", "events", 0).await.err().expect("refused");
         assert!(matches!(error, CoordinatorError::ShuttingDown), "{error}");
     }
 }

@@ -12,6 +12,7 @@ use std::sync::{
 use tokio_util::sync::CancellationToken;
 
 use super::Core;
+use super::batch::KeyWrite;
 use super::mirror::MirrorCache;
 use super::relay::{RelayStep, StreamSeen};
 use super::streams::{StreamKey, Told};
@@ -103,12 +104,23 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     fn registration_key(&self, topic: &str, consumer: &str) -> String;
 
     /// The record of `consumer`'s active registration with id `registration` on this
-    /// instance, encoded.
-    fn registration_record(&self, consumer: &str, registration: SessionId) -> Vec<u8>;
+    /// instance, sent by the client process `incarnation` (0: unknown), encoded.
+    fn registration_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> Vec<u8>;
 
     /// The registration id the stored record `value` at `key` names (`None`: it does not
     /// parse).
     fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId>;
+
+    /// The client process the stored record `value` at `key` was registered by (0: unknown).
+    fn incarnation_in(&self, _key: &str, _value: &[u8]) -> u64 {
+        0
+    }
+
+    /// The client process `consumer`'s registration on `topic` in `cache` was registered by
+    /// (0: unknown, or no registration).
+    fn cached_incarnation(&self, _cache: &Self::Cache, _topic: &str, _consumer: &str) -> u64 {
+        0
+    }
 
     /// Where the records bound to a registration of `topic` besides its own are (the
     /// fleet's leases): they move to a new registration of the same name and are deleted
@@ -129,6 +141,29 @@ pub trait Registrar: Send + Sync + Sized + 'static {
     /// ([`super::registration::write`]).
     fn cached_registration(&self, _cache: &Self::Cache, _topic: &str, _consumer: &str) -> Option<Revision> {
         None
+    }
+
+    /// Where the records that carry `topic`'s epochs are: read, when a registration is
+    /// decided on the store's state, for [`raise_epochs`](Self::raise_epochs). Empty: the
+    /// backend raises none.
+    fn epoch_prefixes(&self, _topic: &str) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// A new incarnation of `consumer` on `topic` (docs/design.md §10): the writes that
+    /// raise, above `now_micros`, the epoch of every partition the name owns or is warming
+    /// in `cache`, moving nothing, each compared with the records it replaces; a record
+    /// bound to the registration is written bound to `lease`. They join the registration's
+    /// transaction. Empty when the name holds nothing.
+    fn raise_epochs(
+        &self,
+        _cache: &Self::Cache,
+        _topic: &str,
+        _consumer: &str,
+        _lease: SessionId,
+        _now_micros: u64,
+    ) -> Vec<KeyWrite> {
+        Vec::new()
     }
 
     /// The relay model: what the stream `seen` of `consumer` on `topic` must be told, given

@@ -7,11 +7,15 @@
 //! A registration whose stream is gone is deleted here too ([`unregister_retrying`]), once
 //! the loop's upkeep says (`departures.rs`, `upkeep.rs`).
 
+use std::collections::HashSet;
+
+use super::batch::{KeyWrite, TXN_LIMIT};
 use super::cas::{CAS_ATTEMPTS, create_bound};
+use super::mirror::MirrorCache;
 use super::registrar::{Caller, Registrar};
 use super::streams::StreamKey;
 use crate::coordinator::CoordinatorError;
-use crate::store::{Compare, KeyValue, LeaseStore, Op, Revision, SessionId, StoreError, Txn};
+use crate::store::{Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn};
 
 /// Writes `consumer`'s registration with id `registration` on `topic`, bound to the
 /// instance `lease`, replacing any earlier one of the same name with compare-and-swap on
@@ -30,36 +34,117 @@ pub async fn write<R: Registrar>(
     topic: &str,
     registration: SessionId,
     lease: SessionId,
+    incarnation: u64,
     caller: &Caller,
-) -> Result<Option<Revision>, CoordinatorError> {
+) -> Result<Option<Written>, CoordinatorError> {
     let core = backend.core();
     let key = backend.registration_key(topic, consumer);
-    let record = backend.registration_record(consumer, registration);
+    let record = backend.registration_record(consumer, registration, incarnation);
     let store = &*core.store;
     for _ in 0..CAS_ATTEMPTS {
-        let existing = store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+        let stored = store.get(&key).await?;
+        let existing = stored.as_ref().map_or(0, |kv| kv.mod_revision);
+        // The same client process reconnecting: nothing to fence (§10).
+        let same_process = incarnation != 0
+            && stored.as_ref().is_some_and(|kv| backend.incarnation_in(&key, &kv.value) == incarnation);
         let bound = bound_records(backend, store, topic, consumer).await?;
+        let raised = if same_process {
+            Vec::new()
+        } else {
+            raised_epochs(backend, store, topic, consumer, lease).await?
+        };
         if caller.is_gone() {
             return Ok(None);
         }
+        // A bound record whose epoch is raised is moved to `lease` by its raise.
+        let raised_keys: HashSet<String> =
+            raised.iter().flat_map(|w| w.ops.iter().map(|op| op.key().to_string())).collect();
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), existing)).then(Op::put_in(
             &key,
             record.clone(),
             lease,
         ));
-        for kv in bound {
+        for kv in bound.into_iter().filter(|kv| !raised_keys.contains(&kv.key)) {
             txn = txn
                 .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
                 .then(Op::put_in(kv.key, kv.value, lease));
         }
-        let outcome = store.txn(txn).await?;
-        if outcome.succeeded {
-            return Ok(Some(outcome.revision));
+        // The raise goes in the registration's transaction as far as it fits; the rest
+        // follows in transactions of their own before the stream is admitted.
+        let mut later = vec![Txn::new()];
+        for write in raised {
+            let target = if fits(&txn, &write) { &mut txn } else { open_txn(&mut later, &write) };
+            target.compares.extend(write.compares);
+            target.ops.extend(write.ops);
         }
+        let outcome = store.txn(txn).await?;
+        if !outcome.succeeded {
+            continue;
+        }
+        // The registration's own revision, which is where the stream's epochs start
+        // (records written before it are shown once raised, by what follows).
+        let revision = outcome.revision;
+        for txn in later.into_iter().filter(|t| !t.ops.is_empty()) {
+            let outcome = store.txn(txn).await?;
+            if !outcome.succeeded {
+                // Registered, but not every epoch raised: the stream is not admitted, and
+                // the client's next attempt raises them again.
+                return Err(CoordinatorError::Contended(format!(
+                    "consumer '{consumer}' changed ownership while its epochs were raised; retry"
+                )));
+            }
+        }
+        return Ok(Some(Written { revision, same_process }));
     }
     Err(CoordinatorError::Contended(format!(
         "consumer '{consumer}' is being registered concurrently elsewhere; retry"
     )))
+}
+
+/// A registration [`write`] wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The registration's revision.
+    pub revision: Revision,
+    /// Whether it replaced a registration of the same client process (nothing raised).
+    pub same_process: bool,
+}
+
+/// Whether `write` still fits in `txn` within etcd's limits per transaction.
+fn fits(txn: &Txn, write: &KeyWrite) -> bool {
+    txn.compares.len() + write.compares.len() <= TXN_LIMIT && txn.ops.len() + write.ops.len() <= TXN_LIMIT
+}
+
+/// The last of `txns` if `write` fits in it, else a new one.
+fn open_txn<'a>(txns: &'a mut Vec<Txn>, write: &KeyWrite) -> &'a mut Txn {
+    if !txns.last().is_some_and(|t| fits(t, write)) {
+        txns.push(Txn::new());
+    }
+    let last = txns.len() - 1;
+    &mut txns[last]
+}
+
+/// The writes that raise the epochs of a new incarnation of `consumer` on `topic`
+/// ([`Registrar::raise_epochs`]), decided on the records as stored now.
+async fn raised_epochs<R: Registrar>(
+    backend: &R,
+    store: &dyn LeaseStore,
+    topic: &str,
+    consumer: &str,
+    lease: SessionId,
+) -> Result<Vec<KeyWrite>, StoreError> {
+    let prefixes = backend.epoch_prefixes(topic);
+    if prefixes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut snapshot = PrefixSnapshot { kvs: Vec::new(), revision: 0 };
+    for prefix in prefixes {
+        let read = store.get_prefix(&prefix).await?;
+        snapshot.kvs.extend(read.kvs);
+        snapshot.revision = snapshot.revision.max(read.revision);
+    }
+    let cache = <R::Cache as MirrorCache>::from_snapshot(backend.core().keys(), snapshot);
+    Ok(backend.raise_epochs(&cache, topic, consumer, lease, super::records::now_micros()))
 }
 
 /// The records bound to `consumer`'s registration on `topic`, as stored now.
@@ -76,18 +161,25 @@ async fn bound_records<R: Registrar>(
 
 /// Writes the registration `key` again, bound to the instance `lease`, after the store
 /// lost it (the previous lease expired before this instance fenced itself), only where no
-/// other registration took the name ([`create_bound`]). The records that were bound to it
-/// went with the lost lease (the fleet's claim step claims again). Returns the revision of
-/// the record, or `None` if another registration has the name.
+/// other registration took the name ([`create_bound`]). It is written as `kept`, what the
+/// lost record said as this instance last saw it (a drain, a restart hold: a consumer
+/// that called `Deregister` still leaves), or as a fresh registration when nothing was
+/// kept. The records that were bound to it went with the lost lease (the fleet's claim
+/// step claims again). Returns the revision of the record, or `None` if another
+/// registration has the name.
 pub async fn rewrite_lost<R: Registrar>(
     backend: &R,
     key: &StreamKey,
+    kept: Option<Vec<u8>>,
     lease: SessionId,
 ) -> Result<Option<Revision>, StoreError> {
     let (topic, consumer, registration) = key;
     let record_key = backend.registration_key(topic, consumer);
     let ours = |bytes: &[u8]| backend.registration_in(&record_key, bytes) == Some(*registration);
-    let record = backend.registration_record(consumer, *registration);
+    // A kept record that is not this registration's (it cannot be: only the relay keeps it,
+    // while the record is ours) is not written.
+    let kept = kept.filter(|record| ours(record));
+    let record = kept.unwrap_or_else(|| backend.registration_record(consumer, *registration, 0));
     create_bound(&*backend.core().store, &record_key, record, lease, ours).await
 }
 

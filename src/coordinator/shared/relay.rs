@@ -124,7 +124,12 @@ impl<T: Told> Streams<LocalStream<T>> {
         RelayPass {
             streams: self,
             concerned: concerned.into_iter(),
-            book: PassBook { gate: PassGate::new(), deferred: Vec::new(), ended: Vec::new(), lost: false },
+            book: PassBook {
+                gate: PassGate::counting(self.metrics.losses_waited_out.clone()),
+                deferred: Vec::new(),
+                ended: Vec::new(),
+                lost: false,
+            },
         }
     }
 }
@@ -216,6 +221,19 @@ impl<T: Told> Visit<'_, T> {
     /// What the relay model sees of the stream.
     pub fn seen(&self) -> StreamSeen<'_, T> {
         self.stream.seen()
+    }
+
+    /// Keeps what the stream's registration record says, as the cache holds it now at
+    /// `mod_revision` (call it only while the record is this stream's): `encode` runs only
+    /// when the record changed since it was last kept, and answers `None` when the record
+    /// says nothing a fresh registration would not. A lost registration is written again
+    /// as what was kept ([`super::rebind`]).
+    pub fn keep(&mut self, mod_revision: Revision, encode: impl FnOnce() -> Option<Vec<u8>>) {
+        let stream = &mut *self.stream;
+        if stream.kept.as_ref().is_some_and(|kept| kept.0 == mod_revision) {
+            return;
+        }
+        stream.kept = encode().map(|record| Box::new((mod_revision, record)));
     }
 
     /// Applies the relay model's `step` to the stream: its gains go now, its losses at the

@@ -71,12 +71,23 @@ pub struct LocalStream<T> {
     /// Store revision of the registration write. Before the cache reaches it, a missing
     /// or different record means "not seen yet"; after it, "replaced or expired".
     pub registered_at: Revision,
+    /// Store revision of the registration that opened this stream: unlike
+    /// `registered_at`, kept when a lost registration is written again. Epochs stored before
+    /// it belong to an earlier incarnation of the name until raised (docs/design.md §10).
+    pub incarnation_at: Revision,
     /// Whether the snapshot (always the first message) has been sent.
     pub activated: bool,
     /// Since when the store has lost this stream's registration while the stream is open
     /// (the instance lease expired before this instance fenced itself). The stream stays
     /// open and relayed while [`super::rebind`] writes the registration again.
     pub lost_since: Option<tokio::time::Instant>,
+    /// The registration record as the cache last held it while it was this stream's, with
+    /// its mod revision, when it said more than a fresh registration would (a drain, a
+    /// restart hold, placement info; kept by the backend's relay, [`super::relay::Visit::keep`]).
+    /// A lost registration is written again as this ([`super::rebind`]), so the consumer
+    /// does not forget that it is draining.
+    /// Boxed: most streams keep nothing, and every stream carries the field.
+    pub kept: Option<Box<(Revision, Vec<u8>)>>,
     /// What the consumer has been told so far.
     pub told: T,
     /// Whether `told` followed every relay step since the snapshot. A step that told
@@ -106,8 +117,10 @@ impl<T: Told> LocalStream<T> {
         let stream = Self {
             session,
             registered_at,
+            incarnation_at: registered_at,
             activated: false,
             lost_since: None,
+            kept: None,
             told: T::default(),
             told_complete: true,
             tx,
@@ -232,7 +245,7 @@ pub fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
 /// The local streams, at most one per (topic, consumer).
 pub struct Streams<S> {
     pub(super) map: DashMap<(String, String), S>,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
     /// Woken when a relay pass found a stream whose registration the store lost.
     pub(super) lost: tokio::sync::Notify,
     /// Held while a stream is admitted ([`Streams::admit`]) and while every stream is

@@ -179,7 +179,7 @@ impl Registrar for TestBackend {
         registration(topic, consumer)
     }
 
-    fn registration_record(&self, _consumer: &str, id: SessionId) -> Vec<u8> {
+    fn registration_record(&self, _consumer: &str, id: SessionId, _incarnation: u64) -> Vec<u8> {
         id.0.to_string().into_bytes()
     }
 

@@ -311,8 +311,10 @@ impl Inputs {
         tokio::select! {
             // The senders live in the core the loop holds: these cannot fail.
             Ok(()) = self.health.changed() => {
-                let following = self.health.borrow_and_update().following;
-                if let Some(chore) = upkeep.health(following, Instant::now()) {
+                let health = *self.health.borrow_and_update();
+                // A silent watch stopped following when it was last heard from.
+                let since = health.silent_since.unwrap_or_else(Instant::now);
+                if let Some(chore) = upkeep.health(health.following, since) {
                     carry_out(backend, chore);
                 }
                 (Woke::Health, None)

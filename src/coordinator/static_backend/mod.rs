@@ -50,6 +50,9 @@ pub struct StaticConfig {
     pub topic_partitions: BTreeMap<String, u32>,
     /// Who gets which partitions.
     pub assignment: StaticAssignment,
+    /// The epoch of every ownership for this run (docs/design.md §10): 1 by default; above
+    /// the floor kept in `--state-dir` when it is set, so a restart raises it.
+    pub epoch: u64,
 }
 
 impl StaticConfig {
@@ -63,7 +66,15 @@ impl StaticConfig {
         members: Option<&str>,
     ) -> Result<Self, String> {
         let assignment = StaticAssignment::from_settings(assignment, members, &topic_partitions)?;
-        Ok(Self { instance_id, topic_partitions, assignment })
+        Ok(Self { instance_id, topic_partitions, assignment, epoch: register::STATIC_EPOCH })
+    }
+
+    /// The same settings with every ownership at `epoch` (at least 1: a served epoch is
+    /// never 0).
+    #[must_use]
+    pub fn with_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch.max(1);
+        self
     }
 }
 

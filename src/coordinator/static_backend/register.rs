@@ -12,7 +12,8 @@ use crate::coordinator::shared::{
     streams::{EndReason, LocalStream},
 };
 use crate::coordinator::{
-    CommandStream, CoordinatorError, EpochStream, PartitionEpoch, validate_consumer_name, validate_topic_name,
+    CommandStream, CoordinatorError, EpochStream, EpochsAt, PartitionEpoch, validate_consumer_name,
+    validate_topic_name,
 };
 use crate::store::SessionId;
 
@@ -58,12 +59,17 @@ pub(super) fn register(
     Ok(command_stream(rx))
 }
 
-/// The static backend's epoch of every ownership (docs/design.md §10): the configuration
-/// decides who owns what, and nothing ever moves while it runs.
+/// The static backend's epoch of every ownership without `--state-dir` (docs/design.md
+/// §10): the configuration decides who owns what, and nothing ever moves while it runs.
 pub(super) const STATIC_EPOCH: u64 = 1;
 
+/// The revision of every static epoch snapshot: there is no store, and the one snapshot a
+/// stream sends never changes.
+const STATIC_REVISION: u64 = 1;
+
 /// The epochs of a registered consumer's configured partitions: one snapshot, every
-/// partition at [`STATIC_EPOCH`]; the stream ends with the consumer's registration.
+/// partition at this run's epoch (`config.epoch`); the stream ends with the consumer's
+/// registration.
 pub(super) fn watch_epochs(
     inner: &Arc<Static>,
     consumer: &str,
@@ -82,12 +88,12 @@ pub(super) fn watch_epochs(
              call Register first"
         )));
     };
-    let epochs: Vec<PartitionEpoch> = inner
+    let partitions: Vec<PartitionEpoch> = inner
         .config
         .assignment
         .partitions(topic, consumer, count)?
         .into_iter()
-        .map(|partition| PartitionEpoch { partition, epoch: STATIC_EPOCH, warming: false })
+        .map(|partition| PartitionEpoch { partition, epoch: inner.config.epoch, warming: false })
         .collect();
     let shutdown = inner.shutdown.clone();
     let end = async move {
@@ -95,8 +101,9 @@ pub(super) fn watch_epochs(
             () = commands.closed() => {}
             () = shutdown.cancelled() => {}
         }
-        None::<Vec<PartitionEpoch>>
+        None::<EpochsAt>
     };
     let rest = futures::stream::once(end).filter_map(std::future::ready);
+    let epochs = EpochsAt { revision: STATIC_REVISION, partitions };
     Ok(Box::pin(futures::stream::once(std::future::ready(epochs)).chain(rest)))
 }

@@ -1,7 +1,8 @@
 //! The ownership holes found after the fault work, each shown on real etcd with real gRPC:
 //! a cancelled `Register` leaves no ghost consumer; a `Register` answered after the fence
 //! admits no stream; a non-leader instance whose lease etcd expires early moves nothing; an
-//! instance that cannot relay fences its consumers; an outage that outlives one instance's
+//! instance that cannot relay fences its consumers, and so does one whose watch hangs
+//! without an error; an outage that outlives one instance's
 //! lease, while the leader notices nothing, moves nothing.
 
 use std::{
@@ -241,6 +242,51 @@ async fn an_instance_that_cannot_relay_fences_its_consumers() {
     // (the check above), as the lease's fence would, well before any release timeout.
     eprintln!("[faults] relay lost under a live lease: a fenced after {fenced_at:?}");
     findings.finish("relay stale under a live lease");
+}
+
+/// Instance 1's watch hangs without an error (it delivers nothing, not even etcd's
+/// progress notifications) while every other call to etcd works and its lease stays alive.
+/// A handoff completes elsewhere meanwhile. The relay counts as stale after three quarters
+/// of the TTL of silence, and its consumer `a` is fenced then (told it owns nothing, its
+/// stream ended), not left believing it owns the partitions that moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_watch_hangs_fences_its_consumers() {
+    let (cluster, steer) = leader_and_faulty(13).await;
+    let mut a = cluster.sole_owner(1, "a", WIDE).await;
+    let mut b = cluster.consumer_on(0, "b", WIDE).await;
+    b.expect_snapshot().await;
+    b.wait_for(PROMPT, "warms", |b| !b.warms.is_empty()).await;
+    // A quiet watch that answers etcd's progress requests is not silent: two TTLs in
+    // which nothing changes end no stream.
+    let quiet = Instant::now();
+    while quiet.elapsed() < TTL * 2 {
+        a.poll_now();
+        assert!(a.ended.is_none(), "a quiet, live watch fenced a: {a:?}");
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    steer.hush_watches();
+    let hushed = Instant::now();
+    b.ready_all().await;
+    let mut fenced_at = None;
+    while hushed.elapsed() < TTL * 3 && fenced_at.is_none() {
+        a.poll_now();
+        b.poll_now();
+        b.answer_all().await;
+        if a.ended.is_some() && a.owned.is_empty() {
+            fenced_at = Some(hushed.elapsed());
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    steer.unhush_watches();
+    let mut findings = Findings::default();
+    // Three quarters of the TTL of silence, and a quarter TTL for the fence to reach `a`.
+    let bound = TTL * 3 / 4 + TTL / 4;
+    findings.check(
+        fenced_at.is_some_and(|t| t < bound),
+        format!("a was not fenced within {bound:?} of its relay's watch hanging: {fenced_at:?}; {a:?}"),
+    );
+    eprintln!("[faults] watch hung under a live lease: a fenced after {fenced_at:?}");
+    findings.finish("watch hung without an error");
 }
 
 /// A non-leader instance is cut from etcd (a proxy) long enough for etcd to expire its

@@ -9,7 +9,9 @@ use super::{PROMPT, Store};
 use crate::support::next_within;
 
 /// A watch under test: hands out whole revisions or single events, and checks on the way
-/// that every batch is one non-empty revision, later than the one before.
+/// that every batch is one non-empty revision, later than the one before. Progress marks
+/// (batches without events, `LeaseStore::watch_progress_every`) are checked to be no
+/// older than what was delivered, and skipped.
 pub struct Events {
     /// The store's stream.
     pub stream: WatchStream,
@@ -25,11 +27,21 @@ impl Events {
             "{what}: events of the last batch were not taken: {:?}",
             self.pending
         );
-        let batch = match next_within(&mut self.stream, PROMPT, what).await {
-            Ok(batch) => batch,
-            Err(error) => panic!("watch failed while waiting for {what}: {error}"),
+        let batch = loop {
+            let batch = match next_within(&mut self.stream, PROMPT, what).await {
+                Ok(batch) => batch,
+                Err(error) => panic!("watch failed while waiting for {what}: {error}"),
+            };
+            if !batch.events.is_empty() {
+                break batch;
+            }
+            assert!(
+                batch.revision >= self.last,
+                "{what}: a progress mark at {} after {}",
+                batch.revision,
+                self.last
+            );
         };
-        assert!(!batch.events.is_empty(), "{what}: an empty batch at revision {}", batch.revision);
         assert!(batch.revision > self.last, "{what}: revision {} after {}", batch.revision, self.last);
         for event in &batch.events {
             assert_eq!(event.revision, batch.revision, "{what}: an event of another revision in {batch:?}");

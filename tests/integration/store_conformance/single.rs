@@ -164,16 +164,27 @@ async fn etcd_calls_cut_by_a_crash_wait_out_their_budget() {
 }
 
 /// A watch with nothing to report stays open: its liveness checks (a progress request after
-/// 2 s of silence) are answered by a live etcd, and the next change still arrives.
+/// `watch_progress_every` of silence) are answered by a live etcd, each answer reaches the
+/// caller as a progress mark (a batch without events), and the next change still arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_quiet_watch_stays_open() {
     let server = EtcdServer::start().await;
-    let config = server.store_config().with_request_timeout(Duration::from_secs(1));
+    let every = Duration::from_millis(200);
+    let config =
+        server.store_config().with_request_timeout(Duration::from_secs(1)).with_watch_progress_every(every);
     let store: Store = Arc::new(EtcdStore::connect(config).await.unwrap());
     let prefix = server.unique_prefix("quiet");
     let mut events = watch(&store, &prefix, 0).await;
-    // Two and a half idle periods: at least two progress requests, both answered.
-    crate::support::assert_quiet(&mut events.stream, Duration::from_millis(5_000), "a quiet watch").await;
+    // Ten idle periods: nothing but progress marks, one at least every two periods.
+    let (quiet, mut marks) = (tokio::time::Instant::now(), 0);
+    while quiet.elapsed() < every * 10 {
+        let what = "a progress mark";
+        match crate::support::next_within(&mut events.stream, every * 2 + every / 2, what).await {
+            Ok(batch) if batch.events.is_empty() => marks += 1,
+            other => panic!("a quiet watch sent {other:?}"),
+        }
+    }
+    assert!(marks >= 5, "{marks} progress marks in {:?}", quiet.elapsed());
     let rev = put(&store, &format!("{prefix}k"), "1").await;
     let event = next_event(&mut events, "the change after the quiet").await;
     assert_eq!(event.revision, rev);

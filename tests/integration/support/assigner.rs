@@ -609,9 +609,19 @@ impl TestConsumer {
     ) -> Result<TestConsumer, Status> {
         let request = RegisterRequest { consumer_name: name.into(), topic: topic.into() };
         let stream = client.register(request).await?.into_inner();
+        Ok(Self::from_stream(client, name, topic, stream))
+    }
+
+    /// Starts reading a `Register` stream opened on `client`.
+    pub fn from_stream(
+        client: KafkaAssignerClient<Channel>,
+        name: &str,
+        topic: &str,
+        stream: tonic::Streaming<AssignmentCommand>,
+    ) -> TestConsumer {
         let (tx, events) = mpsc::unbounded_channel();
         let reader = tokio::spawn(read_stream(stream, tx));
-        Ok(TestConsumer {
+        TestConsumer {
             name: name.into(),
             topic: topic.into(),
             client,
@@ -623,7 +633,7 @@ impl TestConsumer {
             history: Vec::new(),
             ended: None,
             ended_at: None,
-        })
+        }
     }
 
     /// A clone of its gRPC client (same connection).

@@ -135,7 +135,10 @@ impl EtcdServer {
     pub fn store_config(&self) -> EtcdStoreConfig {
         let mut config = EtcdStoreConfig::new(self.endpoints())
             .with_connect_timeout(Duration::from_secs(2))
-            .with_request_timeout(Duration::from_secs(5));
+            .with_request_timeout(Duration::from_secs(5))
+            // As the service sets it: a quarter of the session TTL (the tests' is 1 s,
+            // `assigner::TTL`; the benchmarks share this file without that module).
+            .with_watch_progress_every(Duration::from_millis(250));
         if let Mode::Tls(tls) = &self.mode {
             config.security = tls.security();
         }

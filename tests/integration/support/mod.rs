@@ -12,6 +12,7 @@ pub mod child;
 pub mod cluster;
 pub mod docker;
 pub mod etcd;
+pub mod etcd_restore;
 pub mod etcd_tls;
 pub mod findings;
 pub mod http10;
@@ -73,16 +74,5 @@ where
         Ok(Some(item)) => item,
         Ok(None) => panic!("stream ended while waiting for {what}"),
         Err(_) => panic!("timed out after {deadline:?} waiting for {what}"),
-    }
-}
-
-/// Asserts that `stream` yields nothing for `quiet` (use sparingly: it costs `quiet`).
-pub async fn assert_quiet<S>(stream: &mut S, quiet: Duration, what: &str)
-where
-    S: Stream + Unpin,
-    S::Item: std::fmt::Debug,
-{
-    if let Ok(item) = tokio::time::timeout(quiet, stream.next()).await {
-        panic!("expected nothing from {what} for {quiet:?}, got {item:?}");
     }
 }

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::{Fence, Leadership, Step};
 use crate::coordinator::handoff_backend::{Handoff, now_ms};
+use crate::coordinator::shared::records::next_epoch;
 use crate::handoff::{
     MoveReason, PlacementInputs, PlacementReport, PlanReport, Write, diff_writes, plan_placed,
 };
@@ -159,6 +160,7 @@ pub(super) fn plan_all(
     settling: bool,
 ) -> (Vec<TopicWrite>, std::time::Duration) {
     let now = now_ms();
+    let now_micros = crate::coordinator::shared::records::now_micros();
     let instant = tokio::time::Instant::now();
     let delay = inner.config.rebalance_delay;
     let mut settling = settling;
@@ -194,8 +196,9 @@ pub(super) fn plan_all(
         })
         .filter_map(|(topic, entry)| {
             let mut before = entry.state();
-            // New ownerships get an epoch above every record this plan reads (§10).
-            before.next_epoch = crate::coordinator::shared::records::epoch_above(cache.revision);
+            // New ownerships get an epoch above every record this plan reads, and above
+            // the clock, which a restored store cannot rewind (§10).
+            before.next_epoch = next_epoch(cache.revision, entry.highest_epoch(), now_micros);
             let rollout = super::view::from_view(inner, &mut before);
             let mut after = before.clone();
             let cooldowns = me.cooldowns.entry(topic.clone()).or_default();

@@ -1,5 +1,15 @@
 //! Following the store: the watch, the re-reads that close its gaps, and the periodic
 //! resync, as one step at a time that the backend's own loop asks for.
+//!
+//! **A watch that hangs without an error** (a connection that stopped forwarding) would
+//! look like a quiet store. A store whose watches can hang sends progress marks on a quiet
+//! watch ([`LeaseStore::watch_progress_every`]): a watch that has sent nothing at all, not
+//! even a mark, for [`Source::stale_after`] (three quarters of the TTL) is stale. The
+//! mirror then does not follow, as of when it last heard from the watch, so the upkeep
+//! fences the streams at once (the fence of a mirror that cannot read the store); and it
+//! watches again, following again only once the new watch has been heard from.
+//!
+//! [`LeaseStore::watch_progress_every`]: crate::store::LeaseStore::watch_progress_every
 
 use std::time::Duration;
 
@@ -43,12 +53,65 @@ pub struct Follower<'a, C: MirrorCache> {
     backoff: Duration,
     /// When a failed re-read may be tried again.
     retry_at: Option<tokio::time::Instant>,
+    /// When the watch was last heard from (opened, an event, a progress mark).
+    heard: tokio::time::Instant,
+    /// A watch went silent: the mirror follows again only once a new watch is heard from.
+    unproven: bool,
 }
 
 impl<'a, C: MirrorCache> Follower<'a, C> {
     pub(super) fn new(mirror: &'a Mirror<C>, source: Source<'a, C::Keys>) -> Self {
         let from = mirror.read().revision() + 1;
-        Self { mirror, source, phase: Phase::Watch(from, None), backoff: FIRST_BACKOFF, retry_at: None }
+        Self {
+            mirror,
+            source,
+            phase: Phase::Watch(from, None),
+            backoff: FIRST_BACKOFF,
+            retry_at: None,
+            heard: tokio::time::Instant::now(),
+            unproven: false,
+        }
+    }
+
+    /// How long the open watch may say nothing, if the store's watches send progress
+    /// marks (never less than two marks' worth, whatever the TTL), and how often they do.
+    fn silence(&self) -> Option<(Duration, Duration)> {
+        let every = self.source.store.watch_progress_every()?;
+        Some((self.source.stale_after.max(every * 2), every))
+    }
+
+    /// The watch's silence reached its bound at `at`. Noticed late, it says nothing about
+    /// the watch: the loop was busy elsewhere, and the watch asks for progress only while it
+    /// is polled (a busy instance delivers late; it must not fence itself for being busy).
+    /// Then the watch gets two more progress periods to speak, and `false` is returned.
+    fn silence_holds(&mut self, at: tokio::time::Instant, (bound, every): (Duration, Duration)) -> bool {
+        let now = tokio::time::Instant::now();
+        if now.duration_since(at) <= every {
+            return true;
+        }
+        self.heard = now + every * 2 - bound;
+        false
+    }
+
+    /// The watch said nothing since [`heard`](Self::heard): not following as of then, and
+    /// watch again (after a re-read: what the watch held back is unknown).
+    fn went_silent(&mut self) {
+        let (mirror, silent_for) = (self.mirror, self.heard.elapsed());
+        tracing::warn!(
+            mirror = mirror.name,
+            ?silent_for,
+            "the watch sent nothing, not even a progress mark: the relay is stale; watching again"
+        );
+        mirror.set_silent(self.heard);
+        self.unproven = true;
+        self.phase = Phase::Reread { interrupted: true, read: None };
+    }
+
+    /// Reports following, unless a silent watch made the mirror wait for a new one to speak.
+    fn following(&self, interrupted: bool) {
+        if !self.unproven {
+            self.mirror.set_following(true, interrupted);
+        }
     }
 
     /// Waits until the cache has advanced (a watched revision, an own write, a re-read
@@ -61,12 +124,14 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
     /// watch stays open, a watch or re-read under way goes on, a failed re-read keeps its
     /// backoff), so an instance's loop can wait on it beside its other inputs.
     pub async fn next(&mut self) -> Option<Changes> {
-        let Source { store, keys, shutdown, resync_interval } = self.source;
+        let Source { store, keys, shutdown, resync_interval, .. } = self.source;
         let (mirror, name) = (self.mirror, self.mirror.name);
         loop {
             if shutdown.is_cancelled() {
                 return None;
             }
+            let silence = self.silence();
+            let silent_at = silence.map(|(bound, _)| self.heard + bound);
             match &mut self.phase {
                 Phase::Watch(from, call) => {
                     let from = *from;
@@ -78,7 +143,8 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     match watch {
                         Ok(stream) => {
                             self.backoff = FIRST_BACKOFF;
-                            mirror.set_following(true, false);
+                            self.heard = tokio::time::Instant::now();
+                            self.following(false);
                             let resync = Box::pin(tokio::time::sleep(jittered(resync_interval)));
                             self.phase = Phase::Following(stream, resync);
                         }
@@ -89,8 +155,16 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                     }
                 }
                 Phase::Following(stream, resync) => {
-                    // `None`: an own write was offered, no watch item is at hand.
+                    let silent = async {
+                        match silent_at {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    // `None`: an own write was offered, no watch item is at hand. A watch
+                    // item at hand goes before the silence: it ends it.
                     let item = tokio::select! {
+                        biased;
                         _ = shutdown.cancelled() => return None,
                         _ = resync.as_mut() => {
                             self.phase = Phase::Reread { interrupted: false, read: None };
@@ -98,7 +172,23 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                         }
                         item = stream.next() => Some(item),
                         _ = mirror.own_offered.notified() => None,
+                        () = silent => {
+                            if let (Some(at), Some(silence)) = (silent_at, silence)
+                                && self.silence_holds(at, silence)
+                            {
+                                self.went_silent();
+                            }
+                            continue;
+                        }
                     };
+                    if item.is_some() {
+                        self.heard = tokio::time::Instant::now();
+                    }
+                    // Only a batch or a progress mark proves a new watch (an error ends it).
+                    if matches!(item, Some(Some(Ok(_)))) && std::mem::take(&mut self.unproven) {
+                        tracing::info!(mirror = name, "the new watch speaks: following again");
+                        mirror.set_following(true, false);
+                    }
                     let (changes, advanced, failed) = apply(mirror, keys, stream, item);
                     if failed {
                         self.phase = Phase::Reread { interrupted: true, read: None };
@@ -139,7 +229,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                             cache.carry_over(&mut fresh);
                             *cache = fresh;
                             drop(cache);
-                            mirror.set_following(true, interrupted);
+                            self.following(interrupted);
                             return Some(changes);
                         }
                         Err(error) => {
@@ -170,6 +260,8 @@ fn apply<C: MirrorCache>(
     let before = cache.revision();
     while let Some(next) = item {
         match next {
+            // A progress mark: the watch is alive, there is nothing to apply.
+            Some(Ok(batch)) if batch.events.is_empty() => {}
             // A revision already applied as an own write: skip the copy.
             Some(Ok(batch)) if batch.revision <= cache.revision() => {}
             Some(Ok(batch)) => {

@@ -257,6 +257,10 @@ pub struct Source<'a, K> {
     pub keys: &'a K,
     /// How often the whole prefix is re-read as a safety net.
     pub resync_interval: Duration,
+    /// How long a watch of a store that sends progress marks
+    /// ([`LeaseStore::watch_progress_every`]) may send nothing at all before the mirror
+    /// counts itself stale: the fence's margin, three quarters of the session TTL.
+    pub stale_after: Duration,
     /// Cancelled when the instance shuts down.
     pub shutdown: &'a CancellationToken,
 }
@@ -268,6 +272,10 @@ pub struct MirrorHealth {
     pub following: bool,
     /// How many times the watch broke (each one a gap in the view, closed by a re-read).
     pub interruptions: u64,
+    /// When the mirror last heard from a watch that then went silent (no event, no
+    /// progress mark, no error: a hung connection), while it does not follow for that
+    /// reason. The store may have changed from then on, so the fence counts from then.
+    pub silent_since: Option<tokio::time::Instant>,
 }
 
 /// A cache kept equal to a store prefix, and the channel that announces its revisions.
@@ -300,7 +308,8 @@ impl<C: MirrorCache> Mirror<C> {
         let snapshot = store.get_prefix(C::prefix(keys)).await?;
         let cache = C::from_snapshot(keys, snapshot);
         let (changed, _) = watch::channel(cache.revision());
-        let health = watch::Sender::new(MirrorHealth { following: true, interruptions: 0 });
+        let health =
+            watch::Sender::new(MirrorHealth { following: true, interruptions: 0, silent_since: None });
         Ok(Self {
             cache: RwLock::new(cache),
             changed,
@@ -445,6 +454,17 @@ impl<C: MirrorCache> Mirror<C> {
             let before = *h;
             h.following = following;
             h.interruptions += u64::from(interrupted);
+            h.silent_since = None;
+            *h != before
+        });
+    }
+
+    /// The watch has said nothing since `heard`: the mirror does not follow the store.
+    fn set_silent(&self, heard: tokio::time::Instant) {
+        self.health.send_if_modified(|h| {
+            let before = *h;
+            h.following = false;
+            h.silent_since = Some(heard);
             *h != before
         });
     }

@@ -22,7 +22,13 @@ fn run(
     let stop = CancellationToken::new();
     let (seen, token) = (relayed.clone(), stop.clone());
     tokio::spawn(async move {
-        let source = Source { store: &store, keys: &(), resync_interval: resync, shutdown: &token };
+        let source = Source {
+            store: &store,
+            keys: &(),
+            resync_interval: resync,
+            stale_after: Duration::from_secs(3),
+            shutdown: &token,
+        };
         let mut follower = mirror.follower(source);
         while let Some(changes) = follower.next().await {
             let cache = mirror.read();
@@ -282,8 +288,13 @@ async fn a_follower_dropped_while_its_watch_is_being_opened_opens_it_once() {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let store = crate::store::MeteredStore::new(Arc::new(faulty), metrics.clone());
     let token = CancellationToken::new();
-    let source =
-        Source { store: &store, keys: &(), resync_interval: Duration::from_secs(300), shutdown: &token };
+    let source = Source {
+        store: &store,
+        keys: &(),
+        resync_interval: Duration::from_secs(300),
+        stale_after: Duration::from_secs(3),
+        shutdown: &token,
+    };
     let mut follower = mirror.follower(source);
     // Other inputs of the caller win three times while the watch is being opened.
     for _ in 0..3 {
