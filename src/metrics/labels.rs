@@ -65,6 +65,22 @@ pub struct DrainLabels {
     pub reason: &'static str,
 }
 
+/// The backend an instance runs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    /// `memory`, `etcd`, `fleet` or `static`.
+    pub backend: String,
+}
+
+/// A topic's placement mode.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    /// The topic.
+    pub topic: String,
+    /// `count`, `load` or `shadow` (`--placement`).
+    pub mode: String,
+}
+
 /// One topic.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopicLabels {

@@ -16,7 +16,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::labels::{DeferredLabels, MoveLabels, TopicLabels};
+use super::labels::{DeferredLabels, ModeLabels, MoveLabels, TopicLabels};
 use crate::status::TopicPlacement;
 
 /// A gauge of fractional values.
@@ -30,6 +30,9 @@ pub(super) struct PlacementMetrics {
     imbalance: Family<TopicLabels, FloatGauge>,
     shadow_imbalance: Family<TopicLabels, FloatGauge>,
     shadow_moves: Family<TopicLabels, Gauge>,
+    /// 1, labelled with the topic's mode: the imbalance alert applies under `load` only
+    /// (under `count` an uneven load is expected and nothing acts on it).
+    mode: Family<ModeLabels, Gauge>,
 }
 
 impl PlacementMetrics {
@@ -61,7 +64,9 @@ impl PlacementMetrics {
             "Under --placement shadow: partitions the load plan would move, by topic",
             shadow_moves.clone(),
         );
-        Self { moves, deferred, imbalance, shadow_imbalance, shadow_moves }
+        let mode = Family::<ModeLabels, Gauge>::default();
+        r.register("placement_mode", "1, labelled with the topic's --placement mode", mode.clone());
+        Self { moves, deferred, imbalance, shadow_imbalance, shadow_moves, mode }
     }
 
     /// Replaces the gauges with `placement`'s values.
@@ -69,8 +74,10 @@ impl PlacementMetrics {
         self.imbalance.clear();
         self.shadow_imbalance.clear();
         self.shadow_moves.clear();
+        self.mode.clear();
         for t in placement {
             let topic = TopicLabels { topic: t.topic.clone() };
+            self.mode.get_or_create(&ModeLabels { topic: t.topic.clone(), mode: t.mode.clone() }).set(1);
             self.imbalance.get_or_create(&topic).set(t.imbalance);
             if let Some(plan) = &t.load_plan {
                 self.shadow_imbalance.get_or_create(&topic).set(plan.imbalance_after);

@@ -1,13 +1,25 @@
 //! The admin HTTP server: `/live`, `/ready`, `/metrics` (Prometheus) and `/status`
 //! (consumers, partitions and handoffs as JSON, and under `placement` how each topic is
-//! placed: loads, shares and the shadow load plan, docs/design.md §11).
+//! placed: loads, shares and the shadow load plan, docs/design.md §11), and `/ui`: a live
+//! page of the same document (static HTML and script, embedded in the binary, that polls
+//! `/status`; it reads nothing `/status` does not give, so the admin port's rules for
+//! `/status` are its rules too).
 
 use std::sync::Arc;
 
-use axum::{Json, Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use axum::{
+    Json, Router,
+    extract::State,
+    http::StatusCode,
+    response::{Html, IntoResponse},
+    routing::get,
+};
 
 use crate::coordinator::ConsumerGroupCoordinator;
 use crate::metrics::Metrics;
+
+/// The `/ui` page: no build step, the file is the page.
+const UI_PAGE: &str = include_str!("ui.html");
 
 #[derive(Clone)]
 struct AdminState {
@@ -22,6 +34,7 @@ pub fn router(coordinator: Arc<dyn ConsumerGroupCoordinator>, metrics: Arc<Metri
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
         .route("/status", get(status))
+        .route("/ui", get(|| async { Html(UI_PAGE) }))
         .with_state(AdminState { coordinator, metrics })
 }
 

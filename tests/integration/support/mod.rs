@@ -6,13 +6,18 @@
 #![allow(dead_code)]
 
 pub mod assigner;
+pub mod browser;
 pub mod certs;
+pub mod child;
 pub mod cluster;
 pub mod docker;
 pub mod etcd;
 pub mod etcd_restore;
 pub mod etcd_tls;
 pub mod findings;
+pub mod http10;
+pub mod poll;
+pub mod prometheus;
 pub mod proxy;
 pub mod secure;
 
