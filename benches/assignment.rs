@@ -8,10 +8,18 @@
 //! to `docs/benchmarks/assignment.md`. Exits non-zero if any row's moves differ from the
 //! minimum or a target is unbalanced: those are correctness failures, not slowness.
 //!
+//! A second table times the leader's pure plan at fleet size (`support/fleet_plan.rs`):
+//! `plan_placed` and `diff_writes` over one topic of 100,000 partitions and 10,000 consumers
+//! (target: under 200 ms) and over 10,000 topics of 16 partitions, by count and by load, for
+//! a fresh assignment, a steady state, one join, one drain and one death, against the time to
+//! clone the input in the same run. A miss of the 200 ms is reported, not an exit code.
+//!
 //! Run with `cargo bench --bench assignment` (`-- --write-docs` to update the docs).
 
 #[path = "support/docs.rs"]
 mod docs;
+#[path = "support/fleet_plan.rs"]
+mod fleet_plan;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -278,6 +286,25 @@ fn main() {
     println!("{target_line}");
     println!("{scattered_line}");
 
+    // Enough runs for a median and a spread; the 100k rows take up to a few hundred ms each.
+    let fleet = fleet_plan::run(11);
+    let big_plan =
+        fleet.iter().filter(|r| r.is_big() && r.is_count()).map(|r| r.plan.median).max().unwrap_or_default();
+    let big_load =
+        fleet.iter().filter(|r| r.is_big() && !r.is_count()).map(|r| r.plan.median).max().unwrap_or_default();
+    let fleet_line = format!(
+        "target: 100000 P / 10000 C plan, slowest median by count {} < {} ms: {} (by load {}: {})",
+        fmt_time(big_plan),
+        fleet_plan::BUDGET.as_millis(),
+        verdict(big_plan < fleet_plan::BUDGET),
+        fmt_time(big_load),
+        verdict(big_load < fleet_plan::BUDGET),
+    );
+    println!();
+    println!("{}", fleet_plan::text(&fleet));
+    println!();
+    println!("{fleet_line}");
+
     // The Markdown copy: under target/, and in docs/benchmarks/ when asked.
     let mut md = String::new();
     let _ = writeln!(md, "| {} |", header.join(" | "));
@@ -300,6 +327,10 @@ fn main() {
          general (load min–max column), so its few moves in some rows leave a newcomer idle. \
          Times exclude freeing the returned map."
     );
+    let _ = writeln!(md, "\n## The leader's plan at fleet size\n");
+    md += &fleet_plan::markdown(&fleet);
+    let _ = writeln!(md, "\n{fleet_line}\n");
+    md += fleet_plan::EXPLAINED;
     let dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
