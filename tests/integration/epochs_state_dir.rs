@@ -6,17 +6,14 @@
 //! keeps epoch 1 and the memory backend follows the clock alone, below such a floor: the
 //! documented limit.
 
-use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc};
+use std::{collections::BTreeMap, path::Path};
 
-use clap::Parser;
-use kafka_assigner::config::{Cli, Command};
 use kafka_assigner::epoch_floor::{FILE_NAME, FloorFile, now_micros};
-use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{
     WatchEpochsRequest, kafka_assigner_client::KafkaAssignerClient,
     ownership_epochs_client::OwnershipEpochsClient,
 };
-use kafka_assigner::{backend::coordinator_from_args, server::AssignerServer};
+use kafka_assigner::server::AssignerServer;
 
 use crate::support::{
     assigner::{PROMPT, TestConsumer},
@@ -45,17 +42,7 @@ async fn start(kind: Kind, dir: Option<&Path>) -> AssignerServer {
     if let Some(dir) = dir {
         flags.extend(["--state-dir".into(), dir.display().to_string()]);
     }
-    let Command::Serve(args) =
-        Cli::try_parse_from(&flags).unwrap_or_else(|e| panic!("{flags:?}: {e}")).command
-    else {
-        unreachable!("serve was asked for")
-    };
-    let metrics = Arc::new(Metrics::new());
-    let coordinator = coordinator_from_args(&args, metrics.clone())
-        .await
-        .unwrap_or_else(|e| panic!("{kind:?} did not start: {e}"));
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    AssignerServer::start(coordinator, metrics, any, any).await.expect("serve")
+    crate::support::serve_flags::serve_from_flags(&flags, &format!("{kind:?}")).await
 }
 
 /// One run: consumer `a` registers, owns all four partitions; returns their epochs as

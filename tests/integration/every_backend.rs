@@ -11,15 +11,12 @@
 //!   `static`, where nothing moves: its partitions wait for it);
 //! * malformed and unknown names are refused with `INVALID_ARGUMENT` / `NOT_FOUND`.
 
-use std::{collections::BTreeSet, net::SocketAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, time::Duration};
 
-use clap::Parser;
-use kafka_assigner::config::{Cli, Command};
-use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{
     PartitionReadyRequest, RegisterRequest, kafka_assigner_client::KafkaAssignerClient,
 };
-use kafka_assigner::{backend::coordinator_from_args, server::AssignerServer};
+use kafka_assigner::server::AssignerServer;
 use tonic::Code;
 
 use crate::support::{
@@ -85,17 +82,7 @@ async fn start(kind: Kind, etcd: Option<&EtcdServer>) -> AssignerServer {
         flags.extend(["--etcd-endpoints".into(), etcd.endpoints().join(",")]);
         flags.extend(["--etcd-prefix".into(), etcd.unique_prefix("every-backend")]);
     }
-    let Command::Serve(args) =
-        Cli::try_parse_from(&flags).unwrap_or_else(|e| panic!("{flags:?}: {e}")).command
-    else {
-        unreachable!("serve was asked for")
-    };
-    let metrics = Arc::new(Metrics::new());
-    let coordinator = coordinator_from_args(&args, metrics.clone())
-        .await
-        .unwrap_or_else(|e| panic!("{kind:?} did not start: {e}"));
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    AssignerServer::start(coordinator, metrics, any, any).await.expect("serve")
+    crate::support::serve_flags::serve_from_flags(&flags, &format!("{kind:?}")).await
 }
 
 async fn register(server: &AssignerServer, name: &str) -> (TestConsumer, BTreeSet<u32>) {

@@ -20,6 +20,7 @@ pub mod poll;
 pub mod prometheus;
 pub mod proxy;
 pub mod secure;
+pub mod serve_flags;
 
 use std::{future::Future, time::Duration};
 
