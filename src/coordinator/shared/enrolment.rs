@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::batch::{Answer, Batches, KeyWrite, Queued, commit};
 use super::outgoing::{CommandSender, command_channel, command_stream};
 use super::registrar::{Caller, Registrar};
+use super::registration::{Written, is_same_process};
 use super::streams::{EndReason, LocalStream, StreamKey};
 use crate::coordinator::{CommandStream, CoordinatorError};
 use crate::store::{Compare, Op, Revision, SessionId};
@@ -54,9 +55,9 @@ impl std::fmt::Debug for Enrolment {
 /// How an enrolment's write ended, for [`Enrolments::ended`].
 #[derive(Debug)]
 pub enum Outcome {
-    /// Written at this revision: admit the stream; `true` when it replaced a registration of
-    /// the same client process (its epochs were not raised, and it is told them all).
-    Written(Revision, bool),
+    /// Written: admit the stream (told every epoch when it replaced a registration of the
+    /// same client process, whose epochs were not raised).
+    Written(Written),
     /// To be decided on the store's state: the batch it was in lost a compare, or the
     /// cache cannot decide it.
     OnStore,
@@ -155,9 +156,8 @@ impl Enrolments {
         // so its stream never hears an epoch the old incarnation still holds (§10). The
         // same process reconnecting (the compare holds the record it was decided on) has
         // nobody to fence.
-        let same_process = enrolment.incarnation != 0
-            && cached != 0
-            && backend.cached_incarnation(cache, topic, consumer) == enrolment.incarnation;
+        let same_process =
+            is_same_process(enrolment.incarnation, backend.cached_incarnation(cache, topic, consumer));
         let now_micros = super::records::now_micros();
         let raise = if same_process {
             Vec::new()
@@ -183,7 +183,9 @@ impl Enrolments {
                 self.batches.done();
                 for Batched { enrolment, same_process, .. } in batch {
                     let outcome = match &answer {
-                        Ok(Some(written)) => Outcome::Written(written.revision, same_process),
+                        Ok(Some(written)) => {
+                            Outcome::Written(Written { revision: written.revision, same_process })
+                        }
                         Ok(None) => Outcome::OnStore,
                         Err(error) => Outcome::Failed(error.clone().into()),
                     };
@@ -226,7 +228,7 @@ impl Enrolments {
         }
         for (enrolment, outcome) in std::mem::take(&mut self.ended) {
             match outcome {
-                Outcome::Written(revision, same_process) => admit(backend, enrolment, revision, same_process),
+                Outcome::Written(written) => admit(backend, enrolment, written),
                 Outcome::OnStore => calls.push(write_alone(backend.clone(), enrolment)),
                 Outcome::Abandoned => {
                     let (topic, consumer, _) = &enrolment.key;
@@ -284,7 +286,7 @@ fn write_alone<R: Registrar>(backend: Arc<R>, enrolment: Enrolment) -> Call {
         )
         .await;
         let outcome = match written {
-            Ok(Some(written)) => Outcome::Written(written.revision, written.same_process),
+            Ok(Some(written)) => Outcome::Written(written),
             Ok(None) => Outcome::Abandoned,
             Err(error) => Outcome::Failed(error),
         };
@@ -292,14 +294,15 @@ fn write_alone<R: Registrar>(backend: Arc<R>, enrolment: Enrolment) -> Call {
     })
 }
 
-/// Admits the stream of `enrolment`, written at `registered_at`, while the instance lease
+/// Admits the stream of `enrolment`, `written` at its revision, while the instance lease
 /// it was written on is live and the relay follows the store ([`Core::admit`]), tells it
 /// its snapshot, and answers. A registration written but not admitted (the instance
 /// fenced meanwhile) is settled as after a disconnect: it ends after the TTL unless the
 /// consumer comes back.
 ///
 /// [`Core::admit`]: super::Core::admit
-fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, registered_at: Revision, same_process: bool) {
+fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, written: Written) {
+    let Written { revision: registered_at, same_process } = written;
     let Enrolment { key, lease, reply, .. } = enrolment;
     let core = backend.core();
     let (topic, consumer, registration) = (&key.0, &key.1, key.2);

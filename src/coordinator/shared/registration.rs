@@ -44,14 +44,21 @@ pub async fn write<R: Registrar>(
     for _ in 0..CAS_ATTEMPTS {
         let stored = store.get(&key).await?;
         let existing = stored.as_ref().map_or(0, |kv| kv.mod_revision);
-        // The same client process reconnecting: nothing to fence (§10).
-        let same_process = incarnation != 0
-            && stored.as_ref().is_some_and(|kv| backend.incarnation_in(&key, &kv.value) == incarnation);
-        let bound = bound_records(backend, store, topic, consumer).await?;
-        let raised = if same_process {
+        let stored_incarnation = stored.as_ref().map_or(0, |kv| backend.incarnation_in(&key, &kv.value));
+        let same_process = is_same_process(incarnation, stored_incarnation);
+        // The same process reconnecting has nobody to fence: nothing to raise (§10).
+        let epoch_prefixes = if same_process { Vec::new() } else { backend.epoch_prefixes(topic) };
+        // One read of each prefix, for the bound records and the raise alike (the fleet's
+        // leases are both).
+        let bound_prefix = backend.bound_prefix(topic);
+        let read = read_prefixes(store, bound_prefix.iter().chain(&epoch_prefixes)).await?;
+        let bound =
+            bound_prefix.map_or_else(Vec::new, |prefix| bound_in(backend, &read.kvs, &prefix, consumer));
+        let raised = if epoch_prefixes.is_empty() {
             Vec::new()
         } else {
-            raised_epochs(backend, store, topic, consumer, lease).await?
+            let cache = <R::Cache as MirrorCache>::from_snapshot(core.keys(), read);
+            backend.raise_epochs(&cache, topic, consumer, lease, super::records::now_micros())
         };
         if caller.is_gone() {
             return Ok(None);
@@ -101,6 +108,13 @@ pub async fn write<R: Registrar>(
     )))
 }
 
+/// Whether a registration sent by client process `sent` replaces one that the same process
+/// sent (`stored`; 0: unknown): a reconnect, not a new incarnation (docs/design.md §10). A
+/// process that sent no number is never taken for the same one.
+pub fn is_same_process(sent: u64, stored: u64) -> bool {
+    sent != 0 && sent == stored
+}
+
 /// A registration [`write`] wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Written {
@@ -124,27 +138,25 @@ fn open_txn<'a>(txns: &'a mut Vec<Txn>, write: &KeyWrite) -> &'a mut Txn {
     &mut txns[last]
 }
 
-/// The writes that raise the epochs of a new incarnation of `consumer` on `topic`
-/// ([`Registrar::raise_epochs`]), decided on the records as stored now.
-async fn raised_epochs<R: Registrar>(
-    backend: &R,
+/// The records under each of `prefixes` (each read once), as one snapshot at the latest
+/// revision read.
+async fn read_prefixes<'a>(
     store: &dyn LeaseStore,
-    topic: &str,
-    consumer: &str,
-    lease: SessionId,
-) -> Result<Vec<KeyWrite>, StoreError> {
-    let prefixes = backend.epoch_prefixes(topic);
-    if prefixes.is_empty() {
-        return Ok(Vec::new());
-    }
+    prefixes: impl Iterator<Item = &'a String>,
+) -> Result<PrefixSnapshot, StoreError> {
     let mut snapshot = PrefixSnapshot { kvs: Vec::new(), revision: 0 };
-    for prefix in prefixes {
-        let read = store.get_prefix(&prefix).await?;
-        snapshot.kvs.extend(read.kvs);
-        snapshot.revision = snapshot.revision.max(read.revision);
+    let mut read = HashSet::new();
+    for prefix in prefixes.filter(|p| read.insert(p.as_str())) {
+        let answer = store.get_prefix(prefix).await?;
+        snapshot.kvs.extend(answer.kvs);
+        snapshot.revision = snapshot.revision.max(answer.revision);
     }
-    let cache = <R::Cache as MirrorCache>::from_snapshot(backend.core().keys(), snapshot);
-    Ok(backend.raise_epochs(&cache, topic, consumer, lease, super::records::now_micros()))
+    Ok(snapshot)
+}
+
+/// Of `kvs`, the records under `prefix` bound to `consumer`'s registration.
+fn bound_in<R: Registrar>(backend: &R, kvs: &[KeyValue], prefix: &str, consumer: &str) -> Vec<KeyValue> {
+    kvs.iter().filter(|kv| kv.key.starts_with(prefix) && backend.is_bound_to(consumer, kv)).cloned().collect()
 }
 
 /// The records bound to `consumer`'s registration on `topic`, as stored now.
@@ -156,7 +168,7 @@ async fn bound_records<R: Registrar>(
 ) -> Result<Vec<KeyValue>, StoreError> {
     let Some(prefix) = backend.bound_prefix(topic) else { return Ok(Vec::new()) };
     let all = store.get_prefix(&prefix).await?.kvs;
-    Ok(all.into_iter().filter(|kv| backend.is_bound_to(consumer, kv)).collect())
+    Ok(bound_in(backend, &all, &prefix, consumer))
 }
 
 /// Writes the registration `key` again, bound to the instance `lease`, after the store
