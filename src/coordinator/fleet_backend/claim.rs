@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::Fleet;
-use super::claim_decide::{self, AtRevision, Free};
+use super::claim_decide::{self, AtRevision, LeaseAt};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::{
     outgoing::PassGate,
@@ -101,7 +101,7 @@ async fn claim_step(
         let now_micros = crate::coordinator::shared::records::now_micros();
         let claim =
             claim_decide::Claim { topic, consumer, registered_at, instance_lease, decided_at, now_micros };
-        let txn = |partitions: &[Free]| claim_decide::claim_txn(keys, claim, partitions);
+        let txn = |partitions: &[LeaseAt]| claim_decide::claim_txn(keys, claim, partitions);
         let mut claimed = Vec::new();
         let outcome = inner.core.store().txn(txn(&decision.claim)).await?;
         if outcome.succeeded {

@@ -11,24 +11,34 @@ use super::records::{EpochRecord, FleetKeys, LeaseRecord};
 use super::share;
 use super::state::FleetTopic;
 use crate::assignment::Balanced;
+use crate::coordinator::shared::batch::KeyWrite;
 use crate::coordinator::shared::records::{RECORD_VERSION, encode, next_epoch};
 use crate::store::{Compare, Op, Revision, SessionId, Txn};
 
 /// A partition and the mod revision of its lease as the cache holds it (0: no lease).
 pub type AtRevision = (u32, Revision);
 
-/// A free partition to claim, as the cache holds it.
+/// A partition's lease and epoch floor as the cache holds them: what a claim (of a free
+/// partition) or a raise (of a held one) is compared with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Free {
+pub struct LeaseAt {
     /// The partition.
     pub partition: u32,
-    /// The mod revision of its lease (0: none, which the claim needs still).
+    /// The mod revision of its lease (0: none, which a claim needs still).
     pub lease_at: Revision,
-    /// The highest epoch known for it: the claim's epoch is above it.
+    /// The highest epoch known for it: the new epoch is above it.
     pub floor: u64,
-    /// The mod revision of its epoch floor record (0: none): the claim holds only while
-    /// no other claim has written it since.
+    /// The mod revision of its epoch floor record (0: none): the write holds only while no
+    /// other claim or raise has written it since.
     pub floor_at: Revision,
+}
+
+impl LeaseAt {
+    /// `partition`'s lease and floor as `entry` holds them.
+    pub fn of(entry: &FleetTopic, partition: u32) -> Self {
+        let (floor, floor_at) = entry.floor(partition);
+        LeaseAt { partition, lease_at: entry.lease_revision(partition), floor, floor_at }
+    }
 }
 
 /// What one claim step does for one consumer (see the module docs).
@@ -43,7 +53,7 @@ pub struct ClaimDecision {
     /// Leases beyond the quota, to give back (the consumer is told first).
     pub give_back: Vec<AtRevision>,
     /// Free leases to claim, up to the quota.
-    pub claim: Vec<Free>,
+    pub claim: Vec<LeaseAt>,
 }
 
 /// The claim step of `consumer` with registration `session` over the cached `entry`, its
@@ -65,10 +75,7 @@ pub fn decide(
     let plan =
         share::share_of(&Balanced, entry.partition_count(), &entry.live(), registered, consumer, &owners)?;
     let at = |p: &u32| (*p, entry.lease_revision(*p));
-    let free = |p: &u32| {
-        let (floor, floor_at) = entry.floor(*p);
-        Free { partition: *p, lease_at: entry.lease_revision(*p), floor, floor_at }
-    };
+    let free = |p: &u32| LeaseAt::of(entry, *p);
     let show = hidden
         .iter()
         .filter(|p| owners.get(p) == Some(&consumer) && !plan.give_back.contains(p))
@@ -114,18 +121,14 @@ pub struct Claim<'a> {
 /// §10), and is written as the partition's new floor, a record no session takes away: a
 /// claim from a cache that missed another consumer's claim (and give-back) of the
 /// partition fails on the floor's compare instead of repeating or lowering that epoch.
-pub fn claim_txn(keys: &FleetKeys, claim: Claim<'_>, partitions: &[Free]) -> Txn {
+pub fn claim_txn(keys: &FleetKeys, claim: Claim<'_>, partitions: &[LeaseAt]) -> Txn {
     let Claim { topic, consumer, registered_at, instance_lease, decided_at, now_micros } = claim;
     let member = Compare::ModRevision(keys.member(topic, consumer), registered_at);
-    partitions.iter().fold(Txn::new().when(member), |txn, free| {
-        let epoch = next_epoch(decided_at, free.floor, now_micros);
-        let lease = keys.lease(topic, free.partition);
-        let floor = keys.epoch(topic, free.partition);
-        let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
-        txn.when(Compare::ModRevision(lease.clone(), free.lease_at))
-            .when(Compare::ModRevision(floor.clone(), free.floor_at))
-            .then(Op::put_in(lease, record, instance_lease))
-            .then(Op::put(floor, encode(&EpochRecord { v: RECORD_VERSION, epoch })))
+    partitions.iter().fold(Txn::new().when(member), |mut txn, free| {
+        let write = lease_above_floor(keys, topic, consumer, *free, instance_lease, decided_at, now_micros);
+        txn.compares.extend(write.compares);
+        txn.ops.extend(write.ops);
+        txn
     })
 }
 
@@ -141,26 +144,39 @@ pub fn raise_txns(
     lease: SessionId,
     revision: Revision,
     now_micros: u64,
-) -> Vec<crate::coordinator::shared::batch::KeyWrite> {
+) -> Vec<KeyWrite> {
     let held = entry.leases.iter().filter(|(_, owner)| owner.value == consumer).map(|(p, _)| *p);
-    held.map(|p| {
-        let (floor, floor_at) = entry.floor(p);
-        let epoch = next_epoch(revision, floor, now_micros);
-        let (lease_key, floor_key) = (keys.lease(topic, p), keys.epoch(topic, p));
-        let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
-        crate::coordinator::shared::batch::KeyWrite {
-            key: lease_key.clone(),
-            compares: vec![
-                Compare::ModRevision(lease_key.clone(), entry.lease_revision(p)),
-                Compare::ModRevision(floor_key.clone(), floor_at),
-            ],
-            ops: vec![
-                Op::put_in(lease_key, record, lease),
-                Op::put(floor_key, encode(&EpochRecord { v: RECORD_VERSION, epoch })),
-            ],
-        }
-    })
-    .collect()
+    held.map(|p| lease_above_floor(keys, topic, consumer, LeaseAt::of(entry, p), lease, revision, now_micros))
+        .collect()
+}
+
+/// `consumer`'s lease of `at.partition`, bound to `lease`, with an epoch above the floor,
+/// the cache's `revision` and the clock ([`next_epoch`]), and that epoch as the partition's
+/// new floor: both only if the lease and the floor are still as `at` read them. What a
+/// claim and a raise write alike.
+fn lease_above_floor(
+    keys: &FleetKeys,
+    topic: &str,
+    consumer: &str,
+    at: LeaseAt,
+    lease: SessionId,
+    revision: Revision,
+    now_micros: u64,
+) -> KeyWrite {
+    let epoch = next_epoch(revision, at.floor, now_micros);
+    let (lease_key, floor_key) = (keys.lease(topic, at.partition), keys.epoch(topic, at.partition));
+    let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
+    KeyWrite {
+        key: lease_key.clone(),
+        compares: vec![
+            Compare::ModRevision(lease_key.clone(), at.lease_at),
+            Compare::ModRevision(floor_key.clone(), at.floor_at),
+        ],
+        ops: vec![
+            Op::put_in(lease_key, record, lease),
+            Op::put(floor_key, encode(&EpochRecord { v: RECORD_VERSION, epoch })),
+        ],
+    }
 }
 
 #[cfg(test)]
@@ -215,7 +231,7 @@ mod tests {
         entry.leases.remove(&3);
         let decision = decide(&entry, "a", SessionId(1), &hidden).expect("a is registered");
         assert_eq!(decision.show, vec![(2, 13)]);
-        let free = Free { partition: 3, lease_at: 0, floor: 0, floor_at: 0 };
+        let free = LeaseAt { partition: 3, lease_at: 0, floor: 0, floor_at: 0 };
         assert_eq!(decision.claim, vec![free], "claimed only if still absent");
         // Still over the quota: what is given back is not shown.
         let decision = decide(&topic(), "a", SessionId(1), &hidden).expect("a is registered");
@@ -247,7 +263,7 @@ mod tests {
             decided_at: 20,
             now_micros: 5,
         };
-        let free = Free { partition: 2, lease_at: 0, floor: 30, floor_at: 12 };
+        let free = LeaseAt { partition: 2, lease_at: 0, floor: 30, floor_at: 12 };
         let txn = claim_txn(&keys, claim, &[free]);
         assert_eq!(
             txn.compares,
@@ -273,7 +289,7 @@ mod tests {
         let Op::Put { value, .. } = &txn.ops[0] else { panic!("{:?}", txn.ops) };
         let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
         assert_eq!(record.epoch, 1_000);
-        let txn = claim_txn(&keys, claim, &[Free { floor: 0, ..free }]);
+        let txn = claim_txn(&keys, claim, &[LeaseAt { floor: 0, ..free }]);
         let Op::Put { value, .. } = &txn.ops[0] else { panic!("{:?}", txn.ops) };
         let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
         assert_eq!(record.epoch, 21, "one above the cache it was decided from");
@@ -293,7 +309,7 @@ mod tests {
         let a_at = store.put(&keys.member("t", "a"), b"a".to_vec(), Some(lease)).await.expect("a");
         let b_at = store.put(&keys.member("t", "b"), b"b".to_vec(), Some(lease)).await.expect("b");
         // `a`'s cache: partition 0 free, no floor, at revision `b_at`.
-        let stale = Free { partition: 0, lease_at: 0, floor: 0, floor_at: 0 };
+        let stale = LeaseAt { partition: 0, lease_at: 0, floor: 0, floor_at: 0 };
         let claim = |consumer, registered_at| Claim {
             topic: "t",
             consumer,
@@ -321,7 +337,7 @@ mod tests {
         let floor = store.get(&keys.epoch("t", 0)).await.expect("read").expect("the floor stays");
         let seen: EpochRecord =
             crate::coordinator::shared::records::decode("floor", &floor.value).expect("floor");
-        let fresh = Free { floor: seen.epoch, floor_at: floor.mod_revision, ..stale };
+        let fresh = LeaseAt { floor: seen.epoch, floor_at: floor.mod_revision, ..stale };
         let a = store.txn(claim_txn(&keys, claim("a", a_at), &[fresh])).await.expect("answered");
         assert!(a.succeeded);
         let a_epoch = store.get(&keys.lease("t", 0)).await.expect("read").map(|kv| {
