@@ -247,12 +247,10 @@ fn memory_store(args: &ServeArgs) -> Result<Arc<dyn LeaseStore>, BackendError> {
     Ok(store)
 }
 
-/// The `static` backend's epoch for this run: 1 without `--state-dir` (the configuration
-/// decides ownership and nothing moves while it runs); with it, above the floor kept there
-/// and at least the clock, so a restart, which is how a static configuration changes,
-/// raises every partition's epoch.
-fn static_epoch(args: &ServeArgs) -> Result<u64, BackendError> {
-    let Some(dir) = &args.state_dir else { return Ok(1) };
+/// The `static` backend's epoch for this run with `--state-dir` (`dir`): above the floor
+/// kept there and at least the clock, so a restart, which is how a static configuration
+/// changes, raises every partition's epoch. Without it the configuration's default stands.
+fn static_epoch(dir: &std::path::Path) -> Result<u64, BackendError> {
     let (epoch, _reservation) = Reservation::begin(FloorFile::open(dir)?, now_micros())?;
     Ok(epoch)
 }
@@ -269,7 +267,10 @@ fn static_from_args(
         args.static_assignment.as_deref(),
         args.static_members.as_deref(),
     )
-    .map_err(BackendError::Config)?
-    .with_epoch(static_epoch(args)?);
+    .map_err(BackendError::Config)?;
+    let config = match &args.state_dir {
+        Some(dir) => config.with_epoch(static_epoch(dir)?),
+        None => config,
+    };
     Ok(Arc::new(StaticCoordinator::new(config, metrics)))
 }
