@@ -4,11 +4,16 @@
 //! smallest size, in CI).
 
 pub mod backend;
+// Shared with the cluster bench (`benches/cluster/`).
+#[path = "../support/bench_error.rs"]
 pub mod error;
 pub mod etcd_ref;
 pub mod fleet;
 pub mod report;
 pub mod scenarios;
+// The cluster bench also reads its CPU and admin address; this one does not.
+#[allow(dead_code)]
+#[path = "../support/server_process.rs"]
 pub mod server;
 pub mod world;
 

@@ -18,7 +18,7 @@ pub mod labels;
 mod placement;
 mod scrape;
 
-use std::sync::Mutex;
+use std::sync::{Mutex, atomic::AtomicU64};
 
 use prometheus_client::{
     encoding::text::encode,
@@ -83,6 +83,9 @@ pub struct Metrics {
     pub rebalances: Counter,
     /// Partitions whose movement a rebalance started (handoffs and direct assignments).
     pub partitions_moved: Counter,
+    /// Seconds the leader spent planning (its pure pass over every topic, no I/O): with
+    /// several instances, which one carries the planning, and how much of its CPU it takes.
+    pub plan_seconds: Counter<f64, AtomicU64>,
     /// Store request latency by operation, in seconds.
     pub store_latency: HistogramFamily<OpLabels>,
     /// Failed store requests by operation and kind.
@@ -217,6 +220,8 @@ impl Metrics {
         let rebalances = counter(r, "rebalances", "Leader reconcile rounds that changed the assignment");
         let partitions_moved =
             counter(r, "partitions_moved", "Partitions moved by rebalances (handoffs and direct)");
+        let plan_seconds = Counter::<f64, AtomicU64>::default();
+        r.register("plan_seconds", "Seconds the leader spent planning (pure, no I/O)", plan_seconds.clone());
         let store_latency: HistogramFamily<OpLabels> =
             Family::new_with_constructor(labels::latency_histogram);
         r.register(
@@ -259,6 +264,7 @@ impl Metrics {
             release_delivery,
             rebalances,
             partitions_moved,
+            plan_seconds,
             store_latency,
             store_errors,
             watch_resyncs,

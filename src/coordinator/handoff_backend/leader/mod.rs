@@ -320,6 +320,7 @@ impl Leader {
                 None => {
                     let settling = me.settle_until.is_some_and(|until| now < until);
                     let (topics, planning) = reconcile::plan_all(inner, me, fence, settling);
+                    inner.core.metrics().plan_seconds.inc_by(planning.as_secs_f64());
                     me.queue.extend(topics.into_iter().map(|topic| Step::Topic(Box::new(topic))));
                     me.queue.push_back(Step::EndPass { planning });
                 }

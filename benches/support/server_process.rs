@@ -1,6 +1,7 @@
 //! The server under test as a child process (`kafka-assigner serve`), black-box: gRPC for
-//! the consumers, the admin port for readiness, and `/proc/<pid>/status` for its memory.
-//! Also a tiny HTTP/1.0 GET for admin and etcd `/metrics` (no client library needed).
+//! the consumers, the admin port for readiness and metrics, and `/proc/<pid>/` for its
+//! memory and CPU. Also a tiny HTTP/1.0 GET for admin and etcd `/metrics` (no client
+//! library needed). Shared by the scale and cluster benches.
 
 use std::{
     fs::File,
@@ -128,6 +129,32 @@ impl ServerProcess {
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kib| kib * 1024)
             .ok_or_else(|| BenchError::Server("no VmRSS in /proc status".into()))
+    }
+
+    /// The process id (for `/proc/<pid>/stat`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `host:port` of the admin listener (`/metrics`, `/ready`).
+    pub fn admin_addr(&self) -> String {
+        self.admin.to_string()
+    }
+
+    /// CPU seconds the process has used so far, user and system (`utime` + `stime` of
+    /// `/proc/<pid>/stat`, in clock ticks of 1/100 s, Linux's `USER_HZ` on every
+    /// architecture it ships).
+    pub fn cpu_seconds(&self) -> Result<f64, BenchError> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // The command name (field 2) may hold spaces: count fields after its `)`.
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+        // After `)`: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+        let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+        match (tick(11), tick(12)) {
+            (Some(user), Some(system)) => Ok((user + system) as f64 / 100.0),
+            _ => Err(BenchError::Server(format!("no utime/stime in /proc/{}/stat", self.child.id()))),
+        }
     }
 
     /// Whether the process is still running.

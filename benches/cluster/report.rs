@@ -1,0 +1,193 @@
+//! One row per instance count, and the Markdown table (one column per K).
+
+use super::{
+    Config,
+    measure::{EtcdCounters, InstanceCounters, PrefixRead},
+    views::PhaseStats,
+};
+
+/// What one run (K instances) measured.
+#[derive(Debug, Default)]
+pub struct Row {
+    /// Instances.
+    pub k: usize,
+    /// Topics, partitions per topic, consumers per topic.
+    pub topics: u32,
+    /// Partitions per topic.
+    pub partitions: u32,
+    /// Consumers per topic.
+    pub consumers: u32,
+    /// Waves of the restart.
+    pub waves: u32,
+    /// Every consumer connected and the views stable, in seconds.
+    pub connect_s: Option<f64>,
+    /// The whole rolling restart, in seconds (`None`: it did not complete).
+    pub restart_s: Option<f64>,
+    /// The slowest wave (drain, return, stable), in seconds.
+    pub slowest_wave_s: f64,
+    /// The consumers' views over the restart.
+    pub stats: PhaseStats,
+    /// etcd's counters while every consumer connected (first `Register`s, first plans).
+    pub connect_etcd: EtcdCounters,
+    /// etcd's counters over the restart.
+    pub etcd: EtcdCounters,
+    /// Each instance's counters over the restart.
+    pub instances: Vec<InstanceCounters>,
+    /// Each instance's RSS at the end, in MiB.
+    pub rss_mib: Vec<f64>,
+    /// The whole-prefix read of a resync, at the end.
+    pub prefix_read: Option<PrefixRead>,
+    /// The 1-minute load average before and after.
+    pub load_before: Option<f64>,
+    /// See `load_before`.
+    pub load_after: Option<f64>,
+    /// WARN and ERROR lines in the instances' logs.
+    pub warn_lines: u64,
+    /// See `warn_lines`.
+    pub error_lines: u64,
+    /// What went wrong.
+    pub notes: Vec<String>,
+}
+
+impl Row {
+    /// An empty row for `k` instances.
+    pub fn new(config: &Config, k: usize) -> Self {
+        Self {
+            k,
+            topics: config.topics,
+            partitions: config.partitions,
+            consumers: config.consumers,
+            waves: config.waves,
+            ..Self::default()
+        }
+    }
+
+    /// Adds a note.
+    pub fn note(&mut self, text: String) {
+        eprintln!("  note: {text}");
+        self.notes.push(text);
+    }
+
+    /// Handoffs (moves in the consumers' views) per second of the restart.
+    pub fn handoffs_per_s(&self) -> Option<f64> {
+        self.restart_s.map(|s| self.stats.moves as f64 / s.max(1e-9))
+    }
+
+    /// The busiest instance's share of the planning seconds, and planning's share of that
+    /// instance's CPU.
+    pub fn planning(&self) -> Option<(f64, f64)> {
+        let total: f64 = self.instances.iter().map(|i| i.plan_s).sum();
+        let busiest = self.instances.iter().max_by(|a, b| a.plan_s.total_cmp(&b.plan_s))?;
+        (total > 0.0).then(|| (busiest.plan_s / total, busiest.plan_s / busiest.cpu_s.max(1e-9)))
+    }
+
+    /// One line for the log.
+    pub fn summary(&self) -> String {
+        format!(
+            "K={}: restart {:?} s, {} moves, gap {:?}, overlap {:?}, errors {}/{}",
+            self.k,
+            self.restart_s,
+            self.stats.moves,
+            self.stats.max_gap,
+            self.stats.max_overlap,
+            self.stats.stream_errors,
+            self.stats.rpc_errors
+        )
+    }
+}
+
+fn per(a: f64, b: f64) -> String {
+    if b > 0.0 { format!("{:.2}", a / b) } else { "–".into() }
+}
+
+fn opt(value: Option<f64>, digits: usize) -> String {
+    value.map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+/// The Markdown: one column per K, then the notes.
+pub fn markdown(rows: &[Row]) -> String {
+    let mut lines: Vec<(&str, Vec<String>)> = Vec::new();
+    let mut add = |name: &'static str, cell: &dyn Fn(&Row) -> String| {
+        lines.push((name, rows.iter().map(cell).collect()));
+    };
+    add("topics × partitions, consumers per topic (total)", &|r| {
+        format!("{} × {}, {} ({})", r.topics, r.partitions, r.consumers, r.topics * r.consumers)
+    });
+    add("connect: every consumer up and stable (s)", &|r| opt(r.connect_s, 1));
+    add("connect: etcd `Txn` per consumer (its Register and its share of the first plan)", &|r| {
+        per(r.connect_etcd.txns, f64::from(r.topics * r.consumers))
+    });
+    add("rolling restart (s) (waves); slowest wave (s)", &|r| {
+        format!("{} ({}); {:.1}", opt(r.restart_s, 1), r.waves, r.slowest_wave_s)
+    });
+    add("partitions moved in the consumers' views", &|r| r.stats.moves.to_string());
+    add("handoffs per second", &|r| opt(r.handoffs_per_s(), 0));
+    add("longest no-owner gap (ms) (gaps)", &|r| {
+        format!("{:.0} ({})", r.stats.max_gap.as_secs_f64() * 1e3, r.stats.gaps)
+    });
+    add("longest overlap (ms)", &|r| format!("{:.0}", r.stats.max_overlap.as_secs_f64() * 1e3));
+    add("etcd `Txn` per moved partition", &|r| per(r.etcd.txns, r.stats.moves as f64));
+    add("etcd `Put`+`DeleteRange` per moved partition", &|r| per(r.etcd.plain_writes, r.stats.moves as f64));
+    add("etcd `Range` per moved partition", &|r| per(r.etcd.ranges, r.stats.moves as f64));
+    add("keys changed per moved partition", &|r| per(r.etcd.changes, r.stats.moves as f64));
+    add("watch events delivered per change (all instances)", &|r| per(r.etcd.events, r.etcd.changes));
+    add("bytes etcd sent per change (watch + answers)", &|r| per(r.etcd.sent_bytes, r.etcd.changes));
+    add("CPU s per instance over the restart (* leader)", &|r| {
+        let cells: Vec<String> = r
+            .instances
+            .iter()
+            .map(|i| format!("{:.1}{}", i.cpu_s, if i.leader { "*" } else { "" }))
+            .collect();
+        cells.join(" / ")
+    });
+    add("RSS MiB per instance at the end", &|r| {
+        r.rss_mib.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" / ")
+    });
+    add("planning: busiest instance's share; share of its CPU", &|r| match r.planning() {
+        Some((share, of_cpu)) => format!("{:.0} %; {:.1} %", share * 100.0, of_cpu * 100.0),
+        None => "–".into(),
+    });
+    add("planning s (busiest instance)", &|r| {
+        opt(r.instances.iter().map(|i| i.plan_s).max_by(f64::total_cmp), 3)
+    });
+    add("watch resyncs (all instances)", &|r| {
+        format!("{:.0}", r.instances.iter().map(|i| i.resyncs).sum::<f64>())
+    });
+    add("resync read: keys, KiB, ms (median of 5); × K instances (ms)", &|r| match r.prefix_read {
+        Some(p) => format!(
+            "{}, {:.0}, {:.1}; {:.1}",
+            p.keys,
+            p.bytes as f64 / 1024.0,
+            p.median_ms,
+            p.median_ms * r.k as f64
+        ),
+        None => "–".into(),
+    });
+    add("stream / call errors (ready refused)", &|r| {
+        format!("{} / {} ({})", r.stats.stream_errors, r.stats.rpc_errors, r.stats.ready_refused)
+    });
+    add("server WARN / ERROR lines", &|r| format!("{} / {}", r.warn_lines, r.error_lines));
+    add("load average before → after", &|r| {
+        format!("{} → {}", opt(r.load_before, 1), opt(r.load_after, 1))
+    });
+
+    let mut out = String::from("| figure |");
+    for row in rows {
+        out.push_str(&format!(" K = {} |", row.k));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---:|".repeat(rows.len()));
+    out.push('\n');
+    for (name, cells) in lines {
+        out.push_str(&format!("| {name} | {} |\n", cells.join(" | ")));
+    }
+    for row in rows {
+        for note in &row.notes {
+            out.push_str(&format!("\nK = {}: {note}\n", row.k));
+        }
+        for sample in &row.stats.error_samples {
+            out.push_str(&format!("\nK = {}, error: {sample}\n", row.k));
+        }
+    }
+    out
+}
