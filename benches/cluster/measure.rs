@@ -26,6 +26,9 @@ pub struct EtcdCounters {
     /// Bytes etcd sent to its clients (`etcd_network_client_grpc_sent_bytes_total`):
     /// watch events, and also every read's and write's answer.
     pub sent_bytes: f64,
+    /// The backend database's size (`etcd_mvcc_db_total_size_in_bytes`): every revision
+    /// is kept until someone compacts, so this grows with the changes.
+    pub db_bytes: f64,
 }
 
 /// Reads [`EtcdCounters`] from the etcd at `endpoint` (`http://host:port`).
@@ -41,6 +44,7 @@ pub async fn etcd(endpoint: &str) -> Result<EtcdCounters, BenchError> {
             + metric_sum(&text, "etcd_mvcc_delete_total", ""),
         events: metric_sum(&text, "etcd_debugging_mvcc_events_total", ""),
         sent_bytes: metric_sum(&text, "etcd_network_client_grpc_sent_bytes_total", ""),
+        db_bytes: metric_sum(&text, "etcd_mvcc_db_total_size_in_bytes", ""),
     })
 }
 
@@ -54,6 +58,7 @@ impl EtcdCounters {
             changes: later.changes - self.changes,
             events: later.events - self.events,
             sent_bytes: later.sent_bytes - self.sent_bytes,
+            db_bytes: later.db_bytes - self.db_bytes,
         }
     }
 }

@@ -184,6 +184,7 @@ pub async fn run(config: &Config, k: usize) -> Result<Row, BenchError> {
     for instance in &instances {
         before.push(measure::instance(&instance.server).await?);
     }
+    let bench_cpu = self_cpu_seconds();
     shared.start_phase();
     let start = Instant::now();
     let mut completed = true;
@@ -223,6 +224,7 @@ pub async fn run(config: &Config, k: usize) -> Result<Row, BenchError> {
     }
     let elapsed = start.elapsed();
     row.stats = shared.end_phase();
+    row.bench_cpu_s = self_cpu_seconds().zip(bench_cpu).map(|(after, before)| after - before);
     if completed {
         row.restart_s = Some(elapsed.as_secs_f64());
     }
@@ -264,4 +266,12 @@ async fn connect(url: &str, connections: usize) -> Result<Vec<KafkaAssignerClien
 /// The 1-minute load average (`/proc/loadavg`), to say what the machine was doing.
 fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// This process's CPU seconds (`/proc/self/stat`, ticks of 1/100 s).
+fn self_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    Some((tick(11)? + tick(12)?) as f64 / 100.0)
 }

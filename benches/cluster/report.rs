@@ -33,6 +33,8 @@ pub struct Row {
     pub etcd: EtcdCounters,
     /// Each instance's counters over the restart.
     pub instances: Vec<InstanceCounters>,
+    /// CPU seconds of the bench process (its consumers) over the restart.
+    pub bench_cpu_s: Option<f64>,
     /// Each instance's RSS at the end, in MiB.
     pub rss_mib: Vec<f64>,
     /// The whole-prefix read of a resync, at the end.
@@ -132,6 +134,9 @@ pub fn markdown(rows: &[Row]) -> String {
     add("keys changed per moved partition", &|r| per(r.etcd.changes, r.stats.moves as f64));
     add("watch events delivered per change (all instances)", &|r| per(r.etcd.events, r.etcd.changes));
     add("bytes etcd sent per change (watch + answers)", &|r| per(r.etcd.sent_bytes, r.etcd.changes));
+    add("etcd database growth per change (bytes; nothing compacts)", &|r| {
+        per(r.etcd.db_bytes, r.etcd.changes)
+    });
     add("CPU s per instance over the restart (* leader)", &|r| {
         let cells: Vec<String> = r
             .instances
@@ -140,6 +145,7 @@ pub fn markdown(rows: &[Row]) -> String {
             .collect();
         cells.join(" / ")
     });
+    add("CPU s of the bench's own consumers (one thread) over the restart", &|r| opt(r.bench_cpu_s, 1));
     add("RSS MiB per instance at the end", &|r| {
         r.rss_mib.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" / ")
     });
@@ -181,6 +187,7 @@ pub fn markdown(rows: &[Row]) -> String {
     for (name, cells) in lines {
         out.push_str(&format!("| {name} | {} |\n", cells.join(" | ")));
     }
+    out.push_str(FOOTER);
     for row in rows {
         for note in &row.notes {
             out.push_str(&format!("\nK = {}: {note}\n", row.k));
@@ -191,3 +198,26 @@ pub fn markdown(rows: &[Row]) -> String {
     }
     out
 }
+
+const FOOTER: &str = "
+Each column is a fresh etcd (one member, loopback) and K fresh instances (child processes,
+release build, `--drain-policy drain`, default placement `shadow`), on the same 2 cores as
+the bench's consumers. The consumers are slots spread round robin over the instances; in
+wave *w* of 10, every slot whose number is *w* modulo 10 sends `Deregister`, serves its
+releases until the server ends its stream, and registers again under a new name on the
+next instance (a topic has at most one consumer in a wave); the next wave starts once every
+partition has one owner in the consumers' views and every topic is balanced. A partition
+therefore moves twice per restart (away from the leaving consumer, back to its successor).
+*Gap* and *overlap* are taken from the consumers' views, timestamped when the bench's one
+thread reads each message, so the bench's own queueing (its CPU is a row) lengthens both;
+with K > 1 the old owner's release and the new owner's `assigned` come from different
+instances, which nothing orders. etcd figures are deltas of etcd's own `/metrics` over the
+restart: `Txn` and `Range` are `grpc_server_handled_total` by method, changes are
+`etcd_mvcc_put_total` + `etcd_mvcc_delete_total`, events delivered are
+`etcd_debugging_mvcc_events_total` (every watcher's), bytes are
+`etcd_network_client_grpc_sent_bytes_total` (watch events and every answer). Planning is
+each instance's `kafka_assigner_plan_seconds_total` over the restart; CPU is `utime` +
+`stime` of `/proc/<pid>/stat`; RSS is `VmRSS` at the end. The resync read is the raw etcd
+client's range read of the whole prefix after the restart, which every instance makes on
+start, on a broken watch and every resync interval.
+";
