@@ -213,7 +213,7 @@ async fn open_store(
     metrics: &Arc<Metrics>,
 ) -> Result<Arc<dyn LeaseStore>, BackendError> {
     let store: Arc<dyn LeaseStore> = match kind {
-        StoreKind::Memory => memory_store(args)?,
+        StoreKind::Memory => memory_store(args, metrics)?,
         StoreKind::Etcd => {
             let security = args.etcd_security.security().map_err(BackendError::Config)?;
             let config = EtcdStoreConfig {
@@ -234,16 +234,22 @@ async fn open_store(
 /// at the clock, above any an earlier run handed out unless the clock went back; with
 /// `--state-dir`, above the floor kept there too, which a task keeps ahead of the
 /// revision and the clock while the store lives.
-fn memory_store(args: &ServeArgs) -> Result<Arc<dyn LeaseStore>, BackendError> {
+fn memory_store(args: &ServeArgs, metrics: &Metrics) -> Result<Arc<dyn LeaseStore>, BackendError> {
     let Some(dir) = &args.state_dir else {
         return Ok(Arc::new(MemoryStore::starting_now()));
     };
     let (start, reservation) = Reservation::begin(FloorFile::open(dir)?, now_micros())?;
     let start = Revision::try_from(start).unwrap_or(Revision::MAX / 2);
     let store = Arc::new(MemoryStore::starting_at(start));
-    spawn_keeper(reservation, Arc::downgrade(&store), |store: &MemoryStore| {
-        u64::try_from(store.revision()).unwrap_or(0).max(now_micros())
-    });
+    let failures = metrics.epoch_floor_renewal_failures.clone();
+    spawn_keeper(
+        reservation,
+        Arc::downgrade(&store),
+        |store: &MemoryStore| u64::try_from(store.revision()).unwrap_or(0).max(now_micros()),
+        move || {
+            failures.inc();
+        },
+    );
     Ok(store)
 }
 

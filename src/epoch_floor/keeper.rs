@@ -56,12 +56,15 @@ impl Reservation {
 /// Keeps `reservation` ahead of `high()` (the memory store's revision and the clock, the
 /// two things the memory backend's epochs follow) every second, until the thing `alive`
 /// points to is dropped (the store the coordinator used). The file writes run off the
-/// runtime (`spawn_blocking`: fsync blocks). A failed write is logged as an error and
-/// tried again on the next check: the previous reservation still covers half a block.
+/// runtime (`spawn_blocking`: fsync blocks). A failed write is logged as an error, counted
+/// by `failed` (the `epoch_floor_renewal_failures_total` metric, which pages: half a block
+/// later epochs run past the floor on disk) and tried again on the next check: the
+/// previous reservation still covers half a block.
 pub fn spawn_keeper<T: Send + Sync + 'static>(
     mut reservation: Reservation,
     alive: Weak<T>,
     high: impl Fn(&T) -> u64 + Send + Sync + 'static,
+    failed: impl Fn() + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(CHECK_EVERY);
@@ -77,6 +80,7 @@ pub fn spawn_keeper<T: Send + Sync + 'static>(
             let Ok((back, result)) = renewal else { return };
             reservation = back;
             if let Err(error) = result {
+                failed();
                 tracing::error!(%error, reserved = reservation.reserved(), high = value,
                     "cannot renew the epoch floor in --state-dir; epochs past the reserved floor \
                      could be handed out again after a crash and a clock stepped back");

@@ -99,7 +99,12 @@ async fn the_keeper_renews_ahead_and_ends_with_its_store() {
     let file = FloorFile::open(dir.path()).expect("opens");
     let (start, run) = Reservation::begin(file.clone(), NOW).expect("begins");
     let high = Arc::new(AtomicU64::new(start + BLOCK * 3 / 4));
-    let keeper = spawn_keeper(run, Arc::downgrade(&high), |h: &AtomicU64| h.load(Ordering::SeqCst));
+    let keeper = spawn_keeper(
+        run,
+        Arc::downgrade(&high),
+        |h: &AtomicU64| h.load(Ordering::SeqCst),
+        || panic!("no write fails here"),
+    );
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while file.read().expect("reads") != Some(start + BLOCK * 3 / 4 + BLOCK) {
         assert!(std::time::Instant::now() < give_up, "no renewal: {:?}", file.read());
@@ -110,4 +115,42 @@ async fn the_keeper_renews_ahead_and_ends_with_its_store() {
         .await
         .expect("the keeper ends with its store")
         .expect("and does not panic");
+}
+
+/// A renewal that cannot be written is counted at every check while it keeps failing (the
+/// alert's input), and the keeper goes on: a later check that can write renews.
+#[tokio::test]
+async fn a_renewal_that_cannot_be_written_is_counted_and_tried_again() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state_dir = dir.path().join("state");
+    let file = FloorFile::open(&state_dir).expect("opens");
+    let (start, run) = Reservation::begin(file.clone(), NOW).expect("begins");
+    // The state dir is gone (a volume unmounted, say): the temporary file cannot be created.
+    std::fs::remove_dir_all(&state_dir).expect("removes the state dir");
+    let high = Arc::new(AtomicU64::new(start + BLOCK * 3 / 4));
+    let failures = Arc::new(AtomicU64::new(0));
+    let counted = failures.clone();
+    let _keeper = spawn_keeper(
+        run,
+        Arc::downgrade(&high),
+        |h: &AtomicU64| h.load(Ordering::SeqCst),
+        move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        },
+    );
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while failures.load(Ordering::SeqCst) < 2 {
+        assert!(std::time::Instant::now() < give_up, "failures counted: {failures:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The dir is back: the next check renews.
+    std::fs::create_dir_all(&state_dir).expect("creates the state dir again");
+    while file.read().ok().flatten() != Some(start + BLOCK * 3 / 4 + BLOCK) {
+        assert!(std::time::Instant::now() < give_up, "no renewal once writable: {:?}", file.read());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

@@ -64,6 +64,10 @@ pub struct Metrics {
     /// Registrations of this instance that no stream held for a TTL, ended by the sweep
     /// (a safety net: every other path settles its own registrations).
     pub registrations_swept: Counter,
+    /// Renewals of the `--state-dir` epoch floor that could not be written (memory
+    /// backend): the previous reservation covers half a block more, then epochs run past
+    /// the floor a restart would read.
+    pub epoch_floor_renewal_failures: Counter,
     /// `Register` calls whose caller went away while they still run (each ends without
     /// replacing anyone's registration: docs/design.md §6).
     pub registers_abandoned: Gauge,
@@ -187,6 +191,11 @@ impl Metrics {
             "registrations_swept",
             "Registrations of this instance no stream held for a TTL, ended by the sweep",
         );
+        let epoch_floor_renewal_failures = counter(
+            r,
+            "epoch_floor_renewal_failures",
+            "Renewals of the --state-dir epoch floor that could not be written",
+        );
         let registers_abandoned = Gauge::default();
         r.register(
             "registers_abandoned",
@@ -255,6 +264,7 @@ impl Metrics {
             direct_assignments,
             reconcile_conflicts,
             registrations_swept,
+            epoch_floor_renewal_failures,
             registers_abandoned,
             is_leader,
             streams,
