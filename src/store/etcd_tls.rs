@@ -170,6 +170,37 @@ fn read(flag: &'static str, path: &PathBuf) -> Result<Vec<u8>, EtcdSecurityError
     })
 }
 
+/// The TLS error under an etcd client's error, if there is one: the client's error has no
+/// `source()` of its own, so its variants are opened here.
+pub fn tls_error_of(error: &etcd_client::Error) -> Option<&rustls::Error> {
+    let inner: &(dyn std::error::Error + 'static) = match error {
+        etcd_client::Error::GRpcStatus(status) => status,
+        etcd_client::Error::TransportError(error) => error,
+        etcd_client::Error::IoError(error) => error,
+        _ => return None,
+    };
+    tls_error(inner)
+}
+
+/// The TLS error somewhere under `error`, if there is one. tonic and hyper report a failed
+/// handshake as a `std::io::Error` wrapping rustls' error, and an `io::Error`'s `source()`
+/// skips the error it wraps (it returns that error's own source), so each one met on the
+/// chain is opened with `get_ref()`.
+pub fn tls_error<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    let mut next = Some(error);
+    while let Some(current) = next {
+        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        let wrapped = current.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref);
+        if let Some(tls) = wrapped.and_then(|inner| tls_error(inner)) {
+            return Some(tls);
+        }
+        next = current.source();
+    }
+    None
+}
+
 /// An error with all its sources (`a: b: c`): tonic's transport errors say only
 /// "transport error" at the top, and the reason (an unknown issuer, a TLS alert) is deep.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
@@ -204,6 +235,22 @@ mod tests {
         let missing = EtcdSecurity { ca: Some("/nonexistent/ca.pem".into()), ..EtcdSecurity::default() };
         let error = missing.apply(ConnectOptions::new()).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("--etcd-ca /nonexistent/ca.pem: cannot read"), "{error}");
+    }
+
+    #[test]
+    fn a_tls_error_is_found_inside_the_io_errors_that_carry_it() {
+        let refused = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, refused.clone());
+        let error = etcd_client::Error::IoError(io);
+        assert_eq!(tls_error_of(&error), Some(&refused));
+        // Nested once more, as hyper's connector boxes the I/O error of its TLS stream.
+        let outer =
+            std::io::Error::other(std::io::Error::new(std::io::ErrorKind::InvalidData, refused.clone()));
+        assert_eq!(tls_error(&outer), Some(&refused));
+        let plain = etcd_client::Error::IoError(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(tls_error_of(&plain), None);
+        let status = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("no leader"));
+        assert_eq!(tls_error_of(&status), None);
     }
 
     #[test]

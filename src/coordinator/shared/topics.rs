@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use super::cas::CAS_ATTEMPTS;
 use super::records::{TopicRecord, decode, encode};
 use crate::coordinator::CoordinatorError;
+use crate::coordinator::causes::{Contention, TopicUnknown};
 use crate::kafka::{KafkaError, KafkaMetadata};
 use crate::store::{Compare, LeaseStore, Op, Revision, Txn};
 
@@ -102,25 +103,22 @@ impl Topics {
                 return Ok(count);
             }
         }
-        Err(CoordinatorError::Contended(format!("topic '{topic}' config kept changing; retry")))
+        Err(CoordinatorError::Contended(Contention::TopicConfig { topic: topic.to_string() }))
     }
 
     async fn ask_source(&self, topic: &str) -> Result<u32, CoordinatorError> {
         let Some(source) = &self.source else {
-            return Err(CoordinatorError::UnknownTopic(format!(
-                "topic '{topic}' is unknown: no partition count is stored or configured for it \
-                 (configure it with --topic-partitions {topic}=<count>, or set --kafka-brokers)"
-            )));
+            return Err(CoordinatorError::UnknownTopic(TopicUnknown::NotConfigured {
+                topic: topic.to_string(),
+            }));
         };
         source.partition_count(topic).await.map_err(|error| match error {
-            KafkaError::UnknownTopic(_) => CoordinatorError::UnknownTopic(format!(
-                "topic '{topic}' is unknown: it does not exist in {}",
-                source.describe()
-            )),
-            other => CoordinatorError::Kafka {
-                context: format!("cannot learn the partition count of topic '{topic}'"),
-                source: other,
-            },
+            error @ KafkaError::UnknownTopic(_) => CoordinatorError::UnknownTopic(TopicUnknown::NotInKafka {
+                topic: topic.to_string(),
+                cluster: source.describe(),
+                source: error,
+            }),
+            other => CoordinatorError::Kafka { topic: topic.to_string(), source: other },
         })
     }
 

@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::coordinator::causes::ConsumerUnknown;
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 
 /// The explicit assignment variable (also `--static-assignment`).
@@ -87,26 +88,25 @@ impl StaticAssignment {
         match self {
             StaticAssignment::Explicit(topics) => {
                 topics.get(topic).and_then(|c| c.get(consumer)).cloned().ok_or_else(|| {
-                    CoordinatorError::UnknownConsumer(format!(
-                        "consumer '{consumer}' has no partitions of topic '{topic}' in {ASSIGNMENT_VAR}"
-                    ))
+                    CoordinatorError::UnknownConsumer(ConsumerUnknown::NoStaticPartitions {
+                        consumer: consumer.to_string(),
+                        topic: topic.to_string(),
+                    })
                 })
             }
             StaticAssignment::RoundRobin { members } => {
                 let Some(member) = ordinal(consumer) else {
-                    return Err(CoordinatorError::UnknownConsumer(format!(
-                        "consumer '{consumer}' has no number at the end of its name, so it is no member \
-                         of the round-robin assignment ({MEMBERS_VAR}={members}); name consumers \
-                         like pod-0 .. pod-{}",
-                        members - 1
-                    )));
+                    return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::NoOrdinal {
+                        consumer: consumer.to_string(),
+                        members: *members,
+                    }));
                 };
                 if member >= *members {
-                    return Err(CoordinatorError::UnknownConsumer(format!(
-                        "consumer '{consumer}' is member {member}, but {MEMBERS_VAR}={members} \
-                         (members 0 to {})",
-                        members - 1
-                    )));
+                    return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::MemberOutOfRange {
+                        consumer: consumer.to_string(),
+                        member,
+                        members: *members,
+                    }));
                 }
                 Ok((member..count).step_by(*members as usize).collect())
             }
