@@ -178,8 +178,8 @@ mod tests {
         cut.cut_off();
         let error = stream.next().await.expect("an error item").expect_err("fenced");
         let fenced_after = cut_at.elapsed();
+        // Whichever noticed first, the lease keeper or the relay, fenced it.
         assert!(matches!(error, CoordinatorError::StreamEnded(EndOfStream::Fenced(_))), "{error}");
-        assert!(error.to_string().contains("lost contact with its store"), "{error}");
         // The last renewal was before the cut: the fence came at most 3/4 TTL after it, a
         // quarter TTL before the lease could expire.
         assert!(fenced_after <= TTL * 3 / 4, "fenced {fenced_after:?} after the cut");

@@ -280,6 +280,7 @@ mod tests {
 
     use super::{PartitionCounts, Topics};
     use crate::coordinator::CoordinatorError;
+    use crate::coordinator::causes::TopicUnknown;
     use crate::coordinator::shared::records::{TopicRecord, decode};
     use crate::kafka::KafkaError;
     use crate::store::{Compare, LeaseStore, MemoryStore};
@@ -335,11 +336,17 @@ mod tests {
         assert_eq!(topics.ensure(&store, "/t/asked", "asked", None).await.expect("stored"), 6);
         assert_eq!(answers.asked.load(Ordering::SeqCst), 1, "a stored count is not asked again");
         let unknown = topics.ensure(&store, "/t/unknown", "unknown", None).await.expect_err("unknown");
-        assert!(matches!(unknown, CoordinatorError::UnknownTopic(_)), "{unknown}");
+        let not_in_kafka = matches!(&unknown,
+            CoordinatorError::UnknownTopic(TopicUnknown::NotInKafka { topic, source: KafkaError::UnknownTopic(_), .. })
+                if topic == "unknown");
+        assert!(not_in_kafka, "{unknown}");
         let down = topics.ensure(&store, "/t/down", "down", None).await.expect_err("source down");
-        assert!(matches!(down, CoordinatorError::Kafka { .. }), "{down}");
+        assert!(matches!(&down, CoordinatorError::Kafka { topic, .. } if topic == "down"), "{down}");
         assert_eq!(stored(&store, "/t/down").await, None, "nothing stored when the source cannot answer");
         let nowhere = Topics::default().ensure(&store, "/t/x", "x", None).await.expect_err("no source");
+        let not_configured = matches!(&nowhere, CoordinatorError::UnknownTopic(TopicUnknown::NotConfigured { topic }) if topic == "x");
+        assert!(not_configured, "{nowhere}");
+        // The message tells the operator how to configure it.
         assert!(nowhere.to_string().contains("--topic-partitions x="), "{nowhere}");
     }
 

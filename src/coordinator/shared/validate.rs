@@ -41,13 +41,35 @@ mod tests {
 
     #[test]
     fn names() {
+        let refused = |result: Result<(), CoordinatorError>| match result {
+            Err(CoordinatorError::InvalidName(cause)) => cause,
+            other => panic!("expected InvalidName, got {other:?}"),
+        };
         assert!(validate_topic_name("events.v1_x-y").is_ok());
-        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(250)] {
-            assert!(validate_topic_name(bad).is_err(), "{bad:?}");
+        let dot = |topic: &str| BadName::DotTopic { topic: topic.into() };
+        let character = |topic: &str, bad| BadName::TopicCharacter { topic: topic.into(), bad };
+        let topics = [
+            ("", BadName::EmptyTopic),
+            (".", dot(".")),
+            ("..", dot("..")),
+            ("a/b", character("a/b", '/')),
+            ("a b", character("a b", ' ')),
+            (&"x".repeat(250), BadName::TopicTooLong { length: 250 }),
+        ];
+        for (bad, cause) in topics {
+            assert_eq!(refused(validate_topic_name(bad)), cause, "{bad:?}");
         }
         assert!(validate_consumer_name("pod-0").is_ok());
-        for bad in ["", "a/b", "a b", "a\n", &"x".repeat(254)] {
-            assert!(validate_consumer_name(bad).is_err(), "{bad:?}");
+        let character = |consumer: &str, bad| BadName::ConsumerCharacter { consumer: consumer.into(), bad };
+        let consumers = [
+            ("", BadName::EmptyConsumer),
+            ("a/b", character("a/b", '/')),
+            ("a b", character("a b", ' ')),
+            ("a\n", character("a\n", '\n')),
+            (&"x".repeat(254), BadName::ConsumerTooLong { length: 254 }),
+        ];
+        for (bad, cause) in consumers {
+            assert_eq!(refused(validate_consumer_name(bad)), cause, "{bad:?}");
         }
     }
 }
