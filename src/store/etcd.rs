@@ -34,7 +34,7 @@ mod call;
 #[path = "etcd_codec.rs"]
 mod codec;
 #[path = "etcd_rpctypes.rs"]
-mod rpctypes;
+pub(super) mod rpctypes;
 #[path = "etcd_watch.rs"]
 mod watch;
 
@@ -54,8 +54,8 @@ use self::codec::{etcd_txn, key_value, ttl_seconds};
 use self::rpctypes::{is_compacted, is_lease_not_found};
 use self::watch::Watch;
 use super::{
-    KeyValue, LeaseStore, Malformed, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome,
-    Unreachable, WatchBroke, WatchStream,
+    AttemptFailure, KeyValue, LeaseStore, Malformed, Op, PrefixSnapshot, Revision, SessionId, StoreError,
+    Txn, TxnOutcome, Unreachable, WatchBroke, WatchStream,
 };
 
 /// How to reach etcd.
@@ -154,10 +154,10 @@ static NEXT_STORE: AtomicUsize = AtomicUsize::new(0);
 /// Large prefix reads and watch replays may exceed gRPC's default 4 MiB per message.
 const MAX_DECODING_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 
-/// A failed first contact, as the TLS or credentials flag to fix when `reason` (the failure's
-/// whole text) points at one; otherwise `error` as it is.
-fn diagnosed(security: &super::EtcdSecurity, reason: &str, error: StoreError) -> StoreError {
-    match security.diagnose(reason) {
+/// A failed first contact `error`, as the TLS or credentials flag to fix when its
+/// `diagnosis` ([`super::EtcdSecurity::diagnose`]) names one; otherwise as it is.
+fn diagnosed(diagnosis: Option<String>, error: StoreError) -> StoreError {
+    match diagnosis {
         Some(diagnosis) => {
             StoreError::Invalid(Malformed::Misconfigured { diagnosis, cause: Box::new(error) })
         }
@@ -180,13 +180,14 @@ async fn client(
         Ok(Err(error)) => {
             let reason = super::etcd_tls::error_chain(&error);
             let retryable = is_retryable(&error);
+            let diagnosis = security.diagnose(Some(&error), &reason);
             let source = Arc::new(error);
             let error = if retryable {
                 StoreError::Unavailable(Unreachable::Connect { endpoints, source })
             } else {
                 StoreError::Invalid(Malformed::Connect { endpoints, source })
             };
-            Err(diagnosed(security, &reason, error))
+            Err(diagnosed(diagnosis, error))
         }
         Err(_) => Err(StoreError::Unavailable(Unreachable::ConnectTimeout { endpoints, within: timeout })),
     }
@@ -236,11 +237,19 @@ impl EtcdStore {
             // Out of time: the last attempt's failure says why.
             Err(CallError::Unavailable(unreachable)) => {
                 let reason = unreachable.to_string();
-                Err(diagnosed(&security, &reason, StoreError::Unavailable(unreachable)))
+                let last = match &unreachable {
+                    Unreachable::OutOfTime { last: AttemptFailure::Failed { source, .. }, .. } => {
+                        Some(source.clone())
+                    }
+                    _ => None,
+                };
+                let diagnosis = security.diagnose(last.as_deref(), &reason);
+                Err(diagnosed(diagnosis, StoreError::Unavailable(unreachable)))
             }
             Err(CallError::Failed(error)) => {
                 let reason = super::etcd_tls::error_chain(&error);
-                Err(diagnosed(&security, &reason, store.store_error(CallError::Failed(error))))
+                let diagnosis = security.diagnose(Some(&error), &reason);
+                Err(diagnosed(diagnosis, store.store_error(CallError::Failed(error))))
             }
         }
     }
