@@ -114,7 +114,8 @@ impl EtcdSecurity {
     /// or etcd's answer ([`auth_refusal`]).
     fn flag_to_fix(&self, failure: &etcd_client::Error) -> Option<&'static str> {
         use rustls::AlertDescription as Alert;
-        match tls_error_of(failure) {
+        let tls = tls_error_of(failure).cloned().or_else(|| alert_stringified_by_h2(failure));
+        match tls {
             Some(rustls::Error::InvalidCertificate(_)) => {
                 return Some(
                     "--etcd-ca: etcd's server certificate is not trusted (wrong CA, or not issued for the endpoint's host)",
@@ -226,6 +227,25 @@ pub fn tls_error_of(failure: &etcd_client::Error) -> Option<&rustls::Error> {
     causes(inner_of(failure)?).into_iter().find_map(|cause| cause.downcast_ref::<rustls::Error>())
 }
 
+/// The alert etcd sent once the HTTP/2 connection was up, which is when a TLS 1.3 server
+/// refuses a client certificate. h2 keeps only the kind and the text of an I/O error
+/// (`proto::Error::Io(kind, Option<String>)`), so rustls' typed error does not survive it:
+/// this is the one place the text is compared, and only with rustls' own rendering of each
+/// alert that refuses a client certificate.
+fn alert_stringified_by_h2(failure: &etcd_client::Error) -> Option<rustls::Error> {
+    use rustls::AlertDescription as Alert;
+    let refusals =
+        [Alert::BadCertificate, Alert::UnknownCA, Alert::CertificateExpired, Alert::CertificateRequired]
+            .map(rustls::Error::AlertReceived);
+    causes(inner_of(failure)?).into_iter().find_map(|cause| {
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .filter(|io| io.kind() == std::io::ErrorKind::InvalidData)?;
+        let text = io.get_ref()?.to_string();
+        refusals.iter().find(|alert| alert.to_string() == text).cloned()
+    })
+}
+
 /// Whether the peer closed or reset the connection under the call.
 fn closed_by_peer(failure: &etcd_client::Error) -> bool {
     use std::io::ErrorKind;
@@ -330,6 +350,13 @@ mod tests {
         let refused =
             etcd_client::Error::IoError(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(security.diagnose(Some(&refused), "connection refused"), None);
+        // An alert h2 passed on as text only, as a TLS 1.3 etcd refusing our certificate.
+        let h2_io =
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "received fatal alert: BadCertificate");
+        let message = security.diagnose(Some(&etcd_client::Error::IoError(h2_io)), "r").unwrap_or_default();
+        assert!(message.contains("--etcd-cert"), "{message}");
+        let h2_io = std::io::Error::new(std::io::ErrorKind::InvalidData, "received fatal alert: DecodeError");
+        assert_eq!(security.diagnose(Some(&etcd_client::Error::IoError(h2_io)), "r"), None);
         // A closed connection points at the client certificate only when one is sent.
         let reset = etcd_client::Error::IoError(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert_eq!(security.diagnose(Some(&reset), "reset"), None);
