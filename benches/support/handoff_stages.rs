@@ -24,6 +24,7 @@ use futures::StreamExt;
 use kafka_assigner::{
     coordinator::{
         CommandStream, ConsumerGroupCoordinator, CoordinatorError, StatusView,
+        causes::{ConsumerUnknown, Contention},
         records::{AssignmentRecord, HandoffRecord, RECORD_VERSION, encode},
     },
     handoff::{
@@ -327,7 +328,7 @@ impl ConsumerGroupCoordinator for Skeleton {
             let outcome = self.store.txn(shape.store_txn()).await?;
             shape
                 .written(outcome.succeeded, outcome.revision, true)
-                .map_err(|e| CoordinatorError::Contended(e.to_string()))?;
+                .map_err(|_| Contention::Partition { topic: topic.to_string(), partition })?;
         }
         let release = ReleasePartition {
             partition: Some(TopicPartition { topic: topic.into(), partition }),
@@ -335,9 +336,9 @@ impl ConsumerGroupCoordinator for Skeleton {
         };
         let command = AssignmentCommand { command: Some(Command::Release(release)) };
         let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        let a = streams.get("a").ok_or_else(|| CoordinatorError::UnknownConsumer("a".into()))?;
+        let a = streams.get("a").ok_or_else(not_registered)?;
         self.note(|s| &mut s.pushed);
-        a.send(Ok(command)).map_err(|_| CoordinatorError::UnknownConsumer("a left".into()))
+        a.send(Ok(command)).map_err(|_| not_registered())
     }
 
     async fn partition_released(&self, _: &str, _: &str, _: u32) -> Result<(), CoordinatorError> {
@@ -361,4 +362,9 @@ impl ConsumerGroupCoordinator for Skeleton {
         self.readiness.send_replace(false);
         self.streams.lock().unwrap_or_else(PoisonError::into_inner).clear();
     }
+}
+
+/// The bench's one consumer, `a`, has no stream (it left, or never came).
+fn not_registered() -> CoordinatorError {
+    ConsumerUnknown::NotRegistered { consumer: "a".into() }.into()
 }

@@ -1,62 +1,84 @@
 //! [`CoordinatorError`]: what a coordinator call can fail with, named by cause. The gRPC
 //! layer (`server::grpc`) decides which status code each cause is answered with.
 
+use super::causes::{
+    BadName, ConsumerUnknown, Contention, EndOfStream, HandoffFreeBackend, NotReadingStream, SessionMissing,
+    TopicUnknown,
+};
 use crate::handoff::HandoffError;
 use crate::kafka::KafkaError;
 use crate::store::StoreError;
 
-/// Why a coordinator call failed. Each variant is one cause; the message is what the
-/// consumer is shown ([`CoordinatorError::public_message`]).
+/// Why a coordinator call failed. Each variant is one cause, and decides the gRPC code
+/// (`server::status`); the detailed cause and the names involved are typed fields
+/// ([`super::causes`]), from which the message the consumer is shown is built
+/// ([`CoordinatorError::public_message`]).
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum CoordinatorError {
     /// A consumer or topic name in the request is empty or malformed.
-    #[error("{0}")]
-    InvalidName(String),
+    #[error(transparent)]
+    InvalidName(#[from] BadName),
     /// No partition count is known for the topic (none stored, configured, or in Kafka).
-    #[error("{0}")]
-    UnknownTopic(String),
+    #[error(transparent)]
+    UnknownTopic(#[from] TopicUnknown),
     /// The consumer is not registered (or not covered by the static assignment).
-    #[error("{0}")]
-    UnknownConsumer(String),
+    #[error(transparent)]
+    UnknownConsumer(#[from] ConsumerUnknown),
     /// The backend moves no partitions by handoff, so there is nothing to be ready for or
     /// to release.
-    #[error("{0}")]
-    NoHandoffs(String),
+    #[error(transparent)]
+    NoHandoffs(#[from] HandoffFreeBackend),
     /// The backend hands out no ownership epochs (docs/design.md §10).
-    #[error("{0}")]
-    NoEpochs(String),
+    #[error("this assigner's backend hands out no ownership epochs")]
+    NoEpochs,
     /// A concurrent change kept winning the race for the same records; retrying may
     /// succeed.
-    #[error("{0}")]
-    Contended(String),
+    #[error(transparent)]
+    Contended(#[from] Contention),
     /// The consumer registered again, and this stream was replaced by the newer one.
-    #[error("{0}")]
-    Replaced(String),
+    #[error("consumer '{consumer}' registered again for topic '{topic}'; this stream was replaced")]
+    Replaced {
+        /// The consumer.
+        consumer: String,
+        /// The topic of the replaced stream.
+        topic: String,
+    },
     /// The caller of a `Register` went away before its registration was written, so none
     /// was (docs/design.md §6). Nobody waits for this answer.
-    #[error("{0}")]
-    Abandoned(String),
+    #[error("the caller of this Register of consumer '{consumer}' went away before it was written")]
+    Abandoned {
+        /// The consumer.
+        consumer: String,
+    },
     /// This instance has no live session with its store right now (not granted yet, lost,
     /// or fenced): it serves no registrations until it has one again.
-    #[error("{0}")]
-    NoSession(String),
+    #[error(transparent)]
+    NoSession(#[from] SessionMissing),
     /// The consumer's stream is open here, but the store lost its registration (the
     /// instance lease expired early) and this instance is writing it again
     /// (`shared/rebind.rs`): the call is refused for now, and the same call succeeds once
     /// the registration is back.
-    #[error("{0}")]
-    RegistrationLost(String),
+    #[error(
+        "the registration of consumer '{consumer}' on topic '{topic}' is being written again after the \
+         store lost it; retry"
+    )]
+    RegistrationLost {
+        /// The consumer.
+        consumer: String,
+        /// The topic.
+        topic: String,
+    },
     /// This instance is shutting down.
     #[error("this assigner instance is shutting down")]
     ShuttingDown,
-    /// This instance ended a consumer's stream: why, and the message the consumer is
-    /// shown.
-    #[error("{1}")]
-    StreamEnded(StreamEnd, String),
+    /// This instance ended a consumer's stream ([`EndOfStream::cause`] says which kind of
+    /// end, for the metric).
+    #[error(transparent)]
+    StreamEnded(#[from] EndOfStream),
     /// The consumer stopped reading its stream while commands waited, so the stream was
     /// ended (its partitions are kept for the session TTL).
-    #[error("{0}")]
-    NotReading(String),
+    #[error(transparent)]
+    NotReading(#[from] NotReadingStream),
     /// A refused handoff call, with the topic it was about.
     #[error("topic '{topic}': {source}")]
     Handoff {
@@ -70,10 +92,10 @@ pub enum CoordinatorError {
     #[error("store: {0}")]
     Store(#[from] StoreError),
     /// Kafka could not tell a topic's partition count.
-    #[error("{context}: {source}")]
+    #[error("cannot learn the partition count of topic '{topic}': {source}")]
     Kafka {
-        /// What was being asked (names the topic).
-        context: String,
+        /// The topic asked about.
+        topic: String,
         /// Kafka's answer.
         #[source]
         source: KafkaError,

@@ -23,6 +23,7 @@
 //! the store), `records.rs` (its keys and records), `register.rs`, `relay.rs` (its relay
 //! step), `calls.rs` (ready / released / deregister: its `Backend`) and `status.rs`.
 
+pub mod causes;
 mod error;
 pub mod fleet_backend;
 pub mod handoff_backend;
@@ -119,7 +120,7 @@ pub trait ConsumerGroupCoordinator: Send + Sync + 'static {
     /// [`CoordinatorError::NoEpochs`].
     async fn watch_epochs(&self, consumer: &str, topic: &str) -> Result<EpochStream, CoordinatorError> {
         let _ = (consumer, topic);
-        Err(CoordinatorError::NoEpochs("this assigner's backend hands out no ownership epochs".into()))
+        Err(CoordinatorError::NoEpochs)
     }
 
     /// `consumer` is shutting down; the answer says whether to wait for the drain.

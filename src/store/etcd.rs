@@ -33,6 +33,8 @@
 mod call;
 #[path = "etcd_codec.rs"]
 mod codec;
+#[path = "etcd_rpctypes.rs"]
+pub(super) mod rpctypes;
 #[path = "etcd_watch.rs"]
 mod watch;
 
@@ -49,9 +51,11 @@ use etcd_client::{Client, ConnectOptions, GetOptions, WatchOptions};
 
 use self::call::{CallError, Clients, is_retryable};
 use self::codec::{etcd_txn, key_value, ttl_seconds};
+use self::rpctypes::{is_compacted, is_lease_not_found};
 use self::watch::Watch;
 use super::{
-    KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome, WatchStream,
+    AttemptFailure, KeyValue, LeaseStore, Malformed, Op, PrefixSnapshot, Revision, SessionId, StoreError,
+    Txn, TxnOutcome, Unreachable, WatchBroke, WatchStream,
 };
 
 /// How to reach etcd.
@@ -150,15 +154,14 @@ static NEXT_STORE: AtomicUsize = AtomicUsize::new(0);
 /// Large prefix reads and watch replays may exceed gRPC's default 4 MiB per message.
 const MAX_DECODING_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 
-fn is_lease_not_found(error: &etcd_client::Error) -> bool {
-    matches!(error, etcd_client::Error::GRpcStatus(status)
-        if status.code() == tonic::Code::NotFound && status.message().contains("lease not found"))
-}
-
-fn grpc_message(error: &etcd_client::Error) -> Option<&str> {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => Some(status.message()),
-        _ => None,
+/// A failed first contact `error`, as the TLS or credentials flag to fix when its
+/// `diagnosis` ([`super::EtcdSecurity::diagnose`]) names one; otherwise as it is.
+fn diagnosed(diagnosis: Option<String>, error: StoreError) -> StoreError {
+    match diagnosis {
+        Some(diagnosis) => {
+            StoreError::Invalid(Malformed::Misconfigured { diagnosis, cause: Box::new(error) })
+        }
+        None => error,
     }
 }
 
@@ -171,20 +174,22 @@ async fn client(
     security: &super::EtcdSecurity,
 ) -> Result<Client, StoreError> {
     // A TLS or credentials problem is reported naming the flag to fix, not as "unavailable".
-    let diagnosed = |reason: String, otherwise: fn(String) -> StoreError| {
-        security
-            .diagnose(&reason)
-            .map_or_else(|| otherwise(format!("etcd at {endpoints:?}: {reason}")), StoreError::Invalid)
-    };
-    match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
+    let endpoints = endpoints.to_vec();
+    match tokio::time::timeout(timeout, Client::connect(&endpoints, Some(options))).await {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(error)) if is_retryable(&error) => {
-            Err(diagnosed(super::etcd_tls::error_chain(&error), StoreError::Unavailable))
+        Ok(Err(error)) => {
+            let reason = super::etcd_tls::error_chain(&error);
+            let retryable = is_retryable(&error);
+            let diagnosis = security.diagnose(Some(&error), &reason);
+            let source = Arc::new(error);
+            let error = if retryable {
+                StoreError::Unavailable(Unreachable::Connect { endpoints, source })
+            } else {
+                StoreError::Invalid(Malformed::Connect { endpoints, source })
+            };
+            Err(diagnosed(diagnosis, error))
         }
-        Ok(Err(error)) => Err(diagnosed(super::etcd_tls::error_chain(&error), StoreError::Invalid)),
-        Err(_) => {
-            Err(StoreError::Unavailable(format!("etcd at {endpoints:?}: no connection within {timeout:?}")))
-        }
+        Err(_) => Err(StoreError::Unavailable(Unreachable::ConnectTimeout { endpoints, within: timeout })),
     }
 }
 
@@ -195,7 +200,7 @@ impl EtcdStore {
     /// [`StoreError::Invalid`].
     pub async fn connect(config: EtcdStoreConfig) -> Result<EtcdStore, StoreError> {
         if config.endpoints.is_empty() {
-            return Err(StoreError::Invalid("no etcd endpoints given".into()));
+            return Err(StoreError::Invalid(Malformed::NoEndpoints));
         }
         let options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
@@ -203,7 +208,10 @@ impl EtcdStore {
             // pings more often than every 5 s (`--grpc-keepalive-min-time`).
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_require_leader(true);
-        let options = config.security.apply(options).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let options = config
+            .security
+            .apply(options)
+            .map_err(|e| StoreError::Invalid(Malformed::Security(Arc::new(e))))?;
         // One deadline for everything: the clients, then the probe.
         let deadline = tokio::time::Instant::now() + config.connect_timeout;
         let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -226,15 +234,22 @@ impl EtcdStore {
             .await;
         match probe {
             Ok(_) => Ok(store),
-            // The retry loop keeps only the last error's text: diagnose that.
-            Err(CallError::Unavailable(reason)) => {
-                Err(security.diagnose(&reason).map_or(StoreError::Unavailable(reason), StoreError::Invalid))
+            // Out of time: the last attempt's failure says why.
+            Err(CallError::Unavailable(unreachable)) => {
+                let reason = unreachable.to_string();
+                let last = match &unreachable {
+                    Unreachable::OutOfTime { last: AttemptFailure::Failed { source, .. }, .. } => {
+                        Some(source.clone())
+                    }
+                    _ => None,
+                };
+                let diagnosis = security.diagnose(last.as_deref(), &reason);
+                Err(diagnosed(diagnosis, StoreError::Unavailable(unreachable)))
             }
             Err(CallError::Failed(error)) => {
                 let reason = super::etcd_tls::error_chain(&error);
-                Err(security
-                    .diagnose(&reason)
-                    .map_or_else(|| store.store_error(CallError::Failed(error)), StoreError::Invalid))
+                let diagnosis = security.diagnose(Some(&error), &reason);
+                Err(diagnosed(diagnosis, store.store_error(CallError::Failed(error))))
             }
         }
     }
@@ -261,7 +276,7 @@ impl EtcdStore {
     /// The generic mapping of a failed call.
     fn store_error(&self, error: CallError) -> StoreError {
         match error {
-            CallError::Unavailable(message) => StoreError::Unavailable(message),
+            CallError::Unavailable(unreachable) => StoreError::Unavailable(unreachable),
             CallError::Failed(error) => match &error {
                 etcd_client::Error::GRpcStatus(status)
                     if matches!(
@@ -271,12 +286,15 @@ impl EtcdStore {
                             | tonic::Code::FailedPrecondition
                     ) =>
                 {
-                    StoreError::Invalid(format!("etcd refused the request: {}", status.message()))
+                    StoreError::Invalid(Malformed::Refused(Arc::new(error)))
                 }
                 etcd_client::Error::InvalidArgs(_)
                 | etcd_client::Error::InvalidUri(_)
-                | etcd_client::Error::Utf8Error(_) => StoreError::Invalid(error.to_string()),
-                _ => StoreError::Unavailable(format!("etcd at {}: {error}", self.clients.endpoints())),
+                | etcd_client::Error::Utf8Error(_) => StoreError::Invalid(Malformed::Client(Arc::new(error))),
+                _ => StoreError::Unavailable(Unreachable::Client {
+                    endpoints: self.clients.endpoints().to_string(),
+                    source: Arc::new(error),
+                }),
             },
         }
     }
@@ -291,7 +309,8 @@ impl LeaseStore for EtcdStore {
             .await
             .map_err(|e| self.store_error(e))?;
         if !response.error().is_empty() {
-            return Err(StoreError::Unavailable(format!("etcd lease grant: {}", response.error())));
+            let reason = response.error().to_string();
+            return Err(StoreError::Unavailable(Unreachable::LeaseGrant { reason }));
         }
         if response.ttl() != seconds {
             tracing::debug!(requested = seconds, granted = response.ttl(), "etcd changed the lease TTL");
@@ -408,10 +427,8 @@ impl LeaseStore for EtcdStore {
         match first {
             Some(response) => watch.absorb(response),
             None => {
-                return Err(StoreError::Unavailable(format!(
-                    "etcd at {}: watch stream ended at once",
-                    self.clients.endpoints()
-                )));
+                let endpoints = self.clients.endpoints().to_string();
+                return Err(StoreError::Unavailable(WatchBroke::EndedAtOnce { endpoints }.into()));
             }
         }
         if let Some(compacted) = watch.take_compacted() {
@@ -430,12 +447,7 @@ impl LeaseStore for EtcdStore {
         match result {
             Ok(_) => Ok(()),
             // Already compacted at or past this revision: nothing to do.
-            Err(CallError::Failed(error))
-                if grpc_message(&error)
-                    .is_some_and(|m| m.contains("required revision has been compacted")) =>
-            {
-                Ok(())
-            }
+            Err(CallError::Failed(error)) if is_compacted(&error) => Ok(()),
             Err(error) => Err(self.store_error(error)),
         }
     }
@@ -448,6 +460,6 @@ mod tests {
     #[tokio::test]
     async fn empty_endpoints_are_invalid() {
         let config = EtcdStoreConfig { endpoints: vec![], ..EtcdStoreConfig::default() };
-        assert!(matches!(EtcdStore::connect(config).await, Err(StoreError::Invalid(_))));
+        assert!(matches!(EtcdStore::connect(config).await, Err(StoreError::Invalid(Malformed::NoEndpoints))));
     }
 }

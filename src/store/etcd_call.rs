@@ -24,7 +24,7 @@
 use std::{
     future::Future,
     sync::{
-        Mutex, PoisonError,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
@@ -33,12 +33,14 @@ use std::{
 use etcd_client::Client;
 use tokio::time::Instant;
 
+use crate::store::{AttemptFailure, Unreachable};
+
 /// Why a call did not succeed.
 pub(super) enum CallError {
     /// etcd (or the client) refused it; not worth retrying.
     Failed(etcd_client::Error),
-    /// No answer in time; the message says what was tried.
-    Unavailable(String),
+    /// No answer in time: what was tried, and how the last attempt failed.
+    Unavailable(Unreachable),
 }
 
 /// First retry delay after a fast failure; doubles up to [`MAX_BACKOFF`].
@@ -47,8 +49,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Whether an error means "try again" (no leader, member down, connection refused...).
 pub(super) fn is_retryable(error: &etcd_client::Error) -> bool {
-    // A certificate etcd or we refuse stays refused: fail now, naming the flag.
-    if crate::store::etcd_tls::error_chain(error).contains("InvalidCertificate") {
+    // A certificate we refuse stays refused: fail now, naming the flag.
+    if matches!(crate::store::etcd_tls::tls_error_of(error), Some(rustls::Error::InvalidCertificate(_))) {
         return false;
     }
     match error {
@@ -185,7 +187,6 @@ impl Clients {
         let multi = self.clients.len() > 1;
         let mut backoff = FIRST_BACKOFF;
         let mut attempts = 0u32;
-        let mut last_error: Option<String> = None;
         loop {
             attempts += 1;
             let index = self.pinned();
@@ -207,12 +208,15 @@ impl Clients {
                     return Ok((value, index));
                 }
                 Ok(Err(error)) if is_retryable(&error) => {
-                    format!("{url}: {}", crate::store::etcd_tls::error_chain(&error))
+                    AttemptFailure::Failed { endpoint: url.clone(), source: Arc::new(error) }
                 }
                 Ok(Err(error)) => return Err(CallError::Failed(error)),
-                Err(_elapsed) => format!("{url}: no answer within {:?}", attempt_deadline - attempt_start),
+                Err(_elapsed) => AttemptFailure::NoAnswer {
+                    endpoint: url.clone(),
+                    within: attempt_deadline - attempt_start,
+                },
             };
-            if last_error.is_none() {
+            if attempts == 1 {
                 tracing::warn!(
                     what,
                     error = %failure,
@@ -220,28 +224,23 @@ impl Clients {
                     if multi { " on the next endpoint" } else { "" }
                 );
             }
-            last_error = Some(failure);
             let timed_out = Instant::now() >= attempt_deadline;
             if multi {
                 self.fail_over(index);
             }
-            if Instant::now() >= deadline {
-                break;
+            // A fast failure waits before its retry, so it does not spin (all endpoints may be
+            // refusing): when that wait would not fit, the budget is spent too.
+            let spent = Instant::now() >= deadline || (!timed_out && Instant::now() + backoff >= deadline);
+            if spent {
+                let endpoints = self.endpoints.clone();
+                let out_of_time = Unreachable::OutOfTime { what, endpoints, budget, attempts, last: failure };
+                return Err(CallError::Unavailable(out_of_time));
             }
             if !timed_out {
-                // A fast failure: do not spin on it (all endpoints may be refusing).
-                if Instant::now() + backoff >= deadline {
-                    break;
-                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
-        Err(CallError::Unavailable(format!(
-            "{what}: no answer from etcd at {} within {budget:?} ({attempts} attempt(s); last error: {})",
-            self.endpoints,
-            last_error.as_deref().unwrap_or("timed out")
-        )))
     }
 }
 
@@ -290,9 +289,11 @@ mod tests {
             clients.call(budget, "get", |mut client| async move { client.get("k", None).await }).await;
         let elapsed = started.elapsed();
         match result {
-            Err(CallError::Unavailable(message)) => {
-                assert!(message.contains(clients.endpoints()), "{message}");
+            Err(CallError::Unavailable(Unreachable::OutOfTime { endpoints, attempts, .. })) => {
+                assert_eq!(endpoints, clients.endpoints());
+                assert!(attempts >= 1);
             }
+            Err(CallError::Unavailable(other)) => panic!("expected OutOfTime, got {other}"),
             Err(CallError::Failed(error)) => panic!("expected Unavailable, got {error}"),
             Ok(_) => panic!("a dead endpoint answered"),
         }

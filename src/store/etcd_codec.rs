@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use etcd_client::{CompareOp, PutOptions, TxnOp};
 
-use crate::store::{Compare, KeyValue, Op, SessionId, StoreError, Txn};
+use crate::store::{Compare, KeyValue, Malformed, Op, SessionId, StoreError, Txn};
 
 /// etcd TTLs are whole seconds: round up, at least 1.
 pub(super) fn ttl_seconds(ttl: Duration) -> i64 {
@@ -24,7 +24,7 @@ pub(super) fn key_value(kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreErr
 
 pub(super) fn key_string(kv: &etcd_client::KeyValue) -> Result<String, StoreError> {
     String::from_utf8(kv.key().to_vec()).map_err(|_| {
-        StoreError::Invalid(format!("etcd key is not UTF-8: {:?}", String::from_utf8_lossy(kv.key())))
+        StoreError::Invalid(Malformed::KeyNotUtf8 { key: String::from_utf8_lossy(kv.key()).into_owned() })
     })
 }
 

@@ -14,6 +14,8 @@ use std::{fmt, path::PathBuf};
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use rustls_pki_types::{CertificateDer, UnixTime, pem::PemObject};
 
+use super::etcd::rpctypes::{AuthRefusal, auth_refusal};
+
 /// How to authenticate to etcd. `Debug` never shows the password.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct EtcdSecurity {
@@ -94,47 +96,70 @@ impl EtcdSecurity {
         Ok(options)
     }
 
-    /// Turns a failed first contact into a message naming the flag to fix, when the reason
-    /// (the whole error chain, `reason`) points at one; `None` when it does not.
-    pub fn diagnose(&self, reason: &str) -> Option<String> {
-        let has = |needle: &str| reason.to_ascii_lowercase().contains(&needle.to_ascii_lowercase());
+    /// Turns a failed first contact into a message naming the flag to fix, when the
+    /// failure (`failure`: the client's error, if there was one; `reason`: the whole
+    /// failure's text, quoted in the message) points at one; `None` when it does not.
+    pub fn diagnose(&self, failure: Option<&etcd_client::Error>, reason: &str) -> Option<String> {
         if let Some(problem) = self.client_cert_problem() {
             return Some(format!(
                 "--etcd-cert {}: the client certificate is not usable ({problem}, checked against --etcd-ca); etcd's reason: {reason}",
                 self.cert.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
             ));
         }
-        let flag = if has("UnknownIssuer") || has("invalid peer certificate") || has("NotValidForName") {
-            "--etcd-ca: etcd's server certificate is not trusted (wrong CA, or not issued for the endpoint's host)"
-        } else if has("CertificateExpired")
-            || has("BadCertificate")
-            || has("UnknownCA")
-            || has("certificate required")
-        {
-            "--etcd-cert / --etcd-key: etcd refused our client certificate (expired, not yet valid, or not signed by a CA etcd trusts)"
-        } else if has("authentication failed") || has("invalid user ID or password") {
-            "--etcd-username / --etcd-password: etcd refused the credentials"
-        } else if has("authentication is not enabled") {
-            "--etcd-username: etcd has authentication disabled; drop the credentials or enable auth"
-        } else if has("user name is empty") || has("user name not found") {
-            "--etcd-username: etcd knows no such user (with client-certificate auth, the certificate's CN is the user)"
-        } else if has("permission denied") {
-            "--etcd-username: the user lacks read/write permission on --etcd-prefix"
-        } else if has("InvalidContentType")
-            || has("corrupt message")
-            || (has("http2 error") && self.uses_tls())
-        {
-            "--etcd-endpoints: the endpoint does not speak TLS (use http:// and no --etcd-ca, or point at etcd's TLS port)"
-        } else if self.cert.is_some()
-            && (has("connection closed") || has("Canceled") || has("reset by peer") || has("broken pipe"))
-        {
+        let flag = self.flag_to_fix(failure?)?;
+        Some(format!("{flag}; etcd's reason: {reason}"))
+    }
+
+    /// The flag a failure points at, told by its type: rustls' error under the client's,
+    /// or etcd's answer ([`auth_refusal`]).
+    fn flag_to_fix(&self, failure: &etcd_client::Error) -> Option<&'static str> {
+        use rustls::AlertDescription as Alert;
+        let tls = tls_error_of(failure).cloned().or_else(|| alert_stringified_by_h2(failure));
+        match tls {
+            Some(rustls::Error::InvalidCertificate(_)) => {
+                return Some(
+                    "--etcd-ca: etcd's server certificate is not trusted (wrong CA, or not issued for the endpoint's host)",
+                );
+            }
+            Some(rustls::Error::AlertReceived(
+                Alert::BadCertificate
+                | Alert::UnknownCA
+                | Alert::CertificateExpired
+                | Alert::CertificateRequired,
+            )) => {
+                return Some(
+                    "--etcd-cert / --etcd-key: etcd refused our client certificate (expired, not yet valid, or not signed by a CA etcd trusts)",
+                );
+            }
+            Some(rustls::Error::InvalidMessage(_)) => {
+                return Some(
+                    "--etcd-endpoints: the endpoint does not speak TLS (use http:// and no --etcd-ca, or point at etcd's TLS port)",
+                );
+            }
+            _ => {}
+        }
+        if let Some(refusal) = auth_refusal(failure) {
+            return Some(match refusal {
+                AuthRefusal::Failed => "--etcd-username / --etcd-password: etcd refused the credentials",
+                AuthRefusal::NotEnabled => {
+                    "--etcd-username: etcd has authentication disabled; drop the credentials or enable auth"
+                }
+                AuthRefusal::UnknownUser => {
+                    "--etcd-username: etcd knows no such user (with client-certificate auth, the certificate's CN is the user)"
+                }
+                AuthRefusal::PermissionDenied => {
+                    "--etcd-username: the user lacks read/write permission on --etcd-prefix"
+                }
+            });
+        }
+        if self.cert.is_some() && closed_by_peer(failure) {
             // TLS 1.3: etcd checks the client certificate after our side of the handshake
             // is done, and refuses it by closing the connection, with no reason we can see.
-            "--etcd-cert / --etcd-key: etcd closed the connection right after the TLS handshake, which is how it refuses a client certificate (not signed by its --trusted-ca-file?)"
-        } else {
-            return None;
-        };
-        Some(format!("{flag}; etcd's reason: {reason}"))
+            return Some(
+                "--etcd-cert / --etcd-key: etcd closed the connection right after the TLS handshake, which is how it refuses a client certificate (not signed by its --trusted-ca-file?)",
+            );
+        }
+        None
     }
 }
 
@@ -167,6 +192,78 @@ fn read(flag: &'static str, path: &PathBuf) -> Result<Vec<u8>, EtcdSecurityError
         flag,
         path: path.display().to_string(),
         source,
+    })
+}
+
+/// The errors an etcd client's error carries: it has no `source()` of its own, so its
+/// variants are opened here.
+fn inner_of(failure: &etcd_client::Error) -> Option<&(dyn std::error::Error + 'static)> {
+    match failure {
+        etcd_client::Error::GRpcStatus(status) => Some(status),
+        etcd_client::Error::TransportError(error) => Some(error),
+        etcd_client::Error::IoError(error) => Some(error),
+        _ => None,
+    }
+}
+
+/// Every error under `error`, itself first. tonic and hyper report a failed handshake as a
+/// `std::io::Error` wrapping rustls' error, and an `io::Error`'s `source()` skips the error
+/// it wraps (it returns that error's own source), so each one met is opened with `get_ref()`.
+fn causes<'e>(error: &'e (dyn std::error::Error + 'static)) -> Vec<&'e (dyn std::error::Error + 'static)> {
+    let mut found = Vec::new();
+    let mut next = Some(error);
+    while let Some(current) = next {
+        found.push(current);
+        if let Some(wrapped) = current.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            found.extend(causes(wrapped));
+        }
+        next = current.source();
+    }
+    found
+}
+
+/// The TLS error under an etcd client's error, if there is one.
+pub fn tls_error_of(failure: &etcd_client::Error) -> Option<&rustls::Error> {
+    causes(inner_of(failure)?).into_iter().find_map(|cause| cause.downcast_ref::<rustls::Error>())
+}
+
+/// The alert etcd sent once the HTTP/2 connection was up, which is when a TLS 1.3 server
+/// refuses a client certificate. h2 keeps only the kind and the text of an I/O error
+/// (`proto::Error::Io(kind, Option<String>)`), so rustls' typed error does not survive it:
+/// this is the one place the text is compared, and only with rustls' own rendering of each
+/// alert that refuses a client certificate.
+fn alert_stringified_by_h2(failure: &etcd_client::Error) -> Option<rustls::Error> {
+    use rustls::AlertDescription as Alert;
+    let refusals =
+        [Alert::BadCertificate, Alert::UnknownCA, Alert::CertificateExpired, Alert::CertificateRequired]
+            .map(rustls::Error::AlertReceived);
+    causes(inner_of(failure)?).into_iter().find_map(|cause| {
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .filter(|io| io.kind() == std::io::ErrorKind::InvalidData)?;
+        let text = io.get_ref()?.to_string();
+        refusals.iter().find(|alert| alert.to_string() == text).cloned()
+    })
+}
+
+/// Whether the peer closed or reset the connection under the call.
+fn closed_by_peer(failure: &etcd_client::Error) -> bool {
+    use std::io::ErrorKind;
+    let Some(inner) = inner_of(failure) else { return false };
+    causes(inner).into_iter().any(|cause| {
+        let io_closed = cause.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof
+            )
+        });
+        let hyper_closed = cause
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(|hyper| hyper.is_closed() || hyper.is_canceled() || hyper.is_incomplete_message());
+        io_closed || hyper_closed
     })
 }
 
@@ -206,18 +303,65 @@ mod tests {
         assert!(error.contains("--etcd-ca /nonexistent/ca.pem: cannot read"), "{error}");
     }
 
+    /// An etcd client error as tonic reports a failed handshake: an I/O error carrying
+    /// rustls' error.
+    fn handshake_failed(tls: rustls::Error) -> etcd_client::Error {
+        etcd_client::Error::IoError(std::io::Error::new(std::io::ErrorKind::InvalidData, tls))
+    }
+
     #[test]
-    fn diagnosis_names_the_flag() {
+    fn a_tls_error_is_found_inside_the_io_errors_that_carry_it() {
+        let refused = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        assert_eq!(tls_error_of(&handshake_failed(refused.clone())), Some(&refused));
+        // Nested once more, as hyper's connector boxes the I/O error of its TLS stream.
+        let twice =
+            std::io::Error::other(std::io::Error::new(std::io::ErrorKind::InvalidData, refused.clone()));
+        assert_eq!(tls_error_of(&etcd_client::Error::IoError(twice)), Some(&refused));
+        let plain = etcd_client::Error::IoError(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(tls_error_of(&plain), None);
+        let status = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("no leader"));
+        assert_eq!(tls_error_of(&status), None);
+    }
+
+    #[test]
+    fn diagnosis_names_the_flag_by_the_failures_type() {
         let security = EtcdSecurity::default();
+        let auth_failed = etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
+            "etcdserver: authentication failed, invalid user ID or password",
+        ));
         let cases = [
-            ("invalid peer certificate: UnknownIssuer", "--etcd-ca"),
-            ("received fatal alert: BadCertificate", "--etcd-cert"),
-            ("etcdserver: authentication failed, invalid user ID or password", "--etcd-password"),
+            (
+                handshake_failed(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)),
+                "--etcd-ca",
+            ),
+            (
+                handshake_failed(rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate)),
+                "--etcd-cert",
+            ),
+            (auth_failed, "--etcd-password"),
         ];
-        for (reason, flag) in cases {
-            let message = security.diagnose(reason).unwrap_or_default();
-            assert!(message.contains(flag) && message.contains(reason), "{message}");
+        for (failure, flag) in cases {
+            let reason = error_chain(&failure);
+            let message = security.diagnose(Some(&failure), &reason).unwrap_or_default();
+            assert!(message.contains(flag) && message.contains(&reason), "{message}");
         }
-        assert_eq!(security.diagnose("connection refused"), None);
+        // The text alone decides nothing.
+        assert_eq!(security.diagnose(None, "invalid peer certificate: UnknownIssuer"), None);
+        let refused =
+            etcd_client::Error::IoError(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(security.diagnose(Some(&refused), "connection refused"), None);
+        // An alert h2 passed on as text only, as a TLS 1.3 etcd refusing our certificate.
+        let h2_io =
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "received fatal alert: BadCertificate");
+        let message = security.diagnose(Some(&etcd_client::Error::IoError(h2_io)), "r").unwrap_or_default();
+        assert!(message.contains("--etcd-cert"), "{message}");
+        let h2_io = std::io::Error::new(std::io::ErrorKind::InvalidData, "received fatal alert: DecodeError");
+        assert_eq!(security.diagnose(Some(&etcd_client::Error::IoError(h2_io)), "r"), None);
+        // A closed connection points at the client certificate only when one is sent.
+        let reset = etcd_client::Error::IoError(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(security.diagnose(Some(&reset), "reset"), None);
+        let with_cert = EtcdSecurity { cert: Some("c.pem".into()), key: Some("k.pem".into()), ..security };
+        let message = with_cert.diagnose(Some(&reset), "reset").unwrap_or_default();
+        assert!(message.contains("--etcd-cert"), "{message}");
     }
 }

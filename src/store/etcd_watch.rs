@@ -23,7 +23,9 @@ use super::{
     call::Clients,
     codec::{key_string, key_value},
 };
-use crate::store::{Revision, StoreError, WatchBatch, WatchEvent, WatchEventKind, WatchStream};
+use crate::store::{
+    Malformed, Revision, StoreError, WatchBatch, WatchBroke, WatchEvent, WatchEventKind, WatchStream,
+};
 
 /// When a watch asks for progress, and how long it waits for the answer.
 #[derive(Clone, Copy, Debug)]
@@ -63,10 +65,10 @@ impl Watch {
     }
 
     /// The stream broke (not a refusal by etcd): fail, and move calls off its endpoint.
-    fn broke(&mut self, error: String) {
+    fn broke(&mut self, how: WatchBroke) {
         let (clients, endpoint) = &self.on_break;
         clients.failed(*endpoint);
-        self.fail(StoreError::Unavailable(error));
+        self.fail(StoreError::Unavailable(how.into()));
     }
 
     /// Takes the error the first response reported, if it is a compaction (reported by
@@ -97,14 +99,14 @@ impl Watch {
             return;
         }
         if response.canceled() {
-            let reason = response.cancel_reason();
-            self.broke(format!("etcd at {} cancelled the watch: {reason}", self.endpoints));
+            let reason = response.cancel_reason().to_string();
+            self.broke(WatchBroke::Cancelled { endpoints: self.endpoints.clone(), reason });
             return;
         }
         let mut batch: Option<WatchBatch> = None;
         for event in response.events() {
             let Some(kv) = event.kv() else {
-                self.fail(StoreError::Invalid("etcd watch event without a key".into()));
+                self.fail(StoreError::Invalid(Malformed::EventWithoutKey));
                 return;
             };
             // A delete's record is a tombstone whose mod revision is the delete's.
@@ -164,19 +166,15 @@ impl Watch {
                 Ok(message) => message,
                 Err(_quiet) => {
                     if let Err(error) = self.stream.request_progress().await {
-                        self.broke(format!(
-                            "etcd at {}: watch progress request failed: {error}",
-                            self.endpoints
-                        ));
+                        let endpoints = self.endpoints.clone();
+                        self.broke(WatchBroke::ProgressRequest { endpoints, source: Arc::new(error) });
                         continue;
                     }
                     match tokio::time::timeout(answer_within, self.stream.message()).await {
                         Ok(message) => message,
                         Err(_) => {
-                            self.broke(format!(
-                                "etcd at {}: the watch went quiet and a progress request got no answer within {:?}",
-                                self.endpoints, answer_within
-                            ));
+                            let endpoints = self.endpoints.clone();
+                            self.broke(WatchBroke::Quiet { endpoints, within: answer_within });
                             continue;
                         }
                     }
@@ -185,8 +183,11 @@ impl Watch {
             match message {
                 // A progress notification holds no event: nothing is queued.
                 Ok(Some(response)) => self.absorb(response),
-                Ok(None) => self.broke(format!("etcd at {}: watch stream ended", self.endpoints)),
-                Err(error) => self.broke(format!("etcd at {}: watch stream broke: {error}", self.endpoints)),
+                Ok(None) => self.broke(WatchBroke::Ended { endpoints: self.endpoints.clone() }),
+                Err(error) => {
+                    let endpoints = self.endpoints.clone();
+                    self.broke(WatchBroke::Broke { endpoints, source: Arc::new(error) });
+                }
             }
         }
     }

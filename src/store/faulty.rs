@@ -62,7 +62,8 @@ use tokio::{
 };
 
 use super::{
-    KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome, WatchStream,
+    InjectedFault, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn,
+    TxnOutcome, WatchStream,
 };
 
 /// A [`LeaseStore`] that injects faults into calls to the store it wraps (see the module docs).
@@ -375,9 +376,9 @@ impl FaultyStore {
         self.state().stats
     }
 
-    fn refused(&self, what: &str) -> StoreError {
+    fn refused(&self, what: &'static str) -> StoreError {
         self.state().stats.refused_calls += 1;
-        StoreError::Unavailable(format!("{what}: cut off from the store (injected fault)"))
+        StoreError::Unavailable(InjectedFault::CutOff { what }.into())
     }
 
     /// Runs one call through the faults (see the module docs).
@@ -414,14 +415,12 @@ impl FaultyStore {
         let mut state = self.state();
         if stalled.is_some_and(|stall| stall.then == AfterStall::Lose) {
             state.stats.lost_answers += 1;
-            return Err(StoreError::Unavailable(format!(
-                "{what}: the connection reset after a stall; the answer was lost (injected fault)"
-            )));
+            return Err(StoreError::Unavailable(InjectedFault::ResetAfterStall { what }.into()));
         }
         let lost = if state.is_cut_off() { true } else { kind != Kind::Read && state.draw_loss(kind) };
         if lost {
             state.stats.lost_answers += 1;
-            return Err(StoreError::Unavailable(format!("{what}: the answer was lost (injected fault)")));
+            return Err(StoreError::Unavailable(InjectedFault::AnswerLost { what }.into()));
         }
         result
     }
@@ -594,7 +593,7 @@ fn faulty_watch(store: FaultyStore, mut stream: WatchStream, cuts: watch::Receiv
         };
         let Some(item) = item else {
             store.state().stats.broken_watches += 1;
-            let error = StoreError::Unavailable("watch: cut off from the store (injected fault)".into());
+            let error = StoreError::Unavailable(InjectedFault::WatchCut.into());
             return Some((Err(error), None));
         };
         let next = item.is_ok().then_some((store, rx, cuts));

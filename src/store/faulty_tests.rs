@@ -1,17 +1,18 @@
 //! The fault wrapper, on a `MemoryStore` under paused tokio time.
 
 use super::*;
-use crate::store::{Compare, MemoryStore, Op, WatchBatch};
+use crate::store::{Compare, InjectedFault, MemoryStore, Op, Unreachable, WatchBatch};
 
 fn wrapped(seed: u64) -> (FaultyStore, MemoryStore) {
     let memory = MemoryStore::new();
     (FaultyStore::new(Arc::new(memory.clone()), seed), memory)
 }
 
-fn unavailable<T: fmt::Debug>(result: Result<T, StoreError>) -> String {
+/// The injected fault a call failed with.
+fn unavailable<T: fmt::Debug>(result: Result<T, StoreError>) -> InjectedFault {
     match result {
-        Err(StoreError::Unavailable(message)) => message,
-        other => panic!("expected Unavailable, got {other:?}"),
+        Err(StoreError::Unavailable(Unreachable::Injected(fault))) => fault,
+        other => panic!("expected an injected Unavailable, got {other:?}"),
     }
 }
 
@@ -27,7 +28,7 @@ async fn a_lost_answer_is_applied_all_the_same() {
     let (store, memory) = wrapped(1);
     store.lose_next_answers(1);
     let create = || Txn::new().when(Compare::ModRevision("k".into(), 0)).then(Op::put("k", "1"));
-    assert!(unavailable(store.txn(create()).await).contains("lost"));
+    assert_eq!(unavailable(store.txn(create()).await), InjectedFault::AnswerLost { what: "txn" });
     assert_eq!(memory.get("k").await.unwrap().unwrap().value, b"1", "applied");
     // The caller's retry finds its own write: the compare no longer holds.
     assert!(!store.txn(create()).await.unwrap().succeeded);
@@ -82,11 +83,11 @@ async fn a_cut_off_refuses_calls_breaks_watches_and_ends() {
     let mut watch = store.watch_prefix("", 0).await.unwrap();
     store.cut_off_for(Duration::from_secs(5));
     assert!(store.is_cut_off());
-    assert!(unavailable(store.get("k").await).contains("cut off"));
+    assert_eq!(unavailable(store.get("k").await), InjectedFault::CutOff { what: "get" });
     unavailable(store.put("k", b"1".to_vec(), None).await);
     unavailable(store.watch_prefix("", 0).await.map(|_| ()));
     assert_eq!(memory.get("k").await.unwrap(), None, "a refused call never reaches the store");
-    assert!(unavailable(next_batch(&mut watch).await).contains("cut off"));
+    assert_eq!(unavailable(next_batch(&mut watch).await), InjectedFault::WatchCut);
     assert!(watch.next().await.is_none(), "nothing after the error item");
 
     // Under paused time the cut ends exactly 5 s after it started.
@@ -219,11 +220,11 @@ async fn a_stall_that_resets_applies_the_held_write_late_and_loses_its_answer() 
     store.stall(Duration::from_secs(2), AfterStall::Lose);
     store.delay(Duration::ZERO, Duration::ZERO);
     let late = store.put("late", b"1".to_vec(), None).await;
-    assert!(unavailable(late).contains("reset after a stall"));
-    assert!(unavailable(early.await.unwrap()).contains("reset after a stall"));
+    assert!(matches!(unavailable(late), InjectedFault::ResetAfterStall { .. }));
+    assert!(matches!(unavailable(early.await.unwrap()), InjectedFault::ResetAfterStall { .. }));
     assert!(holds(&memory, "late").await, "the held write reached the store, late");
     // Reads held by it fail as well; the watch open across it broke.
-    assert!(unavailable(next_batch(&mut watch).await).contains("injected"));
+    assert_eq!(unavailable(next_batch(&mut watch).await), InjectedFault::WatchCut);
     assert_eq!(store.stats().lost_answers, 2);
     // After it, everything works again.
     assert!(store.get("late").await.unwrap().is_some());

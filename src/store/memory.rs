@@ -44,8 +44,8 @@ use tokio::{
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::{
-    Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome,
-    WatchBatch, WatchEvent, WatchEventKind, WatchStream,
+    Compare, KeyValue, LeaseStore, Malformed, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn,
+    TxnOutcome, WatchBatch, WatchEvent, WatchEventKind, WatchStream,
 };
 
 /// An in-process [`LeaseStore`] with etcd semantics (see the module docs).
@@ -365,7 +365,7 @@ impl State {
 impl LeaseStore for MemoryStore {
     async fn grant_session(&self, ttl: Duration) -> Result<SessionId, StoreError> {
         if ttl.is_zero() {
-            return Err(StoreError::Invalid("session TTL must be positive".into()));
+            return Err(StoreError::Invalid(Malformed::ZeroTtl));
         }
         let mut state = self.inner.lock_now();
         let id = state.next_session;
@@ -451,10 +451,10 @@ impl LeaseStore for MemoryStore {
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
         let mut state = self.inner.lock_now();
         if revision > state.revision {
-            return Err(StoreError::Invalid(format!(
-                "cannot compact at revision {revision}: the current revision is {}",
-                state.revision
-            )));
+            return Err(StoreError::Invalid(Malformed::CompactInFuture {
+                revision,
+                current: state.revision,
+            }));
         }
         state.compacted = state.compacted.max(revision);
         state.trim_history();

@@ -93,10 +93,19 @@ async fn dropped_watches_are_forgotten() {
 async fn invalid_transactions_are_refused() {
     let store = MemoryStore::new();
     let dup = Txn::new().then(Op::put("a", "1")).then(Op::delete("a"));
-    assert!(matches!(store.txn(dup).await, Err(StoreError::Invalid(_))));
-    assert!(matches!(store.put("", b"".to_vec(), None).await, Err(StoreError::Invalid(_))));
-    assert!(matches!(store.grant_session(Duration::ZERO).await, Err(StoreError::Invalid(_))));
-    assert!(matches!(store.compact(5).await, Err(StoreError::Invalid(_))));
+    let twice = store.txn(dup).await;
+    assert!(
+        matches!(&twice, Err(StoreError::Invalid(Malformed::KeyWrittenTwice { key })) if key == "a"),
+        "{twice:?}"
+    );
+    assert!(matches!(store.put("", b"".to_vec(), None).await, Err(StoreError::Invalid(Malformed::EmptyKey))));
+    let no_ttl = store.grant_session(Duration::ZERO).await;
+    assert!(matches!(no_ttl, Err(StoreError::Invalid(Malformed::ZeroTtl))));
+    let future = store.compact(5).await;
+    assert!(matches!(
+        future,
+        Err(StoreError::Invalid(Malformed::CompactInFuture { revision: 5, current: 1 }))
+    ));
     assert_eq!(store.revision(), 1);
 }
 

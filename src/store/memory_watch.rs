@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use super::{State, Watcher};
-use crate::store::{Compare, Op, Revision, StoreError, Txn, WatchBatch, WatchEvent};
+use crate::store::{Compare, Malformed, Op, Revision, StoreError, Txn, WatchBatch, WatchEvent};
 
 impl Watcher {
     /// The part of `batch` this watcher wants (`None` if nothing): whole or not at all
@@ -53,17 +53,17 @@ pub(super) fn validate(txn: &Txn) -> Result<(), StoreError> {
             Op::Put { key, .. } | Op::Delete { key } => key,
         };
         if key.is_empty() {
-            return Err(StoreError::Invalid("empty key in transaction".into()));
+            return Err(StoreError::Invalid(Malformed::EmptyKey));
         }
         if !seen.insert(key.as_str()) {
-            return Err(StoreError::Invalid(format!("key {key:?} written twice in one transaction")));
+            return Err(StoreError::Invalid(Malformed::KeyWrittenTwice { key: key.clone() }));
         }
     }
     for compare in &txn.compares {
         let (Compare::ModRevision(key, _) | Compare::CreateRevision(key, _) | Compare::Value(key, _)) =
             compare;
         if key.is_empty() {
-            return Err(StoreError::Invalid("empty key in transaction compare".into()));
+            return Err(StoreError::Invalid(Malformed::EmptyCompareKey));
         }
     }
     Ok(())

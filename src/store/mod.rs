@@ -14,12 +14,14 @@
 //! Both pass the same conformance suite (`tests/integration/store_conformance.rs`), which is
 //! what makes the memory store trustworthy rather than a mock.
 
+mod causes;
 mod etcd;
 pub mod etcd_tls;
 mod faulty;
 mod memory;
 mod metered;
 
+pub use causes::{AttemptFailure, InjectedFault, Malformed, Unreachable, WatchBroke};
 pub use etcd::{EtcdStore, EtcdStoreConfig};
 pub use etcd_tls::EtcdSecurity;
 pub use faulty::{AfterStall, FaultStats, FaultyStore, Stall, WrittenTxn};
@@ -213,10 +215,10 @@ pub enum StoreError {
     },
     /// The store cannot be reached (after retries).
     #[error("store unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Unreachable),
     /// A record could not be decoded or a request was malformed.
     #[error("invalid store data: {0}")]
-    Invalid(String),
+    Invalid(#[source] Malformed),
     /// The store was closed.
     #[error("store closed")]
     Closed,

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use kafka_assigner::backend::coordinator_from_args;
 use kafka_assigner::config::{Cli, Command};
 use kafka_assigner::metrics::Metrics;
-use kafka_assigner::store::{EtcdSecurity, EtcdStore, LeaseStore, StoreError};
+use kafka_assigner::store::{EtcdSecurity, EtcdStore, LeaseStore, Malformed, StoreError, Unreachable};
 
 use crate::support::certs::{Leaf, TestCa};
 use crate::support::etcd_tls::{ASSIGNER_PASSWORD, TlsEtcd};
@@ -57,7 +57,16 @@ async fn wrong_ca_expired_certificate_and_bad_credentials_name_the_flag() {
 
     let other = TestCa::new("someone-else");
     let wrong_ca = EtcdSecurity { ca: Some(other.write_ca("other-ca")), ..good.clone() };
-    let message = refused(connect_with(&etcd, wrong_ca).await);
+    let result = connect_with(&etcd, wrong_ca).await;
+    // Refused at the first attempt (rustls' InvalidCertificate is not retried), not after
+    // the connect budget ran out.
+    let first_attempt = matches!(
+        &result,
+        Err(StoreError::Invalid(Malformed::Misconfigured { cause, .. }))
+            if !matches!(**cause, StoreError::Unavailable(Unreachable::OutOfTime { .. }))
+    );
+    assert!(first_attempt, "{result:?}");
+    let message = refused(result);
     assert!(message.contains("--etcd-ca") && message.contains("UnknownIssuer"), "{message}");
 
     let (cert, key) = etcd.ca.issue_expired(Leaf::ClientCn("assigner")).write(etcd.ca.dir.path(), "expired");

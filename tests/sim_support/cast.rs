@@ -7,7 +7,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use kafka_assigner::coordinator::{CommandStream, ConsumerGroupCoordinator, CoordinatorError, StreamEnd};
+use kafka_assigner::coordinator::causes::EndOfStream;
+use kafka_assigner::coordinator::{CommandStream, ConsumerGroupCoordinator, CoordinatorError};
 use kafka_assigner::server::status::code_of;
 use kafka_assigner::store::FaultyStore;
 use tokio::time::Instant;
@@ -71,7 +72,7 @@ impl<K: Backend> World<K> {
         let result = if self.instances[instance].generation == generation {
             result
         } else {
-            Err(CoordinatorError::StreamEnded(StreamEnd::Crashed, "the instance crashed".into()))
+            Err(CoordinatorError::StreamEnded(EndOfStream::Crashed))
         };
         let consumer = &self.consumers[c];
         let current = consumer.attempt == attempt && matches!(consumer.phase, Phase::Registering);

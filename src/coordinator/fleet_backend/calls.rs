@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use super::Fleet;
 use super::records::{FleetKey, MemberRecord};
 use crate::coordinator::CoordinatorError;
+use crate::coordinator::causes::{ConsumerUnknown, Contention, HandoffFreeBackend};
 use crate::coordinator::shared::cas::{Rewrite, rewrite_bound};
 use crate::coordinator::shared::instance::Backend;
 use crate::coordinator::{PartitionEpoch, StatusView};
@@ -16,11 +17,7 @@ use crate::store::StoreError;
 /// The fleet moves partitions without handoffs, so there is nothing to be ready for or to
 /// release: `FAILED_PRECONDITION` (the names were checked before).
 pub(super) fn no_handoffs() -> CoordinatorError {
-    CoordinatorError::NoHandoffs(
-        "fleet backend performs no handoffs: partitions are claimed and given back directly \
-         (AssignmentUpdate), so there is nothing to be ready for or to release"
-            .into(),
-    )
+    CoordinatorError::NoHandoffs(HandoffFreeBackend::Fleet)
 }
 
 /// `Deregister`: marks every registration of `consumer` as leaving. It leaves the fair
@@ -40,7 +37,9 @@ pub(super) async fn deregister(inner: &Fleet, consumer: &str) -> Result<Deregist
         })
         .collect();
     if registrations.is_empty() {
-        return Err(CoordinatorError::UnknownConsumer(format!("consumer '{consumer}' is not registered")));
+        return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::NotRegistered {
+            consumer: consumer.to_string(),
+        }));
     }
     for key in registrations {
         mark_leaving(inner, &key, consumer).await?;
@@ -55,7 +54,7 @@ async fn mark_leaving(inner: &Fleet, key: &str, consumer: &str) -> Result<(), Co
     match rewrite_bound(inner.core.store(), key, leave).await {
         Ok(Rewrite::Written(_) | Rewrite::Unchanged | Rewrite::Gone) => Ok(()),
         Ok(Rewrite::Contended) => {
-            Err(CoordinatorError::Contended(format!("consumer '{consumer}' kept changing; retry")))
+            Err(CoordinatorError::Contended(Contention::Consumer { consumer: consumer.to_string() }))
         }
         // The instance lease ended meanwhile: the record and leases are gone already.
         Err(StoreError::SessionExpired(_)) => Ok(()),

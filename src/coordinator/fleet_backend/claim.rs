@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::Fleet;
 use super::claim_decide::{self, AtRevision, LeaseAt};
 use crate::coordinator::CoordinatorError;
+use crate::coordinator::causes::{GiveBackStall, NotReadingStream};
 use crate::coordinator::shared::{
     outgoing::PassGate,
     outgoing::update,
@@ -184,7 +185,7 @@ async fn tell_giver(inner: &Fleet, key: &StreamKey, partitions: &[u32], done: &C
         // The stream ended: how its registration ends decides what becomes of the leases.
         None => return false,
         Some(false) => {
-            not_reading(inner, key, partitions, "its stream buffer is full");
+            not_reading(inner, key, partitions, GiveBackStall::BufferFull);
             return false;
         }
         Some(true) => {}
@@ -197,8 +198,7 @@ async fn tell_giver(inner: &Fleet, key: &StreamKey, partitions: &[u32], done: &C
             Ok(()) => inner.core.streams().with(key, |stream| !stream.tx.is_closed()).unwrap_or(false),
             Err(_) => {
                 inner.core.metrics().give_backs_timed_out.inc();
-                let why = format!("it did not take a command for {bound:?}");
-                not_reading(inner, key, partitions, &why);
+                not_reading(inner, key, partitions, GiveBackStall::NotTaken { waited: bound });
                 false
             }
         }
@@ -207,19 +207,21 @@ async fn tell_giver(inner: &Fleet, key: &StreamKey, partitions: &[u32], done: &C
 
 /// Ends the stream of a consumer that does not read it while `partitions` are given back;
 /// its registration is kept for the TTL ([`EndReason::Disconnected`]).
-fn not_reading(inner: &Fleet, key: &StreamKey, partitions: &[u32], why: &str) {
+fn not_reading(inner: &Fleet, key: &StreamKey, partitions: &[u32], why: GiveBackStall) {
     let (topic, consumer, _) = key;
     tracing::warn!(
         topic,
         consumer,
         ?partitions,
-        why,
+        %why,
         "consumer does not read its stream while giving partitions back; ending it"
     );
-    let error = CoordinatorError::NotReading(format!(
-        "consumer '{consumer}' of topic '{topic}' is not reading its stream ({why}) while it must be told to stop \
-         partitions {partitions:?}: the stream is ended; its partitions are kept for the session TTL, reconnect to resume"
-    ));
+    let error = CoordinatorError::NotReading(NotReadingStream::GivingBack {
+        consumer: consumer.to_string(),
+        topic: topic.to_string(),
+        partitions: partitions.to_vec(),
+        stall: why,
+    });
     inner.core.streams().end(key, EndReason::Disconnected, Some(error));
 }
 
@@ -299,8 +301,14 @@ mod tests {
             matches!(item, Ok(AssignmentCommand { command: Some(Command::Assignment(u)) }) if !u.unassigned.is_empty())
         });
         assert!(!unassigned, "no unassigned was queued");
-        assert!(matches!(error, CoordinatorError::NotReading(_)), "{error}");
-        assert!(error.to_string().contains("stream buffer is full"), "{error}");
+        let buffer_full = matches!(
+            &error,
+            CoordinatorError::NotReading(super::NotReadingStream::GivingBack {
+                stall: super::GiveBackStall::BufferFull,
+                ..
+            })
+        );
+        assert!(buffer_full, "{error}");
     }
 
     /// What one consumer was told, in order: `(assigned, unassigned)` per update.

@@ -72,10 +72,7 @@ fn while_rewritten(
     if !unknown || inner.core.streams().session_of(topic, consumer).is_none() {
         return error;
     }
-    CoordinatorError::RegistrationLost(format!(
-        "the registration of consumer '{consumer}' on topic '{topic}' is being written again after the \
-         store lost it; retry"
-    ))
+    CoordinatorError::RegistrationLost { consumer: consumer.to_string(), topic: topic.to_string() }
 }
 
 /// Answers `leave`, logging how the consumer leaves each topic.

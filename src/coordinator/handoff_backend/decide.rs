@@ -185,9 +185,9 @@ impl CallInFlight {
             return CallStep::ReadStore;
         }
         let (topic, partition) = (&self.topic, self.partition);
-        CallStep::Answer(Err(CoordinatorError::Contended(format!(
-            "partition {partition} of topic '{topic}' kept changing while applying the call; retry"
-        ))))
+        CallStep::Answer(Err(CoordinatorError::Contended(
+            crate::coordinator::causes::Contention::Partition { topic: topic.to_string(), partition },
+        )))
     }
 }
 

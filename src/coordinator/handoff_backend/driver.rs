@@ -343,9 +343,9 @@ async fn from_store(
     let keys = &inner.core.keys();
     let topic_key = keys.topic(topic);
     let Some(config) = inner.core.store().get(&topic_key).await? else {
-        return Err(CoordinatorError::UnknownTopic(format!(
-            "topic '{topic}' is unknown: no consumer registered for it"
-        )));
+        return Err(CoordinatorError::UnknownTopic(crate::coordinator::causes::TopicUnknown::NoConsumers {
+            topic: topic.to_string(),
+        }));
     };
     let mut state = TopicState {
         partition_count: decode::<TopicRecord>(&topic_key, &config.value)?.partition_count,

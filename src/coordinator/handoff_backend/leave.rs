@@ -52,7 +52,9 @@ pub(super) fn registrations(cache: &Cache, consumer: &str) -> Vec<Found> {
 
 /// The answer to a Deregister of a consumer with no registration.
 pub(super) fn not_registered(consumer: &str) -> CoordinatorError {
-    CoordinatorError::UnknownConsumer(format!("consumer '{consumer}' is not registered"))
+    CoordinatorError::UnknownConsumer(crate::coordinator::causes::ConsumerUnknown::NotRegistered {
+        consumer: consumer.to_string(),
+    })
 }
 
 /// What a Deregister did in one topic.
@@ -121,9 +123,9 @@ impl LeaveInFlight {
             return LeaveStep::ReadStore;
         }
         let consumer = &self.consumer;
-        LeaveStep::Answer(Err(CoordinatorError::Contended(format!(
-            "consumer '{consumer}' kept changing; retry"
-        ))))
+        LeaveStep::Answer(Err(CoordinatorError::Contended(
+            crate::coordinator::causes::Contention::Consumer { consumer: consumer.to_string() },
+        )))
     }
 }
 

@@ -128,7 +128,7 @@ async fn calls_while_a_lost_registration_is_written_again_are_refused_as_passing
     memory.revoke_session(lost).await.expect("the store expires the instance lease early");
 
     let error = coordinator.partition_ready("b", "t", p).await.expect_err("b is not registered now");
-    assert!(matches!(error, CoordinatorError::RegistrationLost(_)), "{error:?}");
+    assert!(matches!(error, CoordinatorError::RegistrationLost { .. }), "{error:?}");
     assert_eq!(crate::server::status::code_of(&error), Code::Unavailable, "retried by the client");
 
     // Once it is written again, the same call goes through.

@@ -191,6 +191,7 @@ impl Keys {
 mod tests {
     use super::*;
     use crate::handoff::Phase;
+    use crate::store::{Malformed, StoreError};
 
     #[test]
     fn keys_round_trip() {
@@ -228,8 +229,10 @@ mod tests {
         let bytes = encode(&h);
         assert_eq!(decode::<HandoffRecord>("k", &bytes).unwrap(), h);
         let newer = br#"{"v":99,"owner":"a"}"#;
-        let err = decode::<AssignmentRecord>("k", newer).unwrap_err().to_string();
-        assert!(err.contains("newer than this release"), "{err}");
-        assert!(decode::<AssignmentRecord>("k", b"garbage").is_err());
+        let err = decode::<AssignmentRecord>("k", newer).unwrap_err();
+        let newer = matches!(&err, StoreError::Invalid(Malformed::NewerRecord { version: 99, .. }));
+        assert!(newer, "{err}");
+        let garbage = decode::<AssignmentRecord>("k", b"garbage").unwrap_err();
+        assert!(matches!(garbage, StoreError::Invalid(Malformed::Undecodable { .. })), "{garbage}");
     }
 }

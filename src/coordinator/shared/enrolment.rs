@@ -237,9 +237,7 @@ impl Enrolments {
                         consumer,
                         "a Register whose caller went away is dropped: nothing written"
                     );
-                    let error = CoordinatorError::Abandoned(format!(
-                        "the caller of this Register of consumer '{consumer}' went away before it was written"
-                    ));
+                    let error = CoordinatorError::Abandoned { consumer: consumer.to_string() };
                     let _ = enrolment.reply.send(Err(error));
                 }
                 Outcome::Refused(error) => {
@@ -328,11 +326,12 @@ fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, written: Written)
                 consumer,
                 "registration written, but this instance fenced itself meanwhile"
             );
-            let error = CoordinatorError::NoSession(format!(
-                "assigner instance '{}' lost contact with its store while registering consumer '{consumer}'; \
-                 reconnect to another instance",
-                core.instance_id
-            ));
+            let error = CoordinatorError::NoSession(
+                crate::coordinator::causes::SessionMissing::LostWhileRegistering {
+                    instance: core.instance_id.to_string(),
+                    consumer: consumer.to_string(),
+                },
+            );
             core.depart(key, registered_at);
             let _ = reply.send(Err(error));
             return;

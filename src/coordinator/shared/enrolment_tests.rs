@@ -107,7 +107,7 @@ async fn a_register_whose_caller_went_away_before_it_was_decided_writes_nothing(
     enrolments.arrive(&*backend, &backend.core.mirror.read(), gone);
     assert!(enrolments.due(&backend).is_empty(), "no store call");
     let refused = answer.await.expect("answered");
-    assert!(matches!(refused, Err(CoordinatorError::Abandoned(_))), "{:?}", refused.err());
+    assert!(matches!(refused, Err(CoordinatorError::Abandoned { .. })), "{:?}", refused.err());
     assert!(store.get(&registration("events", "a")).await.expect("read").is_none());
 }
 

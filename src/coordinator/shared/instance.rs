@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
 
 use super::{mirror::MirrorCache, registrar::Registrar};
+use crate::coordinator::causes::ConsumerUnknown;
 use crate::coordinator::{
     CommandStream, ConsumerGroupCoordinator, CoordinatorError, EpochStream, EpochsAt, PartitionEpoch,
     StatusView, TopicPlacement, validate_consumer_name, validate_topic_name,
@@ -39,7 +40,7 @@ pub enum Report {
 
 /// What a call that reached no loop, or whose loop stopped before answering, is told.
 pub(crate) fn stopping() -> StoreError {
-    StoreError::Unavailable("this assigner instance is stopping".into())
+    StoreError::Unavailable(crate::store::Unreachable::Stopping)
 }
 
 /// A consumer's call, its names checked, on its way into the instance's loop
@@ -249,22 +250,21 @@ fn watch_epochs<B: Backend>(
 ) -> Result<EpochStream, CoordinatorError> {
     let core = backend.core();
     let Some(session) = core.streams().session_of(topic, consumer) else {
-        return Err(CoordinatorError::UnknownConsumer(format!(
-            "consumer '{consumer}' has no registration for topic '{topic}' on this assigner instance: \
-             call Register first, on the instance you ask for its epochs"
-        )));
+        return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::NotRegisteredHere {
+            consumer: consumer.to_string(),
+            topic: topic.to_string(),
+        }));
     };
     let key = (topic.to_string(), consumer.to_string(), session);
     // Closed when the consumer's stream ends (its receiver is dropped).
     let Some(commands) = core.streams().with(&key, |stream| stream.tx.clone()) else {
-        return Err(CoordinatorError::UnknownConsumer(format!(
-            "consumer '{consumer}' of topic '{topic}' just left this assigner instance; register again"
-        )));
+        return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::JustLeft {
+            consumer: consumer.to_string(),
+            topic: topic.to_string(),
+        }));
     };
     if backend.epochs(topic, consumer, 0).is_none() {
-        return Err(CoordinatorError::NoEpochs(
-            "this assigner's backend hands out no ownership epochs".into(),
-        ));
+        return Err(CoordinatorError::NoEpochs);
     }
     let state = Watching {
         backend: backend.clone(),

@@ -345,10 +345,11 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     /// The instance session, while it may be acted on (`UNAVAILABLE` otherwise).
     pub fn live_lease(&self) -> Result<crate::store::SessionId, crate::coordinator::CoordinatorError> {
         self.lease.borrow().live().ok_or_else(|| {
-            crate::coordinator::CoordinatorError::NoSession(format!(
-                "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
-                self.instance_id
-            ))
+            crate::coordinator::CoordinatorError::NoSession(
+                crate::coordinator::causes::SessionMissing::NotLive {
+                    instance: self.instance_id.to_string(),
+                },
+            )
         })
     }
 
@@ -377,7 +378,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         match tokio::time::timeout(self.lease_ttl, lease.wait_for(|s| s.live().is_some())).await {
             Ok(Ok(_)) => Ok(()),
             _ => Err(crate::coordinator::CoordinatorError::NoSession(
-                "the store did not grant this instance a session within one TTL".into(),
+                crate::coordinator::causes::SessionMissing::NotGranted,
             )),
         }
     }
@@ -467,8 +468,9 @@ impl<C: MirrorCache + Send + Sync, T: streams::Told> LeaseHolder for Core<C, T> 
     }
 
     fn fence(&self) {
-        self.streams
-            .fence_all(&format!("assigner instance '{}' lost contact with its store", self.instance_id));
+        self.streams.fence_all(crate::coordinator::causes::Fence::SessionLost {
+            instance: self.instance_id.to_string(),
+        });
     }
 
     fn check_now(&self) -> &tokio::sync::Notify {

@@ -88,13 +88,11 @@ fn expire_the_oldest<C: MirrorCache, T: super::streams::Told>(core: &Core<C, T>)
         }
         let (topic, consumer) = (&key.0, &key.1);
         tracing::warn!(topic, consumer, "the lost registration could not be written again within a TTL");
-        let error = CoordinatorError::StreamEnded(
-            crate::coordinator::StreamEnd::Expired,
-            format!(
-                "the registration of consumer '{consumer}' on topic '{topic}' was lost and could not be written \
-             again; register again"
-            ),
-        );
+        let error =
+            CoordinatorError::StreamEnded(crate::coordinator::causes::EndOfStream::RegistrationExpired {
+                consumer: consumer.to_string(),
+                topic: topic.to_string(),
+            });
         core.streams.with(&key, |s| s.farewell(topic));
         core.streams.end(&key, EndReason::Expired, Some(error));
     }

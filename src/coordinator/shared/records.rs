@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use crate::store::{Revision, StoreError};
+use crate::store::{Malformed, Revision, StoreError};
 
 /// The record format this release writes.
 pub const RECORD_VERSION: u32 = 1;
@@ -74,19 +74,23 @@ pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     serde_json::to_vec(record).unwrap_or_default()
 }
 
+fn undecodable(key: &str, error: serde_json::Error) -> StoreError {
+    StoreError::Invalid(Malformed::Undecodable { key: key.to_string(), source: std::sync::Arc::new(error) })
+}
+
 /// Decodes a record, refusing versions newer than this release understands.
 pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
     #[derive(Deserialize)]
     struct Version {
         v: u32,
     }
-    let version: Version =
-        serde_json::from_slice(bytes).map_err(|e| StoreError::Invalid(format!("{key}: {e}")))?;
+    let version: Version = serde_json::from_slice(bytes).map_err(|e| undecodable(key, e))?;
     if version.v > RECORD_VERSION {
-        return Err(StoreError::Invalid(format!(
-            "{key}: record version {} is newer than this release ({RECORD_VERSION})",
-            version.v
-        )));
+        return Err(StoreError::Invalid(Malformed::NewerRecord {
+            key: key.to_string(),
+            version: version.v,
+            supported: RECORD_VERSION,
+        }));
     }
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Invalid(format!("{key}: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| undecodable(key, e))
 }

@@ -119,8 +119,9 @@ mod tests {
     use futures::StreamExt;
 
     use super::register;
+    use crate::coordinator::CoordinatorError;
+    use crate::coordinator::causes::EndOfStream;
     use crate::coordinator::shared::test_backend::{TestBackend, registration};
-    use crate::coordinator::{CoordinatorError, StreamEnd};
     use crate::proto::v1::assignment_command::Command;
     use crate::store::LeaseStore;
     use crate::store::StoreError;
@@ -160,7 +161,7 @@ mod tests {
         let mut second = register(&backend, "a", "events", 0).await.expect("registers again");
         second.next().await.expect("snapshot").expect("not an error");
         let error = first.next().await.expect("an error item").expect_err("replaced");
-        assert!(matches!(error, CoordinatorError::Replaced(_)), "{error}");
+        assert!(matches!(error, CoordinatorError::Replaced { .. }), "{error}");
         assert!(first.next().await.is_none(), "then the stream ends");
         tokio::time::sleep(TTL * 2).await;
         let record =
@@ -177,8 +178,8 @@ mod tests {
         cut.cut_off();
         let error = stream.next().await.expect("an error item").expect_err("fenced");
         let fenced_after = cut_at.elapsed();
-        assert!(matches!(error, CoordinatorError::StreamEnded(StreamEnd::Fenced, _)), "{error}");
-        assert!(error.to_string().contains("lost contact with its store"), "{error}");
+        // Whichever noticed first, the lease keeper or the relay, fenced it.
+        assert!(matches!(error, CoordinatorError::StreamEnded(EndOfStream::Fenced(_))), "{error}");
         // The last renewal was before the cut: the fence came at most 3/4 TTL after it, a
         // quarter TTL before the lease could expire.
         assert!(fenced_after <= TTL * 3 / 4, "fenced {fenced_after:?} after the cut");
@@ -323,7 +324,7 @@ mod tests {
         assert!(!backend.core.begin_shutdown(), "a second shutdown does nothing");
         assert!(!backend.core.readiness.get());
         let error = stream.next().await.expect("an error item").expect_err("shutting down");
-        assert!(matches!(error, CoordinatorError::StreamEnded(StreamEnd::Shutdown, _)), "{error}");
+        assert!(matches!(error, CoordinatorError::StreamEnded(EndOfStream::Shutdown { .. })), "{error}");
         let error = register(&backend, "b", "events", 0).await.err().expect("refused");
         assert!(matches!(error, CoordinatorError::ShuttingDown), "{error}");
     }

@@ -15,6 +15,7 @@ use super::mirror::MirrorCache;
 use super::registrar::{Caller, Registrar};
 use super::streams::StreamKey;
 use crate::coordinator::CoordinatorError;
+use crate::coordinator::causes::Contention;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn};
 
 /// Writes `consumer`'s registration with id `registration` on `topic`, bound to the
@@ -96,16 +97,14 @@ pub async fn write<R: Registrar>(
             if !outcome.succeeded {
                 // Registered, but not every epoch raised: the stream is not admitted, and
                 // the client's next attempt raises them again.
-                return Err(CoordinatorError::Contended(format!(
-                    "consumer '{consumer}' changed ownership while its epochs were raised; retry"
-                )));
+                return Err(CoordinatorError::Contended(Contention::EpochsRaised {
+                    consumer: consumer.to_string(),
+                }));
             }
         }
         return Ok(Some(Written { revision, same_process }));
     }
-    Err(CoordinatorError::Contended(format!(
-        "consumer '{consumer}' is being registered concurrently elsewhere; retry"
-    )))
+    Err(CoordinatorError::Contended(Contention::RegisteredElsewhere { consumer: consumer.to_string() }))
 }
 
 /// Whether a registration sent by client process `sent` replaces one that the same process

@@ -10,12 +10,13 @@
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use super::outgoing::{CommandSender, Outgoing, PassGate, STREAM_BUFFER};
+use super::outgoing::{CommandSender, Outgoing, PassGate};
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
-use crate::coordinator::{CoordinatorError, StreamEnd};
+use crate::coordinator::CoordinatorError;
+use crate::coordinator::causes::{EndOfStream, Fence, NotReadingStream};
 use crate::metrics::Metrics;
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};
@@ -133,7 +134,7 @@ impl<T: Told> LocalStream<T> {
     }
 
     /// Sends commands; a closed receiver means the client is gone, which its stream task
-    /// notices. Beyond [`STREAM_BUFFER`] commands nothing is sent: the last two slots are
+    /// notices. Beyond [`STREAM_BUFFER`](super::outgoing::STREAM_BUFFER) commands nothing is sent: the last two slots are
     /// kept for the farewell and the error that ends an overflowing stream.
     pub fn send(&mut self, commands: impl IntoIterator<Item = AssignmentCommand>) {
         for command in commands {
@@ -192,10 +193,10 @@ impl<T: Told> LocalStream<T> {
     /// The ending of a stream whose consumer stopped reading, if it did.
     pub(super) fn overflow(&self, topic: &str, consumer: &str) -> Option<Ending> {
         self.overflowed.then(|| {
-            let error = CoordinatorError::NotReading(format!(
-                "consumer '{consumer}' of topic '{topic}' is not reading its stream ({STREAM_BUFFER} commands \
-                 waiting): the stream is ended; its partitions are kept for the session TTL, reconnect to resume"
-            ));
+            let error = CoordinatorError::NotReading(NotReadingStream::BufferFull {
+                consumer: consumer.to_string(),
+                topic: topic.to_string(),
+            });
             (EndReason::Disconnected, Some(error))
         })
     }
@@ -237,9 +238,7 @@ impl<T: Told> LocalStream<T> {
 
 /// The error that ends a stream replaced by a newer registration of its name.
 pub fn replaced_error(topic: &str, consumer: &str) -> CoordinatorError {
-    CoordinatorError::Replaced(format!(
-        "consumer '{consumer}' registered again for topic '{topic}'; this stream was replaced"
-    ))
+    CoordinatorError::Replaced { consumer: consumer.to_string(), topic: topic.to_string() }
 }
 
 /// The local streams, at most one per (topic, consumer).
@@ -401,8 +400,7 @@ impl<T: Told> Streams<LocalStream<T>> {
     pub fn crash_all(&self) {
         for name in self.names() {
             if let Some((_, stream)) = self.map.remove(&name) {
-                let crashed =
-                    CoordinatorError::StreamEnded(StreamEnd::Crashed, "assigner instance crashed".into());
+                let crashed = CoordinatorError::StreamEnded(EndOfStream::Crashed);
                 let _ = stream.tx.try_send(Outgoing::free(Err(crashed)));
             }
         }
@@ -413,15 +411,12 @@ impl<T: Told> Streams<LocalStream<T>> {
     /// with `UNAVAILABLE` saying `why` (the instance lost its store session, see
     /// `lease.rs`, or cannot relay, see `upkeep.rs`); registrations are kept for the
     /// TTL.
-    pub fn fence_all(&self, why: &str) {
+    pub fn fence_all(&self, why: Fence) {
         let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (topic, consumer) in self.names() {
             if let Some((_, mut stream)) = self.map.remove(&(topic.clone(), consumer)) {
                 stream.farewell(&topic);
-                let error = CoordinatorError::StreamEnded(
-                    StreamEnd::Fenced,
-                    format!("{why}; stop processing and reconnect to another instance"),
-                );
+                let error = CoordinatorError::StreamEnded(EndOfStream::Fenced(why.clone()));
                 stream.finish(EndReason::Disconnected, Some(error));
             }
         }
@@ -432,12 +427,9 @@ impl<T: Told> Streams<LocalStream<T>> {
     pub fn end_all(&self, instance_id: &str) {
         for (topic, consumer) in self.names() {
             if let Some((_, stream)) = self.map.remove(&(topic, consumer)) {
-                let error = CoordinatorError::StreamEnded(
-                    StreamEnd::Shutdown,
-                    format!(
-                        "assigner instance '{instance_id}' is shutting down; reconnect to another instance"
-                    ),
-                );
+                let error = CoordinatorError::StreamEnded(EndOfStream::Shutdown {
+                    instance: instance_id.to_string(),
+                });
                 stream.finish(EndReason::Shutdown, Some(error));
             }
         }

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc::error::TryRecvError, oneshot};
 
-use super::{EndReason, LocalStream, STREAM_BUFFER, Streams};
+use super::super::outgoing::STREAM_BUFFER;
+use super::{EndReason, LocalStream, Streams};
+use crate::coordinator::CoordinatorError;
+use crate::coordinator::causes::{EndOfStream, Fence};
 use crate::coordinator::shared::mirror::Changes;
 use crate::coordinator::shared::outgoing::update;
 use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel, command_stream};
 use crate::coordinator::shared::relay::{RelayStep, StreamSeen, Tell};
-use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::metrics::Metrics;
 use crate::proto::v1::AssignmentCommand;
 use crate::store::SessionId;
@@ -46,14 +48,14 @@ fn the_later_registration_stays_and_the_other_ends_aborted() {
     let (new, mut new_rx, _new_end) = stream(2, 11);
     streams.insert("t", "a", old);
     streams.insert("t", "a", new);
-    assert!(matches!(error_item(&mut old_rx), Some(CoordinatorError::Replaced(_))));
+    assert!(matches!(error_item(&mut old_rx), Some(CoordinatorError::Replaced { .. })));
     assert_eq!(old_end.try_recv(), Ok(EndReason::Replaced), "its session is revoked");
     assert!(new_rx.try_recv().is_err(), "the newer stream hears nothing");
     assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))));
     // A registration that arrives late but was written earlier loses.
     let (stale, mut stale_rx, _stale_end) = stream(3, 5);
     streams.insert("t", "a", stale);
-    assert!(matches!(error_item(&mut stale_rx), Some(CoordinatorError::Replaced(_))));
+    assert!(matches!(error_item(&mut stale_rx), Some(CoordinatorError::Replaced { .. })));
     assert!(streams.contains(&("t".into(), "a".into(), SessionId(2))));
     assert_eq!(metrics.streams.get(), 1);
 }
@@ -137,13 +139,16 @@ fn crash_breaks_every_stream_without_telling_any_task_and_shutdown_tells_them() 
     let (a, mut a_rx, mut a_end) = stream(1, 1);
     streams.insert("t", "a", a);
     streams.crash_all();
-    assert!(matches!(error_item(&mut a_rx), Some(CoordinatorError::StreamEnded(StreamEnd::Crashed, _))));
+    assert!(matches!(error_item(&mut a_rx), Some(CoordinatorError::StreamEnded(EndOfStream::Crashed))));
     assert!(a_end.try_recv().is_err(), "no reason: the session is left to expire");
     assert_eq!(metrics.streams.get(), 0);
     let (b, mut b_rx, mut b_end) = stream(2, 2);
     streams.insert("t", "b", b);
     streams.end_all("i-1");
-    assert!(matches!(error_item(&mut b_rx), Some(CoordinatorError::StreamEnded(StreamEnd::Shutdown, _))));
+    assert!(matches!(
+        error_item(&mut b_rx),
+        Some(CoordinatorError::StreamEnded(EndOfStream::Shutdown { .. }))
+    ));
     assert_eq!(b_end.try_recv(), Ok(EndReason::Shutdown));
     assert!(streams.names().is_empty());
 }
@@ -211,7 +216,7 @@ fn a_fenced_consumer_with_a_full_buffer_still_hears_its_farewell_before_the_end(
     for _ in 0..STREAM_BUFFER {
         streams.with(&key, |s| s.send([update("t", [0], [])]));
     }
-    streams.fence_all("i1");
+    streams.fence_all(Fence::SessionLost { instance: "i1".into() });
     let mut items = Vec::new();
     while let Ok(outgoing) = rx.try_recv() {
         items.push(outgoing.item);
@@ -225,7 +230,7 @@ fn a_fenced_consumer_with_a_full_buffer_still_hears_its_farewell_before_the_end(
     );
     assert!(items[..n - 2].iter().all(|i| matches!(i, Ok(c) if *c == update("t", [0], []))));
     assert_eq!(n - 2, STREAM_BUFFER, "the backlog is kept whole");
-    let fenced = matches!(items[n - 1], Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _)));
+    let fenced = matches!(items[n - 1], Err(CoordinatorError::StreamEnded(EndOfStream::Fenced(_))));
     assert!(fenced, "then the stream ends as fenced: {:?}", items[n - 1]);
 }
 
@@ -234,9 +239,8 @@ fn fencing_ends_streams_saying_so_for_the_metric() {
     let (streams, _metrics) = registry();
     let (a, mut a_rx, mut a_end) = stream(1, 1);
     streams.insert("t", "a", a);
-    streams.fence_all("assigner instance 'i1' lost contact with its store");
-    let ended =
-        matches!(a_rx.try_recv(), Ok(Err(CoordinatorError::StreamEnded(super::StreamEnd::Fenced, _))));
+    streams.fence_all(Fence::CannotFollow { instance: "i1".into() });
+    let ended = matches!(a_rx.try_recv(), Ok(Err(CoordinatorError::StreamEnded(EndOfStream::Fenced(_)))));
     assert!(ended, "the stream ends as fenced");
     assert_eq!(a_end.try_recv(), Ok(EndReason::Disconnected), "the registration is kept for the TTL");
 }

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use super::cas::CAS_ATTEMPTS;
 use super::records::{TopicRecord, decode, encode};
 use crate::coordinator::CoordinatorError;
+use crate::coordinator::causes::{Contention, TopicUnknown};
 use crate::kafka::{KafkaError, KafkaMetadata};
 use crate::store::{Compare, LeaseStore, Op, Revision, Txn};
 
@@ -102,25 +103,22 @@ impl Topics {
                 return Ok(count);
             }
         }
-        Err(CoordinatorError::Contended(format!("topic '{topic}' config kept changing; retry")))
+        Err(CoordinatorError::Contended(Contention::TopicConfig { topic: topic.to_string() }))
     }
 
     async fn ask_source(&self, topic: &str) -> Result<u32, CoordinatorError> {
         let Some(source) = &self.source else {
-            return Err(CoordinatorError::UnknownTopic(format!(
-                "topic '{topic}' is unknown: no partition count is stored or configured for it \
-                 (configure it with --topic-partitions {topic}=<count>, or set --kafka-brokers)"
-            )));
+            return Err(CoordinatorError::UnknownTopic(TopicUnknown::NotConfigured {
+                topic: topic.to_string(),
+            }));
         };
         source.partition_count(topic).await.map_err(|error| match error {
-            KafkaError::UnknownTopic(_) => CoordinatorError::UnknownTopic(format!(
-                "topic '{topic}' is unknown: it does not exist in {}",
-                source.describe()
-            )),
-            other => CoordinatorError::Kafka {
-                context: format!("cannot learn the partition count of topic '{topic}'"),
-                source: other,
-            },
+            error @ KafkaError::UnknownTopic(_) => CoordinatorError::UnknownTopic(TopicUnknown::NotInKafka {
+                topic: topic.to_string(),
+                cluster: source.describe(),
+                source: error,
+            }),
+            other => CoordinatorError::Kafka { topic: topic.to_string(), source: other },
         })
     }
 
@@ -282,6 +280,7 @@ mod tests {
 
     use super::{PartitionCounts, Topics};
     use crate::coordinator::CoordinatorError;
+    use crate::coordinator::causes::TopicUnknown;
     use crate::coordinator::shared::records::{TopicRecord, decode};
     use crate::kafka::KafkaError;
     use crate::store::{Compare, LeaseStore, MemoryStore};
@@ -337,11 +336,17 @@ mod tests {
         assert_eq!(topics.ensure(&store, "/t/asked", "asked", None).await.expect("stored"), 6);
         assert_eq!(answers.asked.load(Ordering::SeqCst), 1, "a stored count is not asked again");
         let unknown = topics.ensure(&store, "/t/unknown", "unknown", None).await.expect_err("unknown");
-        assert!(matches!(unknown, CoordinatorError::UnknownTopic(_)), "{unknown}");
+        let not_in_kafka = matches!(&unknown,
+            CoordinatorError::UnknownTopic(TopicUnknown::NotInKafka { topic, source: KafkaError::UnknownTopic(_), .. })
+                if topic == "unknown");
+        assert!(not_in_kafka, "{unknown}");
         let down = topics.ensure(&store, "/t/down", "down", None).await.expect_err("source down");
-        assert!(matches!(down, CoordinatorError::Kafka { .. }), "{down}");
+        assert!(matches!(&down, CoordinatorError::Kafka { topic, .. } if topic == "down"), "{down}");
         assert_eq!(stored(&store, "/t/down").await, None, "nothing stored when the source cannot answer");
         let nowhere = Topics::default().ensure(&store, "/t/x", "x", None).await.expect_err("no source");
+        let not_configured = matches!(&nowhere, CoordinatorError::UnknownTopic(TopicUnknown::NotConfigured { topic }) if topic == "x");
+        assert!(not_configured, "{nowhere}");
+        // The message tells the operator how to configure it.
         assert!(nowhere.to_string().contains("--topic-partitions x="), "{nowhere}");
     }
 

@@ -383,10 +383,9 @@ fn fence<C: MirrorCache, T: Told>(core: &Core<C, T>) {
         "this instance cannot follow its store: fencing its consumers (they are told to stop)"
     );
     core.relay_fenced.store(true, Ordering::SeqCst);
-    core.streams.fence_all(&format!(
-        "assigner instance '{}' lost contact with its store (it cannot follow it: its watch and reads fail)",
-        core.instance_id
-    ));
+    core.streams.fence_all(crate::coordinator::causes::Fence::CannotFollow {
+        instance: core.instance_id.to_string(),
+    });
 }
 
 /// Admits streams again: the relay follows the store again.

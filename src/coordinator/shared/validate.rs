@@ -1,25 +1,21 @@
 //! Validation of names that arrive from the network, before they reach a store key.
 
 use crate::coordinator::CoordinatorError;
+use crate::coordinator::causes::BadName;
 
 /// Kafka's own rules: 1..=249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
 pub fn validate_topic_name(topic: &str) -> Result<(), CoordinatorError> {
     if topic.is_empty() {
-        return Err(CoordinatorError::InvalidName("topic must not be empty".into()));
+        return Err(BadName::EmptyTopic.into());
     }
     if topic.len() > 249 {
-        return Err(CoordinatorError::InvalidName(format!(
-            "topic name is {} characters long; Kafka allows at most 249",
-            topic.len()
-        )));
+        return Err(BadName::TopicTooLong { length: topic.len() }.into());
     }
     if topic == "." || topic == ".." {
-        return Err(CoordinatorError::InvalidName(format!("'{topic}' is not a valid Kafka topic name")));
+        return Err(BadName::DotTopic { topic: topic.to_string() }.into());
     }
     if let Some(bad) = topic.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(CoordinatorError::InvalidName(format!(
-            "topic '{topic}' contains {bad:?}; Kafka topic names use only letters, digits, '.', '_' and '-'"
-        )));
+        return Err(BadName::TopicCharacter { topic: topic.to_string(), bad }.into());
     }
     Ok(())
 }
@@ -28,18 +24,13 @@ pub fn validate_topic_name(topic: &str) -> Result<(), CoordinatorError> {
 /// (a Kubernetes pod name fits), printable, no `/`.
 pub fn validate_consumer_name(name: &str) -> Result<(), CoordinatorError> {
     if name.is_empty() {
-        return Err(CoordinatorError::InvalidName("consumer_name must not be empty".into()));
+        return Err(BadName::EmptyConsumer.into());
     }
     if name.len() > 253 {
-        return Err(CoordinatorError::InvalidName(format!(
-            "consumer_name is {} characters long; at most 253 are allowed",
-            name.len()
-        )));
+        return Err(BadName::ConsumerTooLong { length: name.len() }.into());
     }
     if let Some(bad) = name.chars().find(|c| *c == '/' || c.is_control() || c.is_whitespace()) {
-        return Err(CoordinatorError::InvalidName(format!(
-            "consumer_name {name:?} contains {bad:?}; use a name without '/', spaces or control characters"
-        )));
+        return Err(BadName::ConsumerCharacter { consumer: name.to_string(), bad }.into());
     }
     Ok(())
 }
@@ -50,13 +41,35 @@ mod tests {
 
     #[test]
     fn names() {
+        let refused = |result: Result<(), CoordinatorError>| match result {
+            Err(CoordinatorError::InvalidName(cause)) => cause,
+            other => panic!("expected InvalidName, got {other:?}"),
+        };
         assert!(validate_topic_name("events.v1_x-y").is_ok());
-        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(250)] {
-            assert!(validate_topic_name(bad).is_err(), "{bad:?}");
+        let dot = |topic: &str| BadName::DotTopic { topic: topic.into() };
+        let character = |topic: &str, bad| BadName::TopicCharacter { topic: topic.into(), bad };
+        let topics = [
+            ("", BadName::EmptyTopic),
+            (".", dot(".")),
+            ("..", dot("..")),
+            ("a/b", character("a/b", '/')),
+            ("a b", character("a b", ' ')),
+            (&"x".repeat(250), BadName::TopicTooLong { length: 250 }),
+        ];
+        for (bad, cause) in topics {
+            assert_eq!(refused(validate_topic_name(bad)), cause, "{bad:?}");
         }
         assert!(validate_consumer_name("pod-0").is_ok());
-        for bad in ["", "a/b", "a b", "a\n", &"x".repeat(254)] {
-            assert!(validate_consumer_name(bad).is_err(), "{bad:?}");
+        let character = |consumer: &str, bad| BadName::ConsumerCharacter { consumer: consumer.into(), bad };
+        let consumers = [
+            ("", BadName::EmptyConsumer),
+            ("a/b", character("a/b", '/')),
+            ("a b", character("a b", ' ')),
+            ("a\n", character("a\n", '\n')),
+            (&"x".repeat(254), BadName::ConsumerTooLong { length: 254 }),
+        ];
+        for (bad, cause) in consumers {
+            assert_eq!(refused(validate_consumer_name(bad)), cause, "{bad:?}");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `PartitionReady` / `PartitionReleased` (refused: nothing moves) and `Deregister`.
 
 use super::Static;
+use crate::coordinator::causes::{ConsumerUnknown, HandoffFreeBackend};
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 use crate::proto::v1::DeregisterAction;
 
@@ -9,11 +10,7 @@ use crate::proto::v1::DeregisterAction;
 pub(super) fn no_handoffs(consumer: &str, topic: &str) -> Result<(), CoordinatorError> {
     validate_consumer_name(consumer)?;
     validate_topic_name(topic)?;
-    Err(CoordinatorError::NoHandoffs(
-        "static backend performs no handoffs: partitions never move, so there is nothing to be ready \
-         for or to release"
-            .into(),
-    ))
+    Err(CoordinatorError::NoHandoffs(HandoffFreeBackend::Static))
 }
 
 /// `SHUTDOWN_NOW` for any consumer the configuration covers (nothing moves, so there is
@@ -22,9 +19,9 @@ pub(super) fn deregister(inner: &Static, consumer: &str) -> Result<DeregisterAct
     validate_consumer_name(consumer)?;
     let registered = inner.streams.names().iter().any(|(_, c)| c == consumer);
     if !registered && !inner.config.assignment.covers(consumer) {
-        return Err(CoordinatorError::UnknownConsumer(format!(
-            "consumer '{consumer}' is not covered by the static assignment"
-        )));
+        return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::NotInStaticAssignment {
+            consumer: consumer.to_string(),
+        }));
     }
     Ok(DeregisterAction::ShutdownNow)
 }

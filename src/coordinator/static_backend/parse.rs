@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::coordinator::causes::ConsumerUnknown;
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 
 /// The explicit assignment variable (also `--static-assignment`).
@@ -87,26 +88,25 @@ impl StaticAssignment {
         match self {
             StaticAssignment::Explicit(topics) => {
                 topics.get(topic).and_then(|c| c.get(consumer)).cloned().ok_or_else(|| {
-                    CoordinatorError::UnknownConsumer(format!(
-                        "consumer '{consumer}' has no partitions of topic '{topic}' in {ASSIGNMENT_VAR}"
-                    ))
+                    CoordinatorError::UnknownConsumer(ConsumerUnknown::NoStaticPartitions {
+                        consumer: consumer.to_string(),
+                        topic: topic.to_string(),
+                    })
                 })
             }
             StaticAssignment::RoundRobin { members } => {
                 let Some(member) = ordinal(consumer) else {
-                    return Err(CoordinatorError::UnknownConsumer(format!(
-                        "consumer '{consumer}' has no number at the end of its name, so it is no member \
-                         of the round-robin assignment ({MEMBERS_VAR}={members}); name consumers \
-                         like pod-0 .. pod-{}",
-                        members - 1
-                    )));
+                    return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::NoOrdinal {
+                        consumer: consumer.to_string(),
+                        members: *members,
+                    }));
                 };
                 if member >= *members {
-                    return Err(CoordinatorError::UnknownConsumer(format!(
-                        "consumer '{consumer}' is member {member}, but {MEMBERS_VAR}={members} \
-                         (members 0 to {})",
-                        members - 1
-                    )));
+                    return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::MemberOutOfRange {
+                        consumer: consumer.to_string(),
+                        member,
+                        members: *members,
+                    }));
                 }
                 Ok((member..count).step_by(*members as usize).collect())
             }
@@ -300,8 +300,8 @@ mod tests {
         // A consumer with partitions of one topic only is not found on the other.
         let parsed = explicit("a=events:0-11;b=orders:0-1", &spec).unwrap();
         let err = parsed.partitions("orders", "a", 2).unwrap_err();
-        assert!(matches!(err, CoordinatorError::UnknownConsumer(_)), "{err:?}");
-        assert!(err.to_string().contains("'a'") && err.to_string().contains("'orders'"), "{err}");
+        let expected = ConsumerUnknown::NoStaticPartitions { consumer: "a".into(), topic: "orders".into() };
+        assert!(matches!(&err, CoordinatorError::UnknownConsumer(cause) if *cause == expected), "{err:?}");
         // With one topic configured, the prefix is optional.
         assert_eq!(explicit("a=events:0-1", &[("events", 2)]), explicit("a=0-1", &[("events", 2)]));
     }
@@ -352,8 +352,12 @@ mod tests {
         // Beyond the member count, and no ordinal at all: NOT_FOUND naming the consumer.
         for name in ["pod-3", "pod", "pod-99999999999"] {
             let err = parsed.partitions("events", name, 12).unwrap_err();
-            assert!(matches!(err, CoordinatorError::UnknownConsumer(_)), "{name}: {err:?}");
-            assert!(err.to_string().contains(&format!("'{name}'")), "{err}");
+            let named = matches!(&err,
+                CoordinatorError::UnknownConsumer(
+                    ConsumerUnknown::NoOrdinal { consumer, members: 3 }
+                    | ConsumerUnknown::MemberOutOfRange { consumer, members: 3, .. }
+                ) if consumer == name);
+            assert!(named, "{name}: {err:?}");
         }
         assert!(parsed.covers("pod-2") && !parsed.covers("pod-3") && !parsed.covers("pod"));
         assert_eq!(ordinal("web-12"), Some(12));

@@ -6,6 +6,7 @@ use std::sync::{Arc, atomic::Ordering};
 use futures::StreamExt;
 
 use super::Static;
+use crate::coordinator::causes::{ConsumerUnknown, TopicUnknown};
 use crate::coordinator::shared::{
     outgoing::update,
     outgoing::{command_channel, command_stream},
@@ -30,10 +31,7 @@ pub(super) fn register(
         return Err(CoordinatorError::ShuttingDown);
     }
     let count = inner.config.topic_partitions.get(topic).copied().ok_or_else(|| {
-        CoordinatorError::UnknownTopic(format!(
-            "topic '{topic}' is unknown to the static backend: configure its partition count with \
-             --topic-partitions {topic}=<count>"
-        ))
+        CoordinatorError::UnknownTopic(TopicUnknown::NotInStaticConfig { topic: topic.to_string() })
     })?;
     let partitions = inner.config.assignment.partitions(topic, consumer, count)?;
     let (tx, rx) = command_channel();
@@ -83,10 +81,10 @@ pub(super) fn watch_epochs(
         .map(|session| (topic.to_string(), consumer.to_string(), session));
     let commands = registered.as_ref().and_then(|key| inner.streams.with(key, |stream| stream.tx.clone()));
     let (Some(commands), Some(&count)) = (commands, inner.config.topic_partitions.get(topic)) else {
-        return Err(CoordinatorError::UnknownConsumer(format!(
-            "consumer '{consumer}' has no registration for topic '{topic}' on this assigner instance: \
-             call Register first"
-        )));
+        return Err(CoordinatorError::UnknownConsumer(ConsumerUnknown::NotRegisteredStatic {
+            consumer: consumer.to_string(),
+            topic: topic.to_string(),
+        }));
     };
     let partitions: Vec<PartitionEpoch> = inner
         .config

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::store::{
     Compare, EtcdStore, EtcdStoreConfig, FaultyStore, LeaseStore, MemoryStore, MeteredStore, Op, StoreError,
-    Txn,
+    Txn, Unreachable,
 };
 
 use super::{PROMPT, Store, get, next_event, put, revision, summary, watch};
@@ -51,7 +51,9 @@ async fn etcd_connect_to_closed_port_fails_within_the_timeout() {
     let result = EtcdStore::connect(config).await;
     let elapsed = started.elapsed();
     match result {
-        Err(StoreError::Unavailable(message)) => assert!(message.contains(&port.to_string()), "{message}"),
+        Err(StoreError::Unavailable(Unreachable::OutOfTime { what: "connect", endpoints, .. })) => {
+            assert!(endpoints.contains(&port.to_string()), "{endpoints}")
+        }
         other => panic!("expected Unavailable, got {other:?}"),
     }
     assert!(elapsed < connect_timeout + Duration::from_millis(500), "took {elapsed:?}");
