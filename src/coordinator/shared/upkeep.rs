@@ -153,6 +153,11 @@ impl Upkeep {
         None
     }
 
+    /// When the sweep looks next.
+    pub fn next_sweep(&self) -> Instant {
+        self.next_sweep
+    }
+
     /// When the upkeep has something to do next.
     pub fn wake_at(&self) -> Instant {
         let departure = self.departures.wake_at().unwrap_or(self.next_sweep);
@@ -193,7 +198,7 @@ impl Upkeep {
     }
 
     /// The sweep, if it is due: `found` lists the registrations no local stream holds.
-    fn sweep_due(&mut self, now: Instant, found: impl FnOnce() -> Vec<StreamKey>) -> Vec<Chore> {
+    pub fn sweep_due(&mut self, now: Instant, found: impl FnOnce() -> Vec<StreamKey>) -> Vec<Chore> {
         if now < self.next_sweep {
             return Vec::new();
         }

@@ -41,6 +41,7 @@ use crate::coordinator::machine::io::{
     CallId, Effect, Input, LeaseState, Micros, Replied, RequestId, Stop, StoreReply, StoreRequest,
 };
 use crate::coordinator::shared::departures::Departures;
+use crate::coordinator::shared::upkeep::Upkeep;
 use crate::coordinator::{CoordinatorError, PartitionEpoch};
 use crate::handoff::Millis;
 use crate::store::{StoreError, Txn};
@@ -109,10 +110,16 @@ pub struct Instance {
     waiting: BTreeMap<RequestId, Waiting>,
     /// Command streams by (topic, consumer).
     streams: BTreeMap<(String, String), Stream>,
+    /// Streams that closed before their `Register` admitted them: their caller went away
+    /// (a registration whose caller is gone never replaces another, docs/design.md §6).
+    closed: std::collections::BTreeSet<crate::coordinator::machine::io::StreamId>,
     /// Epoch streams by their id.
     epoch_streams: BTreeMap<crate::coordinator::machine::io::StreamId, EpochWatch>,
     /// Registrations whose streams ended, until settled.
     departures: Departures,
+    /// The sweep of registrations of this instance no stream holds (a safety net), as the
+    /// running instance's upkeep keeps it.
+    sweeper: Upkeep,
     leader: LeaderState,
     /// What was last said of readiness and of the timer (said again only when it changes).
     ready: Option<bool>,
@@ -128,6 +135,7 @@ impl Instance {
     pub fn new(config: HandoffConfig, origin: Instant, now: Micros) -> (Self, Vec<Effect>) {
         let keys = Keys::new(&config.prefix);
         let departures = Departures::new(config.lease_ttl);
+        let sweeper = Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now));
         let mut instance = Instance {
             keys,
             origin,
@@ -146,8 +154,10 @@ impl Instance {
             registrations: 0,
             waiting: BTreeMap::new(),
             streams: BTreeMap::new(),
+            closed: Default::default(),
             epoch_streams: BTreeMap::new(),
             departures,
+            sweeper,
             leader: LeaderState::new(now),
             ready: None,
             wake: None,
@@ -247,6 +257,10 @@ impl Instance {
     /// What the store answered `request`.
     fn answered(&mut self, request: RequestId, answer: Result<StoreReply, StoreError>) {
         let Some(waiting) = self.waiting.remove(&request) else { return };
+        if let Err(StoreError::SessionExpired(_)) = &answer {
+            // The lease keeper may not have noticed yet: it should look now.
+            self.out.push(Effect::KeepLeaseAliveNow);
+        }
         match waiting {
             Waiting::Reread => self.reread_answered(answer),
             Waiting::Watch => self.watch_answered(request, answer),

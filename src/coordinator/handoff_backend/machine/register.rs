@@ -127,6 +127,14 @@ impl Instance {
         if let Err(error) = self.live_lease() {
             return self.reply(enrolling.call, Err(error));
         }
+        if self.closed.remove(&enrolling.stream) {
+            // Its caller went away: decided no more, so it never replaces the next attempt.
+            let error = CoordinatorError::Abandoned(format!(
+                "the caller of this Register of consumer '{}' went away before it was written",
+                enrolling.key.1
+            ));
+            return self.reply(enrolling.call, Err(error));
+        }
         let Some(cache) = self.cache.as_ref() else { return };
         let (topic, consumer, registration) = &enrolling.key;
         let record_key = self.keys.consumer(topic, consumer);
@@ -225,6 +233,10 @@ impl Instance {
             return self.reply(call, Err(error));
         }
         self.reply(call, Ok(Replied::Registered));
+        if self.closed.remove(&stream) {
+            // Written, but its caller went away meanwhile: settled as after a disconnect.
+            return self.depart(key, revision);
+        }
         self.admit(stream, &key, revision, same_process);
     }
 

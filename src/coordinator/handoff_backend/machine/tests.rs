@@ -359,3 +359,39 @@ fn the_same_inputs_give_the_same_effects() {
     };
     assert_eq!(trace(), trace());
 }
+
+#[test]
+fn a_register_whose_caller_went_away_writes_nothing() {
+    let mut h = Harness::new();
+    h.input(Input::StreamClosed { stream: 11 });
+    h.register(1, 11, "a");
+    let effects = h.take();
+    assert!(matches!(reply(&effects, 1), Some(Err(CoordinatorError::Abandoned(_)))), "{effects:?}");
+    assert!(!h.store.kvs.contains_key(&h.keys.consumer("t", "a")), "nothing written");
+}
+
+/// Deletes `key` in the store as its lease's expiry would, and delivers it on the watch.
+fn lose(h: &mut Harness, key: &str) {
+    let (_, batch) = h.store.txn(&Txn::new().then(Op::delete(key)));
+    let (Some(batch), Some(watch)) = (batch, h.store.watch) else { panic!("deleted and watched") };
+    let effects = h.instance.step(h.now, Input::Watched { watch, batch });
+    h.run(effects);
+}
+
+#[test]
+fn a_registration_the_store_lost_is_written_again_only_where_none_is() {
+    let mut h = Harness::new();
+    h.register(1, 11, "a");
+    let key = h.keys.consumer("t", "a");
+    let before = h.store.kvs.get(&key).map(|kv| kv.value.clone());
+    h.take();
+    lose(&mut h, &key);
+    let (rebind, ok) = h.store.txns.last().expect("written again");
+    assert!(ok);
+    assert_eq!(rebind.compares, vec![Compare::ModRevision(key.clone(), 0)], "compare on absence");
+    assert_eq!(h.store.kvs.get(&key).map(|kv| kv.value.clone()), before, "the same registration");
+    assert!(!h.take().iter().any(|e| matches!(e, Effect::EndStream { .. })), "the stream goes on");
+    with_mutation(Mutation::RebindCompareDropped, || lose(&mut h, &key));
+    let (rebind, _) = h.store.txns.last().expect("written again");
+    assert!(rebind.compares.is_empty(), "the mutation reaches the machine: {rebind:?}");
+}

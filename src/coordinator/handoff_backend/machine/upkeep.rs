@@ -12,14 +12,16 @@ use std::time::Duration;
 use super::{Instance, Waiting, expect};
 use crate::coordinator::handoff_backend::leader::election::resignation_txn;
 use crate::coordinator::handoff_backend::records::{ConsumerRecord, decode, encode};
-use crate::coordinator::handoff_backend::register::{active_record, held};
+use crate::coordinator::handoff_backend::register::{active_record, held, registrations_of};
 use crate::coordinator::handoff_backend::state::Cache;
 use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply, StoreRequest};
 use crate::coordinator::shared::cas::create_bound_txn;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
 use crate::coordinator::shared::mirror::{Changes, MirrorCache};
+use crate::coordinator::shared::registrar::Held;
 use crate::coordinator::shared::streams::{StreamKey, replaced_error};
+use crate::coordinator::shared::upkeep::Chore;
 use crate::coordinator::shared::upkeep::stale_fence_due;
 use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::store::{Compare, Op, StoreError, Txn, WatchBatch};
@@ -44,6 +46,7 @@ impl Instance {
             Ok(snapshot) => snapshot,
             Err(_) => {
                 self.stale_since.get_or_insert(self.now);
+                let _ = self.sweeper.health(false, self.instant(self.now));
                 self.reread_at = Some(self.now + REREAD_AFTER);
                 return;
             }
@@ -58,6 +61,7 @@ impl Instance {
             None => Changes::default(),
         };
         self.cache = Some(fresh);
+        let _ = self.sweeper.health(true, self.instant(self.now));
         self.stale_since = None;
         self.stale_fenced = false;
         self.leader.dirty = true;
@@ -101,6 +105,7 @@ impl Instance {
         self.watch = None;
         self.interruptions += 1;
         self.stale_since.get_or_insert(self.now);
+        let _ = self.sweeper.health(false, self.instant(self.now));
         self.leader.dirty = true;
         self.reread();
     }
@@ -151,7 +156,32 @@ impl Instance {
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
             }
         }
+        self.sweep();
         self.rebind_lost();
+    }
+
+    /// The sweep, a safety net: a registration naming this instance that no stream here
+    /// holds, still found a TTL and a half later, is deleted if it is still that one.
+    fn sweep(&mut self) {
+        let Some(cache) = self.cache.as_ref() else { return };
+        let at = self.instant(self.now);
+        let (streams, departures, instance) = (&self.streams, &self.departures, &self.config.instance_id);
+        let holds = |key: &StreamKey| {
+            departures.contains(key)
+                || streams.get(&(key.0.clone(), key.1.clone())).is_some_and(|s| s.registration == key.2)
+        };
+        let found = || {
+            registrations_of(cache, instance)
+                .into_iter()
+                .filter(|key| !holds(key) && held(cache, key) == Held::ForTtl)
+                .collect()
+        };
+        for chore in self.sweeper.sweep_due(at, found) {
+            if let Chore::Sweep(key) = chore {
+                let record_key = self.keys.consumer(&key.0, &key.1);
+                self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
+            }
+        }
     }
 
     /// The registration `key` of an ended stream: read, then deleted if it is still that
@@ -211,11 +241,15 @@ impl Instance {
                 continue;
             }
             let Some(lease) = self.lease.live().filter(|_| !rebinding) else { continue };
+            let mut kept = None;
             if let Some(stream) = self.streams.get_mut(&(key.0.clone(), key.1.clone())) {
                 stream.rebinding = true;
+                kept = stream.kept.as_ref().map(|(_, record)| record.clone());
             }
             let record_key = self.keys.consumer(&key.0, &key.1);
-            let record = encode(&active_record(&self.config, &key.1, key.2, 0));
+            // As the record said when this instance last saw it (a draining consumer still
+            // drains), else as a fresh registration.
+            let record = kept.unwrap_or_else(|| encode(&active_record(&self.config, &key.1, key.2, 0)));
             let txn = create_bound_txn(&record_key, record, lease);
             self.request(StoreRequest::Txn(txn), Waiting::Rebind(key));
         }
@@ -301,7 +335,8 @@ impl Instance {
             .filter(|_| !self.stale_fenced)
             .map(|since| since + fence_after(Duration::from_micros(ttl)).as_micros() as Micros);
         let lost = self.streams.values().filter_map(|s| s.lost_since.map(|since| since + ttl));
-        [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale]
+        let sweep = Some(micros(self.sweeper.next_sweep()));
+        [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale, sweep]
             .into_iter()
             .flatten()
             .chain(lost)
