@@ -117,6 +117,9 @@ pub struct Instance {
     epoch_streams: BTreeMap<crate::coordinator::machine::io::StreamId, EpochWatch>,
     /// Registrations whose streams ended, until settled.
     departures: Departures,
+    /// Deletes of ended streams' registrations that failed: when each is tried again, and
+    /// its backoff.
+    unregistering: BTreeMap<crate::coordinator::shared::streams::StreamKey, (Micros, Micros)>,
     /// The sweep of registrations of this instance no stream holds (a safety net), as the
     /// running instance's upkeep keeps it.
     sweeper: Upkeep,
@@ -158,6 +161,7 @@ impl Instance {
             epoch_streams: BTreeMap::new(),
             departures,
             sweeper,
+            unregistering: BTreeMap::new(),
             leader: LeaderState::new(now),
             ready: None,
             wake: None,

@@ -14,8 +14,8 @@ use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::mutation::{Mutation, with_mutation};
 use crate::proto::v1::assignment_command::Command;
 use crate::store::{
-    Compare, KeyValue, Op, PrefixSnapshot, Revision, SessionId, Txn, TxnOutcome, WatchBatch, WatchEvent,
-    WatchEventKind,
+    Compare, KeyValue, Op, PrefixSnapshot, Revision, SessionId, StoreError, Txn, TxnOutcome, WatchBatch,
+    WatchEvent, WatchEventKind,
 };
 
 /// A store in the test: records with their revisions, compare-and-swap, one watch.
@@ -27,6 +27,8 @@ struct TestStore {
     watch: Option<u64>,
     /// Every transaction asked for, in order, with whether it succeeded.
     txns: Vec<(Txn, bool)>,
+    /// Out of reach: every request fails.
+    down: bool,
 }
 
 impl TestStore {
@@ -112,6 +114,11 @@ impl Harness {
                 continue;
             };
             let mut batch = None;
+            if self.store.down && !matches!(op, StoreRequest::Watch { .. }) {
+                let answer = Err(StoreError::Unavailable("down".into()));
+                queue.extend(self.instance.step(self.now, Input::StoreAnswer { request, answer }));
+                continue;
+            }
             let answer = match &op {
                 StoreRequest::Txn(txn) => {
                     let (outcome, written) = self.store.txn(txn);
@@ -394,4 +401,18 @@ fn a_registration_the_store_lost_is_written_again_only_where_none_is() {
     with_mutation(Mutation::RebindCompareDropped, || lose(&mut h, &key));
     let (rebind, _) = h.store.txns.last().expect("written again");
     assert!(rebind.compares.is_empty(), "the mutation reaches the machine: {rebind:?}");
+}
+
+#[test]
+fn a_delete_the_store_could_not_take_is_tried_again_once_it_answers() {
+    let mut h = Harness::new();
+    h.register(1, 11, "a");
+    h.input(Input::StreamClosed { stream: 11 });
+    let key = h.keys.consumer("t", "a");
+    h.store.down = true;
+    h.advance(Duration::from_secs(11));
+    assert!(h.store.kvs.contains_key(&key), "the store did not answer");
+    h.store.down = false;
+    h.advance(Duration::from_millis(60));
+    assert!(!h.store.kvs.contains_key(&key), "deleted once it answers, without waiting another TTL");
 }

@@ -26,6 +26,10 @@ use crate::coordinator::shared::upkeep::stale_fence_due;
 use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::store::{Compare, Op, StoreError, Txn, WatchBatch};
 
+/// The first wait before a failed delete of an ended stream's registration is tried again
+/// (doubling up to the TTL).
+const UNREGISTER_BACKOFF: Micros = 50_000;
+
 /// How long a failed re-read waits before it is tried again.
 const REREAD_AFTER: Micros = 100_000;
 
@@ -156,6 +160,15 @@ impl Instance {
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
             }
         }
+        let retries: Vec<StreamKey> =
+            self.unregistering.iter().filter(|(_, (at, _))| now >= *at).map(|(key, _)| key.clone()).collect();
+        for key in retries {
+            if let Some((at, _)) = self.unregistering.get_mut(&key) {
+                *at = Micros::MAX; // in flight
+            }
+            let record_key = self.keys.consumer(&key.0, &key.1);
+            self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
+        }
         self.sweep();
         self.rebind_lost();
     }
@@ -192,14 +205,25 @@ impl Instance {
         deleting: Option<Txn>,
         answer: Result<StoreReply, StoreError>,
     ) {
-        let retry_later = |me: &mut Self, key: StreamKey| me.depart(key, 0);
+        // Retried with backoff while the store is out of reach, as the loop's
+        // `unregister_retrying`: a registration left behind would keep its partitions.
+        let retry_later = |me: &mut Self, key: StreamKey| {
+            let backoff = me
+                .unregistering
+                .get(&key)
+                .map_or(UNREGISTER_BACKOFF, |(_, b)| (*b * 2).min(me.config.lease_ttl_micros()));
+            me.unregistering.insert(key, (me.now + backoff, backoff));
+        };
         match (deleting, answer) {
             (None, Ok(StoreReply::Values(mut records))) => {
-                let Some(Some(kv)) = records.pop() else { return };
-                let ours = decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0);
-                if !ours {
+                let found = records.pop().flatten();
+                let Some(kv) = found.filter(|kv| {
+                    decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
+                }) else {
+                    // Gone, or another registration's now: nothing of this one to delete.
+                    self.unregistering.remove(&key);
                     return;
-                }
+                };
                 let txn = Txn::new()
                     .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
                     .then(Op::delete(&kv.key));
@@ -210,7 +234,9 @@ impl Instance {
                 let record_key = self.keys.consumer(&key.0, &key.1);
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
             }
-            (Some(_), Ok(StoreReply::Txn(_))) => {}
+            (Some(_), Ok(StoreReply::Txn(_))) => {
+                self.unregistering.remove(&key);
+            }
             (_, _) => retry_later(self, key),
         }
     }
@@ -336,10 +362,12 @@ impl Instance {
             .map(|since| since + fence_after(Duration::from_micros(ttl)).as_micros() as Micros);
         let lost = self.streams.values().filter_map(|s| s.lost_since.map(|since| since + ttl));
         let sweep = Some(micros(self.sweeper.next_sweep()));
+        let retries = self.unregistering.values().map(|(at, _)| *at).filter(|at| *at != Micros::MAX);
         [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale, sweep]
             .into_iter()
             .flatten()
             .chain(lost)
+            .chain(retries)
             .min()
     }
 }
