@@ -86,6 +86,8 @@ pub struct Instance {
     now: Micros,
     /// The store's state as followed (`None` until the first read answered).
     cache: Option<Cache>,
+    /// The newest own write applied ahead of revisions the cache has not seen (0: none).
+    ahead: crate::store::Revision,
     /// The watch in use, and whether the mirror follows the store.
     watch: Option<RequestId>,
     /// Since when the mirror has not followed the store (`None`: it follows).
@@ -144,6 +146,7 @@ impl Instance {
             origin,
             now,
             cache: None,
+            ahead: 0,
             watch: None,
             stale_since: None,
             stale_fenced: false,

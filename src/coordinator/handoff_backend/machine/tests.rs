@@ -29,6 +29,8 @@ struct TestStore {
     txns: Vec<(Txn, bool)>,
     /// Out of reach: every request fails.
     down: bool,
+    /// While `Some`, the watch lags: its batches wait here.
+    lagging: Option<Vec<WatchBatch>>,
 }
 
 impl TestStore {
@@ -138,7 +140,9 @@ impl Harness {
                 }
             };
             queue.extend(self.instance.step(self.now, Input::StoreAnswer { request, answer: Ok(answer) }));
-            if let (Some(batch), Some(watch)) = (batch, self.store.watch) {
+            if let (Some(batch), Some(lagging)) = (&batch, &mut self.store.lagging) {
+                lagging.push(batch.clone());
+            } else if let (Some(batch), Some(watch)) = (batch, self.store.watch) {
                 queue.extend(self.instance.step(self.now, Input::Watched { watch, batch }));
             }
         }
@@ -415,4 +419,27 @@ fn a_delete_the_store_could_not_take_is_tried_again_once_it_answers() {
     h.store.down = false;
     h.advance(Duration::from_millis(60));
     assert!(!h.store.kvs.contains_key(&key), "deleted once it answers, without waiting another TTL");
+}
+
+#[test]
+fn a_ready_is_applied_and_told_ahead_of_a_lagging_watch_and_only_once() {
+    let mut h = Harness::new();
+    let partition = handoff_under_way(&mut h);
+    h.store.lagging = Some(Vec::new());
+    // Someone else's write the watch has not brought yet.
+    let elsewhere = Txn::new().then(Op::put("/k/topics/other", b"{}".to_vec()));
+    let (_, batch) = h.store.txn(&elsewhere);
+    h.store.lagging.as_mut().expect("lagging").extend(batch);
+    let ready = Call::PartitionReady { consumer: "b".into(), topic: "t".into(), partition };
+    h.input(Input::Call { call: 3, body: ready });
+    let owns = |c: &Command| matches!(c, Command::Assignment(u) if u.assigned.iter().any(|p| p.partition == partition));
+    let told = h.take();
+    assert_eq!(commands(&told, 12).iter().filter(|c| owns(c)).count(), 1, "told at once: {told:?}");
+    let Some(watch) = h.store.watch else { panic!("watching") };
+    for batch in h.store.lagging.take().expect("lagging") {
+        let effects = h.instance.step(h.now, Input::Watched { watch, batch });
+        h.run(effects);
+    }
+    let later = h.take();
+    assert!(!commands(&later, 12).iter().any(owns), "not told again when the watch catches up: {later:?}");
 }

@@ -18,7 +18,7 @@ use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply,
 use crate::coordinator::shared::cas::create_bound_txn;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
-use crate::coordinator::shared::mirror::{Changes, MirrorCache};
+use crate::coordinator::shared::mirror::{Changes, MirrorCache, apply_watched};
 use crate::coordinator::shared::registrar::Held;
 use crate::coordinator::shared::streams::{StreamKey, replaced_error};
 use crate::coordinator::shared::upkeep::Chore;
@@ -55,6 +55,13 @@ impl Instance {
                 return;
             }
         };
+        if let Some(cache) = &self.cache
+            && snapshot.revision < cache.revision.max(self.ahead)
+        {
+            // Older than what the cache holds (an own write applied meanwhile): taking it
+            // would move the consumers back. Read again.
+            return self.reread();
+        }
         let from = snapshot.revision + 1;
         let mut fresh = Cache::from_snapshot(&self.keys, snapshot);
         let changes = match self.cache.take() {
@@ -89,14 +96,12 @@ impl Instance {
             return;
         }
         let Some(cache) = self.cache.as_mut() else { return };
-        if batch.revision <= cache.revision {
+        // A progress mark, or a revision already applied as an own write.
+        if batch.events.is_empty() || batch.revision <= cache.revision {
             return;
         }
         let mut changes = Changes::default();
-        for event in batch.events {
-            cache.apply(&self.keys, event, &mut changes);
-        }
-        cache.set_revision(batch.revision);
+        apply_watched(cache, &self.keys, batch.revision, batch.events, self.ahead, &mut changes);
         self.relay(&changes);
     }
 

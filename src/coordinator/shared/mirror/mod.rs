@@ -78,6 +78,66 @@ pub fn own_batch(prefix: &str, revision: Revision, ops: &[Op]) -> Option<WatchBa
     (!events.is_empty()).then_some(WatchBatch { revision, events })
 }
 
+/// Where an own write committed at `batch.revision` with `compares` goes in `cache` (pure).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnFit {
+    /// Next in turn: the cache is at the revision before it.
+    InTurn,
+    /// Ahead of revisions the cache has not seen: its compares held every key it writes at
+    /// the mod revision the cache holds ([`apply_ahead`]).
+    Ahead,
+    /// Neither: it waits for its turn (the watch brings it).
+    Later,
+}
+
+/// Where an own write goes (see [`OwnFit`]; [`Mirror::apply_own_now`]).
+pub fn own_write_fits<C: MirrorCache>(
+    cache: &C,
+    keys: &C::Keys,
+    batch: &WatchBatch,
+    compares: &[Compare],
+) -> OwnFit {
+    if batch.revision == cache.revision() + 1 {
+        OwnFit::InTurn
+    } else if batch.revision > cache.revision() && writes_as_compared(cache, keys, batch, compares) {
+        OwnFit::Ahead
+    } else {
+        OwnFit::Later
+    }
+}
+
+/// Applies an own write ahead of revisions the cache has not seen ([`OwnFit::Ahead`]): the
+/// cache's revision stays where the watch is.
+pub fn apply_ahead<C: MirrorCache>(cache: &mut C, keys: &C::Keys, batch: WatchBatch, changes: &mut Changes) {
+    let watched = cache.revision();
+    for event in batch.events {
+        cache.apply(keys, event, changes);
+    }
+    cache.set_revision(watched);
+}
+
+/// Applies the changes of one revision after the cache's, as the watch delivers them, and
+/// moves the cache to it. A key an own write changed ahead of the watch (`ahead`: the
+/// newest such write's revision) may hold this revision's record or a newer one already:
+/// that change is skipped, so the cache never goes back.
+pub fn apply_watched<C: MirrorCache>(
+    cache: &mut C,
+    keys: &C::Keys,
+    revision: Revision,
+    events: Vec<WatchEvent>,
+    ahead: Revision,
+    changes: &mut Changes,
+) {
+    let ahead = ahead >= revision;
+    for event in events {
+        if ahead && cache.mod_revision(keys, &event.key).is_some_and(|held| held >= revision) {
+            continue;
+        }
+        cache.apply(keys, event, changes);
+    }
+    cache.set_revision(cache.revision().max(revision));
+}
+
 /// Whether `compares` hold every key `batch` writes at the mod revision `cache` holds for
 /// it: then nothing changed those keys between the cache and the batch's revision.
 fn writes_as_compared<C: MirrorCache>(
@@ -371,26 +431,26 @@ impl<C: MirrorCache> Mirror<C> {
         let mut changes = Changes::default();
         let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         let revision = batch.revision;
-        if revision == cache.revision() + 1 {
-            // Like a watched revision: a writer of a shared batch may come after another
-            // applied it ahead and a newer write followed on its keys.
-            self.apply_revision(&mut cache, keys, revision, batch.events, &mut changes);
-            // Own writes offered meanwhile that now follow without a gap.
-            self.apply_own(&mut cache, keys, &mut changes);
-            return Some(changes);
-        }
-        if revision > cache.revision() && writes_as_compared(&*cache, keys, &batch, compares) {
-            let watched = cache.revision();
-            for event in batch.events {
-                cache.apply(keys, event, &mut changes);
+        match own_write_fits(&*cache, keys, &batch, compares) {
+            OwnFit::InTurn => {
+                // Like a watched revision: a writer of a shared batch may come after another
+                // applied it ahead and a newer write followed on its keys.
+                self.apply_revision(&mut cache, keys, revision, batch.events, &mut changes);
+                // Own writes offered meanwhile that now follow without a gap.
+                self.apply_own(&mut cache, keys, &mut changes);
+                Some(changes)
             }
-            cache.set_revision(watched);
-            self.ahead.fetch_max(revision, Ordering::SeqCst);
-            return Some(changes);
+            OwnFit::Ahead => {
+                apply_ahead(&mut *cache, keys, batch, &mut changes);
+                self.ahead.fetch_max(revision, Ordering::SeqCst);
+                Some(changes)
+            }
+            OwnFit::Later => {
+                drop(cache);
+                self.offer(batch);
+                None
+            }
         }
-        drop(cache);
-        self.offer(batch);
-        None
     }
 
     /// Applies the offered own writes that follow the cache's revision without a gap,
@@ -422,14 +482,7 @@ impl<C: MirrorCache> Mirror<C> {
         events: Vec<WatchEvent>,
         changes: &mut Changes,
     ) {
-        let ahead = self.ahead.load(Ordering::SeqCst) >= revision;
-        for event in events {
-            if ahead && cache.mod_revision(keys, &event.key).is_some_and(|held| held >= revision) {
-                continue;
-            }
-            cache.apply(keys, event, changes);
-        }
-        cache.set_revision(cache.revision().max(revision));
+        apply_watched(cache, keys, revision, events, self.ahead.load(Ordering::SeqCst), changes);
     }
 
     /// The newest revision the cache holds a change of: its revision, or an own write
