@@ -16,6 +16,15 @@
 //! time ([`Departures`], the leader's arrivals) are given `origin + now`, with `origin`
 //! fixed when the instance is made, so their answers depend on `now` alone.
 //!
+//! **Not in the state machine yet** (the loop still does them, and the driver will in
+//! stage 2): batching calls and registrations into shared transactions; pacing plans by
+//! measured planning time; the weights and Kafka topic refreshes (a `Register` of a topic
+//! with no stored or configured count asks [`Effect::LookUpPartitions`]); a registration
+//! decided on the store's state raises epochs from the cache, not from prefix reads; a
+//! consumer that left is handed to the departures when its stream's end is emitted, not
+//! when its transport took the last commands; a silent watch (no progress marks) is not
+//! detected; metrics and logs.
+//!
 //! Files: `streams.rs` (the streams, the relay pass and the epoch streams), `register.rs`
 //! (`Register`), `calls.rs` (ready, released, deregister), `leader.rs`, `upkeep.rs` (the
 //! lease, the watch, the departures, the rebind, the timer).
