@@ -36,6 +36,8 @@ mod streams;
 mod upkeep;
 
 #[cfg(test)]
+mod test_harness;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
