@@ -16,6 +16,7 @@ use crate::coordinator::handoff_backend::register::{active_record, cached_incarn
 use crate::coordinator::machine::io::{
     CallId, Effect, Replied, RequestId, StoreReply, StoreRequest, StreamId,
 };
+use crate::coordinator::shared::admits;
 use crate::coordinator::shared::cas::CAS_ATTEMPTS;
 use crate::coordinator::shared::departures::Departed;
 use crate::coordinator::shared::mirror::MirrorCache;
@@ -223,7 +224,7 @@ impl Instance {
     /// while the lease it was written on is live and the mirror follows the store.
     fn registered(&mut self, enrolling: Enrolling, revision: Revision, same_process: bool) {
         let Enrolling { call, stream, key, lease, .. } = enrolling;
-        if self.lease.live() != Some(lease) || !self.follows() || self.stopping {
+        if !admits(self.stopping, self.lease, lease, self.stale_fenced) {
             let error = CoordinatorError::NoSession(format!(
                 "assigner instance '{}' lost contact with its store while registering consumer '{}'; \
                  reconnect to another instance",
