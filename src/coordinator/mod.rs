@@ -27,6 +27,7 @@ pub mod causes;
 mod error;
 pub mod fleet_backend;
 pub mod handoff_backend;
+pub mod machine;
 mod shared;
 pub mod static_backend;
 

@@ -71,6 +71,10 @@ pub enum Unreachable {
     /// The instance's loop stopped before the call reached it, or before it answered.
     #[error("this assigner instance is stopping")]
     Stopping,
+    /// The instance has not read its store's prefix yet (it has just started, or its first
+    /// read failed): it cannot decide anything on an empty cache.
+    #[error("this assigner instance has not read its store yet")]
+    NotLoaded,
     /// A fault injected by `FaultyStore` (tests).
     #[error(transparent)]
     Injected(#[from] InjectedFault),
@@ -225,6 +229,10 @@ pub enum Malformed {
     /// A session was asked for with no TTL.
     #[error("session TTL must be positive")]
     ZeroTtl,
+    /// An answer came back for a request of another kind than the one it names (a driver
+    /// that mixed up its request ids).
+    #[error("the store answered another kind of request")]
+    WrongAnswerKind,
     /// A compaction was asked for past the current revision.
     #[error("cannot compact at revision {revision}: the current revision is {current}")]
     CompactInFuture {

@@ -28,6 +28,7 @@ mod driver;
 mod incarnation;
 mod leader;
 mod leave;
+pub mod machine;
 mod placement;
 pub mod records;
 mod register;
@@ -107,6 +108,17 @@ pub struct HandoffConfig {
     pub weights: Option<Arc<dyn WeightSource>>,
     /// How often the leader asks `weights` and stores the weights that changed.
     pub weights_refresh: Duration,
+}
+
+impl HandoffConfig {
+    /// How long the leader leaves orphaned partitions alone after an interruption:
+    /// [`settle_period`](Self::settle_period), one `lease_ttl` unless configured.
+    pub fn settle_for(&self) -> Duration {
+        if crate::mutation::is_active(crate::mutation::Mutation::SettleZero) {
+            return Duration::ZERO;
+        }
+        self.settle_period.unwrap_or(self.lease_ttl)
+    }
 }
 
 impl Default for HandoffConfig {
