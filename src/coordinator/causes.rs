@@ -6,8 +6,13 @@
 use std::time::Duration;
 
 use crate::coordinator::shared::outgoing::STREAM_BUFFER;
-use crate::coordinator::static_backend::{ASSIGNMENT_VAR, MEMBERS_VAR};
 use crate::kafka::KafkaError;
+
+/// The static backend's explicit assignment variable (also `--static-assignment`). Defined
+/// here, beside the errors that name it, so the causes import no backend.
+pub const ASSIGNMENT_VAR: &str = "KAFKA_ASSIGNER_STATIC_ASSIGNMENT";
+/// The static backend's round-robin member count variable (also `--static-members`).
+pub const MEMBERS_VAR: &str = "KAFKA_ASSIGNER_STATIC_MEMBERS";
 
 /// Why a topic or consumer name from a request is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

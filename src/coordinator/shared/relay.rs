@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 
 use super::mirror::{Changes, Touched};
 use super::outgoing::PassGate;
+use super::streams::{Book, LocalStream, StreamKey, Streams, Told, replaced_error};
 pub use super::streams::{EndReason, Ending};
-use super::streams::{LocalStream, StreamKey, Streams, Told, replaced_error};
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};
 
@@ -270,18 +270,6 @@ impl<T> LocalStream<T> {
     }
 }
 
-/// What a stream remembers of what it told its consumer: the part of a stream the relay
-/// steps change.
-#[derive(Debug, Default)]
-pub struct Book<T> {
-    /// Whether the snapshot (always the first message) has been sent.
-    pub activated: bool,
-    /// What the consumer has been told so far.
-    pub told: T,
-    /// Whether `told` followed every relay step since the snapshot.
-    pub told_complete: bool,
-}
-
 /// What a relay step says to send one stream, once applied to its [`Book`].
 #[derive(Debug, Default)]
 pub struct Said {
@@ -325,15 +313,6 @@ impl<T: Told> Book<T> {
                 Said { now: tell.gains, later: tell.losses, lost: tell.lost, end: tell.end }
             }
         }
-    }
-
-    /// Forgets what the consumer was told, and returns the commands that tell it it owns
-    /// nothing any more ([`Told::farewell`]; none before its snapshot).
-    pub fn farewell(&mut self, topic: &str) -> Vec<AssignmentCommand> {
-        let commands = if self.activated { self.told.farewell(topic) } else { Vec::new() };
-        self.told = T::default();
-        self.told_complete = false;
-        commands
     }
 }
 

@@ -65,6 +65,29 @@ impl Told for () {
     fn patch(&mut self, _: &BTreeSet<u32>, _: Self) {}
 }
 
+/// What a stream remembers of what it told its consumer: the part of a stream the relay
+/// steps change (`relay.rs` applies a step to it, `Book::apply`).
+#[derive(Debug, Default)]
+pub struct Book<T> {
+    /// Whether the snapshot (always the first message) has been sent.
+    pub activated: bool,
+    /// What the consumer has been told so far.
+    pub told: T,
+    /// Whether `told` followed every relay step since the snapshot.
+    pub told_complete: bool,
+}
+
+impl<T: Told> Book<T> {
+    /// Forgets what the consumer was told, and returns the commands that tell it it owns
+    /// nothing any more ([`Told::farewell`]; none before its snapshot).
+    pub fn farewell(&mut self, topic: &str) -> Vec<AssignmentCommand> {
+        let commands = if self.activated { self.told.farewell(topic) } else { Vec::new() };
+        self.told = T::default();
+        self.told_complete = false;
+        commands
+    }
+}
+
 /// A consumer stream held by this instance.
 pub struct LocalStream<T> {
     /// The session its registration is bound to.
@@ -206,7 +229,7 @@ impl<T: Told> LocalStream<T> {
     /// is full or overflowed: a consumer that is behind hears it (after its backlog) before
     /// the error that ends the stream, which keeps the last slot.
     pub fn farewell(&mut self, topic: &str) {
-        let mut book = super::relay::Book {
+        let mut book = Book {
             activated: self.activated,
             told: std::mem::take(&mut self.told),
             told_complete: self.told_complete,

@@ -27,10 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::coordinator::causes::ConsumerUnknown;
 use crate::coordinator::{CoordinatorError, validate_consumer_name, validate_topic_name};
 
-/// The explicit assignment variable (also `--static-assignment`).
-pub const ASSIGNMENT_VAR: &str = "KAFKA_ASSIGNER_STATIC_ASSIGNMENT";
-/// The round-robin member count variable (also `--static-members`).
-pub const MEMBERS_VAR: &str = "KAFKA_ASSIGNER_STATIC_MEMBERS";
+pub use crate::coordinator::causes::{ASSIGNMENT_VAR, MEMBERS_VAR};
 
 /// Partitions by consumer by topic.
 pub type ExplicitAssignment = BTreeMap<String, BTreeMap<String, BTreeSet<u32>>>;
