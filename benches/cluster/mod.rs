@@ -6,22 +6,29 @@
 //! instance. The next wave starts once the views are stable again.
 
 pub mod consumer;
+// Shared with the scale bench.
+#[path = "../support/grpc_clients.rs"]
+pub mod grpc_clients;
 pub mod measure;
 pub mod report;
 pub mod views;
+// Shared with the scale bench.
+#[path = "../support/watched.rs"]
+pub mod watched;
 
 use std::{path::PathBuf, time::Duration, time::Instant};
 
 use kafka_assigner::proto::v1::kafka_assigner_client::KafkaAssignerClient;
 use tokio::{sync::oneshot, task::JoinSet};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use crate::error::BenchError;
+use crate::error::{self, BenchError};
 use crate::etcd::EtcdServer;
 use crate::server::{ServerProcess, ServerSpec, Store};
 use consumer::{Consumer, topic_name};
+use grpc_clients::connect;
 pub use report::Row;
-use views::Shared;
+use views::{Shared, Views};
 
 /// What to run (from `CLUSTER_*` environment variables, see [`Config::from_env`]).
 #[derive(Clone, Debug)]
@@ -154,7 +161,7 @@ pub async fn run(config: &Config, k: usize) -> Result<Row, BenchError> {
     }
     let slots = config.slots() as usize;
     let mut consumers = Consumers {
-        shared: Shared::new(config.topics, config.partitions, config.consumers),
+        shared: Shared::new(Views::new(config.topics, config.partitions, config.consumers)),
         tasks: JoinSet::new(),
         instance_of: (0..slots).map(|s| s % k).collect(),
         generation: vec![0; slots],
@@ -248,19 +255,6 @@ fn finish(mut row: Row, instances: &[Instance], consumers: &mut Consumers) -> Ro
         row.error_lines += error;
     }
     row
-}
-
-async fn connect(url: &str, connections: usize) -> Result<Vec<KafkaAssignerClient<Channel>>, BenchError> {
-    let mut clients = Vec::with_capacity(connections.max(1));
-    for _ in 0..connections.max(1) {
-        let endpoint = Endpoint::from_shared(url.to_string())
-            .map_err(|e| BenchError::Client(format!("bad url {url}: {e}")))?
-            .tcp_nodelay(true);
-        let channel =
-            endpoint.connect().await.map_err(|e| BenchError::Client(format!("connect {url}: {e}")))?;
-        clients.push(KafkaAssignerClient::new(channel));
-    }
-    Ok(clients)
 }
 
 /// The 1-minute load average (`/proc/loadavg`), to say what the machine was doing.

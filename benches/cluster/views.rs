@@ -7,19 +7,12 @@
 //! Every consumer task reports into one [`Views`] behind a mutex (short critical sections);
 //! a waiter is woken on every change.
 
-use std::{
-    sync::{Arc, Mutex, MutexGuard},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use super::watched::{Phased, Watched};
 
 /// Shared handle on the consumers' views.
-#[derive(Clone)]
-pub struct Shared {
-    views: Arc<Mutex<Views>>,
-    changed: Arc<Notify>,
-}
+pub type Shared = Watched<Views>;
 
 #[derive(Default)]
 struct PartitionView {
@@ -83,10 +76,18 @@ impl PhaseStats {
     }
 }
 
-impl Shared {
+impl Phased for Views {
+    type Stats = PhaseStats;
+
+    fn phase(&mut self) -> (&mut bool, &mut PhaseStats) {
+        (&mut self.measuring, &mut self.stats)
+    }
+}
+
+impl Views {
     /// Views for `topics` topics of `per_topic` partitions with `consumers` slots each.
     pub fn new(topics: u32, per_topic: u32, consumers: u32) -> Self {
-        let views = Views {
+        Self {
             per_topic,
             per_topic_consumers: consumers,
             partitions: (0..topics * per_topic).map(|_| PartitionView::default()).collect(),
@@ -95,55 +96,9 @@ impl Shared {
             in_flight: 0,
             measuring: false,
             stats: PhaseStats::default(),
-        };
-        Self { views: Arc::new(Mutex::new(views)), changed: Arc::new(Notify::new()) }
-    }
-
-    /// Locks the views (a poisoned lock only means a consumer task panicked: keep going).
-    pub fn lock(&self) -> MutexGuard<'_, Views> {
-        self.views.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Runs `change` on the views and wakes the waiters.
-    pub fn update<T>(&self, change: impl FnOnce(&mut Views) -> T) -> T {
-        let result = change(&mut self.lock());
-        self.changed.notify_waiters();
-        result
-    }
-
-    /// Starts the measured phase: clears the figures; later changes count.
-    pub fn start_phase(&self) {
-        self.update(|v| {
-            v.stats = PhaseStats::default();
-            v.measuring = true;
-        });
-    }
-
-    /// Ends the measured phase and returns its figures.
-    pub fn end_phase(&self) -> PhaseStats {
-        self.update(|v| {
-            v.measuring = false;
-            std::mem::take(&mut v.stats)
-        })
-    }
-
-    /// Waits until `done` holds of the views, or the deadline passes; returns when it held.
-    pub async fn wait_for(&self, deadline: Instant, done: impl Fn(&Views) -> bool) -> Option<Instant> {
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if done(&self.lock()) {
-                return Some(Instant::now());
-            }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            // A timeout here is only the deadline; any change wakes us earlier.
-            let _ = tokio::time::timeout(left.min(Duration::from_millis(250)), notified).await;
         }
     }
-}
 
-impl Views {
     /// Index of partition `partition` of topic `topic` in the views.
     pub fn index(&self, topic: u32, partition: u32) -> Option<usize> {
         (partition < self.per_topic).then_some((topic * self.per_topic + partition) as usize)

@@ -10,9 +10,9 @@ use kafka_assigner::proto::v1::{
     assignment_command::Command, kafka_assigner_client::KafkaAssignerClient,
 };
 use tokio::task::JoinSet;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use super::{error::BenchError, world::Shared};
+use super::{error::BenchError, grpc_clients::connect, world::Shared};
 
 /// First wait before registering again after a lost stream (doubles up to the max).
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
@@ -36,16 +36,7 @@ impl Fleet {
         topic: &str,
         shared: Shared,
     ) -> Result<Self, BenchError> {
-        let mut clients = Vec::with_capacity(connections);
-        for _ in 0..connections.max(1) {
-            let endpoint = Endpoint::from_shared(url.to_string())
-                .map_err(|e| BenchError::Client(format!("bad url {url}: {e}")))?
-                .tcp_nodelay(true);
-            let channel =
-                endpoint.connect().await.map_err(|e| BenchError::Client(format!("connect {url}: {e}")))?;
-            // Large snapshots (10,000 partitions) fit the default 4 MiB decode limit.
-            clients.push(KafkaAssignerClient::new(channel));
-        }
+        let clients = connect(url, connections).await?;
         Ok(Self { clients, shared, topic: topic.to_string(), tasks: JoinSet::new() })
     }
 

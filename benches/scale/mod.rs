@@ -9,12 +9,18 @@ pub mod backend;
 pub mod error;
 pub mod etcd_ref;
 pub mod fleet;
+// Shared with the cluster bench.
+#[path = "../support/grpc_clients.rs"]
+pub mod grpc_clients;
 pub mod report;
 pub mod scenarios;
 // The cluster bench also reads its CPU and admin address; this one does not.
 #[allow(dead_code)]
 #[path = "../support/server_process.rs"]
 pub mod server;
+// Shared with the cluster bench.
+#[path = "../support/watched.rs"]
+pub mod watched;
 pub mod world;
 
 use std::{path::PathBuf, time::Duration};

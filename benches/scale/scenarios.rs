@@ -11,7 +11,7 @@ use super::{
     fleet::Fleet,
     report::Row,
     server::{ServerProcess, ServerSpec, Store},
-    world::{PhaseStats, Shared},
+    world::{PhaseStats, Shared, World},
 };
 use crate::etcd::EtcdServer;
 
@@ -178,7 +178,7 @@ async fn scale_out(
 ) -> Result<Row, BenchError> {
     let mut setup =
         Setup::start(config, backend, &format!("{TOPIC}={partitions}"), partitions.div_ceil(to)).await?;
-    let shared = Shared::new(partitions);
+    let shared = Shared::new(World::new(partitions));
     let mut fleet = Fleet::connect(&setup.server.grpc_url(), connections(to), TOPIC, shared.clone()).await?;
     let mut row = Row::new(backend, &scenario.key(), "scale-out", partitions, from, to);
     row.max_warming = config.max_warming.unwrap_or(partitions.div_ceil(to));
@@ -233,7 +233,7 @@ async fn storm(
 ) -> Result<Row, BenchError> {
     let partitions = consumers;
     let mut setup = Setup::start(config, backend, &format!("{TOPIC}={partitions}"), 4).await?;
-    let shared = Shared::new(partitions);
+    let shared = Shared::new(World::new(partitions));
     let mut fleet =
         Fleet::connect(&setup.server.grpc_url(), connections(consumers), TOPIC, shared.clone()).await?;
     let mut row = Row::new(backend, &scenario.key(), "storm", partitions, 0, consumers);
@@ -283,9 +283,9 @@ async fn fan_out(
     // A newcomer's share is one or two partitions: warming never limits anything here.
     let mut setup = Setup::start(config, backend, &topics, 4).await?;
     let url = setup.server.grpc_url();
-    let shared = Shared::new(partitions);
+    let shared = Shared::new(World::new(partitions));
     let mut fleet = Fleet::connect(&url, connections(active + joins), TOPIC, shared.clone()).await?;
-    let idle = Shared::new(1);
+    let idle = Shared::new(World::new(1));
     let mut idle_fleet = Fleet::connect(&url, connections(idle_count), IDLE_TOPIC, idle.clone()).await?;
     let mut row = Row::new(backend, &scenario.key(), "fan-out", partitions, consumers, consumers + joins);
     row.max_warming = config.max_warming.unwrap_or(4);

@@ -4,19 +4,12 @@
 //! Every consumer task reports into one [`World`] behind a mutex (short critical sections);
 //! a waiter is woken on every change to test for stability.
 
-use std::{
-    sync::{Arc, Mutex, MutexGuard},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use super::watched::{Phased, Watched};
 
 /// Shared handle on the consumers' views.
-#[derive(Clone)]
-pub struct Shared {
-    world: Arc<Mutex<World>>,
-    changed: Arc<Notify>,
-}
+pub type Shared = Watched<World>;
 
 /// One partition's ownership as the consumers were told it.
 #[derive(Default)]
@@ -103,65 +96,34 @@ impl PhaseStats {
 }
 
 impl Shared {
+    /// Waits until `consumers` (ids `0..consumers`) all have their snapshot and the views are
+    /// stable (see [`World::is_stable`]), or the deadline passes. Returns when it became so.
+    pub async fn wait_stable(&self, consumers: u32, deadline: Instant) -> Option<Instant> {
+        self.wait_for(deadline, |w| w.is_stable(consumers)).await
+    }
+}
+
+impl Phased for World {
+    type Stats = PhaseStats;
+
+    fn phase(&mut self) -> (&mut bool, &mut PhaseStats) {
+        (&mut self.measuring, &mut self.stats)
+    }
+}
+
+impl World {
     /// Views for one topic of `partitions` partitions.
     pub fn new(partitions: u32) -> Self {
-        let world = World {
+        Self {
             partitions: (0..partitions).map(|_| PartitionView::default()).collect(),
             consumers: Vec::new(),
             single_owned: 0,
             in_flight: 0,
             measuring: false,
             stats: PhaseStats::default(),
-        };
-        Self { world: Arc::new(Mutex::new(world)), changed: Arc::new(Notify::new()) }
-    }
-
-    /// Locks the views (a poisoned lock only means a consumer task panicked: keep going).
-    pub fn lock(&self) -> MutexGuard<'_, World> {
-        self.world.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Runs `change` on the views and wakes the stability waiter.
-    pub fn update<T>(&self, change: impl FnOnce(&mut World) -> T) -> T {
-        let result = change(&mut self.lock());
-        self.changed.notify_waiters();
-        result
-    }
-
-    /// Starts a measured phase: clears the figures; later changes count.
-    pub fn start_phase(&self) {
-        self.update(|w| {
-            w.stats = PhaseStats::default();
-            w.measuring = true;
-        });
-    }
-
-    /// Ends the measured phase and returns its figures.
-    pub fn end_phase(&self) -> PhaseStats {
-        self.update(|w| {
-            w.measuring = false;
-            std::mem::take(&mut w.stats)
-        })
-    }
-
-    /// Waits until `consumers` (ids `0..consumers`) all have their snapshot and the views are
-    /// stable (see [`World::is_stable`]), or the deadline passes. Returns when it became so.
-    pub async fn wait_stable(&self, consumers: u32, deadline: Instant) -> Option<Instant> {
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.lock().is_stable(consumers) {
-                return Some(Instant::now());
-            }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            // A timeout here is only the deadline; any change wakes us earlier.
-            let _ = tokio::time::timeout(left.min(Duration::from_millis(250)), notified).await;
         }
     }
-}
 
-impl World {
     fn consumer(&mut self, id: u32) -> &mut ConsumerView {
         let index = id as usize;
         if self.consumers.len() <= index {
