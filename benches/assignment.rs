@@ -23,7 +23,6 @@ mod fleet_plan;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kafka_assigner::assignment::{assign, minimum_moves, moves};
@@ -331,13 +330,9 @@ fn main() {
     md += &fleet_plan::markdown(&fleet);
     let _ = writeln!(md, "\n{fleet_line}\n");
     md += fleet_plan::EXPLAINED;
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-    let path = dir.join("bench-assignment.md");
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &md)) {
-        Ok(()) => println!("wrote {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    match docs::write_target("assignment", &md) {
+        Ok(path) => println!("wrote {}", path.display()),
+        Err(e) => eprintln!("{e}: {}", e.source),
     }
     if docs::wanted() {
         let command = docs::command("assignment", &[]);

@@ -38,7 +38,6 @@ use std::path::PathBuf;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     // Cargo builds the binary with the bench profile (release) for benches.
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_kafka-assigner"));
     let config = cluster::Config::from_env(binary)?;
@@ -54,10 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let markdown = cluster::report::markdown(&rows);
     println!("{markdown}");
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    std::fs::create_dir_all(&target)?;
-    let out = target.join("bench-cluster.md");
-    std::fs::write(&out, &markdown)?;
+    let out = docs::write_target("cluster", &markdown)?;
     println!("wrote {}", out.display());
     if docs::wanted() {
         let command = docs::command("cluster", &["CLUSTER_", "KAT_ETCD_TLS"]);

@@ -234,13 +234,7 @@ async fn main() -> Result<(), BoxError> {
     }
     let table = report::tables(&s, SAMPLES);
     println!("{table}");
-    // Under the target directory in use (CARGO_TARGET_DIR when set), created if missing.
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-    std::fs::create_dir_all(&dir)?;
-    let out = dir.join("bench-handoff.md");
-    std::fs::write(&out, &table)?;
+    let out = docs::write_target("handoff", &table)?;
     println!("wrote {}", out.display());
     if docs::wanted() {
         let command = docs::command("handoff", &["KAT_ETCD_TLS", "HANDOFF_STAGES"]);

@@ -26,7 +26,6 @@ mod docs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kafka_assigner::assignment::{
@@ -442,13 +441,9 @@ fn main() {
     );
 
     println!("{md}");
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-    let path = dir.join("bench-placement.md");
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &md)) {
-        Ok(()) => println!("wrote {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    match docs::write_target("placement", &md) {
+        Ok(path) => println!("wrote {}", path.display()),
+        Err(e) => eprintln!("{e}: {}", e.source),
     }
     if docs::wanted() {
         let command = docs::command("placement", &[]);

@@ -31,7 +31,6 @@ mod certs;
 mod etcd_tls;
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use etcd_client::GetOptions;
@@ -149,13 +148,9 @@ async fn main() -> Result<(), BoxError> {
     );
     println!("{md}");
 
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-    let path = dir.join("bench-resync.md");
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &md)) {
-        Ok(()) => println!("wrote {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    match docs::write_target("resync", &md) {
+        Ok(path) => println!("wrote {}", path.display()),
+        Err(e) => eprintln!("{e}: {}", e.source),
     }
     if docs::wanted() {
         let command = docs::command("resync", &["KAT_ETCD_TLS"]);

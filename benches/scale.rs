@@ -24,6 +24,8 @@ mod etcd_tls;
 #[path = "scale/mod.rs"]
 mod scale;
 
+// This bench writes its own `.md` and `.json` (`SCALE_OUT`), not `bench-scale.md`.
+#[allow(dead_code)]
 #[path = "support/docs.rs"]
 mod docs;
 

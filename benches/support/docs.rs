@@ -30,6 +30,31 @@ pub fn command(bench: &str, env_prefixes: &[&str]) -> String {
     vars.join(" ")
 }
 
+/// Writing a bench's table under the target directory failed.
+#[derive(Debug, thiserror::Error)]
+#[error("could not write {}", path.display())]
+pub struct TargetWriteFailed {
+    /// The file it was writing.
+    pub path: PathBuf,
+    /// Why the directory or the file could not be written.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Writes `bench-{name}.md` under the target directory in use (`CARGO_TARGET_DIR` when
+/// set, else `target/`), creating it if missing; every run writes it, docs or not.
+/// Returns the path written.
+pub fn write_target(name: &str, body: &str) -> Result<PathBuf, TargetWriteFailed> {
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let path = dir.join(format!("bench-{name}.md"));
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, body)) {
+        Ok(()) => Ok(path),
+        Err(source) => Err(TargetWriteFailed { path, source }),
+    }
+}
+
 /// Writes `docs/benchmarks/{name}.md`: `title`, where the numbers came from, then `body`.
 /// Returns the path written.
 pub fn write(name: &str, title: &str, command: &str, body: &str) -> std::io::Result<PathBuf> {
