@@ -10,6 +10,9 @@ pub mod consumer;
 #[path = "../support/grpc_clients.rs"]
 pub mod grpc_clients;
 pub mod measure;
+// Shared with the scale bench.
+#[path = "../support/ownership.rs"]
+pub mod ownership;
 pub mod report;
 pub mod views;
 // Shared with the scale bench.

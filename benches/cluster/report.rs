@@ -90,8 +90,8 @@ impl Row {
             self.k,
             self.restart_s,
             self.stats.moves,
-            self.stats.max_gap,
-            self.stats.max_overlap,
+            self.stats.owners.max_gap,
+            self.stats.owners.max_overlap,
             self.stats.stream_errors,
             self.stats.rpc_errors
         )
@@ -125,9 +125,9 @@ pub fn markdown(rows: &[Row]) -> String {
     add("partitions moved in the consumers' views", &|r| r.stats.moves.to_string());
     add("handoffs per second", &|r| opt(r.handoffs_per_s(), 0));
     add("longest no-owner gap (ms) (gaps)", &|r| {
-        format!("{:.0} ({})", r.stats.max_gap.as_secs_f64() * 1e3, r.stats.gaps)
+        format!("{:.0} ({})", r.stats.owners.max_gap.as_secs_f64() * 1e3, r.stats.owners.gaps)
     });
-    add("longest overlap (ms)", &|r| format!("{:.0}", r.stats.max_overlap.as_secs_f64() * 1e3));
+    add("longest overlap (ms)", &|r| format!("{:.0}", r.stats.owners.max_overlap.as_secs_f64() * 1e3));
     add("etcd `Txn` per moved partition", &|r| per(r.etcd.txns, r.stats.moves as f64));
     add("etcd `Put`+`DeleteRange` per moved partition", &|r| per(r.etcd.plain_writes, r.stats.moves as f64));
     add("etcd `Range` per moved partition", &|r| per(r.etcd.ranges, r.stats.moves as f64));

@@ -7,22 +7,13 @@
 //! Every consumer task reports into one [`Views`] behind a mutex (short critical sections);
 //! a waiter is woken on every change.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use super::ownership::{OwnerChange, OwnershipFigures, PartitionOwners};
 use super::watched::{Phased, Watched};
 
 /// Shared handle on the consumers' views.
 pub type Shared = Watched<Views>;
-
-#[derive(Default)]
-struct PartitionView {
-    /// Slots told they own it and not yet told to stop.
-    owners: Vec<u32>,
-    /// The last slot told it owns it (to tell a move from a first assignment).
-    last_owner: Option<u32>,
-    /// When the owner count last changed; `None` until it first had an owner.
-    since: Option<Instant>,
-}
 
 #[derive(Default, Clone)]
 struct SlotView {
@@ -37,7 +28,7 @@ pub struct Views {
     per_topic: u32,
     /// Consumers per topic; slot `s` is on topic `s / per_topic_consumers`.
     per_topic_consumers: u32,
-    partitions: Vec<PartitionView>,
+    partitions: Vec<PartitionOwners>,
     slots: Vec<SlotView>,
     single_owned: usize,
     /// `PartitionReady` / `PartitionReleased` / `Deregister` calls not yet answered.
@@ -52,12 +43,8 @@ pub struct Views {
 pub struct PhaseStats {
     /// Partitions given to a slot while another slot had owned them last.
     pub moves: u64,
-    /// Longest time a partition had two or more owners in the consumers' views.
-    pub max_overlap: Duration,
-    /// Longest time a partition that had an owner had none in the consumers' views.
-    pub max_gap: Duration,
-    /// Ownership changes that left a partition without an owner for a while.
-    pub gaps: u64,
+    /// Longest overlap and gap, and how many gaps.
+    pub owners: OwnershipFigures,
     /// Streams that ended or failed other than by a drain the bench asked for.
     pub stream_errors: u64,
     /// Calls refused, other than `ready_refused`.
@@ -90,7 +77,7 @@ impl Views {
         Self {
             per_topic,
             per_topic_consumers: consumers,
-            partitions: (0..topics * per_topic).map(|_| PartitionView::default()).collect(),
+            partitions: (0..topics * per_topic).map(|_| PartitionOwners::default()).collect(),
             slots: vec![SlotView::default(); (topics * consumers) as usize],
             single_owned: 0,
             in_flight: 0,
@@ -124,7 +111,7 @@ impl Views {
         let loads = self.slots.iter().map(|s| s.load);
         let (low, high) = (loads.clone().min().unwrap_or(0), loads.max().unwrap_or(0));
         let up = self.slots.iter().filter(|s| s.up).count();
-        let unowned = self.partitions.iter().filter(|p| p.owners.is_empty()).count();
+        let unowned = self.partitions.iter().filter(|p| p.is_unowned()).count();
         format!(
             "{} of {} partitions with one owner, {unowned} with none; loads {low}–{high}; \
              {up} of {} streams up; {} calls in flight",
@@ -153,7 +140,7 @@ impl Views {
             self.stats.error(format!("slot {slot}: {why}"));
         }
         let held: Vec<usize> =
-            (0..self.partitions.len()).filter(|p| self.partitions[*p].owners.contains(&slot)).collect();
+            (0..self.partitions.len()).filter(|p| self.partitions[*p].holds(slot)).collect();
         for index in held {
             self.released(slot, index, at);
         }
@@ -183,54 +170,28 @@ impl Views {
 
     /// The slot was told it owns the partition at `index` (snapshot or `assigned`).
     pub fn assigned(&mut self, slot: u32, index: usize, at: Instant) {
-        let Some(view) = self.partitions.get_mut(index) else { return };
-        if view.owners.contains(&slot) {
-            return;
-        }
-        let before = view.owners.len();
-        view.owners.push(slot);
-        let moved = view.last_owner.is_some_and(|last| last != slot);
-        view.last_owner = Some(slot);
-        let since = view.since.replace(at);
+        let Some(change) = self.partitions.get_mut(index).and_then(|view| view.add(slot, at)) else { return };
         if let Some(s) = self.slots.get_mut(slot as usize) {
             s.load += 1;
         }
-        self.count_change(before, before + 1, since, at);
-        if self.measuring && moved {
+        self.count_change(&change, at);
+        if self.measuring && change.moved {
             self.stats.moves += 1;
         }
     }
 
     /// The slot was told to stop owning the partition at `index`.
     pub fn released(&mut self, slot: u32, index: usize, at: Instant) {
-        let Some(view) = self.partitions.get_mut(index) else { return };
-        let Some(position) = view.owners.iter().position(|o| *o == slot) else { return };
-        let before = view.owners.len();
-        view.owners.swap_remove(position);
-        let since = view.since.replace(at);
+        let Some(change) = self.partitions.get_mut(index).and_then(|view| view.remove(slot, at)) else {
+            return;
+        };
         if let Some(s) = self.slots.get_mut(slot as usize) {
             s.load = s.load.saturating_sub(1);
         }
-        self.count_change(before, before - 1, since, at);
+        self.count_change(&change, at);
     }
 
-    /// Keeps `single_owned` and the overlap / gap figures as a partition's owner count
-    /// goes from `before` to `after`; `since` is when it reached `before`.
-    fn count_change(&mut self, before: usize, after: usize, since: Option<Instant>, at: Instant) {
-        if before == 1 {
-            self.single_owned -= 1;
-        }
-        if after == 1 {
-            self.single_owned += 1;
-        }
-        let Some(since) = since.filter(|_| self.measuring) else { return };
-        let lasted = at.saturating_duration_since(since);
-        if before == 0 {
-            // `since` is set only once a partition has had an owner: this ends a gap.
-            self.stats.max_gap = self.stats.max_gap.max(lasted);
-            self.stats.gaps += 1;
-        } else if before >= 2 && after < 2 {
-            self.stats.max_overlap = self.stats.max_overlap.max(lasted);
-        }
+    fn count_change(&mut self, change: &OwnerChange, at: Instant) {
+        change.count(at, &mut self.single_owned, self.measuring.then_some(&mut self.stats.owners));
     }
 }

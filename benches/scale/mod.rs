@@ -8,7 +8,10 @@ pub mod backend;
 #[path = "../support/bench_error.rs"]
 pub mod error;
 pub mod etcd_ref;
+// Shared with the cluster bench.
 pub mod fleet;
+#[path = "../support/ownership.rs"]
+pub mod ownership;
 // Shared with the cluster bench.
 #[path = "../support/grpc_clients.rs"]
 pub mod grpc_clients;

@@ -150,9 +150,9 @@ impl Row {
         self.time_to_stable_ms = time_to_stable.map(ms);
         self.moves = stats.moves;
         self.warms = stats.warms;
-        self.max_overlap_ms = ms(stats.max_overlap);
-        self.max_gap_ms = ms(stats.max_gap);
-        self.gaps = stats.gaps;
+        self.max_overlap_ms = ms(stats.owners.max_overlap);
+        self.max_gap_ms = ms(stats.owners.max_gap);
+        self.gaps = stats.owners.gaps;
         let (mut delivery, mut warm, mut register) =
             (stats.delivery.clone(), stats.join_to_warm.clone(), stats.register_to_snapshot.clone());
         self.delivery_samples = delivery.len();

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::ownership::{OwnerChange, OwnershipFigures, PartitionOwners};
 use super::watched::{Phased, Watched};
 
 /// Shared handle on the consumers' views.
@@ -15,11 +16,7 @@ pub type Shared = Watched<World>;
 #[derive(Default)]
 struct PartitionView {
     /// Consumers that were told they own it and not yet told to stop.
-    owners: Vec<u32>,
-    /// The last consumer told it owns it (to tell a move from a first assignment).
-    last_owner: Option<u32>,
-    /// When the owner count last changed (start of the current overlap or gap).
-    since: Option<Instant>,
+    owners: PartitionOwners,
     /// `PartitionReady` for this partition: who sent it, when, and how many deliveries
     /// (new owner's `assigned`, old owner's release) are still to be timed against it.
     ready: Option<(u32, Instant, u8)>,
@@ -58,12 +55,8 @@ pub struct PhaseStats {
     pub moves: u64,
     /// `WarmPartition` commands received.
     pub warms: u64,
-    /// Longest time a partition had two or more owners in the consumers' views.
-    pub max_overlap: Duration,
-    /// Longest time a partition that had an owner had none in the consumers' views.
-    pub max_gap: Duration,
-    /// Ownership changes that left a partition without any owner for a while.
-    pub gaps: u64,
+    /// Longest overlap and gap, and how many gaps.
+    pub owners: OwnershipFigures,
     /// `PartitionReady` sent → `assigned` / `ReleasePartition` received by the consumers
     /// it concerns (the new owner and the old owner).
     pub delivery: Vec<Duration>,
@@ -157,7 +150,7 @@ impl World {
         let loads = self.consumers[..n].iter().map(|c| c.load);
         let (low, high) = (loads.clone().min().unwrap_or(0), loads.max().unwrap_or(0));
         let snapshots = self.consumers[..n].iter().filter(|c| c.snapshot && !c.ended).count();
-        let unowned = self.partitions.iter().filter(|p| p.owners.is_empty()).count();
+        let unowned = self.partitions.iter().filter(|p| p.owners.is_unowned()).count();
         format!(
             "{} of {} partitions with one owner, {unowned} with none; loads {low}–{high}; \
              {snapshots} of {consumers} streams up; {} calls in flight",
@@ -186,7 +179,7 @@ impl World {
         self.stats.stream_errors += 1;
         self.stats.error(format!("consumer {id}: {why}"));
         let held: Vec<u32> = (0..self.partitions.len() as u32)
-            .filter(|p| self.partitions[*p as usize].owners.contains(&id))
+            .filter(|p| self.partitions[*p as usize].owners.holds(id))
             .collect();
         for partition in held {
             self.released(id, partition, at);
@@ -258,19 +251,14 @@ impl World {
             self.rpc_error(format!("consumer {id} assigned partition {partition}, out of range"));
             return;
         };
-        if view.owners.contains(&id) {
+        let Some(change) = view.owners.add(id, at) else {
             return;
-        }
-        let before = view.owners.len();
-        view.owners.push(id);
-        let moved = view.last_owner.is_some_and(|last| last != id);
-        view.last_owner = Some(id);
+        };
         let ready = take_ready(&mut view.ready, |by| by == id);
-        let since = view.since.replace(at);
         self.consumer(id).load += 1;
-        self.count_change(before, before + 1, since, at);
+        self.count_change(&change, at);
         if self.measuring {
-            if moved {
+            if change.moved {
                 self.stats.moves += 1;
             }
             if let Some(sent) = ready {
@@ -284,16 +272,13 @@ impl World {
         let Some(view) = self.partitions.get_mut(partition as usize) else {
             return;
         };
-        let Some(position) = view.owners.iter().position(|o| *o == id) else {
+        let Some(change) = view.owners.remove(id, at) else {
             return;
         };
-        let before = view.owners.len();
-        view.owners.swap_remove(position);
         let ready = take_ready(&mut view.ready, |by| by != id);
-        let since = view.since.replace(at);
         let consumer = self.consumer(id);
         consumer.load = consumer.load.saturating_sub(1);
-        self.count_change(before, before - 1, since, at);
+        self.count_change(&change, at);
         if self.measuring
             && let Some(sent) = ready
         {
@@ -301,26 +286,8 @@ impl World {
         }
     }
 
-    /// Keeps `single_owned` and the overlap / gap figures as a partition's owner count
-    /// goes from `before` to `after`; `since` is when it reached `before`.
-    fn count_change(&mut self, before: usize, after: usize, since: Option<Instant>, at: Instant) {
-        if before == 1 {
-            self.single_owned -= 1;
-        }
-        if after == 1 {
-            self.single_owned += 1;
-        }
-        let Some(since) = since.filter(|_| self.measuring) else {
-            return;
-        };
-        let lasted = at.saturating_duration_since(since);
-        if before == 0 {
-            // `since` is set only once a partition has had an owner: this ends a gap.
-            self.stats.max_gap = self.stats.max_gap.max(lasted);
-            self.stats.gaps += 1;
-        } else if before >= 2 && after < 2 {
-            self.stats.max_overlap = self.stats.max_overlap.max(lasted);
-        }
+    fn count_change(&mut self, change: &OwnerChange, at: Instant) {
+        change.count(at, &mut self.single_owned, self.measuring.then_some(&mut self.stats.owners));
     }
 }
 
