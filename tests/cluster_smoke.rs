@@ -49,7 +49,11 @@ async fn a_rolling_restart_on_one_and_three_instances_moves_each_partition_twice
         // Each consumer's partitions move away when it drains and as many come back to its
         // successor: twice the partitions, and no more.
         assert_eq!(row.stats.moves, u64::from(2 * config.topics * config.partitions), "K = {k}:\n{table}");
-        assert_eq!((row.stats.stream_errors, row.stats.rpc_errors), (0, 0), "K = {k}:\n{table}");
+        assert_eq!(
+            (row.stats.errors.stream_errors, row.stats.errors.rpc_errors),
+            (0, 0),
+            "K = {k}:\n{table}"
+        );
         let per_change = row.etcd.events / row.etcd.changes;
         assert!((per_change - k as f64).abs() < 0.05, "K = {k}: {per_change} events per change:\n{table}");
         let planning: f64 = row.instances.iter().map(|i| i.plan_s).sum();

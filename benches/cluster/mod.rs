@@ -7,6 +7,9 @@
 
 pub mod consumer;
 // Shared with the scale bench.
+#[path = "../support/call_errors.rs"]
+pub mod call_errors;
+// Shared with the scale bench.
 #[path = "../support/grpc_clients.rs"]
 pub mod grpc_clients;
 pub mod measure;

@@ -92,8 +92,8 @@ impl Row {
             self.stats.moves,
             self.stats.owners.max_gap,
             self.stats.owners.max_overlap,
-            self.stats.stream_errors,
-            self.stats.rpc_errors
+            self.stats.errors.stream_errors,
+            self.stats.errors.rpc_errors
         )
     }
 }
@@ -170,7 +170,10 @@ pub fn markdown(rows: &[Row]) -> String {
         None => "–".into(),
     });
     add("stream / call errors (ready refused)", &|r| {
-        format!("{} / {} ({})", r.stats.stream_errors, r.stats.rpc_errors, r.stats.ready_refused)
+        format!(
+            "{} / {} ({})",
+            r.stats.errors.stream_errors, r.stats.errors.rpc_errors, r.stats.errors.ready_refused
+        )
     });
     add("server WARN / ERROR lines", &|r| format!("{} / {}", r.warn_lines, r.error_lines));
     add("load average before → after", &|r| {
@@ -192,7 +195,7 @@ pub fn markdown(rows: &[Row]) -> String {
         for note in &row.notes {
             out.push_str(&format!("\nK = {}: {note}\n", row.k));
         }
-        for sample in &row.stats.error_samples {
+        for sample in &row.stats.errors.samples {
             out.push_str(&format!("\nK = {}, error: {sample}\n", row.k));
         }
     }

@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use super::call_errors::ErrorFigures;
 use super::ownership::{OwnerChange, OwnershipFigures, PartitionOwners};
 use super::watched::{Phased, Watched};
 
@@ -45,22 +46,8 @@ pub struct PhaseStats {
     pub moves: u64,
     /// Longest overlap and gap, and how many gaps.
     pub owners: OwnershipFigures,
-    /// Streams that ended or failed other than by a drain the bench asked for.
-    pub stream_errors: u64,
-    /// Calls refused, other than `ready_refused`.
-    pub rpc_errors: u64,
-    /// `PartitionReady` refused with `FAILED_PRECONDITION` (the warm was retargeted first).
-    pub ready_refused: u64,
-    /// The first few errors, for the report.
-    pub error_samples: Vec<String>,
-}
-
-impl PhaseStats {
-    fn error(&mut self, text: String) {
-        if self.error_samples.len() < 5 {
-            self.error_samples.push(text);
-        }
-    }
+    /// Streams lost and calls refused, with the first few messages.
+    pub errors: ErrorFigures,
 }
 
 impl Phased for Views {
@@ -136,8 +123,7 @@ impl Views {
             view.up = false;
         }
         if !expected {
-            self.stats.stream_errors += 1;
-            self.stats.error(format!("slot {slot}: {why}"));
+            self.stats.errors.stream_error(format!("slot {slot}: {why}"));
         }
         let held: Vec<usize> =
             (0..self.partitions.len()).filter(|p| self.partitions[*p].holds(slot)).collect();
@@ -148,14 +134,12 @@ impl Views {
 
     /// A call was refused.
     pub fn rpc_error(&mut self, text: String) {
-        self.stats.rpc_errors += 1;
-        self.stats.error(text);
+        self.stats.errors.rpc_error(text);
     }
 
     /// A `PartitionReady` was refused because its warm is gone.
     pub fn ready_refused(&mut self, text: String) {
-        self.stats.ready_refused += 1;
-        self.stats.error(text);
+        self.stats.errors.ready_refused(text);
     }
 
     /// A call starts.

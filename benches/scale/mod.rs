@@ -4,6 +4,9 @@
 //! smallest size, in CI).
 
 pub mod backend;
+// Shared with the cluster bench.
+#[path = "../support/call_errors.rs"]
+pub mod call_errors;
 // Shared with the cluster bench (`benches/cluster/`).
 #[path = "../support/bench_error.rs"]
 pub mod error;

@@ -162,10 +162,10 @@ impl Row {
         self.join_to_warm_p99_ms = percentile_ms(&mut warm, 0.99);
         self.register_p50_ms = percentile_ms(&mut register, 0.50);
         self.register_p99_ms = percentile_ms(&mut register, 0.99);
-        self.stream_errors = stats.stream_errors;
-        self.rpc_errors = stats.rpc_errors;
-        self.ready_refused = stats.ready_refused;
-        self.notes.extend(stats.error_samples.iter().cloned());
+        self.stream_errors = stats.errors.stream_errors;
+        self.rpc_errors = stats.errors.rpc_errors;
+        self.ready_refused = stats.errors.ready_refused;
+        self.notes.extend(stats.errors.samples.iter().cloned());
     }
 
     /// One line for the progress log.

@@ -301,7 +301,8 @@ async fn fan_out(
                     "not measured: {end} consumers not stable within {:?} ({views})",
                     config.deadline
                 ));
-                row.stream_errors = shared.end_phase().stream_errors + idle.end_phase().stream_errors;
+                row.stream_errors =
+                    shared.end_phase().errors.stream_errors + idle.end_phase().errors.stream_errors;
                 setup.finish(&mut row, end);
                 return Ok(row);
             }
@@ -341,7 +342,7 @@ async fn fan_out(
     // Time to stable of the slowest join.
     row.apply(&stats, all_stable.then_some(slowest));
     let idle_stats = idle.end_phase();
-    row.stream_errors += idle_stats.stream_errors;
+    row.stream_errors += idle_stats.errors.stream_errors;
     if idle_count > 0 && !idle.lock().is_stable(idle_count) {
         row.note("the spectators' topic lost its stability".into());
         row.stable_after_idle = false;

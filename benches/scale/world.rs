@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::call_errors::ErrorFigures;
 use super::ownership::{OwnerChange, OwnershipFigures, PartitionOwners};
 use super::watched::{Phased, Watched};
 
@@ -69,23 +70,8 @@ pub struct PhaseStats {
     /// Consumers that got their first-ever snapshot in the phase (not counting snapshots
     /// after registering again).
     pub first_snapshots: u64,
-    /// Streams that ended or failed while the benchmark held them open.
-    pub stream_errors: u64,
-    /// `PartitionReady` / `PartitionReleased` calls refused, other than `ready_refused`.
-    pub rpc_errors: u64,
-    /// `PartitionReady` refused with `FAILED_PRECONDITION`: the warm was cancelled or
-    /// retargeted before the consumer answered (the consumer cannot know; counted apart).
-    pub ready_refused: u64,
-    /// The first few errors, for the report.
-    pub error_samples: Vec<String>,
-}
-
-impl PhaseStats {
-    fn error(&mut self, text: String) {
-        if self.error_samples.len() < 5 {
-            self.error_samples.push(text);
-        }
-    }
+    /// Streams lost and calls refused, with the first few messages.
+    pub errors: ErrorFigures,
 }
 
 impl Shared {
@@ -176,8 +162,7 @@ impl World {
         let consumer = self.consumer(id);
         consumer.ended = true;
         consumer.snapshot = false;
-        self.stats.stream_errors += 1;
-        self.stats.error(format!("consumer {id}: {why}"));
+        self.stats.errors.stream_error(format!("consumer {id}: {why}"));
         let held: Vec<u32> = (0..self.partitions.len() as u32)
             .filter(|p| self.partitions[*p as usize].owners.holds(id))
             .collect();
@@ -188,14 +173,12 @@ impl World {
 
     /// A call was refused.
     pub fn rpc_error(&mut self, text: String) {
-        self.stats.rpc_errors += 1;
-        self.stats.error(text);
+        self.stats.errors.rpc_error(text);
     }
 
     /// A `PartitionReady` was refused because its warm is gone.
     pub fn ready_refused(&mut self, text: String) {
-        self.stats.ready_refused += 1;
-        self.stats.error(text);
+        self.stats.errors.ready_refused(text);
     }
 
     /// A `PartitionReady` / `PartitionReleased` call starts (`ready`: which one).
