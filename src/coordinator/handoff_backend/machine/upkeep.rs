@@ -81,6 +81,8 @@ impl Instance {
         let watch = self
             .request(StoreRequest::Watch { prefix: self.keys.prefix().to_string(), from }, Waiting::Watch);
         self.watch = Some(watch);
+        // Its silence counts from now (until it is opened it cannot speak).
+        self.heard = self.now;
     }
 
     /// The answer to starting the watch: an error ends it.
