@@ -75,6 +75,13 @@ pub enum Unreachable {
     /// read failed): it cannot decide anything on an empty cache.
     #[error("this assigner instance has not read its store yet")]
     NotLoaded,
+    /// A request's answer did not arrive within its deadline (the state machine's own
+    /// timer): it may or may not have taken effect, and a later answer to it is ignored.
+    #[error("no answer within {within:?}")]
+    NoAnswer {
+        /// The deadline.
+        within: Duration,
+    },
     /// A fault injected by `FaultyStore` (tests).
     #[error(transparent)]
     Injected(#[from] InjectedFault),

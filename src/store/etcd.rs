@@ -117,13 +117,18 @@ impl EtcdStoreConfig {
     }
 }
 
+/// Each etcd call's budget, retries included, unless configured otherwise
+/// ([`EtcdStoreConfig::request_timeout`]). The handoff state machine gives each of its
+/// store requests the same deadline.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Default for EtcdStoreConfig {
     /// `http://127.0.0.1:2379`, 5 s to connect, 5 s per request, 1 s per attempt.
     fn default() -> Self {
         EtcdStoreConfig {
             endpoints: vec!["http://127.0.0.1:2379".to_string()],
             connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(5),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             // Loopback etcd answers a 64-key txn in about 1 ms; 1 s is far beyond a healthy
             // member's answer and leaves a 5 s budget room for four more endpoints.
             attempt_timeout: Duration::from_secs(1),

@@ -22,7 +22,7 @@ mod memory;
 mod metered;
 
 pub use causes::{AttemptFailure, InjectedFault, Malformed, Unreachable, WatchBroke};
-pub use etcd::{EtcdStore, EtcdStoreConfig};
+pub use etcd::{DEFAULT_REQUEST_TIMEOUT, EtcdStore, EtcdStoreConfig};
 pub use etcd_tls::EtcdSecurity;
 pub use faulty::{AfterStall, FaultStats, FaultyStore, Stall, WrittenTxn};
 pub use memory::MemoryStore;

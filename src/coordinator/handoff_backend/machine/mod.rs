@@ -22,19 +22,33 @@
 //! with no stored or configured count asks [`Effect::LookUpPartitions`]); a registration
 //! decided on the store's state raises epochs from the cache, not from prefix reads; a
 //! consumer that left is handed to the departures when its stream's end is emitted, not
-//! when its transport took the last commands; a silent watch (no progress marks) is not
-//! detected; metrics and logs.
+//! when its transport took the last commands; a watch silence noticed late (a busy
+//! production loop) is not given the follower's extra grace; metrics and logs.
+//!
+//! **What the step never waits for forever.** Every store request has a deadline on the
+//! instance's own timer ([`STORE_ANSWER_WITHIN`], the etcd client's per-call budget): past
+//! it, the request counts as failed `Unavailable` (whether or not it took effect, which is
+//! what a lost answer means) and a later answer to it is ignored. A watch that says nothing
+//! at all, not even a progress mark, for the mirror's bound ([`silence_bound`]: ¾ TTL) makes
+//! the instance stale as of when it was last heard from, as production's follower does; it
+//! follows again once a new watch speaks.
+//!
+//! [`silence_bound`]: crate::coordinator::shared::mirror::silence_bound
 //!
 //! Files: `streams.rs` (the streams, the relay pass and the epoch streams), `register.rs`
 //! (`Register`), `calls.rs` (ready, released, deregister), `leader.rs`, `upkeep.rs` (the
-//! lease, the watch, the departures, the rebind, the timer).
+//! lease, the watch, the departures, the rebind, the timer), `watchdog.rs` (the
+//! requests' deadlines and the watch's silence).
 
 mod calls;
 mod leader;
 mod register;
 mod streams;
 mod upkeep;
+mod watchdog;
 
+#[cfg(test)]
+mod following_tests;
 #[cfg(test)]
 mod test_harness;
 #[cfg(test)]
@@ -61,6 +75,23 @@ use calls::{CallWait, LeaveWait};
 use leader::LeaderState;
 use register::Enrolling;
 use streams::{EpochWatch, Stream};
+
+pub use watchdog::STORE_ANSWER_WITHIN;
+
+/// What a driver supplies for one life of an instance beside its config.
+#[derive(Clone, Copy, Debug)]
+pub struct Start {
+    /// Anchors the monotonic time of the shared pieces: any fixed instant (module docs).
+    pub origin: Instant,
+    /// Random bits of this life, drawn by the driver (a simulation passes seeded ones):
+    /// registration ids are derived from them, so a restart under the same instance id
+    /// never hands out its previous life's ids again. The step reads no randomness itself.
+    pub nonce: u64,
+    /// How often the store's watches send a progress mark on a quiet watch
+    /// ([`crate::store::LeaseStore::watch_progress_every`]); `None`: they send none, and a
+    /// silent watch cannot be told from a quiet store, so none is detected.
+    pub watch_progress_every: Option<Duration>,
+}
 
 /// What a store request of the instance is for: where its answer goes.
 #[derive(Debug)]
@@ -118,8 +149,19 @@ pub struct Instance {
     /// Crashed: nothing comes out any more.
     crashed: bool,
     next_request: RequestId,
-    /// Registration ids handed out so far (ids are derived from the instance id and this).
+    /// Registration ids handed out so far (ids are derived from the instance id, the life's
+    /// nonce and this).
     registrations: u64,
+    /// This life's random bits ([`Start::nonce`]).
+    nonce: u64,
+    /// When each store request in flight counts as failed without an answer.
+    deadlines: BTreeMap<RequestId, Micros>,
+    /// When the watch in use was last heard from (started, a batch, a progress mark).
+    heard: Micros,
+    /// A watch went silent: the mirror follows again only once a new watch speaks.
+    unproven: bool,
+    /// The stores' progress period ([`Start::watch_progress_every`]).
+    progress_every: Option<Duration>,
     waiting: BTreeMap<RequestId, Waiting>,
     /// Command streams by (topic, consumer).
     streams: BTreeMap<(String, String), Stream>,
@@ -145,10 +187,10 @@ pub struct Instance {
 }
 
 impl Instance {
-    /// A new instance of `config` at `now` (wall-clock µs), and its first effects (the read
-    /// of the prefix). `origin` anchors the monotonic time of the shared pieces: any fixed
-    /// instant (module docs).
-    pub fn new(config: HandoffConfig, origin: Instant, now: Micros) -> (Self, Vec<Effect>) {
+    /// A new instance of `config` at `now` (wall-clock µs), in the life `start`, and its
+    /// first effects (the read of the prefix).
+    pub fn new(config: HandoffConfig, start: Start, now: Micros) -> (Self, Vec<Effect>) {
+        let Start { origin, nonce, watch_progress_every } = start;
         let keys = Keys::new(&config.prefix);
         let departures = Departures::new(config.lease_ttl);
         let sweeper = Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now));
@@ -169,6 +211,11 @@ impl Instance {
             crashed: false,
             next_request: 1,
             registrations: 0,
+            nonce,
+            deadlines: BTreeMap::new(),
+            heard: now,
+            unproven: false,
+            progress_every: watch_progress_every,
             waiting: BTreeMap::new(),
             streams: BTreeMap::new(),
             closed: Default::default(),
@@ -249,6 +296,7 @@ impl Instance {
         let request = self.next_request;
         self.next_request += 1;
         self.waiting.insert(request, waiting);
+        self.deadlines.insert(request, self.now + watchdog::STORE_ANSWER_WITHIN.as_micros() as Micros);
         self.out.push(Effect::Store { request, op });
         request
     }
@@ -273,6 +321,8 @@ impl Instance {
 
     /// What the store answered `request`.
     fn answered(&mut self, request: RequestId, answer: Result<StoreReply, StoreError>) {
+        self.deadlines.remove(&request);
+        // Gone: answered already, or past its deadline (then failed already).
         let Some(waiting) = self.waiting.remove(&request) else { return };
         if let Err(StoreError::SessionExpired(_)) = &answer {
             // The lease keeper may not have noticed yet: it should look now.

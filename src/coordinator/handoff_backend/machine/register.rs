@@ -75,12 +75,13 @@ impl Instance {
         self.ensure_topic(enrolling, None);
     }
 
-    /// A fresh registration id: from the instance's id and a count, so a replay gives the
-    /// same ids and different instances different ones. Positive, as etcd lease ids are.
+    /// A fresh registration id: from the instance's id, the life's nonce and a count, so a
+    /// replay gives the same ids, and different instances, or another life of the same
+    /// one, different ones. Positive, as etcd lease ids are.
     fn registration_id(&mut self) -> SessionId {
         self.registrations += 1;
         let mut hasher = DefaultHasher::new();
-        (self.config.instance_id.as_str(), self.registrations).hash(&mut hasher);
+        (self.config.instance_id.as_str(), self.nonce, self.registrations).hash(&mut hasher);
         SessionId((hasher.finish() >> 1) as i64)
     }
 

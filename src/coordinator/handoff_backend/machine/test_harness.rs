@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use super::Instance;
+use super::{Instance, Start};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::handoff_backend::HandoffConfig;
 use crate::coordinator::handoff_backend::records::Keys;
@@ -31,6 +31,8 @@ pub(super) struct TestStore {
     pub(super) down: bool,
     /// While `Some`, the watch lags: its batches wait here.
     pub(super) lagging: Option<Vec<WatchBatch>>,
+    /// Answers are lost: requests are taken and never answered.
+    pub(super) vanish: bool,
 }
 
 impl TestStore {
@@ -91,6 +93,12 @@ pub(super) const SESSION: SessionId = SessionId(100);
 
 impl Harness {
     pub(super) fn new() -> Self {
+        Self::life(1, TestStore::default(), None)
+    }
+
+    /// An instance in its life `nonce` over `store`, whose watches send a progress mark
+    /// every `progress_every`, once its first read (if answered) and its lease are in.
+    pub(super) fn life(nonce: u64, store: TestStore, progress_every: Option<Duration>) -> Self {
         let config = HandoffConfig {
             instance_id: "i0".into(),
             prefix: "/k/".into(),
@@ -98,9 +106,10 @@ impl Harness {
             ..HandoffConfig::default()
         };
         let keys = Keys::new(&config.prefix);
-        let (instance, effects) = Instance::new(config, tokio::time::Instant::now(), START);
-        let mut harness =
-            Harness { instance, store: TestStore::default(), now: START, seen: Vec::new(), keys };
+        let start =
+            Start { origin: tokio::time::Instant::now(), nonce, watch_progress_every: progress_every };
+        let (instance, effects) = Instance::new(config, start, START);
+        let mut harness = Harness { instance, store, now: START, seen: Vec::new(), keys };
         harness.run(effects);
         harness.input(Input::Lease(LeaseState::Live(SESSION)));
         harness
@@ -116,6 +125,9 @@ impl Harness {
                 continue;
             };
             let mut batch = None;
+            if self.store.vanish {
+                continue;
+            }
             if self.store.down && !matches!(op, StoreRequest::Watch { .. }) {
                 let answer =
                     Err(StoreError::Unavailable(crate::store::InjectedFault::CutOff { what: "txn" }.into()));

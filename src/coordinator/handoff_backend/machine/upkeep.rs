@@ -20,7 +20,7 @@ use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply,
 use crate::coordinator::shared::cas::create_bound_txn;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
-use crate::coordinator::shared::mirror::{Changes, MirrorCache, apply_watched};
+use crate::coordinator::shared::mirror::{Changes, MirrorCache, apply_watched, snapshot_regresses};
 use crate::coordinator::shared::registrar::Held;
 use crate::coordinator::shared::streams::{StreamKey, replaced_error};
 use crate::coordinator::shared::upkeep::Chore;
@@ -57,7 +57,7 @@ impl Instance {
             }
         };
         if let Some(cache) = &self.cache
-            && snapshot.revision < cache.revision.max(self.ahead)
+            && snapshot_regresses(snapshot.revision, cache.revision, self.ahead)
         {
             // Older than what the cache holds (an own write applied meanwhile): taking it
             // would move the consumers back. Read again.
@@ -73,20 +73,24 @@ impl Instance {
             None => Changes::default(),
         };
         self.cache = Some(fresh);
-        let _ = self.sweeper.health(true, self.instant(self.now));
-        self.stale_since = None;
-        self.stale_fenced = false;
+        if !self.unproven {
+            self.follow_again();
+        }
         self.leader.dirty = true;
         self.relay(&changes);
         let watch = self
             .request(StoreRequest::Watch { prefix: self.keys.prefix().to_string(), from }, Waiting::Watch);
         self.watch = Some(watch);
+        // Its silence counts from now (until it is opened it cannot speak).
+        self.heard = self.now;
     }
 
     /// The answer to starting the watch: an error ends it.
     pub(super) fn watch_answered(&mut self, request: u64, answer: Result<StoreReply, StoreError>) {
-        if let Err(error) = answer {
-            self.watch_ended(request, error);
+        match answer {
+            Err(error) => self.watch_ended(request, error),
+            Ok(_) if self.watch == Some(request) => self.heard = self.now,
+            Ok(_) => {}
         }
     }
 
@@ -96,6 +100,7 @@ impl Instance {
         if self.watch != Some(watch) {
             return;
         }
+        self.heard_from_watch();
         let Some(cache) = self.cache.as_mut() else { return };
         // A progress mark, or a revision already applied as an own write.
         if batch.events.is_empty() || batch.revision <= cache.revision {
@@ -146,6 +151,8 @@ impl Instance {
     /// registrations.
     pub(super) fn upkeep(&mut self) {
         let now = self.now;
+        self.expire_requests();
+        self.check_silence();
         if self.reread_at.is_some_and(|at| now >= at) {
             self.reread();
         }
@@ -360,7 +367,8 @@ impl Instance {
         let lost = self.streams.values().filter_map(|s| s.lost_since.map(|since| since + ttl));
         let sweep = Some(micros(self.sweeper.next_sweep()));
         let retries = self.unregistering.values().map(|(at, _)| *at).filter(|at| *at != Micros::MAX);
-        [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale, sweep]
+        let watchdog = self.watchdog_wake();
+        [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale, sweep, watchdog]
             .into_iter()
             .flatten()
             .chain(lost)

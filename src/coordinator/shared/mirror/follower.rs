@@ -31,6 +31,14 @@ fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(0.75 + (random % 1_000) as f64 / 2_000.0)
 }
 
+/// How long a watch whose store sends a progress mark every `every` may say nothing at
+/// all before the mirror counts itself stale (pure): `stale_after` (three quarters of the
+/// TTL), but never less than two marks' worth, whatever the TTL. The handoff state machine
+/// applies the same bound.
+pub fn silence_bound(stale_after: Duration, every: Duration) -> Duration {
+    stale_after.max(every * 2)
+}
+
 /// Where the follower is: watching, or due to re-read the whole prefix. A store call, once
 /// made, is kept here until it answers: a [`Follower::next`] dropped while it runs does
 /// not make it again.
@@ -77,7 +85,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
     /// marks (never less than two marks' worth, whatever the TTL), and how often they do.
     fn silence(&self) -> Option<(Duration, Duration)> {
         let every = self.source.store.watch_progress_every()?;
-        Some((self.source.stale_after.max(every * 2), every))
+        Some((silence_bound(self.source.stale_after, every), every))
     }
 
     /// The watch's silence reached its bound at `at`. Noticed late, it says nothing about
@@ -218,7 +226,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                         Ok(snapshot) => {
                             let mut fresh = C::from_snapshot(keys, snapshot);
                             let mut cache = mirror.cache.write().unwrap_or_else(|p| p.into_inner());
-                            if fresh.revision() < mirror.newest(&cache) {
+                            if mirror.regresses(fresh.revision(), &cache) {
                                 // An own write was applied while the read was under way
                                 // (`Mirror::apply_own_now`): the snapshot is older than the
                                 // cache, and taking it would move the consumers back. Read again.

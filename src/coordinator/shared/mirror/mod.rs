@@ -15,8 +15,8 @@
 mod follower;
 mod own;
 
-pub use follower::Follower;
-pub use own::{OwnFit, apply_ahead, apply_watched, own_batch, own_write_fits};
+pub use follower::{Follower, silence_bound};
+pub use own::{OwnFit, apply_ahead, apply_watched, own_batch, own_write_fits, snapshot_regresses};
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -383,8 +383,15 @@ impl<C: MirrorCache> Mirror<C> {
 
     /// The newest revision the cache holds a change of: its revision, or an own write
     /// applied ahead of it. A re-read older than this would take the consumers back.
+    #[cfg(test)]
     fn newest(&self, cache: &C) -> Revision {
         cache.revision().max(self.ahead.load(Ordering::SeqCst))
+    }
+
+    /// Whether a snapshot read at `snapshot` is older than `cache` (with the own writes
+    /// applied ahead of it): see [`snapshot_regresses`].
+    fn regresses(&self, snapshot: Revision, cache: &C) -> bool {
+        snapshot_regresses(snapshot, cache.revision(), self.ahead.load(Ordering::SeqCst))
     }
 
     /// Reads the cache. A poisoned lock still holds a whole cache (writers replace or

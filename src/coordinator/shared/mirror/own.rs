@@ -112,3 +112,12 @@ fn writes_as_compared<C: MirrorCache>(
         compares.iter().any(|c| matches!(c, Compare::ModRevision(k, r) if *k == event.key && *r == cached))
     })
 }
+
+/// Whether a prefix snapshot read at revision `snapshot` is older than what a cache at
+/// `cache`, with own writes applied ahead up to `ahead` (0: none), already holds (pure).
+/// Such a snapshot (a re-read sent before an own write and answered after it) must never
+/// replace the cache: the consumers would be moved back to what they were told before.
+/// The caller reads again instead.
+pub fn snapshot_regresses(snapshot: Revision, cache: Revision, ahead: Revision) -> bool {
+    snapshot < cache.max(ahead)
+}
