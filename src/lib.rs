@@ -23,6 +23,8 @@
 //! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
 //! * [`metrics`] — Prometheus metrics.
+//! * [`mutation`] — deliberate bugs that only tests switch on, to prove the simulation
+//!   sees them.
 //! * [`signal`] — SIGTERM / Ctrl-C, for the binary and the example consumer (from the
 //!   client crate).
 //! * [`status`] — the read-only status view (`/status`, the fleet gauges).
@@ -54,6 +56,7 @@ pub mod handoff;
 pub mod kafka;
 pub mod kafka_load;
 pub mod metrics;
+pub mod mutation;
 pub mod server;
 pub mod status;
 pub mod store;

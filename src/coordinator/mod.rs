@@ -26,6 +26,7 @@
 mod error;
 pub mod fleet_backend;
 pub mod handoff_backend;
+pub mod machine;
 mod shared;
 pub mod static_backend;
 

@@ -13,6 +13,7 @@ use super::state::FleetTopic;
 use crate::assignment::Balanced;
 use crate::coordinator::shared::batch::KeyWrite;
 use crate::coordinator::shared::records::{RECORD_VERSION, encode, next_epoch};
+use crate::mutation::{Mutation, is_active};
 use crate::store::{Compare, Op, Revision, SessionId, Txn};
 
 /// A partition and the mod revision of its lease as the cache holds it (0: no lease).
@@ -168,10 +169,14 @@ fn lease_above_floor(
     let record = encode(&LeaseRecord { v: RECORD_VERSION, owner: consumer.to_string(), epoch });
     KeyWrite {
         key: lease_key.clone(),
-        compares: vec![
-            Compare::ModRevision(lease_key.clone(), at.lease_at),
-            Compare::ModRevision(floor_key.clone(), at.floor_at),
-        ],
+        compares: if is_active(Mutation::FleetClaimCompareDropped) {
+            Vec::new()
+        } else {
+            vec![
+                Compare::ModRevision(lease_key.clone(), at.lease_at),
+                Compare::ModRevision(floor_key.clone(), at.floor_at),
+            ]
+        },
         ops: vec![
             Op::put_in(lease_key, record, lease),
             Op::put(floor_key, encode(&EpochRecord { v: RECORD_VERSION, epoch })),

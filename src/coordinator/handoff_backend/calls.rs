@@ -67,9 +67,21 @@ fn while_rewritten(
     consumer: &str,
     error: CoordinatorError,
 ) -> CoordinatorError {
+    let held = inner.core.streams().session_of(topic, consumer).is_some();
+    refusal_while_rewritten(topic, consumer, held, error)
+}
+
+/// [`while_rewritten`], given whether this instance holds the consumer's stream (`held`;
+/// pure).
+pub(super) fn refusal_while_rewritten(
+    topic: &str,
+    consumer: &str,
+    held: bool,
+    error: CoordinatorError,
+) -> CoordinatorError {
     let unknown =
         matches!(&error, CoordinatorError::Handoff { source: HandoffError::UnknownConsumer(_), .. });
-    if !unknown || inner.core.streams().session_of(topic, consumer).is_none() {
+    if !unknown || !held {
         return error;
     }
     CoordinatorError::RegistrationLost(format!(

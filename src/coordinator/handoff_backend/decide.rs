@@ -6,13 +6,14 @@
 
 use tokio::sync::oneshot;
 
-use super::records::Keys;
+use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Keys, TopicRecord, decode};
 use super::state::Cache;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::cas::CAS_ATTEMPTS;
 use crate::coordinator::shared::instance::Report;
 use crate::handoff::{Cooldowns, Event, HandoffError, Millis, PlanConfig, TopicState, step};
-use crate::store::{Compare, Revision, Txn};
+use crate::mutation::{Mutation, is_active};
+use crate::store::{Compare, KeyValue, Revision, Txn};
 
 /// A consumer's `PartitionReady` or `PartitionReleased`, as [`decide`] reads it.
 #[derive(Clone, Copy, Debug)]
@@ -72,6 +73,56 @@ impl PartitionSlice {
     }
 }
 
+/// The keys a call's slice is read from, in the order [`slice_from_records`] takes them:
+/// the topic record, the caller's registration, the partition's assignment and handoff.
+pub(super) fn slice_keys(keys: &Keys, topic: &str, consumer: &str, partition: u32) -> [String; 4] {
+    [
+        keys.topic(topic),
+        keys.consumer(topic, consumer),
+        keys.assignment(topic, partition),
+        keys.handoff(topic, partition),
+    ]
+}
+
+/// The slice of a call of `consumer` about `partition` of `topic`, from the records read
+/// at [`slice_keys`] (pure; `NOT_FOUND` for a topic nobody registered for).
+pub(super) fn slice_from_records(
+    topic: &str,
+    consumer: &str,
+    partition: u32,
+    keys: &[String; 4],
+    records: &[Option<KeyValue>],
+) -> Result<PartitionSlice, CoordinatorError> {
+    let record = |i: usize| records.get(i).and_then(Option::as_ref);
+    let [topic_key, consumer_key, owner_key, handoff_key] = keys;
+    let Some(config) = record(0) else {
+        return Err(CoordinatorError::UnknownTopic(format!(
+            "topic '{topic}' is unknown: no consumer registered for it"
+        )));
+    };
+    let mut state = TopicState {
+        partition_count: decode::<TopicRecord>(topic_key, &config.value)?.partition_count,
+        ..Default::default()
+    };
+    let mut consumer_revision = 0;
+    if let Some(kv) = record(1) {
+        state
+            .consumers
+            .insert(consumer.to_string(), decode::<ConsumerRecord>(consumer_key, &kv.value)?.status);
+        consumer_revision = kv.mod_revision;
+    }
+    let (mut owner_revision, mut handoff_revision) = (0, 0);
+    if let Some(kv) = record(2) {
+        state.owners.insert(partition, decode::<AssignmentRecord>(owner_key, &kv.value)?.owner);
+        owner_revision = kv.mod_revision;
+    }
+    if let Some(kv) = record(3) {
+        state.handoffs.insert(partition, decode::<HandoffRecord>(handoff_key, &kv.value)?.handoff);
+        handoff_revision = kv.mod_revision;
+    }
+    Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
+}
+
 /// What a call decides on a slice.
 pub(super) enum Decision {
     /// The handoff rules refuse it on this slice.
@@ -106,11 +157,14 @@ pub(super) fn decide(
     if writes.is_empty() {
         return Decision::InEffect;
     }
-    let compares = vec![
-        Compare::ModRevision(keys.consumer(topic, consumer), slice.consumer_revision),
-        Compare::ModRevision(keys.assignment(topic, partition), slice.owner_revision),
-        Compare::ModRevision(keys.handoff(topic, partition), slice.handoff_revision),
-    ];
+    let mut compares = Vec::with_capacity(3);
+    if !is_active(Mutation::CallerRegistrationCompareDropped) {
+        compares.push(Compare::ModRevision(keys.consumer(topic, consumer), slice.consumer_revision));
+    }
+    if !is_active(Mutation::HandoffCompareDropped) {
+        compares.push(Compare::ModRevision(keys.assignment(topic, partition), slice.owner_revision));
+        compares.push(Compare::ModRevision(keys.handoff(topic, partition), slice.handoff_revision));
+    }
     Decision::Write(Txn { compares, ops: keys.write_ops(topic, &writes) })
 }
 
@@ -125,9 +179,13 @@ pub(super) struct Applied {
 /// A call's answer: what it changed (`None`: it was in effect already).
 pub(super) type CallResult = Result<Option<Applied>, CoordinatorError>;
 
-/// A consumer call on its way through the instance's loop.
+/// Where a call's answer goes in the running instance's loop.
+pub(super) type Reply = oneshot::Sender<Result<(), CoordinatorError>>;
+
+/// A consumer call on its way through the instance's loop, answered on `R` (the loop's
+/// channel; the state machine's call id).
 #[derive(Debug)]
-pub(super) struct CallInFlight {
+pub(super) struct CallInFlight<R = Reply> {
     /// What the consumer reports.
     pub report: Report,
     /// The consumer.
@@ -141,7 +199,7 @@ pub(super) struct CallInFlight {
     /// the store's state, each in a transaction of its own.
     pub attempt: usize,
     /// Where the answer goes (once counted and logged, `driver.rs`).
-    pub reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    pub reply: R,
 }
 
 /// What a call needs next.
@@ -155,15 +213,9 @@ pub(super) enum CallStep {
     Write(Txn, Applied),
 }
 
-impl CallInFlight {
+impl<R> CallInFlight<R> {
     /// A call of `consumer` about `partition` of `topic`, answered on `reply`.
-    pub fn new(
-        report: Report,
-        consumer: String,
-        topic: String,
-        partition: u32,
-        reply: oneshot::Sender<Result<(), CoordinatorError>>,
-    ) -> Self {
+    pub fn new(report: Report, consumer: String, topic: String, partition: u32, reply: R) -> Self {
         Self { report, consumer, topic, partition, attempt: 0, reply }
     }
 
@@ -194,9 +246,9 @@ impl CallInFlight {
 /// What `call` needs next, decided at `now` on `slice`, read from the store (`fresh`) or
 /// from the cache. A call is refused, or found already in effect, only on the store's
 /// word: the cache may lag it by a watch delivery.
-pub(super) fn next_step(
+pub(super) fn next_step<R>(
     keys: &Keys,
-    call: &mut CallInFlight,
+    call: &mut CallInFlight<R>,
     slice: &PartitionSlice,
     fresh: bool,
     now: Millis,

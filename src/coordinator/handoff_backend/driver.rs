@@ -42,13 +42,11 @@ use super::calls::{answer, answer_leave};
 use super::decide::{Applied, CallInFlight, CallStep, PartitionSlice, next_step};
 use super::leader::{self, Answer as LeaderAnswer, Job, Leader, Why};
 use super::leave::{self, LeaveInFlight, LeaveStep, Left};
-use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, TopicRecord, decode};
 use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::batch::{self, Answer, Batches, KeyWrite, Queued};
 use crate::coordinator::shared::instance::{Call, stopping};
 use crate::coordinator::shared::upkeep::{self, Upkeep, Woke, Worked};
-use crate::handoff::TopicState;
 use crate::store::{Compare, KeyValue, LeaseStore, Op, StoreError, Txn, TxnOutcome};
 
 /// A call's transaction waiting for its batch.
@@ -340,37 +338,15 @@ async fn from_store(
     consumer: &str,
     partition: u32,
 ) -> Result<PartitionSlice, CoordinatorError> {
-    let keys = &inner.core.keys();
-    let topic_key = keys.topic(topic);
-    let Some(config) = inner.core.store().get(&topic_key).await? else {
-        return Err(CoordinatorError::UnknownTopic(format!(
-            "topic '{topic}' is unknown: no consumer registered for it"
-        )));
-    };
-    let mut state = TopicState {
-        partition_count: decode::<TopicRecord>(&topic_key, &config.value)?.partition_count,
-        ..Default::default()
-    };
-    let consumer_key = keys.consumer(topic, consumer);
-    let mut consumer_revision = 0;
-    if let Some(kv) = inner.core.store().get(&consumer_key).await? {
-        state
-            .consumers
-            .insert(consumer.to_string(), decode::<ConsumerRecord>(&consumer_key, &kv.value)?.status);
-        consumer_revision = kv.mod_revision;
+    let keys = super::decide::slice_keys(inner.core.keys(), topic, consumer, partition);
+    let mut records = Vec::with_capacity(keys.len());
+    for key in &keys {
+        records.push(inner.core.store().get(key).await?);
+        if records[0].is_none() {
+            break; // no topic record: nothing more to read
+        }
     }
-    let (mut owner_revision, mut handoff_revision) = (0, 0);
-    let owner_key = keys.assignment(topic, partition);
-    if let Some(kv) = inner.core.store().get(&owner_key).await? {
-        state.owners.insert(partition, decode::<AssignmentRecord>(&owner_key, &kv.value)?.owner);
-        owner_revision = kv.mod_revision;
-    }
-    let handoff_key = keys.handoff(topic, partition);
-    if let Some(kv) = inner.core.store().get(&handoff_key).await? {
-        state.handoffs.insert(partition, decode::<HandoffRecord>(&handoff_key, &kv.value)?.handoff);
-        handoff_revision = kv.mod_revision;
-    }
-    Ok(PartitionSlice { state, consumer_revision, owner_revision, handoff_revision })
+    super::decide::slice_from_records(topic, consumer, partition, &keys, &records)
 }
 
 /// Takes in what the store answered: applies what was written and tells the streams (while

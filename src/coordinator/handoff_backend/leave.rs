@@ -87,7 +87,7 @@ pub(super) type LeaveResult = Result<Left, CoordinatorError>;
 
 /// A `Deregister` on its way through the instance's loop.
 #[derive(Debug)]
-pub(super) struct LeaveInFlight {
+pub(super) struct LeaveInFlight<R = oneshot::Sender<Result<DeregisterAction, CoordinatorError>>> {
     /// The leaving consumer.
     pub consumer: String,
     /// Whether the drain policy asked to drain (asked before the call reached the loop:
@@ -97,8 +97,8 @@ pub(super) struct LeaveInFlight {
     pub found: Vec<Found>,
     /// Transactions that lost a race so far.
     pub attempt: usize,
-    /// Where the answer goes (once logged, `driver.rs`).
-    pub reply: oneshot::Sender<Result<DeregisterAction, CoordinatorError>>,
+    /// Where the answer goes (once logged, `driver.rs`; the state machine's call id).
+    pub reply: R,
 }
 
 /// What a Deregister needs next.
@@ -112,7 +112,7 @@ pub(super) enum LeaveStep {
     Write(Txn, Left),
 }
 
-impl LeaveInFlight {
+impl<R> LeaveInFlight<R> {
     /// The step after a lost transaction: decide again on a fresh read, while attempts
     /// remain.
     pub fn retry(&mut self) -> LeaveStep {
@@ -128,7 +128,7 @@ impl LeaveInFlight {
 }
 
 /// The keys a Deregister reads, one per registration found, in order.
-pub(super) fn keys_to_read(keys: &Keys, leave: &LeaveInFlight) -> Vec<String> {
+pub(super) fn keys_to_read<R>(keys: &Keys, leave: &LeaveInFlight<R>) -> Vec<String> {
     leave.found.iter().map(|found| keys.consumer(&found.topic, &leave.consumer)).collect()
 }
 
@@ -136,8 +136,8 @@ pub(super) fn keys_to_read(keys: &Keys, leave: &LeaveInFlight) -> Vec<String> {
 /// per [`Found`], in order; `None` where the record is gone). One transaction changes
 /// every registration still the one found, keeping each record's lease binding, guarded
 /// by each record's mod revision; with nothing to change the answer is at once.
-pub(super) fn decide_leave(
-    leave: &LeaveInFlight,
+pub(super) fn decide_leave<R>(
+    leave: &LeaveInFlight<R>,
     records: &[Option<KeyValue>],
     now: Millis,
     restart_grace: Duration,

@@ -109,6 +109,17 @@ pub struct HandoffConfig {
     pub weights_refresh: Duration,
 }
 
+impl HandoffConfig {
+    /// How long the leader leaves orphaned partitions alone after an interruption:
+    /// [`settle_period`](Self::settle_period), one `lease_ttl` unless configured.
+    pub fn settle_for(&self) -> Duration {
+        if crate::mutation::is_active(crate::mutation::Mutation::SettleZero) {
+            return Duration::ZERO;
+        }
+        self.settle_period.unwrap_or(self.lease_ttl)
+    }
+}
+
 impl Default for HandoffConfig {
     fn default() -> Self {
         Self {

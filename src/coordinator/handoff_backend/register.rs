@@ -7,7 +7,7 @@
 //! is deleted and the leader reassigns the partitions.
 
 use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
-use super::{Handoff, relay, state::Cache};
+use super::{Handoff, HandoffConfig, relay, state::Cache};
 use crate::coordinator::shared::{
     Core,
     batch::KeyWrite,
@@ -19,21 +19,56 @@ use crate::coordinator::shared::{
 use crate::handoff::{ConsumerStatus, ConsumerView};
 use crate::store::{Revision, SessionId};
 
-impl Handoff {
-    /// The record of `consumer`'s active registration with id `registration` on this
-    /// instance, with what the Kubernetes view knows of it at this moment (from memory:
-    /// never waits on the API; the leader plans with the view's later info anyway).
-    fn active_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> ConsumerRecord {
-        ConsumerRecord {
-            v: RECORD_VERSION,
-            status: ConsumerStatus::Active,
-            session: registration.0,
-            instance: self.core.instance_id().to_string(),
-            hold_until: None,
-            info: self.config.rollout.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
-            incarnation,
+/// The record of `consumer`'s active registration with id `registration` on the instance
+/// of `config`, with what the Kubernetes view knows of it at this moment (from memory:
+/// never waits on the API; the leader plans with the view's later info anyway).
+pub(super) fn active_record(
+    config: &HandoffConfig,
+    consumer: &str,
+    registration: SessionId,
+    incarnation: u64,
+) -> ConsumerRecord {
+    ConsumerRecord {
+        v: RECORD_VERSION,
+        status: ConsumerStatus::Active,
+        session: registration.0,
+        instance: config.instance_id.clone(),
+        hold_until: None,
+        info: config.rollout.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
+        incarnation,
+    }
+}
+
+/// How long the registration `key` is kept after its stream ended, as `cache` says (pure).
+pub(super) fn held(cache: &Cache, key: &StreamKey) -> Held {
+    let (topic, consumer, registration) = key;
+    match cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)) {
+        Some(r) if r.value.session == registration.0 => r.value.hold_until.map_or(Held::ForTtl, Held::Until),
+        _ => Held::NotOurs,
+    }
+}
+
+/// Every registration in `cache` that names `instance` as the one holding its stream (pure).
+pub(super) fn registrations_of(cache: &Cache, instance: &str) -> Vec<StreamKey> {
+    let mut found = Vec::new();
+    for (topic, entry) in &cache.topics {
+        for (consumer, record) in entry.consumers.iter().filter(|(_, r)| r.value.instance == instance) {
+            found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
         }
     }
+    found
+}
+
+/// The mod revision of `consumer`'s registration on `topic` in `cache` (0: none): what a
+/// registration decided on the cache compares.
+pub(super) fn cached_registration(cache: &Cache, topic: &str, consumer: &str) -> Revision {
+    cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision)
+}
+
+/// The client process `consumer`'s registration on `topic` in `cache` was registered by
+/// (0: unknown, or no registration).
+pub(super) fn cached_incarnation(cache: &Cache, topic: &str, consumer: &str) -> u64 {
+    cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.value.incarnation)
 }
 
 impl Registrar for Handoff {
@@ -49,7 +84,7 @@ impl Registrar for Handoff {
     }
 
     fn registration_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> Vec<u8> {
-        encode(&self.active_record(consumer, registration, incarnation))
+        encode(&active_record(&self.config, consumer, registration, incarnation))
     }
 
     fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId> {
@@ -61,13 +96,13 @@ impl Registrar for Handoff {
     }
 
     fn cached_incarnation(&self, cache: &Cache, topic: &str, consumer: &str) -> u64 {
-        cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.value.incarnation)
+        cached_incarnation(cache, topic, consumer)
     }
 
     fn cached_registration(&self, cache: &Cache, topic: &str, consumer: &str) -> Option<Revision> {
         // Decided from the cache first, in a shared transaction: a storm of Registers
         // then costs a few transactions, not one each.
-        Some(cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.mod_revision))
+        Some(cached_registration(cache, topic, consumer))
     }
 
     fn epoch_prefixes(&self, topic: &str) -> Vec<String> {
@@ -98,22 +133,10 @@ impl Registrar for Handoff {
     }
 
     fn held(&self, cache: &Cache, key: &StreamKey) -> Held {
-        let (topic, consumer, registration) = key;
-        match cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)) {
-            Some(r) if r.value.session == registration.0 => {
-                r.value.hold_until.map_or(Held::ForTtl, Held::Until)
-            }
-            _ => Held::NotOurs,
-        }
+        held(cache, key)
     }
 
     fn registrations_of(&self, cache: &Cache, instance: &str) -> Vec<StreamKey> {
-        let mut found = Vec::new();
-        for (topic, entry) in &cache.topics {
-            for (consumer, record) in entry.consumers.iter().filter(|(_, r)| r.value.instance == instance) {
-                found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
-            }
-        }
-        found
+        registrations_of(cache, instance)
     }
 }

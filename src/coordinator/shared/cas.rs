@@ -48,6 +48,17 @@ pub(crate) async fn rewrite_bound<T: Serialize + DeserializeOwned>(
     Ok(Rewrite::Contended)
 }
 
+/// The transaction of [`create_bound`]: `value` at `key`, bound to `session`, only where no
+/// record is (compare on absence).
+pub(crate) fn create_bound_txn(key: &str, value: Vec<u8>, session: crate::store::SessionId) -> Txn {
+    use crate::mutation::{Mutation, is_active};
+    let txn = Txn::new().then(Op::put_in(key, value, session));
+    if is_active(Mutation::RebindCompareDropped) {
+        return txn;
+    }
+    txn.when(Compare::ModRevision(key.to_string(), 0))
+}
+
 /// Writes `value` at `key`, bound to `session`, only where no record is. Returns the
 /// revision of the record that is ours afterwards: the write's, or, when a record is there
 /// already and `ours` accepts it, that record's (an earlier write whose answer was lost
@@ -59,8 +70,7 @@ pub(crate) async fn create_bound(
     session: crate::store::SessionId,
     ours: impl Fn(&[u8]) -> bool,
 ) -> Result<Option<crate::store::Revision>, StoreError> {
-    let txn = Txn::new().when(Compare::ModRevision(key.to_string(), 0)).then(Op::put_in(key, value, session));
-    let outcome = store.txn(txn).await?;
+    let outcome = store.txn(create_bound_txn(key, value, session)).await?;
     if outcome.succeeded {
         return Ok(Some(outcome.revision));
     }

@@ -88,12 +88,23 @@ impl Departures {
         now: Instant,
         now_ms: Millis,
     ) -> Vec<StreamKey> {
+        self.due_with(|cache, key| backend.held(cache, key), cache, now, now_ms)
+    }
+
+    /// [`due`](Self::due), with the backend's hold rule as a function (pure).
+    pub fn due_with<C: MirrorCache>(
+        &mut self,
+        held: impl Fn(&C, &StreamKey) -> Held,
+        cache: &C,
+        now: Instant,
+        now_ms: Millis,
+    ) -> Vec<StreamKey> {
         self.arrived = false;
         self.looked_at = Some(cache.revision());
         let mut due = Vec::new();
         self.waiting.retain(|key, waiting| {
             let held =
-                if cache.revision() < waiting.registered_at { Held::ForTtl } else { backend.held(cache, key) };
+                if cache.revision() < waiting.registered_at { Held::ForTtl } else { held(cache, key) };
             waiting.due = match held {
                 Held::NotOurs => return false,
                 _ if waiting.left => waiting.at,

@@ -19,6 +19,12 @@ pub fn instance_key(prefix: &str, instance: &str) -> String {
     format!("{prefix}instances/{instance}")
 }
 
+/// The write of `instance`'s record at `key`, bound to the instance lease `session`.
+pub fn instance_record_txn(key: &str, instance: &str, session: SessionId) -> Txn {
+    let record = format!("{{\"v\":1,\"instance\":\"{instance}\"}}");
+    Txn::new().then(Op::put_in(key, record, session))
+}
+
 /// Writes this instance's record bound to the instance lease `session`, retrying with
 /// backoff while the store refuses. Returns whether it was written: not if the lease is
 /// no longer the live one, or the instance stops. The instance's loop runs it each time a
@@ -31,8 +37,7 @@ pub async fn write_instance_record<C: MirrorCache, T>(core: &Core<C, T>, session
         if core.shutdown.is_cancelled() || lease.borrow_and_update().live() != Some(session) {
             return false;
         }
-        let record = format!("{{\"v\":1,\"instance\":\"{}\"}}", core.instance_id);
-        match core.store.txn(Txn::new().then(Op::put_in(&key, record, session))).await {
+        match core.store.txn(instance_record_txn(&key, &core.instance_id, session)).await {
             Ok(_) => return true,
             Err(error) => tracing::warn!(%error, "cannot write this instance's record; retrying"),
         }

@@ -63,6 +63,15 @@ pub fn fence_after(ttl: Duration) -> Duration {
     ttl * 3 / 4
 }
 
+/// Whether a fenced lease ends the instance's streams (self-fencing, see the module docs):
+/// always, but for the [`Mutation::SelfFenceSkipped`] test switch. Asked by the core's
+/// reaction to a fence and by the instance's state machine alike.
+///
+/// [`Mutation::SelfFenceSkipped`]: crate::mutation::Mutation::SelfFenceSkipped
+pub fn fences_streams() -> bool {
+    !crate::mutation::is_active(crate::mutation::Mutation::SelfFenceSkipped)
+}
+
 /// What [`keep_lease`] needs from the core, and tells it.
 pub trait LeaseHolder: Send + Sync {
     /// The instance's store (the keeper connects to it again on its own thread).

@@ -467,6 +467,9 @@ impl<C: MirrorCache + Send + Sync, T: streams::Told> LeaseHolder for Core<C, T> 
     }
 
     fn fence(&self) {
+        if !lease::fences_streams() {
+            return;
+        }
         self.streams
             .fence_all(&format!("assigner instance '{}' lost contact with its store", self.instance_id));
     }

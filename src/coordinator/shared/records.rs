@@ -44,6 +44,8 @@ impl TopicRecord {
 ///   decided after the restore is above every one decided before it, as long as the
 ///   restore took longer than the instances' clocks disagree (§10 says why).
 pub fn next_epoch(revision: Revision, floor: u64, now_micros: u64) -> u64 {
+    use crate::mutation::{Mutation, is_active};
+    let floor = if is_active(Mutation::EpochFloorDropped) { 0 } else { floor };
     let above_revision = u64::try_from(revision).unwrap_or(0).saturating_add(1);
     above_revision.max(floor.saturating_add(1)).max(now_micros)
 }

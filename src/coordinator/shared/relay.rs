@@ -270,35 +270,51 @@ impl<T> LocalStream<T> {
     }
 }
 
-impl<T: Told> LocalStream<T> {
-    /// Applies the relay model's `step` to this stream of `consumer` on `topic`; returns why
-    /// the stream must end, if it must.
-    pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Option<Ending> {
+/// What a stream remembers of what it told its consumer: the part of a stream the relay
+/// steps change.
+#[derive(Debug, Default)]
+pub struct Book<T> {
+    /// Whether the snapshot (always the first message) has been sent.
+    pub activated: bool,
+    /// What the consumer has been told so far.
+    pub told: T,
+    /// Whether `told` followed every relay step since the snapshot.
+    pub told_complete: bool,
+}
+
+/// What a relay step says to send one stream, once applied to its [`Book`].
+#[derive(Debug, Default)]
+pub struct Said {
+    /// Sent at once, in order: gains (and a farewell).
+    pub now: Vec<AssignmentCommand>,
+    /// Sent once every stream of the relay pass heard its gains: losses.
+    pub later: Vec<AssignmentCommand>,
+    /// The step says the store lost the registration.
+    pub lost: bool,
+    /// Why the stream ends after these, if it does.
+    pub end: Option<Ending>,
+}
+
+impl<T: Told> Book<T> {
+    /// Applies the relay model's `step` for `consumer` on `topic` (pure): what to send,
+    /// and why the stream must end, if it must. The one rule for both the running
+    /// instance's streams ([`LocalStream::apply`]) and the state machine's.
+    pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Said {
         match step {
             RelayStep::Wait => {
                 self.told_complete = false;
-                None
+                Said::default()
             }
-            RelayStep::Replaced => {
-                self.farewell(topic);
-                Some((EndReason::Replaced, Some(replaced_error(topic, consumer))))
-            }
+            RelayStep::Replaced => Said {
+                now: self.farewell(topic),
+                end: Some((EndReason::Replaced, Some(replaced_error(topic, consumer)))),
+                ..Said::default()
+            },
             RelayStep::Farewell => {
-                self.farewell(topic);
-                Some((EndReason::Left, None))
+                Said { now: self.farewell(topic), end: Some((EndReason::Left, None)), ..Said::default() }
             }
             RelayStep::Tell(tell) => {
-                if tell.lost && self.lost_since.is_none() {
-                    tracing::warn!(
-                        topic,
-                        consumer,
-                        "the store lost this consumer's registration; writing it again"
-                    );
-                    self.lost_since = Some(tokio::time::Instant::now());
-                }
                 self.activated = true;
-                self.send(tell.gains);
-                self.defer(tell.losses);
                 match tell.within {
                     Some(partitions) => self.told.patch(&partitions, tell.told),
                     None => {
@@ -306,8 +322,43 @@ impl<T: Told> LocalStream<T> {
                         self.told_complete = true;
                     }
                 }
-                tell.end
+                Said { now: tell.gains, later: tell.losses, lost: tell.lost, end: tell.end }
             }
         }
+    }
+
+    /// Forgets what the consumer was told, and returns the commands that tell it it owns
+    /// nothing any more ([`Told::farewell`]; none before its snapshot).
+    pub fn farewell(&mut self, topic: &str) -> Vec<AssignmentCommand> {
+        let commands = if self.activated { self.told.farewell(topic) } else { Vec::new() };
+        self.told = T::default();
+        self.told_complete = false;
+        commands
+    }
+}
+
+impl<T: Told> LocalStream<T> {
+    /// Applies the relay model's `step` to this stream of `consumer` on `topic`; returns why
+    /// the stream must end, if it must.
+    pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Option<Ending> {
+        let farewell = matches!(step, RelayStep::Replaced | RelayStep::Farewell);
+        let mut book = Book {
+            activated: self.activated,
+            told: std::mem::take(&mut self.told),
+            told_complete: self.told_complete,
+        };
+        let said = book.apply(topic, consumer, step);
+        (self.activated, self.told, self.told_complete) = (book.activated, book.told, book.told_complete);
+        if said.lost && self.lost_since.is_none() {
+            tracing::warn!(topic, consumer, "the store lost this consumer's registration; writing it again");
+            self.lost_since = Some(tokio::time::Instant::now());
+        }
+        if farewell {
+            self.send_farewell(said.now);
+        } else {
+            self.send(said.now);
+        }
+        self.defer(said.later);
+        said.end
     }
 }

@@ -205,19 +205,27 @@ impl<T: Told> LocalStream<T> {
     /// is full or overflowed: a consumer that is behind hears it (after its backlog) before
     /// the error that ends the stream, which keeps the last slot.
     pub fn farewell(&mut self, topic: &str) {
-        if self.activated {
-            for command in self.told.farewell(topic) {
-                let outgoing = match &self.pass {
-                    Some(gate) => gate.gain(command),
-                    None => Outgoing::free(Ok(command)),
-                };
-                if self.tx.capacity() >= 2 {
-                    let _ = self.tx.try_send(outgoing);
-                }
+        let mut book = super::relay::Book {
+            activated: self.activated,
+            told: std::mem::take(&mut self.told),
+            told_complete: self.told_complete,
+        };
+        let commands = book.farewell(topic);
+        (self.told, self.told_complete) = (book.told, book.told_complete);
+        self.send_farewell(commands);
+    }
+
+    /// Sends a farewell's `commands` in the slot [`push`](Self::push) keeps for them.
+    pub(super) fn send_farewell(&mut self, commands: Vec<AssignmentCommand>) {
+        for command in commands {
+            let outgoing = match &self.pass {
+                Some(gate) => gate.gain(command),
+                None => Outgoing::free(Ok(command)),
+            };
+            if self.tx.capacity() >= 2 {
+                let _ = self.tx.try_send(outgoing);
             }
         }
-        self.told = T::default();
-        self.told_complete = false;
     }
 
     /// Whether the stream is waiting for its registration to be written again.

@@ -44,6 +44,49 @@ impl std::fmt::Debug for dyn PartitionCounts {
     }
 }
 
+/// What [`count_to_store`] decides for a topic's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    /// The stored count stands.
+    Stored(u32),
+    /// Store this count over the record at this mod revision (0: none).
+    Write(u32, Revision),
+    /// Nothing is stored or configured: ask the source.
+    AskSource,
+}
+
+/// What the topic record should hold (pure): a configured count creates or grows it, a
+/// stored count otherwise stands, and the source's count (`from_source`, once asked)
+/// creates it.
+pub fn count_to_store(
+    stored: Option<(u32, Revision)>,
+    configured: Option<u32>,
+    from_source: Option<u32>,
+) -> Counted {
+    match (stored, configured) {
+        (Some((stored, _)), Some(c)) if c <= stored => Counted::Stored(stored),
+        (Some((stored, _)), None) => Counted::Stored(stored),
+        (Some((_, rev)), Some(c)) => Counted::Write(c, rev),
+        (None, Some(c)) => Counted::Write(c, 0),
+        (None, None) => from_source.map_or(Counted::AskSource, |count| Counted::Write(count, 0)),
+    }
+}
+
+/// The transaction that stores `count` at the topic record `key`, over the record at mod
+/// revision `revision` (0: none), keeping what else `kept` (that record) holds.
+pub fn topic_txn(key: &str, count: u32, revision: Revision, kept: Option<TopicRecord>) -> Txn {
+    let record = TopicRecord { partition_count: count, ..kept.unwrap_or_else(|| TopicRecord::new(count)) };
+    Txn::new().when(Compare::ModRevision(key.to_string(), revision)).then(Op::put(key, encode(&record)))
+}
+
+/// The answer for a topic whose count is nowhere to be had.
+pub fn no_count(topic: &str) -> CoordinatorError {
+    CoordinatorError::UnknownTopic(format!(
+        "topic '{topic}' is unknown: no partition count is stored or configured for it \
+         (configure it with --topic-partitions {topic}=<count>, or set --kafka-brokers)"
+    ))
+}
+
 /// The partition counts a backend knows: configured ones and an optional source.
 #[derive(Clone, Debug, Default)]
 pub struct Topics {
@@ -76,27 +119,17 @@ impl Topics {
                     None => None,
                 },
             };
-            let (count, revision) = match (stored, configured) {
-                (Some((stored, _)), Some(c)) if c <= stored => return Ok(stored),
-                (Some((stored, _)), None) => return Ok(stored),
-                (Some((_, rev)), Some(c)) => (c, rev),
-                (None, Some(c)) => (c, 0),
-                (None, None) => match from_source {
-                    Some(count) => (count, 0),
-                    None => (*from_source.insert(self.ask_source(topic).await?), 0),
-                },
+            let (count, revision) = match count_to_store(stored, configured, from_source) {
+                Counted::Stored(count) => return Ok(count),
+                Counted::Write(count, revision) => (count, revision),
+                Counted::AskSource => (*from_source.insert(self.ask_source(topic).await?), 0),
             };
             // A grown count keeps what else the stored record holds (its weights).
             let kept = match revision {
                 0 => None,
                 _ => store.get(key).await?.map(|kv| decode::<TopicRecord>(key, &kv.value)).transpose()?,
             };
-            let record =
-                TopicRecord { partition_count: count, ..kept.unwrap_or_else(|| TopicRecord::new(count)) };
-            let txn = Txn::new()
-                .when(Compare::ModRevision(key.to_string(), revision))
-                .then(Op::put(key, encode(&record)));
-            if store.txn(txn).await?.succeeded {
+            if store.txn(topic_txn(key, count, revision, kept)).await?.succeeded {
                 let source = if configured.is_some() { "--topic-partitions" } else { "Kafka" };
                 tracing::info!(topic, partitions = count, source, "topic config stored");
                 return Ok(count);
@@ -106,12 +139,7 @@ impl Topics {
     }
 
     async fn ask_source(&self, topic: &str) -> Result<u32, CoordinatorError> {
-        let Some(source) = &self.source else {
-            return Err(CoordinatorError::UnknownTopic(format!(
-                "topic '{topic}' is unknown: no partition count is stored or configured for it \
-                 (configure it with --topic-partitions {topic}=<count>, or set --kafka-brokers)"
-            )));
-        };
+        let Some(source) = &self.source else { return Err(no_count(topic)) };
         source.partition_count(topic).await.map_err(|error| match error {
             KafkaError::UnknownTopic(_) => CoordinatorError::UnknownTopic(format!(
                 "topic '{topic}' is unknown: it does not exist in {}",

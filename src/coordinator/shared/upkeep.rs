@@ -185,8 +185,7 @@ impl Upkeep {
 
     /// [`Chore::Fence`] once the mirror has not followed for the margin, once.
     fn fence_due(&mut self, now: Instant) -> Option<Chore> {
-        let since = self.stale_since?;
-        if self.fenced || now < since + fence_after(self.ttl) {
+        if self.fenced || !stale_fence_due(self.stale_since?, now, self.ttl) {
             return None;
         }
         self.fenced = true;
@@ -215,6 +214,19 @@ impl Upkeep {
         }
         chores
     }
+}
+
+/// Whether an instance whose mirror has not followed the store since `since` fences its
+/// streams at `now` (pure): once that lasted the lease's fencing margin, [`fence_after`].
+pub fn stale_fence_due<At: Copy + Ord + std::ops::Add<Duration, Output = At>>(
+    since: At,
+    now: At,
+    ttl: Duration,
+) -> bool {
+    if crate::mutation::is_active(crate::mutation::Mutation::StaleRelayNotFenced) {
+        return false;
+    }
+    now >= since + fence_after(ttl)
 }
 
 /// Does what is due at `now` for `backend`'s loop: keeps readiness and the instance

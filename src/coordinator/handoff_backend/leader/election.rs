@@ -3,6 +3,8 @@
 //! adopt a key that holds our lease after a lost answer; resign at a graceful stop.
 
 use super::{Fence, Handoff, Leadership, Step, settle};
+use crate::coordinator::handoff_backend::{records::Keys, state::Cache};
+use crate::coordinator::shared::lease::LeaseState;
 use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn, TxnOutcome};
 
 /// Gives up leadership (if held) and what only a leader keeps (the rest of its pass too).
@@ -24,36 +26,64 @@ pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
 /// re-created by someone else.
 pub(super) fn check_leadership(inner: &Handoff, me: &mut Leadership) {
     let Some(fence) = inner.fence() else { return };
-    if inner.core.lease().borrow().live() != Some(fence.session) {
-        step_down(inner, me, "the instance session is fenced or was replaced");
-        return;
+    let lease = *inner.core.lease().borrow();
+    let why = steps_down(fence, lease, &inner.core.mirror().read());
+    if let Some(why) = why {
+        step_down(inner, me, why);
     }
-    let cache = inner.core.mirror().read();
+}
+
+/// Why the leader of `fence` must step down, given the instance `lease` and the `cache`
+/// (pure): the lease is no longer the live one the key is bound to (it is fenced: the key
+/// may expire any moment), or the cache shows the leader key gone or re-created by
+/// someone else. `None`: it goes on leading.
+pub(in crate::coordinator::handoff_backend) fn steps_down(
+    fence: Fence,
+    lease: LeaseState,
+    cache: &Cache,
+) -> Option<&'static str> {
+    if lease.live() != Some(fence.session) {
+        return Some("the instance session is fenced or was replaced");
+    }
     if cache.revision < fence.revision {
-        return; // our own election is not in the cache yet
+        return None; // our own election is not in the cache yet
     }
     let ours = cache.leader.as_ref().is_some_and(|kv| kv.create_revision == fence.revision);
-    drop(cache);
-    if !ours {
-        step_down(inner, me, "leader key changed");
-    }
+    (!ours).then_some("leader key changed")
 }
 
 /// Creates the leader key bound to our lease if nobody holds it (queued as the next step).
 /// After an answer that was lost or refused, the key is read ([`adopt`]): one bound to our
 /// lease is ours (the write went through), adopted with the fence at its create revision.
 pub(super) fn campaign(inner: &Handoff, me: &mut Leadership) {
-    let Some(session) = inner.core.lease().borrow().live() else { return };
-    if inner.core.mirror().read().leader.as_ref().is_some_and(|kv| kv.session != Some(session)) {
-        return;
+    let lease = *inner.core.lease().borrow();
+    let campaign =
+        campaign_txn(inner.core.keys(), &inner.config.instance_id, lease, &inner.core.mirror().read());
+    if let Some((txn, session)) = campaign {
+        me.queue.push_back(Step::Campaign(txn, session));
     }
-    let key = inner.core.keys().leader();
+}
+
+/// The campaign of `instance` (pure): the transaction that creates the leader key bound to
+/// the live `lease`, only where no key is (compare on absence), and that session; `None`
+/// while the lease is not live or `cache` shows another session's key.
+pub(in crate::coordinator::handoff_backend) fn campaign_txn(
+    keys: &Keys,
+    instance: &str,
+    lease: LeaseState,
+    cache: &Cache,
+) -> Option<(Txn, SessionId)> {
+    let session = lease.live()?;
+    if cache.leader.as_ref().is_some_and(|kv| kv.session != Some(session)) {
+        return None;
+    }
+    let key = keys.leader();
     let txn = Txn::new().when(Compare::CreateRevision(key.clone(), 0)).then(Op::put_in(
         &key,
-        inner.config.instance_id.as_bytes().to_vec(),
+        instance.as_bytes().to_vec(),
         session,
     ));
-    me.queue.push_back(Step::Campaign(txn, session));
+    Some((txn, session))
 }
 
 /// The campaign's answer: won, or read the key to see ([`adopt`]).
@@ -81,13 +111,24 @@ pub(super) fn adopt(
     session: SessionId,
     read: Result<Option<KeyValue>, StoreError>,
 ) {
+    if let Err(error) = &read {
+        tracing::warn!(%error, "cannot read the leader key");
+    }
+    if let Some(revision) = adopted(session, &read) {
+        tracing::info!("the leader key holds our session: adopting it");
+        won(inner, me, session, revision);
+    }
+}
+
+/// The fence to adopt, from the leader key as read after a campaign that did not say it
+/// won (pure): its create revision, when the key holds our `session`.
+pub(in crate::coordinator::handoff_backend) fn adopted(
+    session: SessionId,
+    read: &Result<Option<KeyValue>, StoreError>,
+) -> Option<Revision> {
     match read {
-        Ok(Some(kv)) if kv.session == Some(session) => {
-            tracing::info!("the leader key holds our session: adopting it");
-            won(inner, me, session, kv.create_revision);
-        }
-        Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "cannot read the leader key"),
+        Ok(Some(kv)) if kv.session == Some(session) => Some(kv.create_revision),
+        _ => None,
     }
 }
 
@@ -109,12 +150,30 @@ pub(super) fn still_leading(
     fence: Fence,
     read: Result<Option<KeyValue>, StoreError>,
 ) {
-    match read {
-        Ok(Some(kv)) if kv.create_revision == fence.revision => {
-            tracing::debug!("reconcile raced a concurrent change; will retry on the next revision");
+    match deposed(fence, &read) {
+        Some(true) => step_down(inner, me, "deposed: leader key belongs to another election"),
+        Some(false) => {
+            tracing::debug!("reconcile raced a concurrent change; will retry on the next revision")
         }
-        Ok(_) => step_down(inner, me, "deposed: leader key belongs to another election"),
-        Err(error) => tracing::warn!(%error, "cannot check leadership"),
+        None => {
+            if let Err(error) = read {
+                tracing::warn!(%error, "cannot check leadership");
+            }
+        }
+    }
+}
+
+/// After a refused transaction, whether the leader key as read says the leader of `fence`
+/// was deposed (pure): `Some(false)` when it is still its election (a stale read), `None`
+/// when the read failed.
+pub(in crate::coordinator::handoff_backend) fn deposed(
+    fence: Fence,
+    read: &Result<Option<KeyValue>, StoreError>,
+) -> Option<bool> {
+    match read {
+        Ok(Some(kv)) => Some(kv.create_revision != fence.revision),
+        Ok(None) => Some(true),
+        Err(_) => None,
     }
 }
 
@@ -123,6 +182,11 @@ pub(super) fn still_leading(
 /// `None` when this instance does not lead. The loop runs it as its last store call.
 pub(in crate::coordinator::handoff_backend) fn resignation(inner: &Handoff) -> Option<Txn> {
     let fence = inner.leadership.send_replace(None)?;
-    let key = inner.core.keys().leader();
-    Some(Txn::new().when(Compare::CreateRevision(key.clone(), fence.revision)).then(Op::delete(&key)))
+    Some(resignation_txn(inner.core.keys(), fence))
+}
+
+/// The transaction that deletes the leader key of `fence` if it is still that election's.
+pub(in crate::coordinator::handoff_backend) fn resignation_txn(keys: &Keys, fence: Fence) -> Txn {
+    let key = keys.leader();
+    Txn::new().when(Compare::CreateRevision(key.clone(), fence.revision)).then(Op::delete(&key))
 }

@@ -27,10 +27,10 @@
 //! grows a topic's record when Kafka's count grew (fenced); the next reconcile assigns the
 //! new partitions like any orphan.
 
-mod election;
+pub(super) mod election;
 #[cfg(test)]
 mod loop_tests;
-mod reconcile;
+pub(super) mod reconcile;
 mod view;
 mod weights;
 
@@ -177,7 +177,7 @@ pub(super) struct Leader {
 impl Handoff {
     /// The settle period (one TTL unless configured).
     fn settle_period(&self) -> std::time::Duration {
-        self.config.settle_period.unwrap_or(self.config.lease_ttl)
+        self.config.settle_for()
     }
 
     /// Our fence, while we lead.

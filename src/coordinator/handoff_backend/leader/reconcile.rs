@@ -9,12 +9,15 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::{Fence, Leadership, Step};
-use crate::coordinator::handoff_backend::{Handoff, now_ms};
+use crate::coordinator::handoff_backend::records::Keys;
+use crate::coordinator::handoff_backend::state::TopicEntry;
+use crate::coordinator::handoff_backend::{Handoff, HandoffConfig, now_ms};
 use crate::coordinator::shared::records::next_epoch;
 use crate::handoff::{
-    MoveReason, PlacementInputs, PlacementReport, PlanReport, Write, diff_writes, plan_placed,
+    Cooldowns, Millis, MoveReason, PlacementInputs, PlacementMemory, PlacementReport, PlanReport, Write,
+    diff_writes, plan_placed,
 };
-use crate::store::{Compare, Txn};
+use crate::store::{Compare, Revision, Txn};
 
 /// etcd refuses transactions with more than 128 compares (or operations) by default; a
 /// batch holds the writes of at most this many partitions (each: ≤ 2 ops, 2 compares on
@@ -67,7 +70,10 @@ fn fenced_txn(
     guards: &impl Fn(u32) -> Vec<Compare>,
     ops: &impl Fn(&[Write]) -> Vec<crate::store::Op>,
 ) -> Txn {
-    let mut compares = vec![Compare::CreateRevision(leader_key.to_string(), fence.revision)];
+    let mut compares = Vec::new();
+    if !crate::mutation::is_active(crate::mutation::Mutation::LeaderUnfenced) {
+        compares.push(Compare::CreateRevision(leader_key.to_string(), fence.revision));
+    }
     let mut partitions: Vec<u32> = batch.iter().map(Write::partition).collect();
     partitions.dedup();
     for compare in partitions.into_iter().flat_map(guards) {
@@ -79,26 +85,32 @@ fn fenced_txn(
 }
 
 /// Who has been joining one topic, to plan a burst of joins once.
-#[derive(Debug, Default)]
-pub(super) struct Arrivals {
+#[derive(Debug)]
+pub(in crate::coordinator::handoff_backend) struct Arrivals<At = tokio::time::Instant> {
     /// The active consumers at the last look.
     members: BTreeSet<String>,
     /// When the last new one appeared.
-    last_join: Option<tokio::time::Instant>,
+    last_join: Option<At>,
     /// Whether members are still arriving: the group was empty, or a join followed the
     /// previous one within the rebalance delay.
     arriving: bool,
 }
 
-impl Arrivals {
+impl<At> Default for Arrivals<At> {
+    fn default() -> Self {
+        Self { members: BTreeSet::new(), last_join: None, arriving: false }
+    }
+}
+
+impl<At: Copy + Ord + std::ops::Add<std::time::Duration, Output = At>> Arrivals<At> {
     /// Notes the active consumers now; returns until when planning should wait (joins
-    /// still arriving), if it should.
-    fn wait_until(
+    /// still arriving), if it should. Pure: the time is any clock's.
+    pub(in crate::coordinator::handoff_backend) fn wait_until(
         &mut self,
         active: BTreeSet<String>,
-        now: tokio::time::Instant,
+        now: At,
         delay: std::time::Duration,
-    ) -> Option<tokio::time::Instant> {
+    ) -> Option<At> {
         if active.difference(&self.members).next().is_some() {
             let recent = self.last_join.is_some_and(|at| now < at + delay);
             self.arriving = recent || self.members.is_empty();
@@ -174,89 +186,143 @@ pub(super) fn plan_all(
         super::settle(inner, me, "an instance's lease ended; its consumers may be coming back");
         settling = true;
     }
-    let leader_key = inner.core.keys().leader();
-    let keys = inner.core.keys();
     let plans = cache
         .topics
         .iter()
-        .filter(|(_, e)| e.config.is_some())
-        .filter(|(_, e)| !settling || e.owners.values().all(|o| e.consumers.contains_key(&o.value)))
+        .filter(|(_, entry)| may_plan(entry, settling))
         .filter(|(topic, entry)| {
-            let active = entry
-                .consumers
-                .iter()
-                .filter(|(_, r)| r.value.status == crate::handoff::ConsumerStatus::Active)
-                .map(|(name, _)| name.clone())
-                .collect();
-            let wait = me.arrivals.entry((*topic).clone()).or_default().wait_until(active, instant, delay);
+            let wait =
+                me.arrivals.entry((*topic).clone()).or_default().wait_until(active(entry), instant, delay);
             if let Some(due) = wait {
                 me.wake_at = Some(me.wake_at.map_or(due, |at| at.min(due)));
             }
             wait.is_none()
         })
         .filter_map(|(topic, entry)| {
-            let mut before = entry.state();
-            // New ownerships get an epoch above every record this plan reads, and above
-            // the clock, which a restored store cannot rewind (§10).
-            before.next_epoch = next_epoch(cache.revision, entry.highest_epoch(), now_micros);
-            let rollout = super::view::from_view(inner, &mut before);
-            let mut after = before.clone();
             let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
             let memory = me.placement.entry(topic.clone()).or_default();
-            let zones = zones_of(inner, topic);
-            let inputs = PlacementInputs { settings: &inner.config.placement, zones: &zones, memory };
-            let (report, placed) =
-                plan_placed(&mut after, now, &inner.config.plan, cooldowns, rollout.as_ref(), inputs);
-            observe_placement(inner, topic, memory, &placed);
-            let writes = diff_writes(&before, &after);
-            if writes.is_empty() {
+            let clock = PlanClock { revision: cache.revision, now, now_micros };
+            let plan =
+                plan_topic(&inner.config, inner.core.keys(), fence, (topic, entry), clock, cooldowns, memory);
+            observe_placement(inner, topic, memory, &plan.placed);
+            if plan.writes == 0 {
                 return None;
             }
-            // What each written partition's plan was decided from: its guards.
-            let guards = |p: u32| {
-                let mut compares = vec![
-                    Compare::ModRevision(keys.assignment(topic, p), entry.owner_revision(p)),
-                    Compare::ModRevision(keys.handoff(topic, p), entry.handoff_revision(p)),
-                ];
-                // A direct assignment is only right while the gone owner's registration
-                // is still absent...
-                if let Some(owner) = before.owners.get(&p).filter(|o| !before.is_live(o)) {
-                    compares.push(Compare::ModRevision(keys.consumer(topic, owner), 0));
-                }
-                // ...and a new owner only while it is still that registration.
-                let new_owner = after.owners.get(&p).filter(|o| before.owners.get(&p) != Some(*o));
-                if let Some((owner, record)) = new_owner.and_then(|o| entry.consumers.get(o).map(|r| (o, r)))
-                {
-                    compares.push(Compare::ModRevision(keys.consumer(topic, owner), record.mod_revision));
-                }
-                compares
-            };
-            let ops = |w: &[Write]| keys.write_ops(topic, w);
-            let batches: VecDeque<(Txn, Vec<u32>)> = chunks(&writes)
-                .iter()
-                .map(|batch| {
-                    let mut partitions: Vec<u32> = batch.iter().map(Write::partition).collect();
-                    partitions.dedup();
-                    (fenced_txn(&leader_key, fence, batch, &guards, &ops), partitions)
-                })
-                .collect();
             Some(TopicWrite {
                 topic: topic.clone(),
                 fence,
                 planned_at: now,
-                count: batches.len(),
-                writes: writes.len(),
-                batches,
+                count: plan.batches.len(),
+                writes: plan.writes,
+                batches: plan.batches,
                 sending: Vec::new(),
                 applied: BTreeSet::new(),
                 all_applied: true,
-                report,
-                rollout: rollout.is_some(),
-                moves: placed.moves,
+                report: plan.report,
+                rollout: plan.rollout,
+                moves: plan.placed.moves,
             })
         })
         .collect();
     (plans, instant.elapsed())
+}
+
+/// Whether a topic's `entry` is planned at all (pure): it has a stored record and, while
+/// `settling`, no partition whose owner's registration is gone (that consumer may be
+/// about to come back).
+pub(in crate::coordinator::handoff_backend) fn may_plan(entry: &TopicEntry, settling: bool) -> bool {
+    entry.config.is_some()
+        && (!settling || entry.owners.values().all(|o| entry.consumers.contains_key(&o.value)))
+}
+
+/// The active consumers of a topic, whose joins [`Arrivals`] follows.
+pub(in crate::coordinator::handoff_backend) fn active(entry: &TopicEntry) -> BTreeSet<String> {
+    entry
+        .consumers
+        .iter()
+        .filter(|(_, r)| r.value.status == crate::handoff::ConsumerStatus::Active)
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// When a plan is made: the cache's revision, and the wall clock in ms (deadlines) and in
+/// µs (epochs).
+#[derive(Clone, Copy, Debug)]
+pub(in crate::coordinator::handoff_backend) struct PlanClock {
+    /// The revision of the cache the plan reads.
+    pub revision: Revision,
+    /// Wall-clock ms.
+    pub now: Millis,
+    /// Wall-clock µs.
+    pub now_micros: u64,
+}
+
+/// One topic's plan, decided (pure): what [`plan_topic`] returns.
+pub(in crate::coordinator::handoff_backend) struct TopicPlan {
+    /// What the planner did.
+    pub report: PlanReport,
+    /// What placement did (moves, deferrals, the shadow plan).
+    pub placed: PlacementReport,
+    /// Whether it was planned as a rollout.
+    pub rollout: bool,
+    /// How many writes the plan has (0: nothing to write).
+    pub writes: usize,
+    /// Its fenced transactions, each with the partitions it writes.
+    pub batches: VecDeque<(Txn, Vec<u32>)>,
+}
+
+/// Plans `topic` from its cached `entry` under the leadership `fence` (pure): the state
+/// machine's plan ([`plan_placed`]) under `config`'s placement, and its writes cut into
+/// fenced batches, each write guarded by what its partition's plan was decided from.
+pub(in crate::coordinator::handoff_backend) fn plan_topic(
+    config: &HandoffConfig,
+    keys: &Keys,
+    fence: Fence,
+    (topic, entry): (&str, &TopicEntry),
+    clock: PlanClock,
+    cooldowns: &mut Cooldowns,
+    memory: &mut PlacementMemory,
+) -> TopicPlan {
+    let mut before = entry.state();
+    // New ownerships get an epoch above every record this plan reads, and above
+    // the clock, which a restored store cannot rewind (§10).
+    before.next_epoch = next_epoch(clock.revision, entry.highest_epoch(), clock.now_micros);
+    let rollout = super::view::from_view(config, &mut before);
+    let mut after = before.clone();
+    let zones = zones_of(config, topic);
+    let inputs = PlacementInputs { settings: &config.placement, zones: &zones, memory };
+    let (report, placed) =
+        plan_placed(&mut after, clock.now, &config.plan, cooldowns, rollout.as_ref(), inputs);
+    let writes = diff_writes(&before, &after);
+    // What each written partition's plan was decided from: its guards.
+    let guards = |p: u32| {
+        let mut compares = vec![
+            Compare::ModRevision(keys.assignment(topic, p), entry.owner_revision(p)),
+            Compare::ModRevision(keys.handoff(topic, p), entry.handoff_revision(p)),
+        ];
+        // A direct assignment is only right while the gone owner's registration
+        // is still absent...
+        if let Some(owner) = before.owners.get(&p).filter(|o| !before.is_live(o)) {
+            compares.push(Compare::ModRevision(keys.consumer(topic, owner), 0));
+        }
+        // ...and a new owner only while it is still that registration.
+        let new_owner = after.owners.get(&p).filter(|o| before.owners.get(&p) != Some(*o));
+        if let Some((owner, record)) = new_owner.and_then(|o| entry.consumers.get(o).map(|r| (o, r))) {
+            compares.push(Compare::ModRevision(keys.consumer(topic, owner), record.mod_revision));
+        }
+        compares
+    };
+    let ops = |w: &[Write]| keys.write_ops(topic, w);
+    let leader_key = keys.leader();
+    let batches: VecDeque<(Txn, Vec<u32>)> = chunks(&writes)
+        .iter()
+        .map(|batch| {
+            let mut partitions: Vec<u32> = batch.iter().map(Write::partition).collect();
+            partitions.dedup();
+            (fenced_txn(&leader_key, fence, batch, &guards, &ops), partitions)
+        })
+        .collect();
+    TopicPlan { report, placed, rollout: rollout.is_some(), writes: writes.len(), batches }
 }
 
 /// The answer to the batch in flight of the topic at the head of the queue.
@@ -311,11 +377,11 @@ pub(super) fn finish_topic(inner: &Handoff, me: &mut Leadership, written: TopicW
 
 /// The zones the weight source knows for `topic`'s partitions (none under `count`, which
 /// does not read them).
-fn zones_of(inner: &Handoff, topic: &str) -> BTreeMap<u32, String> {
-    if inner.config.placement.mode == crate::handoff::PlacementMode::Count {
+fn zones_of(config: &HandoffConfig, topic: &str) -> BTreeMap<u32, String> {
+    if config.placement.mode == crate::handoff::PlacementMode::Count {
         return BTreeMap::new();
     }
-    inner.config.weights.as_ref().and_then(|source| source.zones(topic)).unwrap_or_default()
+    config.weights.as_ref().and_then(|source| source.zones(topic)).unwrap_or_default()
 }
 
 /// Counts the moves a plan newly held back, and logs a shadow plan whose size changed.

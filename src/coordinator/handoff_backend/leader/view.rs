@@ -6,13 +6,13 @@
 
 use std::collections::BTreeSet;
 
-use super::super::Handoff;
+use super::super::HandoffConfig;
 use crate::assignment::{ConsumerInfo, Rollout};
 use crate::handoff::TopicState;
 
 /// Puts the view's info into `state`, and returns the rollout among its consumers.
-pub(super) fn from_view(inner: &Handoff, state: &mut TopicState) -> Option<Rollout> {
-    let view = inner.config.rollout.as_ref()?;
+pub(super) fn from_view(config: &HandoffConfig, state: &mut TopicState) -> Option<Rollout> {
+    let view = config.rollout.as_ref()?;
     with_current_info(state, |consumer| view.info(consumer));
     let live: BTreeSet<String> = state.consumers.keys().cloned().collect();
     let active: BTreeSet<String> = live.iter().filter(|c| state.is_active(c)).cloned().collect();
