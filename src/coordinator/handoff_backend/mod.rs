@@ -28,6 +28,7 @@ mod driver;
 mod incarnation;
 mod leader;
 mod leave;
+pub mod machine;
 mod placement;
 pub mod records;
 mod register;

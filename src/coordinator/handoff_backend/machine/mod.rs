@@ -1,0 +1,304 @@
+//! The handoff backend's instance as one state with one step (issue 40, stage 1):
+//! [`Instance::step`]`(now, input) -> effects`, over the inputs and effects of
+//! [`crate::coordinator::machine::io`].
+//!
+//! The state is everything an instance keeps: the store mirror (the backend's [`Cache`]),
+//! the streams and what each was told, the registrations waiting to be settled, the lease
+//! as last reported, leadership with its placement budget and cool-downs, and the calls and
+//! store requests in flight. The step decides with the functions the running instance
+//! decides with (`decide.rs`, `leave.rs`, `relay.rs`, `incarnation.rs`, the leader's
+//! election and plan, the departures, the mutation hooks), so the whole-cluster simulation
+//! that drives it checks production's decisions; what the step adds is only the
+//! bookkeeping between them. The running instance (`driver.rs`) switches over to it in the
+//! next stage.
+//!
+//! The step reads no clock: `now` is wall-clock µs. The shared pieces that keep monotonic
+//! time ([`Departures`], the leader's arrivals) are given `origin + now`, with `origin`
+//! fixed when the instance is made, so their answers depend on `now` alone.
+//!
+//! Files: `streams.rs` (the streams, the relay pass and the epoch streams), `register.rs`
+//! (`Register`), `calls.rs` (ready, released, deregister), `leader.rs`, `upkeep.rs` (the
+//! lease, the watch, the departures, the rebind, the timer).
+
+mod calls;
+mod leader;
+mod register;
+mod streams;
+mod upkeep;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::HandoffConfig;
+use super::records::Keys;
+use super::state::Cache;
+use crate::coordinator::machine::io::{
+    CallId, Effect, Input, LeaseState, Micros, Replied, RequestId, Stop, StoreReply, StoreRequest,
+};
+use crate::coordinator::shared::departures::Departures;
+use crate::coordinator::{CoordinatorError, PartitionEpoch};
+use crate::handoff::Millis;
+use crate::store::{StoreError, Txn};
+
+use calls::{CallWait, LeaveWait};
+use leader::LeaderState;
+use register::Enrolling;
+use streams::{EpochWatch, Stream};
+
+/// What a store request of the instance is for: where its answer goes.
+#[derive(Debug)]
+enum Waiting {
+    /// The first read of the prefix, or a re-read after the watch broke.
+    Reread,
+    /// The watch (its batches come as [`Input::Watched`]).
+    Watch,
+    /// A `Register`'s store call.
+    Register(Box<Enrolling>),
+    /// A ready / released call's store call.
+    Call(Box<CallWait>),
+    /// A `Deregister`'s store call.
+    Leave(Box<LeaveWait>),
+    /// The leader's store call.
+    Leader(leader::Why),
+    /// The registration of an ended stream, read (`None`) or deleted (`Some`).
+    Unregister(crate::coordinator::shared::streams::StreamKey, Option<Txn>),
+    /// A lost registration written again.
+    Rebind(crate::coordinator::shared::streams::StreamKey),
+    /// The instance record bound to this lease.
+    Record(crate::store::SessionId),
+    /// The resignation at a graceful stop.
+    Resign,
+}
+
+/// One instance of the handoff backend (see the module docs).
+pub struct Instance {
+    config: HandoffConfig,
+    keys: Keys,
+    /// Where the monotonic time of the shared pieces starts (module docs).
+    origin: Instant,
+    /// The `now` of the step under way.
+    now: Micros,
+    /// The store's state as followed (`None` until the first read answered).
+    cache: Option<Cache>,
+    /// The watch in use, and whether the mirror follows the store.
+    watch: Option<RequestId>,
+    /// Since when the mirror has not followed the store (`None`: it follows).
+    stale_since: Option<Micros>,
+    /// The streams were fenced because the mirror did not follow.
+    stale_fenced: bool,
+    /// How many times the mirror's view was interrupted (the leader settles on a change).
+    interruptions: u64,
+    /// When a failed re-read is tried again.
+    reread_at: Option<Micros>,
+    /// The instance lease, as last reported.
+    lease: LeaseState,
+    /// The lease the instance record was written for.
+    recorded: Option<crate::store::SessionId>,
+    /// Stopping gracefully: no new work, only answers of what is in flight.
+    stopping: bool,
+    /// Crashed: nothing comes out any more.
+    crashed: bool,
+    next_request: RequestId,
+    /// Registration ids handed out so far (ids are derived from the instance id and this).
+    registrations: u64,
+    waiting: BTreeMap<RequestId, Waiting>,
+    /// Command streams by (topic, consumer).
+    streams: BTreeMap<(String, String), Stream>,
+    /// Epoch streams by their id.
+    epoch_streams: BTreeMap<crate::coordinator::machine::io::StreamId, EpochWatch>,
+    /// Registrations whose streams ended, until settled.
+    departures: Departures,
+    leader: LeaderState,
+    /// What was last said of readiness and of the timer (said again only when it changes).
+    ready: Option<bool>,
+    wake: Option<Micros>,
+    /// The effects of the step under way.
+    out: Vec<Effect>,
+}
+
+impl Instance {
+    /// A new instance of `config` at `now` (wall-clock µs), and its first effects (the read
+    /// of the prefix). `origin` anchors the monotonic time of the shared pieces: any fixed
+    /// instant (module docs).
+    pub fn new(config: HandoffConfig, origin: Instant, now: Micros) -> (Self, Vec<Effect>) {
+        let keys = Keys::new(&config.prefix);
+        let departures = Departures::new(config.lease_ttl);
+        let mut instance = Instance {
+            keys,
+            origin,
+            now,
+            cache: None,
+            watch: None,
+            stale_since: None,
+            stale_fenced: false,
+            interruptions: 0,
+            reread_at: None,
+            lease: LeaseState::Pending,
+            recorded: None,
+            stopping: false,
+            crashed: false,
+            next_request: 1,
+            registrations: 0,
+            waiting: BTreeMap::new(),
+            streams: BTreeMap::new(),
+            epoch_streams: BTreeMap::new(),
+            departures,
+            leader: LeaderState::new(now),
+            ready: None,
+            wake: None,
+            out: Vec::new(),
+            config,
+        };
+        instance.reread();
+        instance.settle_outputs();
+        let effects = std::mem::take(&mut instance.out);
+        (instance, effects)
+    }
+
+    /// Takes `input` in at `now` and returns what to do, in order (see
+    /// [`crate::coordinator::machine::io`]).
+    pub fn step(&mut self, now: Micros, input: Input) -> Vec<Effect> {
+        if self.crashed {
+            return Vec::new();
+        }
+        self.now = self.now.max(now);
+        match input {
+            Input::StoreAnswer { request, answer } => self.answered(request, answer),
+            Input::Watched { watch, batch } => self.watched(watch, batch),
+            Input::WatchEnded { watch, error } => self.watch_ended(watch, error),
+            Input::Call { call, body } => self.call(call, body),
+            Input::StreamClosed { stream } => self.stream_closed(stream),
+            Input::TimerFired => {}
+            Input::Lease(state) => self.lease_reported(state),
+            Input::PartitionCount { request, answer } => self.partition_count(request, answer),
+            Input::Stop(Stop::Crash) => {
+                self.crashed = true;
+                self.out.clear();
+                return Vec::new();
+            }
+            Input::Stop(Stop::Graceful) => self.stop(),
+        }
+        if !self.stopping {
+            self.upkeep();
+            self.lead();
+        }
+        self.settle_outputs();
+        std::mem::take(&mut self.out)
+    }
+
+    /// Whether this instance leads now.
+    pub fn is_leader(&self) -> bool {
+        self.leader.fence.is_some()
+    }
+
+    /// The cache, once the first read answered (for a simulation's checks).
+    pub fn cache(&self) -> Option<&Cache> {
+        self.cache.as_ref()
+    }
+
+    /// The (topic, consumer) of every command stream open here.
+    pub fn stream_names(&self) -> Vec<(String, String)> {
+        self.streams.keys().cloned().collect()
+    }
+
+    /// The instant the shared pieces read for `now`.
+    fn instant(&self, now: Micros) -> Instant {
+        self.origin + Duration::from_micros(now)
+    }
+
+    /// `now` in wall-clock ms, what stored deadlines are in.
+    fn now_ms(&self) -> Millis {
+        self.now / 1000
+    }
+
+    /// Sends `op` to the store, answered to `waiting`.
+    fn request(&mut self, op: StoreRequest, waiting: Waiting) -> RequestId {
+        let request = self.next_request;
+        self.next_request += 1;
+        self.waiting.insert(request, waiting);
+        self.out.push(Effect::Store { request, op });
+        request
+    }
+
+    /// Answers the call `call`.
+    fn reply(&mut self, call: CallId, reply: Result<Replied, CoordinatorError>) {
+        self.out.push(Effect::Reply { call, reply });
+    }
+
+    /// The live session, or the refusal of a call while there is none (or the instance
+    /// stops).
+    fn live_lease(&self) -> Result<crate::store::SessionId, CoordinatorError> {
+        if self.stopping {
+            return Err(CoordinatorError::ShuttingDown);
+        }
+        self.lease.live().ok_or_else(|| {
+            CoordinatorError::NoSession(format!(
+                "assigner instance '{}' has no live session with its store right now; reconnect to another instance",
+                self.config.instance_id
+            ))
+        })
+    }
+
+    /// What the store answered `request`.
+    fn answered(&mut self, request: RequestId, answer: Result<StoreReply, StoreError>) {
+        let Some(waiting) = self.waiting.remove(&request) else { return };
+        match waiting {
+            Waiting::Reread => self.reread_answered(answer),
+            Waiting::Watch => self.watch_answered(request, answer),
+            Waiting::Register(enrolling) => self.register_answered(*enrolling, answer),
+            Waiting::Call(call) => self.call_answered(*call, answer),
+            Waiting::Leave(leave) => self.leave_answered(*leave, answer),
+            Waiting::Leader(why) => self.leader_answered(why, answer),
+            Waiting::Unregister(key, txn) => self.unregister_answered(key, txn, answer),
+            Waiting::Rebind(key) => self.rebind_answered(key, answer),
+            Waiting::Record(session) => {
+                if matches!(answer, Ok(StoreReply::Txn(_))) {
+                    self.recorded = Some(session);
+                }
+            }
+            Waiting::Resign => {}
+        }
+    }
+
+    /// Says readiness and the timer when they changed.
+    fn settle_outputs(&mut self) {
+        let ready = !self.stopping && self.lease.live().is_some() && self.follows();
+        if self.ready != Some(ready) {
+            self.ready = Some(ready);
+            self.out.push(Effect::Ready(ready));
+        }
+        let wake = if self.stopping { None } else { self.next_wake() };
+        if let Some(at) = wake
+            && self.wake != Some(at)
+        {
+            self.out.push(Effect::WakeAt(at));
+        }
+        self.wake = wake;
+    }
+
+    /// Whether the mirror follows the store.
+    fn follows(&self) -> bool {
+        self.cache.is_some() && self.stale_since.is_none()
+    }
+
+    /// The epochs of `consumer`'s partitions on `topic` since `since` (what its epoch
+    /// stream shows).
+    fn epochs_of(&self, topic: &str, consumer: &str, since: crate::store::Revision) -> Vec<PartitionEpoch> {
+        let entry = self.cache.as_ref().and_then(|c| c.topics.get(topic));
+        entry.map(|e| e.epochs_of(consumer, since)).unwrap_or_default()
+    }
+}
+
+/// The `Result` of a store answer of the kind `want` picks, or the error it carried (an
+/// answer of another kind is the driver's bug, reported as invalid).
+fn expect<T>(
+    answer: Result<StoreReply, StoreError>,
+    want: impl FnOnce(StoreReply) -> Option<T>,
+) -> Result<T, StoreError> {
+    want(answer?).ok_or_else(|| StoreError::Invalid("the store answered another kind of request".into()))
+}

@@ -1,0 +1,317 @@
+//! What the state machine keeps up beside the calls: the mirror (the first read, the
+//! watch, a re-read after the watch broke), the instance lease as reported (self-fencing:
+//! [`fences_streams`]; the instance record), an instance that cannot follow its store
+//! fencing its streams ([`stale_fence_due`]), the registrations of ended streams settled
+//! ([`Departures::due_with`] with the backend's hold rule), lost registrations written
+//! again (`shared/cas.rs`'s [`create_bound_txn`]), the timer, and a graceful stop.
+//!
+//! [`Departures::due_with`]: crate::coordinator::shared::departures::Departures::due_with
+
+use std::time::Duration;
+
+use super::{Instance, Waiting, expect};
+use crate::coordinator::handoff_backend::leader::election::resignation_txn;
+use crate::coordinator::handoff_backend::records::{ConsumerRecord, decode, encode};
+use crate::coordinator::handoff_backend::register::{active_record, held};
+use crate::coordinator::handoff_backend::state::Cache;
+use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply, StoreRequest};
+use crate::coordinator::shared::cas::create_bound_txn;
+use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
+use crate::coordinator::shared::lease::{fence_after, fences_streams};
+use crate::coordinator::shared::mirror::{Changes, MirrorCache};
+use crate::coordinator::shared::streams::{StreamKey, replaced_error};
+use crate::coordinator::shared::upkeep::stale_fence_due;
+use crate::coordinator::{CoordinatorError, StreamEnd};
+use crate::store::{Compare, Op, StoreError, Txn, WatchBatch};
+
+/// How long a failed re-read waits before it is tried again.
+const REREAD_AFTER: Micros = 100_000;
+
+impl Instance {
+    /// Reads the whole prefix (the first load, or closing a gap in the watch).
+    pub(super) fn reread(&mut self) {
+        self.reread_at = None;
+        self.request(StoreRequest::GetPrefix(self.keys.prefix().to_string()), Waiting::Reread);
+    }
+
+    /// The prefix as read: the cache becomes it (what changed is relayed), and the watch
+    /// follows from the revision after it.
+    pub(super) fn reread_answered(&mut self, answer: Result<StoreReply, StoreError>) {
+        let snapshot = match expect(answer, |r| match r {
+            StoreReply::Prefix(s) => Some(s),
+            _ => None,
+        }) {
+            Ok(snapshot) => snapshot,
+            Err(_) => {
+                self.stale_since.get_or_insert(self.now);
+                self.reread_at = Some(self.now + REREAD_AFTER);
+                return;
+            }
+        };
+        let from = snapshot.revision + 1;
+        let mut fresh = Cache::from_snapshot(&self.keys, snapshot);
+        let changes = match self.cache.take() {
+            Some(old) => {
+                old.carry_over(&mut fresh);
+                old.differing(&fresh)
+            }
+            None => Changes::default(),
+        };
+        self.cache = Some(fresh);
+        self.stale_since = None;
+        self.stale_fenced = false;
+        self.leader.dirty = true;
+        self.relay(&changes);
+        let watch = self
+            .request(StoreRequest::Watch { prefix: self.keys.prefix().to_string(), from }, Waiting::Watch);
+        self.watch = Some(watch);
+    }
+
+    /// The answer to starting the watch: an error ends it.
+    pub(super) fn watch_answered(&mut self, request: u64, answer: Result<StoreReply, StoreError>) {
+        if let Err(error) = answer {
+            self.watch_ended(request, error);
+        }
+    }
+
+    /// One watched revision: applied to the cache (unless the cache has it already, an
+    /// own write applied ahead) and relayed.
+    pub(super) fn watched(&mut self, watch: u64, batch: WatchBatch) {
+        if self.watch != Some(watch) {
+            return;
+        }
+        let Some(cache) = self.cache.as_mut() else { return };
+        if batch.revision <= cache.revision {
+            return;
+        }
+        let mut changes = Changes::default();
+        for event in batch.events {
+            cache.apply(&self.keys, event, &mut changes);
+        }
+        cache.set_revision(batch.revision);
+        self.relay(&changes);
+    }
+
+    /// The watch ended: the view has a gap, closed by a re-read; until then the mirror does
+    /// not follow the store.
+    pub(super) fn watch_ended(&mut self, watch: u64, _error: StoreError) {
+        if self.watch != Some(watch) {
+            return;
+        }
+        self.watch = None;
+        self.interruptions += 1;
+        self.stale_since.get_or_insert(self.now);
+        self.leader.dirty = true;
+        self.reread();
+    }
+
+    /// The lease keeper reported `state`.
+    pub(super) fn lease_reported(&mut self, state: LeaseState) {
+        let before = std::mem::replace(&mut self.lease, state);
+        self.leader.dirty = true;
+        if matches!(state, LeaseState::Fenced(_)) && !matches!(before, LeaseState::Fenced(_)) {
+            if fences_streams() {
+                let why =
+                    format!("assigner instance '{}' lost contact with its store", self.config.instance_id);
+                self.fence_all(&why);
+            }
+            if let Some(fence) = self.leader.fence
+                && self.lease.live() != Some(fence.session)
+            {
+                self.step_down();
+            }
+        }
+        if let Some(session) = state.live().filter(|s| self.recorded != Some(*s)) {
+            let key = instance_key(self.keys.prefix(), &self.config.instance_id);
+            let txn = instance_record_txn(&key, &self.config.instance_id, session);
+            self.request(StoreRequest::Txn(txn), Waiting::Record(session));
+        }
+    }
+
+    /// What is due at `now` beside the inputs: a re-read to try again, the fence of an
+    /// instance that cannot follow its store, the registrations of ended streams, the lost
+    /// registrations.
+    pub(super) fn upkeep(&mut self) {
+        let now = self.now;
+        if self.reread_at.is_some_and(|at| now >= at) {
+            self.reread();
+        }
+        if let Some(since) = self.stale_since
+            && !self.stale_fenced
+            && stale_fence_due(self.instant(since), self.instant(now), self.config.lease_ttl)
+        {
+            self.stale_fenced = true;
+            let why = format!("assigner instance '{}' cannot follow its store", self.config.instance_id);
+            self.fence_all(&why);
+        }
+        if let Some(cache) = self.cache.as_ref() {
+            let at = self.instant(now);
+            for key in self.departures.due_with(held, cache, at, self.now_ms()) {
+                let record_key = self.keys.consumer(&key.0, &key.1);
+                self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
+            }
+        }
+        self.rebind_lost();
+    }
+
+    /// The registration `key` of an ended stream: read, then deleted if it is still that
+    /// registration (compare on its mod revision).
+    pub(super) fn unregister_answered(
+        &mut self,
+        key: StreamKey,
+        deleting: Option<Txn>,
+        answer: Result<StoreReply, StoreError>,
+    ) {
+        let retry_later = |me: &mut Self, key: StreamKey| me.depart(key, 0);
+        match (deleting, answer) {
+            (None, Ok(StoreReply::Values(mut records))) => {
+                let Some(Some(kv)) = records.pop() else { return };
+                let ours = decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0);
+                if !ours {
+                    return;
+                }
+                let txn = Txn::new()
+                    .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
+                    .then(Op::delete(&kv.key));
+                self.request(StoreRequest::Txn(txn.clone()), Waiting::Unregister(key, Some(txn)));
+            }
+            (Some(_), Ok(StoreReply::Txn(outcome))) if !outcome.succeeded => {
+                // Changed since it was read: read again.
+                let record_key = self.keys.consumer(&key.0, &key.1);
+                self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
+            }
+            (Some(_), Ok(StoreReply::Txn(_))) => {}
+            (_, _) => retry_later(self, key),
+        }
+    }
+
+    /// Writes again the registrations the store lost while their streams are open, bound to
+    /// the live lease, only where no record is; a stream whose registration could not be
+    /// written again within one TTL ends.
+    fn rebind_lost(&mut self) {
+        let ttl = self.config.lease_ttl_micros();
+        let lost: Vec<(StreamKey, Micros, bool)> = self
+            .streams
+            .iter()
+            .filter_map(|((t, c), s)| {
+                Some(((t.clone(), c.clone(), s.registration), s.lost_since?, s.rebinding))
+            })
+            .collect();
+        for (key, since, rebinding) in lost {
+            if self.now >= since + ttl {
+                let (topic, consumer) = (&key.0, &key.1);
+                let error = CoordinatorError::StreamEnded(
+                    StreamEnd::Expired,
+                    format!(
+                        "the registration of consumer '{consumer}' on topic '{topic}' was lost and could not be \
+                         written again; register again"
+                    ),
+                );
+                self.farewell_and_end(&key, (EndReason::Expired, Some(error)));
+                continue;
+            }
+            let Some(lease) = self.lease.live().filter(|_| !rebinding) else { continue };
+            if let Some(stream) = self.streams.get_mut(&(key.0.clone(), key.1.clone())) {
+                stream.rebinding = true;
+            }
+            let record_key = self.keys.consumer(&key.0, &key.1);
+            let record = encode(&active_record(&self.config, &key.1, key.2, 0));
+            let txn = create_bound_txn(&record_key, record, lease);
+            self.request(StoreRequest::Txn(txn), Waiting::Rebind(key));
+        }
+    }
+
+    /// The answer to a rebind: written (the stream goes on, registered at the new
+    /// revision), or found taken (read: ours after a lost answer, or another
+    /// registration's, which wins).
+    pub(super) fn rebind_answered(&mut self, key: StreamKey, answer: Result<StoreReply, StoreError>) {
+        let name = (key.0.clone(), key.1.clone());
+        let rebound = |me: &mut Self, revision| {
+            if let Some(stream) = me.streams.get_mut(&name).filter(|s| s.registration == key.2) {
+                stream.lost_since = None;
+                stream.rebinding = false;
+                stream.registered_at = revision;
+            }
+        };
+        match answer {
+            Ok(StoreReply::Txn(outcome)) if outcome.succeeded => rebound(self, outcome.revision),
+            Ok(StoreReply::Txn(_)) => {
+                let record_key = self.keys.consumer(&key.0, &key.1);
+                self.request(StoreRequest::Get(vec![record_key]), Waiting::Rebind(key));
+            }
+            Ok(StoreReply::Values(mut records)) => {
+                let found = records.pop().flatten();
+                let ours = found.as_ref().filter(|kv| {
+                    decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
+                });
+                match ours {
+                    Some(kv) => {
+                        let revision = kv.mod_revision;
+                        rebound(self, revision)
+                    }
+                    None if found.is_some() => {
+                        let error = replaced_error(&key.0, &key.1);
+                        self.farewell_and_end(&key, (EndReason::Replaced, Some(error)));
+                    }
+                    // Gone again meanwhile: the next upkeep writes it again.
+                    None => self.unmark_rebinding(&name),
+                }
+            }
+            _ => self.unmark_rebinding(&name),
+        }
+    }
+
+    fn unmark_rebinding(&mut self, name: &(String, String)) {
+        if let Some(stream) = self.streams.get_mut(name) {
+            stream.rebinding = false;
+        }
+    }
+
+    /// A graceful stop: every stream ends `UNAVAILABLE` (registrations kept for the TTL),
+    /// leadership is resigned; what is in flight is still answered.
+    pub(super) fn stop(&mut self) {
+        if self.stopping {
+            return;
+        }
+        self.stopping = true;
+        let instance = self.config.instance_id.clone();
+        let streams: Vec<StreamKey> =
+            self.streams.iter().map(|((t, c), s)| (t.clone(), c.clone(), s.registration)).collect();
+        for key in streams {
+            let error = CoordinatorError::StreamEnded(
+                StreamEnd::Shutdown,
+                format!("assigner instance '{instance}' is shutting down; reconnect to another instance"),
+            );
+            self.end_stream(&key, (EndReason::Shutdown, Some(error)));
+        }
+        if let Some(fence) = self.leader.fence {
+            let txn = resignation_txn(&self.keys, fence);
+            self.request(StoreRequest::Txn(txn), Waiting::Resign);
+            self.step_down();
+        }
+    }
+
+    /// When the instance has something to do next if no input comes.
+    pub(super) fn next_wake(&self) -> Option<Micros> {
+        let micros =
+            |at: tokio::time::Instant| at.saturating_duration_since(self.origin).as_micros() as Micros;
+        let ttl = self.config.lease_ttl_micros();
+        let stale = self
+            .stale_since
+            .filter(|_| !self.stale_fenced)
+            .map(|since| since + fence_after(Duration::from_micros(ttl)).as_micros() as Micros);
+        let lost = self.streams.values().filter_map(|s| s.lost_since.map(|since| since + ttl));
+        [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale]
+            .into_iter()
+            .flatten()
+            .chain(lost)
+            .min()
+    }
+}
+
+impl crate::coordinator::handoff_backend::HandoffConfig {
+    /// The lease TTL in µs.
+    fn lease_ttl_micros(&self) -> Micros {
+        self.lease_ttl.as_micros() as Micros
+    }
+}
