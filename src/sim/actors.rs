@@ -71,6 +71,15 @@ impl Cluster {
             }
             Action::Cut(i, length) => {
                 self.nodes[i].cut_until = self.nodes[i].cut_until.max(self.now + length);
+                self.nodes[i].keeper_cut_until = self.nodes[i].keeper_cut_until.max(self.now + length);
+                self.disrupted(length);
+            }
+            Action::MainCut(i, length) => {
+                self.nodes[i].cut_until = self.nodes[i].cut_until.max(self.now + length);
+                self.disrupted(length);
+            }
+            Action::KeeperCut(i, length) => {
+                self.nodes[i].keeper_cut_until = self.nodes[i].keeper_cut_until.max(self.now + length);
                 self.disrupted(length);
             }
             Action::Outage(length) => {
@@ -130,6 +139,7 @@ impl Cluster {
         self.lossy_until = 0;
         for node in 0..self.nodes.len() {
             self.nodes[node].cut_until = 0;
+            self.nodes[node].keeper_cut_until = 0;
             if self.nodes[node].machine.is_none() {
                 self.start_instance(node);
             }

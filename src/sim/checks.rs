@@ -85,8 +85,12 @@ impl Cluster {
             .filter(|c| self.consumers[*c].belief().is_some_and(|b| b.claims().any(|q| q == p)))
             .map(|c| self.consumers[c].name.as_str())
             .collect();
-        let claims: Vec<&str> =
-            believers.iter().copied().filter(|name| !self.truth.in_release_window(p, name)).collect();
+        let (now, grace) = (self.now, self.config.ttl.as_micros() as u64);
+        let claims: Vec<&str> = believers
+            .iter()
+            .copied()
+            .filter(|name| !self.truth.in_release_window(p, name, now, grace))
+            .collect();
         if claims.len() > 1 {
             return Err(Violation::new(
                 Invariant::Exclusive,

@@ -32,6 +32,10 @@ pub(super) const PREFIX: &str = "/sim/";
 /// How long the driver waits for a store answer before it reports a timeout (µs).
 const CALL_BUDGET: u64 = 500_000;
 
+/// The most an instance's clock is off the virtual time (µs): clocks disagree a little,
+/// which the epochs' floor must cover.
+const MAX_SKEW: u64 = 50_000;
+
 /// Events handled per schedule before it counts as spinning.
 const MAX_EVENTS: u64 = 2_000_000;
 
@@ -98,8 +102,12 @@ pub(super) struct Node {
     /// Its current watch, the id of the request that started it.
     pub watch: Option<(RequestId, WatchCursor)>,
     pub pump_pending: bool,
-    /// Cut off from the store until then (virtual µs).
+    /// The instance's connection is cut off from the store until then (virtual µs).
     pub cut_until: u64,
+    /// The lease keeper's own connection is cut off until then.
+    pub keeper_cut_until: u64,
+    /// How far its clock is off the virtual time (µs), drawn at each start.
+    pub skew: i64,
     /// Its `WakeAt`.
     pub wake: Option<Micros>,
     /// Open streams (from the instance's side) → consumer.
@@ -158,6 +166,8 @@ impl Cluster {
                 watch: None,
                 pump_pending: false,
                 cut_until: 0,
+                keeper_cut_until: 0,
+                skew: 0,
                 wake: None,
                 streams: BTreeMap::new(),
                 calls: BTreeMap::new(),
@@ -253,9 +263,14 @@ impl Cluster {
         self.push(self.now + delay, event);
     }
 
-    /// The instances' clock now.
-    pub fn wall(&self) -> Micros {
-        BASE + self.now
+    /// Instance `node`'s clock now: the virtual time, off by the node's skew.
+    pub fn wall(&self, node: usize) -> Micros {
+        (BASE + self.now).saturating_add_signed(self.nodes[node].skew)
+    }
+
+    /// The virtual time at which `node`'s clock shows `wall`.
+    fn virtual_at(&self, node: usize, wall: Micros) -> u64 {
+        wall.saturating_add_signed(-self.nodes[node].skew).saturating_sub(BASE)
     }
 
     fn store_now(&self) -> Duration {
@@ -265,6 +280,11 @@ impl Cluster {
     /// Whether the store can be reached from `node` now.
     pub fn reachable(&self, node: usize) -> bool {
         self.now >= self.outage_until && self.now >= self.nodes[node].cut_until
+    }
+
+    /// Whether `node`'s lease keeper reaches the store now (it has a connection of its own).
+    pub fn keeper_reachable(&self, node: usize) -> bool {
+        self.now >= self.outage_until && self.now >= self.nodes[node].keeper_cut_until
     }
 
     /// A network delay: mostly short, sometimes long.
@@ -326,7 +346,7 @@ impl Cluster {
                 if self.nodes[node].life != life || self.nodes[node].machine.is_none() {
                     return Ok(());
                 }
-                let wall = self.wall();
+                let wall = self.wall(node);
                 if let Some(state) = self.nodes[node].keeper.answered(wall, token, answer) {
                     self.step(node, Input::Lease(state))?;
                 }
@@ -351,7 +371,8 @@ impl Cluster {
 
     /// Starts instance `node` as a fresh state.
     pub fn start_instance(&mut self, node: usize) {
-        let wall = self.wall();
+        self.nodes[node].skew = self.rng.below(2 * MAX_SKEW) as i64 - MAX_SKEW as i64;
+        let wall = self.wall(node);
         let life = self.nodes[node].life + 1;
         // The machine derives registration ids from its instance id and a count, so a
         // restart under the same id would hand out the ids of its previous life again
@@ -382,7 +403,7 @@ impl Cluster {
     /// Stops instance `node` as a crash: nothing more comes from it, its streams break.
     pub fn crash_instance(&mut self, node: usize) {
         let Some(mut machine) = self.nodes[node].machine.take() else { return };
-        let wall = self.wall();
+        let wall = self.wall(node);
         let _ = machine.step(wall, Input::Stop(crate::coordinator::machine::io::Stop::Crash));
         let n = &mut self.nodes[node];
         n.life += 1;
@@ -399,7 +420,7 @@ impl Cluster {
 
     /// One step of instance `node`'s state, and its effects applied.
     pub fn step(&mut self, node: usize, input: Input) -> Result<(), Violation> {
-        let wall = self.wall();
+        let wall = self.wall(node);
         let Some(machine) = self.nodes[node].machine.as_mut() else { return Ok(()) };
         if self.trace.recording() {
             let line = format!("  i{node} <- {input:?}");
@@ -464,7 +485,8 @@ impl Cluster {
             Effect::WakeAt(at) => {
                 self.trace.mix(&[6, at]);
                 self.nodes[node].wake = Some(at);
-                self.push(at.saturating_sub(BASE), Ev::Timer { node, life, at });
+                let when = self.virtual_at(node, at);
+                self.push(when, Ev::Timer { node, life, at });
             }
             Effect::Ready(ready) => self.trace.mix(&[7, u64::from(ready)]),
             Effect::Leading(leading) => {
@@ -473,7 +495,7 @@ impl Cluster {
             }
             Effect::KeepLeaseAliveNow => {
                 self.trace.mix(&[9]);
-                let wall = self.wall();
+                let wall = self.wall(node);
                 self.nodes[node].keeper.check_now(wall);
                 self.schedule_keeper(node);
             }
@@ -568,7 +590,7 @@ impl Cluster {
         let id = writer.map(|w| self.nodes[w].id.clone());
         for batch in &batches {
             self.trace.mix(&[batch.revision as u64, batch.events.len() as u64]);
-            self.truth.apply(&self.keys, batch, id.as_deref())?;
+            self.truth.apply(&self.keys, batch, id.as_deref(), self.now)?;
         }
         self.wake_watches();
         Ok(())
@@ -666,7 +688,7 @@ impl Cluster {
         if self.nodes[node].machine.is_none() {
             return Ok(());
         }
-        let wall = self.wall();
+        let wall = self.wall(node);
         let (report, send) = self.nodes[node].keeper.wake(wall);
         if let Some(state) = report {
             self.step(node, Input::Lease(state))?;
@@ -684,7 +706,7 @@ impl Cluster {
         if n.machine.is_none() {
             return;
         }
-        let at = n.keeper.next_wake().saturating_sub(BASE).max(self.now);
+        let at = self.virtual_at(node, n.keeper.next_wake()).max(self.now);
         if n.keeper_wake_at.is_some_and(|t| t <= at) {
             return;
         }
@@ -698,11 +720,11 @@ impl Cluster {
             return Ok(());
         }
         let now = self.store_now();
-        if self.reachable(node) {
+        if self.keeper_reachable(node) {
             // Expiries first, so the truth sees them as the store's own revisions.
             self.sync_truth(None)?;
         }
-        let answer = if !self.reachable(node) {
+        let answer = if !self.keeper_reachable(node) {
             Err(StoreError::Unavailable("the store cannot be reached (simulated)".into()))
         } else {
             match ask {

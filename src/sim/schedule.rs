@@ -41,8 +41,14 @@ pub enum Action {
     /// The instance (re)starts, as a fresh state.
     InstanceStart(usize),
     /// The instance is cut off from the store for this long (µs): its requests fail or
-    /// are lost, its watch hangs.
+    /// are lost, its watch hangs; its lease keeper's own connection too.
     Cut(usize, u64),
+    /// Only the instance's connection is cut (its watch hangs, its requests fail) while
+    /// its lease keeper's connection works: the relay must fence on its own.
+    MainCut(usize, u64),
+    /// Only the lease keeper's connection is cut while the instance follows the store: the
+    /// lease must fence on its own.
+    KeeperCut(usize, u64),
     /// The store is out for this long (µs).
     Outage(u64),
     /// The instance's watch is cut (it ends with an error).
@@ -97,7 +103,9 @@ impl Schedule {
                 50..=57 => Action::Deregister(c, rng.percent(50)),
                 58..=62 => Action::InstanceCrash(i),
                 63..=70 => Action::InstanceStart(i),
-                71..=75 => Action::Cut(i, rng.below(ttl * 2)),
+                71..=72 => Action::Cut(i, rng.below(ttl * 2)),
+                73..=74 => Action::MainCut(i, rng.below(ttl * 2)),
+                75 => Action::KeeperCut(i, rng.below(ttl * 2)),
                 76..=78 => Action::Outage(rng.below(ttl * 2)),
                 79..=84 => Action::WatchCut(i),
                 85..=89 => Action::Compact,

@@ -30,6 +30,8 @@ pub struct Truth {
     owner_since: BTreeMap<(u32, String), Revision>,
     /// (partition, consumer) → last revision with a `Releasing` handoff from it.
     released_from: BTreeMap<(u32, String), Revision>,
+    /// (partition, consumer) → when (virtual µs) its last `Releasing` handoff ended.
+    release_ended: BTreeMap<(u32, String), u64>,
     /// Every (consumer, registration session) the store has held.
     registrations_seen: BTreeSet<(String, i64)>,
     /// The last owner of each partition and its epoch.
@@ -50,7 +52,13 @@ pub struct Truth {
 impl Truth {
     /// Follows one revision; `writer` is the instance whose transaction made it (`None`:
     /// the store itself, a session's expiry).
-    pub fn apply(&mut self, keys: &Keys, batch: &WatchBatch, writer: Option<&str>) -> Result<(), Violation> {
+    pub fn apply(
+        &mut self,
+        keys: &Keys,
+        batch: &WatchBatch,
+        writer: Option<&str>,
+        now: u64,
+    ) -> Result<(), Violation> {
         self.revision = batch.revision;
         let at = batch.revision;
         let leader = self.leader.clone();
@@ -93,6 +101,7 @@ impl Truth {
                 }
                 (Key::Handoff(_, p), Some(v)) => {
                     let handoff = decode::<HandoffRecord>(&event.key, v).map_err(undecodable)?.handoff;
+                    self.release_ends(p, now);
                     self.handoff_epoch_above_owner(p, &handoff)
                         .map_err(|d| Violation::new(Invariant::Epochs, format!("revision {at}: {d}")))?;
                     if handoff.phase == Phase::Releasing {
@@ -101,6 +110,7 @@ impl Truth {
                     self.handoffs.insert(p, handoff);
                 }
                 (Key::Handoff(_, p), None) => {
+                    self.release_ends(p, now);
                     self.handoffs.remove(&p);
                 }
                 (Key::Consumer(_, name), Some(v)) => {
@@ -149,12 +159,27 @@ impl Truth {
         Ok(())
     }
 
-    /// Whether `consumer`'s ownership of `p` ended through a handoff's flip since it last
-    /// became the owner: it is in that handoff's release window until it is told.
-    pub fn in_release_window(&self, p: u32, consumer: &str) -> bool {
+    /// Whether `consumer` is in the release window of `p` at `now`: its ownership ended
+    /// through a handoff's flip since it last became the owner, and that `Releasing` handoff
+    /// is still in the store or ended at most `grace` µs ago (its instance may relay the
+    /// release later than the new owner's instance relays the flip, but an instance that
+    /// cannot follow the store fences its streams within ¾ TTL).
+    pub fn in_release_window(&self, p: u32, consumer: &str, now: u64, grace: u64) -> bool {
         let key = (p, consumer.to_string());
         let since = self.owner_since.get(&key).copied().unwrap_or(0);
-        self.released_from.get(&key).is_some_and(|r| *r > since)
+        if !self.released_from.get(&key).is_some_and(|r| *r > since) {
+            return false;
+        }
+        let releasing =
+            self.handoffs.get(&p).is_some_and(|h| h.phase == Phase::Releasing && h.from == consumer);
+        releasing || self.release_ended.get(&key).is_none_or(|ended| now <= ended + grace)
+    }
+
+    /// The handoff of `p` is replaced or deleted: a `Releasing` one ends its release window.
+    fn release_ends(&mut self, p: u32, now: u64) {
+        if let Some(h) = self.handoffs.get(&p).filter(|h| h.phase == Phase::Releasing) {
+            self.release_ended.insert((p, h.from.clone()), now);
+        }
     }
 
     /// A partition's epoch never goes back, and a new owner's is above every earlier one.
