@@ -75,7 +75,10 @@ impl Cluster {
                 self.disrupted(length);
             }
             Action::MainCut(i, length) => {
+                // The connection resets: the watch ends with an error, and a new one cannot
+                // be started until the cut heals.
                 self.nodes[i].cut_until = self.nodes[i].cut_until.max(self.now + length);
+                self.cut_watch(i);
                 self.disrupted(length);
             }
             Action::KeeperCut(i, length) => {
@@ -112,6 +115,20 @@ impl Cluster {
                     self.store.revoke_session(now, session);
                     self.sync_truth(None)?;
                     self.disrupted(ttl);
+                }
+            }
+            Action::RevokeAndMove(i) => {
+                self.act(Action::Revoke(i))?;
+                for c in 0..self.consumers.len() {
+                    if let Some((node, stream)) = self.consumers[c].stream().filter(|(n, _)| *n == i)
+                        && !self.draining(c)
+                    {
+                        self.consumers[c].phase = Phase::Offline;
+                        let half_open = ttl / 4 + self.rng.below(ttl / 2);
+                        self.close_stream(node, stream, half_open);
+                        let soon = self.rng.below(200_000);
+                        self.after(soon, Ev::Register { consumer: c, restart: false });
+                    }
                 }
             }
             Action::Lossy(length) => {

@@ -106,6 +106,9 @@ pub(super) struct Node {
     pub cut_until: u64,
     /// The lease keeper's own connection is cut off until then.
     pub keeper_cut_until: u64,
+    /// When its last store answer arrives (answers keep the order the store served them
+    /// in, unless `SimConfig::answers_reorder`).
+    pub answer_clock: u64,
     /// How far its clock is off the virtual time (µs), drawn at each start.
     pub skew: i64,
     /// Its `WakeAt`.
@@ -167,6 +170,7 @@ impl Cluster {
                 pump_pending: false,
                 cut_until: 0,
                 keeper_cut_until: 0,
+                answer_clock: 0,
                 skew: 0,
                 wake: None,
                 streams: BTreeMap::new(),
@@ -560,9 +564,13 @@ impl Cluster {
             Err(StoreError::Unavailable("the store cannot be reached (simulated)".into()))
         };
         if !self.lost() {
-            let delay = self.delay();
+            let mut at = self.now + self.delay();
+            if !self.config.answers_reorder {
+                at = at.max(self.nodes[node].answer_clock);
+                self.nodes[node].answer_clock = at;
+            }
             let input = Input::StoreAnswer { request, answer };
-            self.after(delay, Ev::Input { node, life, input });
+            self.push(at, Ev::Input { node, life, input });
         } else if !self.config.lost_answers_vanish {
             // The driver's call budget runs out: the instance hears a timeout, whether or
             // not the request took effect.

@@ -43,8 +43,8 @@ pub enum Action {
     /// The instance is cut off from the store for this long (µs): its requests fail or
     /// are lost, its watch hangs; its lease keeper's own connection too.
     Cut(usize, u64),
-    /// Only the instance's connection is cut (its watch hangs, its requests fail) while
-    /// its lease keeper's connection works: the relay must fence on its own.
+    /// Only the instance's connection is cut (its watch ends, its requests fail) while its
+    /// lease keeper's connection works: the relay must fence on its own.
     MainCut(usize, u64),
     /// Only the lease keeper's connection is cut while the instance follows the store: the
     /// lease must fence on its own.
@@ -59,6 +59,9 @@ pub enum Action {
     Revoke(usize),
     /// Answers are lost one time in five, for this long (µs).
     Lossy(u64),
+    /// The store expires the instance's session early while each of its consumers moves
+    /// to another instance, its old stream left half-open for a while.
+    RevokeAndMove(usize),
 }
 
 /// The actions of one schedule, by virtual time (µs), and when its faults end.
@@ -104,12 +107,13 @@ impl Schedule {
                 58..=62 => Action::InstanceCrash(i),
                 63..=70 => Action::InstanceStart(i),
                 71..=72 => Action::Cut(i, rng.below(ttl * 2)),
-                73..=74 => Action::MainCut(i, rng.below(ttl * 2)),
-                75 => Action::KeeperCut(i, rng.below(ttl * 2)),
+                73 => Action::MainCut(i, ttl / 2 + rng.below(ttl * 4)),
+                74..=75 => Action::KeeperCut(i, ttl / 2 + rng.below(ttl * 2)),
                 76..=78 => Action::Outage(rng.below(ttl * 2)),
-                79..=84 => Action::WatchCut(i),
-                85..=89 => Action::Compact,
-                90..=93 => Action::Revoke(i),
+                79..=83 => Action::WatchCut(i),
+                84..=87 => Action::Compact,
+                88..=90 => Action::Revoke(i),
+                91..=93 => Action::RevokeAndMove(i),
                 _ => Action::Lossy(rng.below(ttl)),
             };
             actions.push((t, action));
