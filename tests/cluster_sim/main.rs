@@ -3,8 +3,8 @@
 //! faults, in one thread on a virtual clock. See the module docs of `sim` for what a run
 //! does and the invariants it checks after every step.
 //!
-//! * `CLUSTER_SIM_SCHEDULES=N`: schedules per test (default [`DEFAULT_SCHEDULES`]; each
-//!   mutation row searches at most as many);
+//! * `CLUSTER_SIM_SCHEDULES=N`: schedules per test (default [`DEFAULT_SCHEDULES`] for the
+//!   invariants, [`DEFAULT_MUTATION_SCHEDULES`] searched by each mutation row);
 //! * `CLUSTER_SIM_LONG=1`: a million schedules;
 //! * `CLUSTER_SIM_SEED=S`: only seed `S` (a failure prints its seed and its last steps);
 //! * `CLUSTER_SIM_BASE=B`: seeds start at `B`;
@@ -19,22 +19,26 @@
 use kafka_assigner::mutation::{Mutation, with_mutation};
 use kafka_assigner::sim::{self, Failure, Outcome, SimConfig};
 
-/// Schedules per test in CI.
-const DEFAULT_SCHEDULES: u64 = 200;
+/// Schedules of the invariants test in CI.
+const DEFAULT_SCHEDULES: u64 = 500;
+
+/// Schedules a mutation row searches in CI (its first failing seed is below; the slowest
+/// row fails at seed 607 today).
+const DEFAULT_MUTATION_SCHEDULES: u64 = 1_000;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-/// The seeds to run.
-fn seeds() -> std::ops::Range<u64> {
+/// The seeds to run (`default` of them unless the environment says otherwise).
+fn seeds(default: u64) -> std::ops::Range<u64> {
     if let Some(seed) = env_u64("CLUSTER_SIM_SEED") {
         return seed..seed + 1;
     }
     let count = if std::env::var("CLUSTER_SIM_LONG").is_ok_and(|v| v == "1") {
         1_000_000
     } else {
-        env_u64("CLUSTER_SIM_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES)
+        env_u64("CLUSTER_SIM_SCHEDULES").unwrap_or(default)
     };
     let base = env_u64("CLUSTER_SIM_BASE").unwrap_or(0);
     base..base + count
@@ -50,7 +54,7 @@ fn random_schedules_keep_every_invariant() {
     let config = SimConfig::default();
     let mut total = Outcome::default();
     let mut count = 0;
-    for seed in seeds() {
+    for seed in seeds(DEFAULT_SCHEDULES) {
         match sim::run_keeping(seed, &config, keep()) {
             Ok(outcome) => {
                 count += 1;
@@ -106,7 +110,7 @@ fn failure_hash(failure: &Failure) -> u64 {
 /// within CI's count.
 fn finds(mutation: Mutation) -> Box<Failure> {
     let config = SimConfig::default();
-    let seeds = seeds();
+    let seeds = seeds(DEFAULT_MUTATION_SCHEDULES);
     for seed in seeds.clone() {
         if let Err(failure) = with_mutation(mutation, || sim::run(seed, &config)) {
             println!("{mutation:?}: first failing schedule {failure}");
@@ -154,4 +158,25 @@ fn mutation_epoch_floor_dropped() {
 #[test]
 fn mutation_stale_relay_not_fenced() {
     finds(Mutation::StaleRelayNotFenced);
+}
+
+/// Open bug of the machine, steered around by default (`docs/simulation.md`): a re-read
+/// answered after the instance's own later write regresses its cache. Run with
+/// `--ignored`; it fails once the bug is fixed (then drop the switch and this test).
+#[test]
+#[ignore = "an open bug of the machine, shown on demand"]
+fn open_bug_a_late_reread_regresses_the_cache() {
+    let config = SimConfig { answers_reorder: true, ..SimConfig::default() };
+    let failure = sim::run(64, &config).expect_err("seed 64 no longer shows the bug");
+    assert_eq!(failure.violation.invariant, sim::Invariant::Contradiction, "{failure}");
+}
+
+/// Open bug of the machine (`docs/simulation.md`): registration ids repeat after a restart
+/// under the same instance id. Run with `--ignored`.
+#[test]
+#[ignore = "an open bug of the machine, shown on demand"]
+fn open_bug_registration_ids_repeat_after_a_restart() {
+    let config = SimConfig { same_id_on_restart: true, ..SimConfig::default() };
+    let failure = (0..200).find_map(|seed| sim::run(seed, &config).err()).expect("no schedule shows the bug");
+    assert_eq!(failure.violation.invariant, sim::Invariant::NoComeback, "{failure}");
 }
