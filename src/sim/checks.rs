@@ -119,9 +119,9 @@ impl Cluster {
                 streaming[*c] = true;
             }
         }
-        for c in 0..n {
+        for (c, streaming) in streaming.into_iter().enumerate() {
             let record = self.truth.consumers.get(&self.consumers[c].name);
-            let Some(record) = record.filter(|_| !streaming[c] && self.now >= self.outage_until) else {
+            let Some(record) = record.filter(|_| !streaming && self.now >= self.outage_until) else {
                 self.checks.orphan_since[c] = None;
                 continue;
             };

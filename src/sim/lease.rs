@@ -138,7 +138,7 @@ impl Keeper {
         token: u64,
         answer: Result<Option<SessionId>, StoreError>,
     ) -> Option<LeaseState> {
-        let Some((waited, ask, sent_at, _)) = self.waiting else { return None };
+        let (waited, ask, sent_at, _) = self.waiting?;
         if waited != token {
             return None;
         }

@@ -167,7 +167,7 @@ impl Truth {
     pub fn in_release_window(&self, p: u32, consumer: &str, now: u64, grace: u64) -> bool {
         let key = (p, consumer.to_string());
         let since = self.owner_since.get(&key).copied().unwrap_or(0);
-        if !self.released_from.get(&key).is_some_and(|r| *r > since) {
+        if self.released_from.get(&key).is_none_or(|r| *r <= since) {
             return false;
         }
         let releasing =
