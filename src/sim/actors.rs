@@ -194,13 +194,32 @@ impl Cluster {
     }
 
     /// Defers an event for a paused consumer to the end of its pause; `true` if it did.
+    /// Events wait in the consumer's inbox, in order, while it is paused (and behind the
+    /// ones already waiting); a `Resume` at the pause's end hands them over.
     fn deferred(&mut self, c: usize, event: impl FnOnce() -> Ev) -> bool {
         let until = self.consumers[c].paused_until;
-        if until > self.now {
-            self.push(until, event());
-            return true;
+        if until <= self.now && self.consumers[c].inbox.is_empty() {
+            return false;
         }
-        false
+        if self.consumers[c].inbox.is_empty() {
+            self.push(until, Ev::Resume { consumer: c });
+        }
+        self.consumers[c].inbox.push_back(event());
+        true
+    }
+
+    /// Consumer `c`'s pause ended (or was extended): what waited is handled in order.
+    pub(super) fn resume(&mut self, c: usize) -> Result<(), Violation> {
+        let until = self.consumers[c].paused_until;
+        if until > self.now {
+            self.push(until, Ev::Resume { consumer: c });
+            return Ok(());
+        }
+        let waiting = std::mem::take(&mut self.consumers[c].inbox);
+        for event in waiting {
+            self.handle_for_consumer(event)?;
+        }
+        Ok(())
     }
 
     /// The consumer closes its stream; the instance hears of it after `delay` µs.
@@ -267,9 +286,9 @@ impl Cluster {
         stream: StreamId,
         command: AssignmentCommand,
     ) -> Result<(), Violation> {
-        if self.consumers[c].paused_until > self.now {
-            let until = self.consumers[c].paused_until;
-            self.push(until, Ev::Told { consumer: c, node, stream, command });
+        let deferred = self.consumers[c].paused_until > self.now || !self.consumers[c].inbox.is_empty();
+        if deferred {
+            let _ = self.deferred(c, || Ev::Told { consumer: c, node, stream, command });
             return Ok(());
         }
         if self.consumers[c].stream() != Some((node, stream)) {

@@ -41,7 +41,7 @@ const MAX_EVENTS: u64 = 2_000_000;
 
 /// Something that happens at a virtual time.
 #[derive(Clone, Debug)]
-pub(super) enum Ev {
+pub(crate) enum Ev {
     /// A scheduled action.
     Act(Action),
     /// The faults stop; every consumer comes back.
@@ -76,11 +76,13 @@ pub(super) enum Ev {
     Answer { consumer: usize, node: usize, stream: StreamId, todo: Todo },
     /// The store's outage ends.
     OutageEnd,
+    /// A paused consumer's pause ends: what waited in its inbox is handled.
+    Resume { consumer: usize },
 }
 
 /// What a consumer called, so its answer finds its way back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) enum CallKind {
+pub(crate) enum CallKind {
     /// `Register` of the stream.
     Register,
     /// `PartitionReady` / `PartitionReleased`.
@@ -357,6 +359,24 @@ impl Cluster {
                 self.schedule_keeper(node);
                 Ok(())
             }
+            Ev::Resume { consumer } => self.resume(consumer),
+            event @ (Ev::Told { .. }
+            | Ev::Ended { .. }
+            | Ev::Replied { .. }
+            | Ev::Register { .. }
+            | Ev::Answer { .. }) => self.handle_for_consumer(event),
+            Ev::OutageEnd => {
+                let now = self.store_now();
+                self.store.renew_all_sessions(now);
+                self.wake_watches();
+                Ok(())
+            }
+        }
+    }
+
+    /// An event for a consumer.
+    pub(super) fn handle_for_consumer(&mut self, event: Ev) -> Result<(), Violation> {
+        match event {
             Ev::Told { consumer, node, stream, command } => self.told(consumer, node, stream, command),
             Ev::Ended { consumer, node, stream, clean } => self.ended(consumer, node, stream, clean),
             Ev::Replied { consumer, node, stream, call, ok } => {
@@ -364,12 +384,7 @@ impl Cluster {
             }
             Ev::Register { consumer, restart } => self.register(consumer, restart),
             Ev::Answer { consumer, node, stream, todo } => self.answer(consumer, node, stream, todo),
-            Ev::OutageEnd => {
-                let now = self.store_now();
-                self.store.renew_all_sessions(now);
-                self.wake_watches();
-                Ok(())
-            }
+            _ => Ok(()),
         }
     }
 
@@ -774,5 +789,6 @@ fn tag(event: &Ev) -> u64 {
         Ev::Register { consumer, .. } => 15 + 100 * *consumer as u64,
         Ev::Answer { consumer, .. } => 16 + 100 * *consumer as u64,
         Ev::OutageEnd => 17,
+        Ev::Resume { consumer } => 18 + 100 * *consumer as u64,
     }
 }

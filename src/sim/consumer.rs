@@ -125,7 +125,7 @@ pub enum Phase {
 }
 
 /// One consumer: a name, the process incarnation, and its phase.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ConsumerModel {
     /// Its name (the same across restarts).
     pub name: String,
@@ -137,12 +137,21 @@ pub struct ConsumerModel {
     pub wants: bool,
     /// Until when it is paused: it reads nothing and calls nothing (virtual µs).
     pub paused_until: u64,
+    /// What reached it while paused, in order (the cluster's events).
+    pub(crate) inbox: std::collections::VecDeque<crate::sim::cluster::Ev>,
 }
 
 impl ConsumerModel {
     /// A consumer that has not registered yet.
     pub fn new(name: String, incarnation: u64) -> Self {
-        Self { name, incarnation, phase: Phase::Offline, wants: true, paused_until: 0 }
+        Self {
+            name,
+            incarnation,
+            phase: Phase::Offline,
+            wants: true,
+            paused_until: 0,
+            inbox: Default::default(),
+        }
     }
 
     /// Its belief, while its stream is open.

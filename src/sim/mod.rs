@@ -51,7 +51,7 @@
 
 mod actors;
 mod checks;
-mod cluster;
+pub(crate) mod cluster;
 pub mod consumer;
 mod instance;
 pub mod lease;

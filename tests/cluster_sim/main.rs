@@ -51,7 +51,8 @@ fn keep() -> usize {
 
 #[test]
 fn random_schedules_keep_every_invariant() {
-    let config = SimConfig::default();
+    let actions = env_u64("CLUSTER_SIM_ACTIONS").map_or(SimConfig::default().actions, |n| n as usize);
+    let config = SimConfig { actions, ..SimConfig::default() };
     let mut total = Outcome::default();
     let mut count = 0;
     for seed in seeds(DEFAULT_SCHEDULES) {
@@ -109,7 +110,9 @@ fn failure_hash(failure: &Failure) -> u64 {
 /// Runs schedules with `mutation` on until one breaks an invariant; panics if none does
 /// within CI's count.
 fn finds(mutation: Mutation) -> Box<Failure> {
-    let config = SimConfig::default();
+    let actions =
+        env_u64("CLUSTER_SIM_MUTATION_ACTIONS").map_or(SimConfig::default().actions, |n| n as usize);
+    let config = SimConfig { actions, ..SimConfig::default() };
     let seeds = seeds(DEFAULT_MUTATION_SCHEDULES);
     for seed in seeds.clone() {
         if let Err(failure) = with_mutation(mutation, || sim::run(seed, &config)) {
