@@ -80,6 +80,35 @@ pub(crate) enum Ev {
     Resume { consumer: usize },
 }
 
+/// An event on the queue, ordered by (time, sequence number) alone: the order it was
+/// queued in breaks ties, so the run does not depend on anything else.
+pub(crate) struct Queued {
+    at: u64,
+    seq: u64,
+    /// Boxed: the heap moves entries as it sifts, and an event is large.
+    event: Box<Ev>,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
 /// What a consumer called, so its answer finds its way back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum CallKind {
@@ -133,8 +162,7 @@ pub(super) struct Cluster {
     pub kind: Kind,
     pub rng: Rng,
     pub now: u64,
-    queue: BinaryHeap<Reverse<(u64, u64)>>,
-    events: BTreeMap<u64, Ev>,
+    queue: BinaryHeap<Reverse<Queued>>,
     seq: u64,
     pub store: StoreModel,
     pub keys: Keys,
@@ -191,7 +219,6 @@ impl Cluster {
             rng,
             now: 0,
             queue: BinaryHeap::new(),
-            events: BTreeMap::new(),
             seq: 0,
             store,
             keys: Keys::new(PREFIX),
@@ -220,11 +247,10 @@ impl Cluster {
 
     /// Runs to convergence or the first broken invariant.
     pub fn run(mut self) -> Result<Outcome, Box<Failure>> {
-        while let Some(Reverse((at, seq))) = self.queue.pop() {
-            let Some(event) = self.events.remove(&seq) else { continue };
+        while let Some(Reverse(Queued { at, event, .. })) = self.queue.pop() {
             self.now = at;
             self.outcome.steps += 1;
-            let result = self.handle(event).and_then(|()| self.check());
+            let result = self.handle(*event).and_then(|()| self.check());
             if let Err(violation) = result {
                 return Err(self.failure(violation));
             }
@@ -260,8 +286,7 @@ impl Cluster {
     /// Queues `event` at virtual time `at` (never before now).
     pub fn push(&mut self, at: u64, event: Ev) {
         self.seq += 1;
-        self.queue.push(Reverse((at.max(self.now), self.seq)));
-        self.events.insert(self.seq, event);
+        self.queue.push(Reverse(Queued { at: at.max(self.now), seq: self.seq, event: Box::new(event) }));
     }
 
     /// Queues `event` after `delay` µs.
