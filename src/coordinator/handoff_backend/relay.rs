@@ -93,15 +93,29 @@ pub(super) fn relay_step(
 /// registration to be written again as it was (`shared/rebind.rs`): a draining consumer
 /// whose record the store lost still drains.
 fn keep_registration(visit: &mut Visit<'_, ConsumerView>, entry: Option<&TopicEntry>) {
-    let Some(record) = entry.and_then(|e| e.consumers.get(visit.consumer())) else { return };
-    if record.value.session != visit.seen().session.0 {
-        return;
+    if let Some((mod_revision, encode)) = to_keep(entry, visit.consumer(), visit.seen().session) {
+        visit.keep(mod_revision, encode);
+    }
+}
+
+/// What of `consumer`'s registration record in `entry` the stream of registration
+/// `session` keeps (pure): `None` while the record is not its own; else the record's mod
+/// revision and its encoding, which says `None` when the record says nothing a fresh
+/// registration would not (encoded only when asked: only when the record changed).
+pub(super) fn to_keep<'e>(
+    entry: Option<&'e TopicEntry>,
+    consumer: &str,
+    session: crate::store::SessionId,
+) -> Option<(Revision, impl FnOnce() -> Option<Vec<u8>> + 'e)> {
+    let record = entry.and_then(|e| e.consumers.get(consumer))?;
+    if record.value.session != session.0 {
+        return None;
     }
     let plain = record.value.status == ConsumerStatus::Active
         && record.value.hold_until.is_none()
         && record.value.info.is_default()
         && record.value.incarnation == 0;
-    visit.keep(record.mod_revision, || (!plain).then(|| encode(&record.value)));
+    Some((record.mod_revision, move || (!plain).then(|| encode(&record.value))))
 }
 
 /// Splits commands into what the consumer gains (`assigned`, warms), sent at once, and

@@ -79,7 +79,10 @@ pub enum Input {
         body: Call,
     },
     /// A stream went away on its own (the client left, the connection broke, or the
-    /// consumer stopped reading): it takes no more effects.
+    /// consumer stopped reading): it takes no more effects. Sent too for the stream of a
+    /// `Register` whose caller went away before the answer: that registration is then
+    /// decided no more (it must never replace the caller's next attempt), or, if it was
+    /// written already, settled as after a disconnect.
     StreamClosed {
         /// The stream.
         stream: StreamId,

@@ -68,6 +68,11 @@ impl Departures {
         self.arrived = true;
     }
 
+    /// Whether the registration `key` waits here.
+    pub fn contains(&self, key: &StreamKey) -> bool {
+        self.waiting.contains_key(key)
+    }
+
     /// The earliest a waiting registration is due (`None` when none waits).
     pub fn wake_at(&self) -> Option<Instant> {
         self.waiting.values().map(|w| w.due).min()

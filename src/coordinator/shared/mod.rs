@@ -151,6 +151,13 @@ impl CoreSettings {
     }
 }
 
+/// Whether a stream registered on the instance lease `on` may be admitted (pure): the
+/// instance is not stopping, `on` is still the live lease, and the relay is not fenced for
+/// a mirror that cannot follow the store.
+pub fn admits(stopping: bool, lease: LeaseState, on: crate::store::SessionId, relay_fenced: bool) -> bool {
+    !stopping && lease.live() == Some(on) && !relay_fenced
+}
+
 /// What every store-backed backend shares (see the module docs). `C` is the backend's
 /// cache of the store, `T` what each of its streams remembers having told its consumer.
 pub struct Core<C: MirrorCache, T> {
@@ -364,9 +371,12 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     ) -> Result<(), LocalStream<T>> {
         use std::sync::atomic::Ordering;
         self.streams.admit(topic, consumer, stream, || {
-            !self.shutdown.is_cancelled()
-                && self.lease.borrow().live() == Some(lease)
-                && !self.relay_fenced.load(Ordering::SeqCst)
+            admits(
+                self.shutdown.is_cancelled(),
+                *self.lease.borrow(),
+                lease,
+                self.relay_fenced.load(Ordering::SeqCst),
+            )
         })
     }
 

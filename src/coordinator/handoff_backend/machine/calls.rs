@@ -16,9 +16,10 @@ use crate::coordinator::handoff_backend::leave::{
 };
 use crate::coordinator::machine::io::{Call, CallId, Replied, StoreReply, StoreRequest};
 use crate::coordinator::shared::instance::Report;
-use crate::coordinator::shared::mirror::own_batch;
-use crate::coordinator::shared::mirror::{Changes, MirrorCache};
-use crate::store::{KeyValue, Op, Revision, StoreError, Txn};
+use crate::coordinator::shared::mirror::{
+    Changes, OwnFit, apply_ahead, apply_watched, own_batch, own_write_fits,
+};
+use crate::store::{Compare, KeyValue, Op, Revision, StoreError, Txn};
 
 use super::streams::EpochWatch;
 
@@ -107,7 +108,7 @@ impl Instance {
             match written {
                 Ok(outcome) if outcome.succeeded => {
                     // Applied and told at once, not when the watch brings it back.
-                    self.applied(outcome.revision, &txn.ops);
+                    self.applied(outcome.revision, &txn.ops, &txn.compares);
                     CallStep::Answer(Ok(None))
                 }
                 Ok(_) => call.retry(),
@@ -132,17 +133,20 @@ impl Instance {
     /// Applies `ops`, committed here at `revision`, to the cache at once when nothing else
     /// happened in between (the cache is at the revision before), and relays what changed;
     /// otherwise the watch brings them.
-    pub(super) fn applied(&mut self, revision: Revision, ops: &[Op]) {
+    pub(super) fn applied(&mut self, revision: Revision, ops: &[Op], compares: &[Compare]) {
         let Some(cache) = self.cache.as_mut() else { return };
-        if revision != cache.revision + 1 {
-            return;
-        }
         let Some(batch) = own_batch(self.keys.prefix(), revision, ops) else { return };
         let mut changes = Changes::default();
-        for event in batch.events {
-            cache.apply(&self.keys, event, &mut changes);
+        match own_write_fits(&*cache, &self.keys, &batch, compares) {
+            OwnFit::InTurn => {
+                apply_watched(cache, &self.keys, revision, batch.events, self.ahead, &mut changes)
+            }
+            OwnFit::Ahead => {
+                apply_ahead(cache, &self.keys, batch, &mut changes);
+                self.ahead = self.ahead.max(revision);
+            }
+            OwnFit::Later => return,
         }
-        cache.set_revision(revision);
         self.relay(&changes);
     }
 

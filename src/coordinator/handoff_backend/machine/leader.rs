@@ -266,7 +266,7 @@ impl Instance {
             Ok(outcome) if outcome.succeeded => {
                 self.leader.written = self.leader.written.max(outcome.revision);
                 topic.applied.extend(topic.sending.drain(..));
-                self.applied(outcome.revision, &txn.ops);
+                self.applied(outcome.revision, &txn.ops, &txn.compares);
             }
             Ok(_) => {
                 // Planned from a stale view: nothing of this batch was written. Deposed?

@@ -16,6 +16,15 @@
 //! time ([`Departures`], the leader's arrivals) are given `origin + now`, with `origin`
 //! fixed when the instance is made, so their answers depend on `now` alone.
 //!
+//! **Not in the state machine yet** (the loop still does them, and the driver will in
+//! stage 2): batching calls and registrations into shared transactions; pacing plans by
+//! measured planning time; the weights and Kafka topic refreshes (a `Register` of a topic
+//! with no stored or configured count asks [`Effect::LookUpPartitions`]); a registration
+//! decided on the store's state raises epochs from the cache, not from prefix reads; a
+//! consumer that left is handed to the departures when its stream's end is emitted, not
+//! when its transport took the last commands; a silent watch (no progress marks) is not
+//! detected; metrics and logs.
+//!
 //! Files: `streams.rs` (the streams, the relay pass and the epoch streams), `register.rs`
 //! (`Register`), `calls.rs` (ready, released, deregister), `leader.rs`, `upkeep.rs` (the
 //! lease, the watch, the departures, the rebind, the timer).
@@ -26,6 +35,8 @@ mod register;
 mod streams;
 mod upkeep;
 
+#[cfg(test)]
+mod test_harness;
 #[cfg(test)]
 mod tests;
 
@@ -41,6 +52,7 @@ use crate::coordinator::machine::io::{
     CallId, Effect, Input, LeaseState, Micros, Replied, RequestId, Stop, StoreReply, StoreRequest,
 };
 use crate::coordinator::shared::departures::Departures;
+use crate::coordinator::shared::upkeep::Upkeep;
 use crate::coordinator::{CoordinatorError, PartitionEpoch};
 use crate::handoff::Millis;
 use crate::store::{StoreError, Txn};
@@ -85,6 +97,8 @@ pub struct Instance {
     now: Micros,
     /// The store's state as followed (`None` until the first read answered).
     cache: Option<Cache>,
+    /// The newest own write applied ahead of revisions the cache has not seen (0: none).
+    ahead: crate::store::Revision,
     /// The watch in use, and whether the mirror follows the store.
     watch: Option<RequestId>,
     /// Since when the mirror has not followed the store (`None`: it follows).
@@ -109,10 +123,19 @@ pub struct Instance {
     waiting: BTreeMap<RequestId, Waiting>,
     /// Command streams by (topic, consumer).
     streams: BTreeMap<(String, String), Stream>,
+    /// Streams that closed before their `Register` admitted them: their caller went away
+    /// (a registration whose caller is gone never replaces another, docs/design.md §6).
+    closed: std::collections::BTreeSet<crate::coordinator::machine::io::StreamId>,
     /// Epoch streams by their id.
     epoch_streams: BTreeMap<crate::coordinator::machine::io::StreamId, EpochWatch>,
     /// Registrations whose streams ended, until settled.
     departures: Departures,
+    /// Deletes of ended streams' registrations that failed: when each is tried again, and
+    /// its backoff.
+    unregistering: BTreeMap<crate::coordinator::shared::streams::StreamKey, (Micros, Micros)>,
+    /// The sweep of registrations of this instance no stream holds (a safety net), as the
+    /// running instance's upkeep keeps it.
+    sweeper: Upkeep,
     leader: LeaderState,
     /// What was last said of readiness and of the timer (said again only when it changes).
     ready: Option<bool>,
@@ -128,11 +151,13 @@ impl Instance {
     pub fn new(config: HandoffConfig, origin: Instant, now: Micros) -> (Self, Vec<Effect>) {
         let keys = Keys::new(&config.prefix);
         let departures = Departures::new(config.lease_ttl);
+        let sweeper = Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now));
         let mut instance = Instance {
             keys,
             origin,
             now,
             cache: None,
+            ahead: 0,
             watch: None,
             stale_since: None,
             stale_fenced: false,
@@ -146,8 +171,11 @@ impl Instance {
             registrations: 0,
             waiting: BTreeMap::new(),
             streams: BTreeMap::new(),
+            closed: Default::default(),
             epoch_streams: BTreeMap::new(),
             departures,
+            sweeper,
+            unregistering: BTreeMap::new(),
             leader: LeaderState::new(now),
             ready: None,
             wake: None,
@@ -247,6 +275,10 @@ impl Instance {
     /// What the store answered `request`.
     fn answered(&mut self, request: RequestId, answer: Result<StoreReply, StoreError>) {
         let Some(waiting) = self.waiting.remove(&request) else { return };
+        if let Err(StoreError::SessionExpired(_)) = &answer {
+            // The lease keeper may not have noticed yet: it should look now.
+            self.out.push(Effect::KeepLeaseAliveNow);
+        }
         match waiting {
             Waiting::Reread => self.reread_answered(answer),
             Waiting::Watch => self.watch_answered(request, answer),

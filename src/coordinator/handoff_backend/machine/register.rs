@@ -16,6 +16,7 @@ use crate::coordinator::handoff_backend::register::{active_record, cached_incarn
 use crate::coordinator::machine::io::{
     CallId, Effect, Replied, RequestId, StoreReply, StoreRequest, StreamId,
 };
+use crate::coordinator::shared::admits;
 use crate::coordinator::shared::cas::CAS_ATTEMPTS;
 use crate::coordinator::shared::departures::Departed;
 use crate::coordinator::shared::mirror::MirrorCache;
@@ -127,6 +128,14 @@ impl Instance {
         if let Err(error) = self.live_lease() {
             return self.reply(enrolling.call, Err(error));
         }
+        if self.closed.remove(&enrolling.stream) {
+            // Its caller went away: decided no more, so it never replaces the next attempt.
+            let error = CoordinatorError::Abandoned(format!(
+                "the caller of this Register of consumer '{}' went away before it was written",
+                enrolling.key.1
+            ));
+            return self.reply(enrolling.call, Err(error));
+        }
         let Some(cache) = self.cache.as_ref() else { return };
         let (topic, consumer, registration) = &enrolling.key;
         let record_key = self.keys.consumer(topic, consumer);
@@ -215,7 +224,7 @@ impl Instance {
     /// while the lease it was written on is live and the mirror follows the store.
     fn registered(&mut self, enrolling: Enrolling, revision: Revision, same_process: bool) {
         let Enrolling { call, stream, key, lease, .. } = enrolling;
-        if self.lease.live() != Some(lease) || !self.follows() || self.stopping {
+        if !admits(self.stopping, self.lease, lease, self.stale_fenced) {
             let error = CoordinatorError::NoSession(format!(
                 "assigner instance '{}' lost contact with its store while registering consumer '{}'; \
                  reconnect to another instance",
@@ -225,6 +234,10 @@ impl Instance {
             return self.reply(call, Err(error));
         }
         self.reply(call, Ok(Replied::Registered));
+        if self.closed.remove(&stream) {
+            // Written, but its caller went away meanwhile: settled as after a disconnect.
+            return self.depart(key, revision);
+        }
         self.admit(stream, &key, revision, same_process);
     }
 

@@ -5,7 +5,7 @@
 //! hears its release. The epoch streams get a snapshot when their epochs changed.
 
 use super::Instance;
-use crate::coordinator::handoff_backend::relay::relay_step;
+use crate::coordinator::handoff_backend::relay::{relay_step, to_keep};
 use crate::coordinator::machine::io::{Effect, EndReason, StreamId};
 use crate::coordinator::shared::departures::Departed;
 use crate::coordinator::shared::mirror::{Changes, Touched};
@@ -33,6 +33,9 @@ pub(super) struct Stream {
     pub lost_since: Option<crate::coordinator::machine::io::Micros>,
     /// A rebind of its registration is in flight.
     pub rebinding: bool,
+    /// Its registration record as last seen while it was its own, with its mod revision,
+    /// when it said more than a fresh one: a lost registration is written again as this.
+    pub kept: Option<(Revision, Vec<u8>)>,
 }
 
 /// An epoch stream: the consumer it shows, and the last snapshot it sent.
@@ -75,6 +78,11 @@ impl Instance {
             let Some(stream) = self.streams.get_mut(&name) else { continue };
             let (topic, consumer) = (&name.0, &name.1);
             let entry = cache.topics.get(topic);
+            if let Some((mod_revision, encode)) = to_keep(entry, consumer, stream.registration)
+                && stream.kept.as_ref().is_none_or(|(kept_at, _)| *kept_at != mod_revision)
+            {
+                stream.kept = encode().map(|record| (mod_revision, record));
+            }
             let scope = changes.scope(topic, consumer);
             let step = relay_step(topic, consumer, stream.seen(), entry, scope, cache.revision);
             let said = stream.book.apply(topic, consumer, step);
@@ -182,6 +190,7 @@ impl Instance {
             book: Book { told_complete: true, ..Book::default() },
             lost_since: None,
             rebinding: false,
+            kept: None,
         };
         self.streams.insert(name, stream);
         self.relay_whole(&key.0, &key.1);
@@ -240,7 +249,11 @@ impl Instance {
             .iter()
             .find(|(_, s)| s.id == id)
             .map(|((t, c), s)| (t.clone(), c.clone(), s.registration));
-        let Some(key) = found else { return };
+        let Some(key) = found else {
+            // Not admitted (yet): its Register's caller went away.
+            self.closed.insert(id);
+            return;
+        };
         let name = (key.0.clone(), key.1.clone());
         if let Some(stream) = self.streams.remove(&name) {
             self.end_epoch_streams(&key);

@@ -1,201 +1,13 @@
-//! One instance driven by hand over a store answered in the test (pure: a map of records
-//! with revisions and compares, no tokio, no `MemoryStore`).
+//! One instance driven by hand over a store answered in the test (`test_harness.rs`).
 
-use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use super::Instance;
-use crate::coordinator::handoff_backend::HandoffConfig;
-use crate::coordinator::handoff_backend::records::Keys;
-use crate::coordinator::machine::io::{
-    Call, Effect, EndReason, Input, LeaseState, Micros, Replied, StoreReply, StoreRequest,
-};
+use super::test_harness::{Harness, SESSION, commands, handoff_under_way, lose, reply, txn_rev};
+use crate::coordinator::machine::io::{Call, Effect, EndReason, Input, LeaseState, Replied};
 use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::mutation::{Mutation, with_mutation};
 use crate::proto::v1::assignment_command::Command;
-use crate::store::{
-    Compare, KeyValue, Op, PrefixSnapshot, Revision, SessionId, Txn, TxnOutcome, WatchBatch, WatchEvent,
-    WatchEventKind,
-};
-
-/// A store in the test: records with their revisions, compare-and-swap, one watch.
-#[derive(Default)]
-struct TestStore {
-    kvs: BTreeMap<String, KeyValue>,
-    revision: Revision,
-    /// The watch: its request id and the revision it delivers from.
-    watch: Option<u64>,
-    /// Every transaction asked for, in order, with whether it succeeded.
-    txns: Vec<(Txn, bool)>,
-}
-
-impl TestStore {
-    fn holds(&self, compare: &Compare) -> bool {
-        match compare {
-            Compare::ModRevision(key, rev) => self.kvs.get(key).map_or(0, |kv| kv.mod_revision) == *rev,
-            Compare::CreateRevision(key, rev) => self.kvs.get(key).map_or(0, |kv| kv.create_revision) == *rev,
-            Compare::Value(key, value) => self.kvs.get(key).is_some_and(|kv| kv.value == *value),
-        }
-    }
-
-    /// Applies `txn`; the watch's batch when it wrote.
-    fn txn(&mut self, txn: &Txn) -> (TxnOutcome, Option<WatchBatch>) {
-        let succeeded = txn.compares.iter().all(|c| self.holds(c));
-        self.txns.push((txn.clone(), succeeded));
-        if !succeeded || txn.ops.is_empty() {
-            return (TxnOutcome { succeeded, revision: self.revision }, None);
-        }
-        self.revision += 1;
-        let revision = self.revision;
-        let mut events = Vec::new();
-        for op in &txn.ops {
-            let kind = match op {
-                Op::Put { key, value, session } => {
-                    let create_revision = self.kvs.get(key).map_or(revision, |kv| kv.create_revision);
-                    let kv = KeyValue {
-                        key: key.clone(),
-                        value: value.clone(),
-                        create_revision,
-                        mod_revision: revision,
-                        session: *session,
-                    };
-                    self.kvs.insert(key.clone(), kv.clone());
-                    WatchEventKind::Put(kv)
-                }
-                Op::Delete { key } => {
-                    self.kvs.remove(key);
-                    WatchEventKind::Delete
-                }
-            };
-            events.push(WatchEvent { key: op.key().to_string(), revision, kind });
-        }
-        (TxnOutcome { succeeded: true, revision }, Some(WatchBatch { revision, events }))
-    }
-}
-
-/// An instance, its store, and the effects it produced that are not store requests.
-struct Harness {
-    instance: Instance,
-    store: TestStore,
-    now: Micros,
-    seen: Vec<Effect>,
-    keys: Keys,
-}
-
-const START: Micros = 1_700_000_000_000_000;
-const SESSION: SessionId = SessionId(100);
-
-impl Harness {
-    fn new() -> Self {
-        let config = HandoffConfig {
-            instance_id: "i0".into(),
-            prefix: "/k/".into(),
-            topic_partitions: BTreeMap::from([("t".to_string(), 2)]),
-            ..HandoffConfig::default()
-        };
-        let keys = Keys::new(&config.prefix);
-        let (instance, effects) = Instance::new(config, tokio::time::Instant::now(), START);
-        let mut harness =
-            Harness { instance, store: TestStore::default(), now: START, seen: Vec::new(), keys };
-        harness.run(effects);
-        harness.input(Input::Lease(LeaseState::Live(SESSION)));
-        harness
-    }
-
-    /// Answers every store request at once (a write's watch batch right after its answer)
-    /// and keeps the other effects.
-    fn run(&mut self, effects: Vec<Effect>) {
-        let mut queue: VecDeque<Effect> = effects.into();
-        while let Some(effect) = queue.pop_front() {
-            let Effect::Store { request, op } = effect else {
-                self.seen.push(effect);
-                continue;
-            };
-            let mut batch = None;
-            let answer = match &op {
-                StoreRequest::Txn(txn) => {
-                    let (outcome, written) = self.store.txn(txn);
-                    batch = written;
-                    StoreReply::Txn(outcome)
-                }
-                StoreRequest::Get(keys) => {
-                    StoreReply::Values(keys.iter().map(|k| self.store.kvs.get(k).cloned()).collect())
-                }
-                StoreRequest::GetPrefix(prefix) => StoreReply::Prefix(PrefixSnapshot {
-                    kvs: self.store.kvs.values().filter(|kv| kv.key.starts_with(prefix)).cloned().collect(),
-                    revision: self.store.revision,
-                }),
-                StoreRequest::Watch { .. } => {
-                    self.store.watch = Some(request);
-                    StoreReply::Watching
-                }
-            };
-            queue.extend(self.instance.step(self.now, Input::StoreAnswer { request, answer: Ok(answer) }));
-            if let (Some(batch), Some(watch)) = (batch, self.store.watch) {
-                queue.extend(self.instance.step(self.now, Input::Watched { watch, batch }));
-            }
-        }
-    }
-
-    fn input(&mut self, input: Input) {
-        let effects = self.instance.step(self.now, input);
-        self.run(effects);
-    }
-
-    /// Moves the clock on by `by` and fires the timer.
-    fn advance(&mut self, by: Duration) {
-        self.now += by.as_micros() as Micros;
-        self.input(Input::TimerFired);
-    }
-
-    fn take(&mut self) -> Vec<Effect> {
-        std::mem::take(&mut self.seen)
-    }
-
-    fn register(&mut self, call: u64, stream: u64, consumer: &str) {
-        let body = Call::Register { stream, consumer: consumer.into(), topic: "t".into(), incarnation: 0 };
-        self.input(Input::Call { call, body });
-    }
-}
-
-/// The commands sent on `stream`, in order.
-fn commands(effects: &[Effect], stream: u64) -> Vec<Command> {
-    effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::Command { stream: s, command } if *s == stream => command.command.clone(),
-            _ => None,
-        })
-        .collect()
-}
-
-fn reply(effects: &[Effect], call: u64) -> Option<&Result<Replied, CoordinatorError>> {
-    effects.iter().find_map(|e| match e {
-        Effect::Reply { call: c, reply } if *c == call => Some(reply),
-        _ => None,
-    })
-}
-
-/// Two consumers registered, `a` owning both partitions, then `b` warming one of them:
-/// returns the partition being warmed.
-fn handoff_under_way(h: &mut Harness) -> u32 {
-    h.register(1, 11, "a");
-    h.advance(Duration::from_millis(400)); // the first joins settle, then the plan
-    let a = commands(&h.take(), 11);
-    assert!(
-        a.iter().any(|c| matches!(c, Command::Assignment(u) if u.assigned.len() == 2)),
-        "a owns both partitions: {a:?}"
-    );
-    h.register(2, 12, "b");
-    h.advance(Duration::from_millis(10));
-    let b = commands(&h.take(), 12);
-    b.iter()
-        .find_map(|c| match c {
-            Command::Warm(w) => w.partition.as_ref().map(|p| p.partition),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("b is told to warm a partition: {b:?}"))
-}
+use crate::store::{Compare, Op, Txn};
 
 #[test]
 fn a_register_is_written_with_a_compare_and_answered_with_its_snapshot() {
@@ -242,17 +54,6 @@ fn a_ready_commits_and_the_new_owner_hears_assigned_before_the_old_owner_hears_i
     let released = order.iter().position(|(s, c)| *s == 11 && matches!(c, Command::Release(_)));
     assert!(assigned.is_some() && released.is_some(), "{order:?}");
     assert!(assigned < released, "the new owner hears first: {order:?}");
-}
-
-/// The revision `txn` compares `key` with.
-fn txn_rev(txn: &Txn, key: &str) -> Revision {
-    txn.compares
-        .iter()
-        .find_map(|c| match c {
-            Compare::ModRevision(k, r) if k == key => Some(*r),
-            _ => None,
-        })
-        .unwrap_or(-1)
 }
 
 #[test]
@@ -358,4 +159,121 @@ fn the_same_inputs_give_the_same_effects() {
         format!("{:?}", h.store.txns)
     };
     assert_eq!(trace(), trace());
+}
+
+#[test]
+fn a_register_whose_caller_went_away_writes_nothing() {
+    let mut h = Harness::new();
+    h.input(Input::StreamClosed { stream: 11 });
+    h.register(1, 11, "a");
+    let effects = h.take();
+    assert!(matches!(reply(&effects, 1), Some(Err(CoordinatorError::Abandoned(_)))), "{effects:?}");
+    assert!(!h.store.kvs.contains_key(&h.keys.consumer("t", "a")), "nothing written");
+}
+
+#[test]
+fn a_registration_the_store_lost_is_written_again_only_where_none_is() {
+    let mut h = Harness::new();
+    h.register(1, 11, "a");
+    let key = h.keys.consumer("t", "a");
+    let before = h.store.kvs.get(&key).map(|kv| kv.value.clone());
+    h.take();
+    lose(&mut h, &key);
+    let (rebind, ok) = h.store.txns.last().expect("written again");
+    assert!(ok);
+    assert_eq!(rebind.compares, vec![Compare::ModRevision(key.clone(), 0)], "compare on absence");
+    assert_eq!(h.store.kvs.get(&key).map(|kv| kv.value.clone()), before, "the same registration");
+    assert!(!h.take().iter().any(|e| matches!(e, Effect::EndStream { .. })), "the stream goes on");
+    with_mutation(Mutation::RebindCompareDropped, || lose(&mut h, &key));
+    let (rebind, _) = h.store.txns.last().expect("written again");
+    assert!(rebind.compares.is_empty(), "the mutation reaches the machine: {rebind:?}");
+}
+
+#[test]
+fn a_delete_the_store_could_not_take_is_tried_again_once_it_answers() {
+    let mut h = Harness::new();
+    h.register(1, 11, "a");
+    h.input(Input::StreamClosed { stream: 11 });
+    let key = h.keys.consumer("t", "a");
+    h.store.down = true;
+    h.advance(Duration::from_secs(11));
+    assert!(h.store.kvs.contains_key(&key), "the store did not answer");
+    h.store.down = false;
+    h.advance(Duration::from_millis(60));
+    assert!(!h.store.kvs.contains_key(&key), "deleted once it answers, without waiting another TTL");
+}
+
+#[test]
+fn a_ready_is_applied_and_told_ahead_of_a_lagging_watch_and_only_once() {
+    let mut h = Harness::new();
+    let partition = handoff_under_way(&mut h);
+    h.store.lagging = Some(Vec::new());
+    // Someone else's write the watch has not brought yet.
+    let elsewhere = Txn::new().then(Op::put("/k/topics/other", b"{}".to_vec()));
+    let (_, batch) = h.store.txn(&elsewhere);
+    h.store.lagging.as_mut().expect("lagging").extend(batch);
+    let ready = Call::PartitionReady { consumer: "b".into(), topic: "t".into(), partition };
+    h.input(Input::Call { call: 3, body: ready });
+    let owns = |c: &Command| matches!(c, Command::Assignment(u) if u.assigned.iter().any(|p| p.partition == partition));
+    let told = h.take();
+    assert_eq!(commands(&told, 12).iter().filter(|c| owns(c)).count(), 1, "told at once: {told:?}");
+    let Some(watch) = h.store.watch else { panic!("watching") };
+    for batch in h.store.lagging.take().expect("lagging") {
+        let effects = h.instance.step(h.now, Input::Watched { watch, batch });
+        h.run(effects);
+    }
+    let later = h.take();
+    assert!(!commands(&later, 12).iter().any(owns), "not told again when the watch catches up: {later:?}");
+}
+
+#[test]
+fn a_deregister_that_wants_a_drain_drains_when_another_can_take_over() {
+    let mut h = Harness::new();
+    handoff_under_way(&mut h);
+    h.input(Input::Call { call: 5, body: Call::Deregister { consumer: "a".into(), wants_drain: true } });
+    let effects = h.take();
+    let drain = crate::proto::v1::DeregisterAction::WaitForDrain;
+    assert!(
+        matches!(reply(&effects, 5), Some(Ok(Replied::Deregistered(action))) if *action == drain),
+        "{effects:?}"
+    );
+    let stored = h.store.kvs.get(&h.keys.consumer("t", "a")).expect("still registered");
+    let record: crate::coordinator::handoff_backend::records::ConsumerRecord =
+        crate::coordinator::handoff_backend::records::decode(&stored.key, &stored.value).expect("a record");
+    assert_eq!(record.status, crate::handoff::ConsumerStatus::Draining);
+    h.input(Input::Call { call: 6, body: Call::Deregister { consumer: "nobody".into(), wants_drain: true } });
+    let effects = h.take();
+    assert!(matches!(reply(&effects, 6), Some(Err(CoordinatorError::UnknownConsumer(_)))), "{effects:?}");
+}
+
+#[test]
+fn an_epoch_stream_gets_a_snapshot_then_another_when_ownership_changes() {
+    let mut h = Harness::new();
+    let partition = handoff_under_way(&mut h);
+    let watch = Call::WatchEpochs { stream: 21, consumer: "a".into(), topic: "t".into() };
+    h.input(Input::Call { call: 4, body: watch });
+    let snapshots = |effects: &[Effect]| -> Vec<crate::coordinator::EpochsAt> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Epochs { stream: 21, epochs } => Some(epochs.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let effects = h.take();
+    assert!(matches!(reply(&effects, 4), Some(Ok(Replied::WatchingEpochs))), "{effects:?}");
+    let first = snapshots(&effects);
+    assert_eq!(first.len(), 1, "{effects:?}");
+    assert_eq!(first[0].partitions.len(), 2, "a owns both: {first:?}");
+    assert!(first[0].partitions.iter().all(|p| p.epoch > 0 && !p.warming));
+    let ready = Call::PartitionReady { consumer: "b".into(), topic: "t".into(), partition };
+    h.input(Input::Call { call: 3, body: ready });
+    let next = snapshots(&h.take());
+    assert_eq!(next.len(), 1);
+    assert!(
+        next[0].partitions.iter().all(|p| p.partition != partition),
+        "the moved partition is gone: {next:?}"
+    );
+    assert!(next[0].revision > first[0].revision);
 }

@@ -12,17 +12,23 @@ use std::time::Duration;
 use super::{Instance, Waiting, expect};
 use crate::coordinator::handoff_backend::leader::election::resignation_txn;
 use crate::coordinator::handoff_backend::records::{ConsumerRecord, decode, encode};
-use crate::coordinator::handoff_backend::register::{active_record, held};
+use crate::coordinator::handoff_backend::register::{active_record, held, registrations_of};
 use crate::coordinator::handoff_backend::state::Cache;
 use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply, StoreRequest};
 use crate::coordinator::shared::cas::create_bound_txn;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
-use crate::coordinator::shared::mirror::{Changes, MirrorCache};
+use crate::coordinator::shared::mirror::{Changes, MirrorCache, apply_watched};
+use crate::coordinator::shared::registrar::Held;
 use crate::coordinator::shared::streams::{StreamKey, replaced_error};
+use crate::coordinator::shared::upkeep::Chore;
 use crate::coordinator::shared::upkeep::stale_fence_due;
 use crate::coordinator::{CoordinatorError, StreamEnd};
 use crate::store::{Compare, Op, StoreError, Txn, WatchBatch};
+
+/// The first wait before a failed delete of an ended stream's registration is tried again
+/// (doubling up to the TTL).
+const UNREGISTER_BACKOFF: Micros = 50_000;
 
 /// How long a failed re-read waits before it is tried again.
 const REREAD_AFTER: Micros = 100_000;
@@ -44,10 +50,18 @@ impl Instance {
             Ok(snapshot) => snapshot,
             Err(_) => {
                 self.stale_since.get_or_insert(self.now);
+                let _ = self.sweeper.health(false, self.instant(self.now));
                 self.reread_at = Some(self.now + REREAD_AFTER);
                 return;
             }
         };
+        if let Some(cache) = &self.cache
+            && snapshot.revision < cache.revision.max(self.ahead)
+        {
+            // Older than what the cache holds (an own write applied meanwhile): taking it
+            // would move the consumers back. Read again.
+            return self.reread();
+        }
         let from = snapshot.revision + 1;
         let mut fresh = Cache::from_snapshot(&self.keys, snapshot);
         let changes = match self.cache.take() {
@@ -58,6 +72,7 @@ impl Instance {
             None => Changes::default(),
         };
         self.cache = Some(fresh);
+        let _ = self.sweeper.health(true, self.instant(self.now));
         self.stale_since = None;
         self.stale_fenced = false;
         self.leader.dirty = true;
@@ -81,14 +96,12 @@ impl Instance {
             return;
         }
         let Some(cache) = self.cache.as_mut() else { return };
-        if batch.revision <= cache.revision {
+        // A progress mark, or a revision already applied as an own write.
+        if batch.events.is_empty() || batch.revision <= cache.revision {
             return;
         }
         let mut changes = Changes::default();
-        for event in batch.events {
-            cache.apply(&self.keys, event, &mut changes);
-        }
-        cache.set_revision(batch.revision);
+        apply_watched(cache, &self.keys, batch.revision, batch.events, self.ahead, &mut changes);
         self.relay(&changes);
     }
 
@@ -101,6 +114,7 @@ impl Instance {
         self.watch = None;
         self.interruptions += 1;
         self.stale_since.get_or_insert(self.now);
+        let _ = self.sweeper.health(false, self.instant(self.now));
         self.leader.dirty = true;
         self.reread();
     }
@@ -151,7 +165,41 @@ impl Instance {
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
             }
         }
+        let retries: Vec<StreamKey> =
+            self.unregistering.iter().filter(|(_, (at, _))| now >= *at).map(|(key, _)| key.clone()).collect();
+        for key in retries {
+            if let Some((at, _)) = self.unregistering.get_mut(&key) {
+                *at = Micros::MAX; // in flight
+            }
+            let record_key = self.keys.consumer(&key.0, &key.1);
+            self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
+        }
+        self.sweep();
         self.rebind_lost();
+    }
+
+    /// The sweep, a safety net: a registration naming this instance that no stream here
+    /// holds, still found a TTL and a half later, is deleted if it is still that one.
+    fn sweep(&mut self) {
+        let Some(cache) = self.cache.as_ref() else { return };
+        let at = self.instant(self.now);
+        let (streams, departures, instance) = (&self.streams, &self.departures, &self.config.instance_id);
+        let holds = |key: &StreamKey| {
+            departures.contains(key)
+                || streams.get(&(key.0.clone(), key.1.clone())).is_some_and(|s| s.registration == key.2)
+        };
+        let found = || {
+            registrations_of(cache, instance)
+                .into_iter()
+                .filter(|key| !holds(key) && held(cache, key) == Held::ForTtl)
+                .collect()
+        };
+        for chore in self.sweeper.sweep_due(at, found) {
+            if let Chore::Sweep(key) = chore {
+                let record_key = self.keys.consumer(&key.0, &key.1);
+                self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
+            }
+        }
     }
 
     /// The registration `key` of an ended stream: read, then deleted if it is still that
@@ -162,14 +210,25 @@ impl Instance {
         deleting: Option<Txn>,
         answer: Result<StoreReply, StoreError>,
     ) {
-        let retry_later = |me: &mut Self, key: StreamKey| me.depart(key, 0);
+        // Retried with backoff while the store is out of reach, as the loop's
+        // `unregister_retrying`: a registration left behind would keep its partitions.
+        let retry_later = |me: &mut Self, key: StreamKey| {
+            let backoff = me
+                .unregistering
+                .get(&key)
+                .map_or(UNREGISTER_BACKOFF, |(_, b)| (*b * 2).min(me.config.lease_ttl_micros()));
+            me.unregistering.insert(key, (me.now + backoff, backoff));
+        };
         match (deleting, answer) {
             (None, Ok(StoreReply::Values(mut records))) => {
-                let Some(Some(kv)) = records.pop() else { return };
-                let ours = decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0);
-                if !ours {
+                let found = records.pop().flatten();
+                let Some(kv) = found.filter(|kv| {
+                    decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
+                }) else {
+                    // Gone, or another registration's now: nothing of this one to delete.
+                    self.unregistering.remove(&key);
                     return;
-                }
+                };
                 let txn = Txn::new()
                     .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
                     .then(Op::delete(&kv.key));
@@ -180,7 +239,9 @@ impl Instance {
                 let record_key = self.keys.consumer(&key.0, &key.1);
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
             }
-            (Some(_), Ok(StoreReply::Txn(_))) => {}
+            (Some(_), Ok(StoreReply::Txn(_))) => {
+                self.unregistering.remove(&key);
+            }
             (_, _) => retry_later(self, key),
         }
     }
@@ -211,11 +272,15 @@ impl Instance {
                 continue;
             }
             let Some(lease) = self.lease.live().filter(|_| !rebinding) else { continue };
+            let mut kept = None;
             if let Some(stream) = self.streams.get_mut(&(key.0.clone(), key.1.clone())) {
                 stream.rebinding = true;
+                kept = stream.kept.as_ref().map(|(_, record)| record.clone());
             }
             let record_key = self.keys.consumer(&key.0, &key.1);
-            let record = encode(&active_record(&self.config, &key.1, key.2, 0));
+            // As the record said when this instance last saw it (a draining consumer still
+            // drains), else as a fresh registration.
+            let record = kept.unwrap_or_else(|| encode(&active_record(&self.config, &key.1, key.2, 0)));
             let txn = create_bound_txn(&record_key, record, lease);
             self.request(StoreRequest::Txn(txn), Waiting::Rebind(key));
         }
@@ -301,10 +366,13 @@ impl Instance {
             .filter(|_| !self.stale_fenced)
             .map(|since| since + fence_after(Duration::from_micros(ttl)).as_micros() as Micros);
         let lost = self.streams.values().filter_map(|s| s.lost_since.map(|since| since + ttl));
-        [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale]
+        let sweep = Some(micros(self.sweeper.next_sweep()));
+        let retries = self.unregistering.values().map(|(at, _)| *at).filter(|at| *at != Micros::MAX);
+        [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale, sweep]
             .into_iter()
             .flatten()
             .chain(lost)
+            .chain(retries)
             .min()
     }
 }

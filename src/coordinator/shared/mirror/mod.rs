@@ -13,8 +13,10 @@
 //! is the backend's business ([`MirrorCache`]).
 
 mod follower;
+mod own;
 
 pub use follower::Follower;
+pub use own::{OwnFit, apply_ahead, apply_watched, own_batch, own_write_fits};
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -44,52 +46,6 @@ pub struct Versioned<T> {
     pub value: T,
     /// Its mod revision.
     pub mod_revision: Revision,
-}
-
-/// What the watch will deliver for a transaction of `ops` that this instance committed at
-/// `revision`: its changes under `prefix`, to [`Mirror::offer`]. `None` without a put: a
-/// transaction of deletes alone may change nothing, and then `revision` is not its own.
-///
-/// A put's `create_revision` is unknown when the key existed before, so it is set to
-/// `revision`: offer only records whose cache reads the mod revision alone.
-pub fn own_batch(prefix: &str, revision: Revision, ops: &[Op]) -> Option<WatchBatch> {
-    if !ops.iter().any(|op| matches!(op, Op::Put { .. })) {
-        return None;
-    }
-    let events = ops
-        .iter()
-        .filter_map(|op| {
-            let (key, kind) = match op {
-                Op::Put { key, value, session } => {
-                    let kv = KeyValue {
-                        key: key.clone(),
-                        value: value.clone(),
-                        create_revision: revision,
-                        mod_revision: revision,
-                        session: *session,
-                    };
-                    (key, WatchEventKind::Put(kv))
-                }
-                Op::Delete { key } => (key, WatchEventKind::Delete),
-            };
-            key.starts_with(prefix).then(|| WatchEvent { key: key.clone(), revision, kind })
-        })
-        .collect::<Vec<_>>();
-    (!events.is_empty()).then_some(WatchBatch { revision, events })
-}
-
-/// Whether `compares` hold every key `batch` writes at the mod revision `cache` holds for
-/// it: then nothing changed those keys between the cache and the batch's revision.
-fn writes_as_compared<C: MirrorCache>(
-    cache: &C,
-    keys: &C::Keys,
-    batch: &WatchBatch,
-    compares: &[Compare],
-) -> bool {
-    batch.events.iter().all(|event| {
-        let Some(cached) = cache.mod_revision(keys, &event.key) else { return false };
-        compares.iter().any(|c| matches!(c, Compare::ModRevision(k, r) if *k == event.key && *r == cached))
-    })
 }
 
 /// Who one applied batch concerns, per topic: only the consumers whose view it may have
@@ -371,26 +327,26 @@ impl<C: MirrorCache> Mirror<C> {
         let mut changes = Changes::default();
         let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         let revision = batch.revision;
-        if revision == cache.revision() + 1 {
-            // Like a watched revision: a writer of a shared batch may come after another
-            // applied it ahead and a newer write followed on its keys.
-            self.apply_revision(&mut cache, keys, revision, batch.events, &mut changes);
-            // Own writes offered meanwhile that now follow without a gap.
-            self.apply_own(&mut cache, keys, &mut changes);
-            return Some(changes);
-        }
-        if revision > cache.revision() && writes_as_compared(&*cache, keys, &batch, compares) {
-            let watched = cache.revision();
-            for event in batch.events {
-                cache.apply(keys, event, &mut changes);
+        match own_write_fits(&*cache, keys, &batch, compares) {
+            OwnFit::InTurn => {
+                // Like a watched revision: a writer of a shared batch may come after another
+                // applied it ahead and a newer write followed on its keys.
+                self.apply_revision(&mut cache, keys, revision, batch.events, &mut changes);
+                // Own writes offered meanwhile that now follow without a gap.
+                self.apply_own(&mut cache, keys, &mut changes);
+                Some(changes)
             }
-            cache.set_revision(watched);
-            self.ahead.fetch_max(revision, Ordering::SeqCst);
-            return Some(changes);
+            OwnFit::Ahead => {
+                apply_ahead(&mut *cache, keys, batch, &mut changes);
+                self.ahead.fetch_max(revision, Ordering::SeqCst);
+                Some(changes)
+            }
+            OwnFit::Later => {
+                drop(cache);
+                self.offer(batch);
+                None
+            }
         }
-        drop(cache);
-        self.offer(batch);
-        None
     }
 
     /// Applies the offered own writes that follow the cache's revision without a gap,
@@ -422,14 +378,7 @@ impl<C: MirrorCache> Mirror<C> {
         events: Vec<WatchEvent>,
         changes: &mut Changes,
     ) {
-        let ahead = self.ahead.load(Ordering::SeqCst) >= revision;
-        for event in events {
-            if ahead && cache.mod_revision(keys, &event.key).is_some_and(|held| held >= revision) {
-                continue;
-            }
-            cache.apply(keys, event, changes);
-        }
-        cache.set_revision(cache.revision().max(revision));
+        apply_watched(cache, keys, revision, events, self.ahead.load(Ordering::SeqCst), changes);
     }
 
     /// The newest revision the cache holds a change of: its revision, or an own write
