@@ -99,9 +99,8 @@ pub struct SimConfig {
     /// whether or not the request took effect), as a driver with a call budget does.
     pub lost_answers_vanish: bool,
     /// Whether an instance's store answers may arrive in another order than the store
-    /// served its requests in. Off by default: a re-read answered after the instance's own
-    /// later write regresses its cache (an open bug of the machine: a stream is told to
-    /// warm a partition it was told it owns; seed 64 shows it).
+    /// served its requests in (off by default: one ordered connection; the mutation table
+    /// in docs/simulation.md was measured so).
     pub answers_reorder: bool,
 }
 

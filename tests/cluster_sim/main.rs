@@ -163,17 +163,6 @@ fn mutation_stale_relay_not_fenced() {
     finds(Mutation::StaleRelayNotFenced);
 }
 
-/// Open bug of the machine, steered around by default (`docs/simulation.md`): a re-read
-/// answered after the instance's own later write regresses its cache. Run with
-/// `--ignored`; it fails once the bug is fixed (then drop the switch and this test).
-#[test]
-#[ignore = "an open bug of the machine, shown on demand"]
-fn open_bug_a_late_reread_regresses_the_cache() {
-    let config = SimConfig { answers_reorder: true, ..SimConfig::default() };
-    let failure = sim::run(64, &config).expect_err("seed 64 no longer shows the bug");
-    assert_eq!(failure.violation.invariant, sim::Invariant::Contradiction, "{failure}");
-}
-
 /// Open bug of the machine (`docs/simulation.md`): registration ids repeat after a restart
 /// under the same instance id. Run with `--ignored`.
 #[test]
