@@ -19,6 +19,8 @@
 //!   reconcile), `coordinator/fleet_backend/` (lease claiming) and
 //!   `coordinator/static_backend/` (fixed partitions).
 //! * [`backend`] — builds the coordinator and store that the `serve` flags ask for.
+//! * [`sim`] — the deterministic whole-cluster simulation: instance states over a model
+//!   of etcd, consumer models and faults, on a virtual clock, from a seed.
 //! * [`server`] — the tonic service, health and reflection, the admin HTTP server.
 //! * [`kafka`] — partition counts from Kafka's topic metadata (librdkafka).
 //! * [`config`] — flags and environment of `kafka-assigner serve`.
@@ -58,6 +60,7 @@ pub mod kafka_load;
 pub mod metrics;
 pub mod mutation;
 pub mod server;
+pub mod sim;
 pub mod status;
 pub mod store;
 pub mod testing;

@@ -38,6 +38,8 @@ pub use handoff_backend::{HandoffConfig, HandoffCoordinator, records};
 pub use shared::instance::StoreCoordinator;
 pub use shared::topics::PartitionCounts;
 pub use shared::validate::{validate_consumer_name, validate_topic_name};
+/// The instance lease's periods, for a model of its keeper (`crate::sim`).
+pub use shared::{keep_alive_period, lease::fence_after};
 pub use static_backend::{StaticAssignment, StaticConfig, StaticCoordinator};
 
 use std::{pin::Pin, time::Duration};

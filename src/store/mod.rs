@@ -8,6 +8,8 @@
 //! * [`MemoryStore`] keeps everything in process (demos, tests, single-node use). Its
 //!   session expiry runs on tokio time, so tests with paused time drive it.
 //! * [`EtcdStore`] talks to a real etcd cluster.
+//! * [`StoreModel`] is the same semantics as a plain value with time as an input, for the
+//!   deterministic whole-cluster simulation (`crate::sim`).
 //! * [`FaultyStore`] wraps either to inject faults (lost answers, delays, cut-offs, session
 //!   expiry): a test tool for simulations and fault tests, never used by the service.
 //!
@@ -20,6 +22,7 @@ pub mod etcd_tls;
 mod faulty;
 mod memory;
 mod metered;
+mod model;
 
 pub use causes::{AttemptFailure, InjectedFault, Malformed, Unreachable, WatchBroke};
 pub use etcd::{DEFAULT_REQUEST_TIMEOUT, EtcdStore, EtcdStoreConfig};
@@ -27,6 +30,7 @@ pub use etcd_tls::EtcdSecurity;
 pub use faulty::{AfterStall, FaultStats, FaultyStore, Stall, WrittenTxn};
 pub use memory::MemoryStore;
 pub use metered::MeteredStore;
+pub use model::{StoreModel, WatchCursor};
 
 use std::{fmt, sync::Arc, time::Duration};
 

@@ -1,0 +1,827 @@
+//! The cluster: the event queue, the instances and their network to the store model, and
+//! the run loop. Consumers and scheduled actions are in `actors.rs`, the checks after
+//! every step in `checks.rs`.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::Duration;
+
+use super::consumer::{ConsumerModel, Todo};
+use super::instance::Machine;
+use super::lease::{Keeper, KeeperAsk};
+use super::schedule::{Action, Kind, Schedule};
+use super::truth::Truth;
+use super::{Failure, Outcome, Rng, SimConfig, Trace, Violation};
+use crate::coordinator::machine::io::{
+    CallId, Effect, Input, Micros, RequestId, StoreReply, StoreRequest, StreamId,
+};
+use crate::coordinator::records::Keys;
+use crate::proto::v1::AssignmentCommand;
+use crate::store::{
+    InjectedFault, Revision, SessionId, StoreError, StoreModel, Unreachable, WatchBatch, WatchCursor,
+};
+
+/// The wall clock the instances see at virtual time 0 (µs since the Unix epoch): epochs
+/// are built from it, so it is a plausible present.
+pub(super) const BASE: Micros = 1_760_000_000_000_000;
+
+/// The one topic.
+pub(super) const TOPIC: &str = "events";
+
+/// The key prefix.
+pub(super) const PREFIX: &str = "/sim/";
+
+/// How long the driver waits for a store answer before it reports a timeout (µs).
+const CALL_BUDGET: u64 = 500_000;
+
+/// The most an instance's clock is off the virtual time (µs): clocks disagree a little,
+/// which the epochs' floor must cover.
+const MAX_SKEW: u64 = 50_000;
+
+/// Events handled per schedule before it counts as spinning.
+const MAX_EVENTS: u64 = 2_000_000;
+
+/// Something that happens at a virtual time.
+#[derive(Clone, Debug)]
+pub(crate) enum Ev {
+    /// A scheduled action.
+    Act(Action),
+    /// The faults stop; every consumer comes back.
+    Quiet,
+    /// An input reaches an instance (of generation `life`: a restarted one ignores the old).
+    Input { node: usize, life: u32, input: Input },
+    /// An instance's `WakeAt`.
+    Timer { node: usize, life: u32, at: Micros },
+    /// A store request reaches the store.
+    Arrive { node: usize, life: u32, request: RequestId, op: StoreRequest },
+    /// A watch's pending revisions reach its instance.
+    Pump { node: usize, life: u32, watch: RequestId },
+    /// A quiet watch's progress mark is due.
+    Progress { node: usize, life: u32 },
+    /// Sessions may have expired.
+    StoreTick,
+    /// A lease keeper's wake.
+    KeeperWake { node: usize, life: u32, at: u64 },
+    /// A keeper's request reaches the store.
+    KeeperArrive { node: usize, life: u32, token: u64, ask: KeeperAsk },
+    /// The store's answer reaches a keeper.
+    KeeperAnswer { node: usize, life: u32, token: u64, answer: Result<Option<SessionId>, StoreError> },
+    /// A command reaches a consumer.
+    Told { consumer: usize, node: usize, stream: StreamId, command: AssignmentCommand },
+    /// A consumer's stream ended (`clean`: drained, without an error).
+    Ended { consumer: usize, node: usize, stream: StreamId, clean: bool },
+    /// A call's answer reaches its consumer.
+    Replied { consumer: usize, node: usize, stream: StreamId, call: CallKind, ok: Result<bool, ()> },
+    /// A consumer registers (a new incarnation when `restart`).
+    Register { consumer: usize, restart: bool },
+    /// A consumer acts on a warm or a release.
+    Answer { consumer: usize, node: usize, stream: StreamId, todo: Todo },
+    /// The store's outage ends.
+    OutageEnd,
+    /// A paused consumer's pause ends: what waited in its inbox is handled.
+    Resume { consumer: usize },
+}
+
+/// An event on the queue, ordered by (time, sequence number) alone: the order it was
+/// queued in breaks ties, so the run does not depend on anything else.
+pub(crate) struct Queued {
+    at: u64,
+    seq: u64,
+    /// Boxed: the heap moves entries as it sifts, and an event is large.
+    event: Box<Ev>,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// What a consumer called, so its answer finds its way back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum CallKind {
+    /// `Register` of the stream.
+    Register,
+    /// `PartitionReady` / `PartitionReleased`.
+    Answer(Todo),
+    /// `Deregister`, draining or not.
+    Deregister(bool),
+}
+
+/// One instance: its state (while running), its lease keeper and its network.
+pub(super) struct Node {
+    /// Its id (the leader key's value when it leads).
+    pub id: String,
+    /// Its state, while it runs.
+    pub machine: Option<Machine>,
+    /// Bumped at every crash and start: events of an earlier life are dropped.
+    pub life: u32,
+    pub keeper: Keeper,
+    pub keeper_wake_at: Option<u64>,
+    /// Its current watch, the id of the request that started it.
+    pub watch: Option<(RequestId, WatchCursor)>,
+    pub pump_pending: bool,
+    /// The instance's connection is cut off from the store until then (virtual µs).
+    pub cut_until: u64,
+    /// The lease keeper's own connection is cut off until then.
+    pub keeper_cut_until: u64,
+    /// When its last store answer arrives (answers keep the order the store served them
+    /// in, unless `SimConfig::answers_reorder`).
+    pub answer_clock: u64,
+    /// How far its clock is off the virtual time (µs), drawn at each start.
+    pub skew: i64,
+    /// Its `WakeAt`.
+    pub wake: Option<Micros>,
+    /// Open streams (from the instance's side) → consumer.
+    pub streams: BTreeMap<StreamId, usize>,
+    /// Calls in flight → (consumer, the instance and stream it reads, what).
+    pub calls: BTreeMap<CallId, (usize, usize, StreamId, CallKind)>,
+    pub next_stream: StreamId,
+    pub next_call: CallId,
+    /// When each stream's last command reaches its consumer (commands stay in order).
+    pub stream_clock: BTreeMap<StreamId, u64>,
+    pub leading: bool,
+}
+
+/// The whole simulated cluster.
+pub(super) struct Cluster {
+    pub seed: u64,
+    pub config: SimConfig,
+    pub kind: Kind,
+    pub rng: Rng,
+    pub now: u64,
+    queue: BinaryHeap<Reverse<Queued>>,
+    seq: u64,
+    pub store: StoreModel,
+    pub keys: Keys,
+    pub truth: Truth,
+    truth_cursor: WatchCursor,
+    pub nodes: Vec<Node>,
+    pub consumers: Vec<ConsumerModel>,
+    pub trace: Trace,
+    pub outcome: Outcome,
+    pub outage_until: u64,
+    pub lossy_until: u64,
+    pub schedule: Schedule,
+    pub quiet: bool,
+    store_tick_at: Option<u64>,
+    /// Bookkeeping of the checks (`checks.rs`).
+    pub checks: super::checks::CheckState,
+}
+
+impl Cluster {
+    /// A cluster for `seed`; `keep` lines of step text when recording.
+    pub fn new(seed: u64, config: &SimConfig, keep: Option<usize>) -> Self {
+        let mut rng = Rng::new(seed);
+        let kind = Kind::of(seed);
+        let schedule = Schedule::draw(kind, config, &mut rng);
+        let store = StoreModel::new();
+        let truth_cursor = store.watch(PREFIX, 0).unwrap_or(WatchCursor { prefix: PREFIX.into(), next: 2 });
+        let nodes = (0..config.instances)
+            .map(|i| Node {
+                id: format!("i{i}"),
+                machine: None,
+                life: 0,
+                keeper: Keeper::new(config.ttl, BASE),
+                keeper_wake_at: None,
+                watch: None,
+                pump_pending: false,
+                cut_until: 0,
+                keeper_cut_until: 0,
+                answer_clock: 0,
+                skew: 0,
+                wake: None,
+                streams: BTreeMap::new(),
+                calls: BTreeMap::new(),
+                next_stream: 1,
+                next_call: 1,
+                stream_clock: BTreeMap::new(),
+                leading: false,
+            })
+            .collect();
+        let consumers = (0..config.consumers).map(|c| ConsumerModel::new(format!("c{c}"), 0)).collect();
+        let mut cluster = Self {
+            seed,
+            config: config.clone(),
+            kind,
+            rng,
+            now: 0,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            store,
+            keys: Keys::new(PREFIX),
+            truth: Truth::default(),
+            truth_cursor,
+            nodes,
+            consumers,
+            trace: Trace::new(keep),
+            outcome: Outcome::default(),
+            outage_until: 0,
+            lossy_until: 0,
+            schedule,
+            quiet: false,
+            store_tick_at: None,
+            checks: Default::default(),
+        };
+        for node in 0..config.instances {
+            cluster.start_instance(node);
+        }
+        for (at, action) in cluster.schedule.actions.clone() {
+            cluster.push(at, Ev::Act(action));
+        }
+        cluster.push(cluster.schedule.quiet_at, Ev::Quiet);
+        cluster
+    }
+
+    /// Runs to convergence or the first broken invariant.
+    pub fn run(mut self) -> Result<Outcome, Box<Failure>> {
+        while let Some(Reverse(Queued { at, event, .. })) = self.queue.pop() {
+            self.now = at;
+            self.outcome.steps += 1;
+            let result = self.handle(*event).and_then(|()| self.check());
+            if let Err(violation) = result {
+                return Err(self.failure(violation));
+            }
+            if self.checks.converged_at.is_some() {
+                break;
+            }
+            if self.outcome.steps > MAX_EVENTS {
+                let detail = format!("{MAX_EVENTS} events without converging: the cluster spins");
+                return Err(self.failure(Violation::new(super::Invariant::Converged, detail)));
+            }
+        }
+        if self.checks.converged_at.is_none() {
+            let detail = "the event queue ran dry before the cluster converged";
+            return Err(self.failure(Violation::new(super::Invariant::Converged, detail)));
+        }
+        self.outcome.trace_hash = self.trace.hash();
+        self.outcome.revisions = self.store.revision();
+        self.outcome.plan_moves = self.truth.plan_moves;
+        self.outcome.epoch_checks = self.truth.epoch_checks;
+        Ok(self.outcome)
+    }
+
+    fn failure(&self, violation: Violation) -> Box<Failure> {
+        Box::new(Failure {
+            seed: self.seed,
+            kind: self.kind,
+            violation,
+            at: self.now,
+            last_steps: self.trace.lines(),
+        })
+    }
+
+    /// Queues `event` at virtual time `at` (never before now).
+    pub fn push(&mut self, at: u64, event: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse(Queued { at: at.max(self.now), seq: self.seq, event: Box::new(event) }));
+    }
+
+    /// Queues `event` after `delay` µs.
+    pub fn after(&mut self, delay: u64, event: Ev) {
+        self.push(self.now + delay, event);
+    }
+
+    /// Instance `node`'s clock now: the virtual time, off by the node's skew.
+    pub fn wall(&self, node: usize) -> Micros {
+        (BASE + self.now).saturating_add_signed(self.nodes[node].skew)
+    }
+
+    /// The virtual time at which `node`'s clock shows `wall`.
+    fn virtual_at(&self, node: usize, wall: Micros) -> u64 {
+        wall.saturating_add_signed(-self.nodes[node].skew).saturating_sub(BASE)
+    }
+
+    fn store_now(&self) -> Duration {
+        Duration::from_micros(self.now)
+    }
+
+    /// Whether the store can be reached from `node` now.
+    pub fn reachable(&self, node: usize) -> bool {
+        self.now >= self.outage_until && self.now >= self.nodes[node].cut_until
+    }
+
+    /// Whether `node`'s lease keeper reaches the store now (it has a connection of its own).
+    pub fn keeper_reachable(&self, node: usize) -> bool {
+        self.now >= self.outage_until && self.now >= self.nodes[node].keeper_cut_until
+    }
+
+    /// A network delay: mostly short, sometimes long.
+    pub fn delay(&mut self) -> u64 {
+        if self.rng.percent(90) { 100 + self.rng.below(2_000) } else { 2_000 + self.rng.below(60_000) }
+    }
+
+    /// Whether an answer is lost now.
+    fn lost(&mut self) -> bool {
+        !self.quiet && self.now < self.lossy_until && self.rng.percent(20)
+    }
+
+    fn handle(&mut self, event: Ev) -> Result<(), Violation> {
+        self.trace.mix(&[self.now, tag(&event)]);
+        if self.trace.recording() {
+            let (now, line) = (self.now, format!("{event:?}"));
+            self.trace.line(|| format!("{:>10.6} {line}", now as f64 / 1e6));
+        }
+        match event {
+            Ev::Act(action) => self.act(action),
+            Ev::Quiet => self.go_quiet(),
+            Ev::Input { node, life, input } => {
+                if self.nodes[node].life == life {
+                    if let Input::StreamClosed { stream } = &input {
+                        // From now on the instance knows: its side of the stream is closed.
+                        self.nodes[node].streams.remove(stream);
+                        self.nodes[node].stream_clock.remove(stream);
+                    }
+                    self.step(node, input)?;
+                }
+                Ok(())
+            }
+            Ev::Timer { node, life, at } => {
+                if self.nodes[node].life == life && self.nodes[node].wake == Some(at) {
+                    self.nodes[node].wake = None;
+                    self.step(node, Input::TimerFired)?;
+                }
+                Ok(())
+            }
+            Ev::Arrive { node, life, request, op } => self.arrive(node, life, request, op),
+            Ev::Pump { node, life, watch } => self.pump(node, life, watch),
+            Ev::Progress { node, life } => self.progress(node, life),
+            Ev::StoreTick => {
+                self.store_tick_at = None;
+                if self.now >= self.outage_until {
+                    self.sync_truth(None)?;
+                }
+                Ok(())
+            }
+            Ev::KeeperWake { node, life, at } => {
+                if self.nodes[node].life == life && self.nodes[node].keeper_wake_at == Some(at) {
+                    self.nodes[node].keeper_wake_at = None;
+                    self.keeper_wake(node)?;
+                }
+                Ok(())
+            }
+            Ev::KeeperArrive { node, life, token, ask } => self.keeper_arrive(node, life, token, ask),
+            Ev::KeeperAnswer { node, life, token, answer } => {
+                if self.nodes[node].life != life || self.nodes[node].machine.is_none() {
+                    return Ok(());
+                }
+                let wall = self.wall(node);
+                if let Some(state) = self.nodes[node].keeper.answered(wall, token, answer) {
+                    self.step(node, Input::Lease(state))?;
+                }
+                self.schedule_keeper(node);
+                Ok(())
+            }
+            Ev::Resume { consumer } => self.resume(consumer),
+            event @ (Ev::Told { .. }
+            | Ev::Ended { .. }
+            | Ev::Replied { .. }
+            | Ev::Register { .. }
+            | Ev::Answer { .. }) => self.handle_for_consumer(event),
+            Ev::OutageEnd => {
+                let now = self.store_now();
+                self.store.renew_all_sessions(now);
+                self.wake_watches();
+                Ok(())
+            }
+        }
+    }
+
+    /// An event for a consumer.
+    pub(super) fn handle_for_consumer(&mut self, event: Ev) -> Result<(), Violation> {
+        match event {
+            Ev::Told { consumer, node, stream, command } => self.told(consumer, node, stream, command),
+            Ev::Ended { consumer, node, stream, clean } => self.ended(consumer, node, stream, clean),
+            Ev::Replied { consumer, node, stream, call, ok } => {
+                self.replied(consumer, node, stream, call, ok)
+            }
+            Ev::Register { consumer, restart } => self.register(consumer, restart),
+            Ev::Answer { consumer, node, stream, todo } => self.answer(consumer, node, stream, todo),
+            _ => Ok(()),
+        }
+    }
+
+    /// Starts instance `node` as a fresh state.
+    pub fn start_instance(&mut self, node: usize) {
+        self.nodes[node].skew = self.rng.below(2 * MAX_SKEW) as i64 - MAX_SKEW as i64;
+        let wall = self.wall(node);
+        let life = self.nodes[node].life + 1;
+        // `same_id_on_restart` off: each life takes a new id (`i0.2`), as a pod with a
+        // generated name does; on: a restart keeps its id, as a StatefulSet's pod does, and
+        // only the life's nonce keeps its registration ids apart from the previous life's.
+        if !self.config.same_id_on_restart && life > 1 {
+            self.nodes[node].id = format!("i{node}.{life}");
+        }
+        // Distinct for every life of every node, and drawn from no generator, so the
+        // schedule's random stream is the same whatever the machine does with it.
+        let nonce = ((node as u64) << 32) | u64::from(life);
+        let (machine, effects) = Machine::new(&self.config, &self.nodes[node].id, nonce, wall);
+        let n = &mut self.nodes[node];
+        n.life = life;
+        n.machine = Some(machine);
+        n.keeper = Keeper::new(self.config.ttl, wall);
+        n.keeper_wake_at = None;
+        n.watch = None;
+        n.pump_pending = false;
+        n.wake = None;
+        n.leading = false;
+        for effect in effects {
+            // Applying effects breaks no invariant by itself (the checks run after the step).
+            let _ = self.apply(node, effect);
+        }
+        self.schedule_keeper(node);
+        let life = self.nodes[node].life;
+        let every = self.config.ttl.as_micros() as u64 / 4;
+        self.after(every, Ev::Progress { node, life });
+    }
+
+    /// Stops instance `node` as a crash: nothing more comes from it, its streams break.
+    pub fn crash_instance(&mut self, node: usize) {
+        let Some(mut machine) = self.nodes[node].machine.take() else { return };
+        let wall = self.wall(node);
+        let _ = machine.step(wall, Input::Stop(crate::coordinator::machine::io::Stop::Crash));
+        let n = &mut self.nodes[node];
+        n.life += 1;
+        n.watch = None;
+        n.wake = None;
+        n.leading = false;
+        n.calls.clear();
+        let streams: Vec<(StreamId, usize)> = std::mem::take(&mut n.streams).into_iter().collect();
+        for (stream, consumer) in streams {
+            let delay = self.delay();
+            self.after(delay, Ev::Ended { consumer, node, stream, clean: false });
+        }
+    }
+
+    /// One step of instance `node`'s state, and its effects applied.
+    pub fn step(&mut self, node: usize, input: Input) -> Result<(), Violation> {
+        let wall = self.wall(node);
+        let Some(machine) = self.nodes[node].machine.as_mut() else { return Ok(()) };
+        if self.trace.recording() {
+            let line = format!("  i{node} <- {input:?}");
+            self.trace.line(|| line);
+        }
+        let effects = machine.step(wall, input);
+        self.outcome.machine_steps += 1;
+        self.trace.mix(&[node as u64, effects.len() as u64]);
+        for effect in effects {
+            self.apply(node, effect)?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, node: usize, effect: Effect) -> Result<(), Violation> {
+        if self.trace.recording() {
+            let line = format!("  i{node} -> {effect:?}");
+            self.trace.line(|| line);
+        }
+        let life = self.nodes[node].life;
+        match effect {
+            Effect::Store { request, op } => {
+                self.trace.mix(&[1, request]);
+                let delay = self.delay();
+                self.after(delay, Ev::Arrive { node, life, request, op });
+            }
+            Effect::Command { stream, command } => {
+                self.trace.mix(&[2, stream]);
+                let Some(&consumer) = self.nodes[node].streams.get(&stream) else { return Ok(()) };
+                let delay = self.delay();
+                let at = self.in_order(node, stream, delay);
+                self.push(at, Ev::Told { consumer, node, stream, command });
+            }
+            Effect::Epochs { stream, epochs } => {
+                self.trace.mix(&[3, stream, epochs.revision]);
+            }
+            Effect::Reply { call, reply } => {
+                self.trace.mix(&[4, call, u64::from(reply.is_ok())]);
+                let Some((consumer, own, stream, kind)) = self.nodes[node].calls.remove(&call) else {
+                    return Ok(());
+                };
+                let ok = match &reply {
+                    Ok(crate::coordinator::machine::io::Replied::Deregistered(action)) => {
+                        Ok(*action == crate::proto::v1::DeregisterAction::WaitForDrain)
+                    }
+                    Ok(_) => Ok(true),
+                    Err(_) => Err(()),
+                };
+                let delay = self.delay();
+                self.after(delay, Ev::Replied { consumer, node: own, stream, call: kind, ok });
+            }
+            Effect::EndStream { stream, reason, error } => {
+                self.trace.mix(&[5, stream, u64::from(error.is_some())]);
+                let _ = reason;
+                if let Some(consumer) = self.nodes[node].streams.remove(&stream) {
+                    let delay = self.delay();
+                    let at = self.in_order(node, stream, delay);
+                    self.push(at, Ev::Ended { consumer, node, stream, clean: error.is_none() });
+                }
+                self.nodes[node].stream_clock.remove(&stream);
+            }
+            Effect::WakeAt(at) => {
+                self.trace.mix(&[6, at]);
+                self.nodes[node].wake = Some(at);
+                let when = self.virtual_at(node, at);
+                self.push(when, Ev::Timer { node, life, at });
+            }
+            Effect::Ready(ready) => self.trace.mix(&[7, u64::from(ready)]),
+            Effect::Leading(leading) => {
+                self.trace.mix(&[8, u64::from(leading)]);
+                self.nodes[node].leading = leading;
+            }
+            Effect::KeepLeaseAliveNow => {
+                self.trace.mix(&[9]);
+                let wall = self.wall(node);
+                self.nodes[node].keeper.check_now(wall);
+                self.schedule_keeper(node);
+            }
+            Effect::LookUpPartitions { request, topic } => {
+                self.trace.mix(&[10, request]);
+                let answer = if topic == TOPIC {
+                    Ok(self.config.partitions)
+                } else {
+                    Err(crate::coordinator::CoordinatorError::UnknownTopic(
+                        crate::coordinator::causes::TopicUnknown::NotConfigured { topic },
+                    ))
+                };
+                let delay = self.delay();
+                self.after(delay, Ev::Input { node, life, input: Input::PartitionCount { request, answer } });
+            }
+        }
+        Ok(())
+    }
+
+    /// When a message sent on `stream` now, `delay` µs late, arrives: never before the
+    /// stream's previous one.
+    fn in_order(&mut self, node: usize, stream: StreamId, delay: u64) -> u64 {
+        let at = self.now + delay;
+        let clock = self.nodes[node].stream_clock.entry(stream).or_insert(0);
+        *clock = (*clock).max(at);
+        *clock
+    }
+
+    /// A store request reaches the store: applied, and its answer sent back (or lost).
+    fn arrive(
+        &mut self,
+        node: usize,
+        life: u32,
+        request: RequestId,
+        op: StoreRequest,
+    ) -> Result<(), Violation> {
+        if self.nodes[node].life != life {
+            return Ok(());
+        }
+        let answer = if self.reachable(node) {
+            self.sync_truth(None)?;
+            let now = self.store_now();
+            let answer = match op {
+                StoreRequest::Txn(txn) => self.store.txn(now, &txn).map(StoreReply::Txn),
+                StoreRequest::Get(keys) => {
+                    Ok(StoreReply::Values(keys.iter().map(|key| self.store.get(now, key)).collect()))
+                }
+                StoreRequest::GetPrefix(prefix) => {
+                    Ok(StoreReply::Prefix(self.store.get_prefix(now, &prefix)))
+                }
+                StoreRequest::Watch { prefix, from } => match self.store.watch(&prefix, from) {
+                    Ok(cursor) => {
+                        self.nodes[node].watch = Some((request, cursor));
+                        self.nodes[node].pump_pending = false;
+                        self.schedule_pump(node);
+                        Ok(StoreReply::Watching)
+                    }
+                    Err(error) => Err(error),
+                },
+            };
+            self.sync_truth(Some(node))?;
+            answer
+        } else {
+            Err(StoreError::Unavailable(InjectedFault::CutOff { what: "request" }.into()))
+        };
+        if !self.lost() {
+            let mut at = self.now + self.delay();
+            if !self.config.answers_reorder {
+                at = at.max(self.nodes[node].answer_clock);
+                self.nodes[node].answer_clock = at;
+            }
+            let input = Input::StoreAnswer { request, answer };
+            self.push(at, Ev::Input { node, life, input });
+        } else if !self.config.lost_answers_vanish {
+            // The driver's call budget runs out: the instance hears a timeout, whether or
+            // not the request took effect.
+            let error =
+                StoreError::Unavailable(Unreachable::NoAnswer { within: Duration::from_micros(CALL_BUDGET) });
+            let input = Input::StoreAnswer { request, answer: Err(error) };
+            self.after(CALL_BUDGET, Ev::Input { node, life, input });
+        }
+        Ok(())
+    }
+
+    /// Follows the store's new revisions in the truth (`writer`: whose write they are),
+    /// and tells the watches there is something new.
+    pub(super) fn sync_truth(&mut self, writer: Option<usize>) -> Result<(), Violation> {
+        let now = self.store_now();
+        if writer.is_none() && self.now >= self.outage_until {
+            self.store.expire_due(now);
+        }
+        self.schedule_store_tick();
+        if self.truth_cursor.next > self.store.revision() {
+            return Ok(());
+        }
+        let batches = self.store.poll(&mut self.truth_cursor).map_err(|error| {
+            Violation::new(super::Invariant::LegalMove, format!("the truth's own watch failed: {error}"))
+        })?;
+        let id = writer.map(|w| self.nodes[w].id.clone());
+        for batch in &batches {
+            self.trace.mix(&[batch.revision as u64, batch.events.len() as u64]);
+            self.truth.apply(&self.keys, batch, id.as_deref(), self.now)?;
+        }
+        self.wake_watches();
+        Ok(())
+    }
+
+    /// A store tick at the next session deadline, unless one comes earlier.
+    fn schedule_store_tick(&mut self) {
+        if let Some(deadline) = self.store.next_deadline() {
+            let at = deadline.as_micros() as u64;
+            if self.store_tick_at.is_none_or(|t| at < t || t < self.now) {
+                self.store_tick_at = Some(at);
+                self.push(at, Ev::StoreTick);
+            }
+        }
+    }
+
+    /// Every watch that may have something new gets a pump.
+    fn wake_watches(&mut self) {
+        for node in 0..self.nodes.len() {
+            self.schedule_pump(node);
+        }
+    }
+
+    fn schedule_pump(&mut self, node: usize) {
+        let n = &self.nodes[node];
+        let Some((watch, _)) = n.watch.as_ref() else { return };
+        if n.pump_pending || n.machine.is_none() {
+            return;
+        }
+        let (watch, life) = (*watch, n.life);
+        self.nodes[node].pump_pending = true;
+        // Watches lag: mostly a little, sometimes much (a slow connection).
+        let lag = if self.rng.percent(90) { 100 + self.rng.below(3_000) } else { self.rng.below(200_000) };
+        self.after(lag, Ev::Pump { node, life, watch });
+    }
+
+    /// A watch's pending revisions reach its instance, one step each.
+    fn pump(&mut self, node: usize, life: u32, watch: RequestId) -> Result<(), Violation> {
+        let n = &mut self.nodes[node];
+        if n.life != life || n.watch.as_ref().is_none_or(|(id, _)| *id != watch) {
+            return Ok(());
+        }
+        n.pump_pending = false;
+        if !self.reachable(node) {
+            return Ok(()); // a hung connection: nothing, not even an error
+        }
+        let Some((_, cursor)) = self.nodes[node].watch.as_mut() else { return Ok(()) };
+        match self.store.poll(cursor) {
+            Ok(batches) => {
+                for batch in batches {
+                    self.step(node, Input::Watched { watch, batch })?;
+                    if self.nodes[node].watch.as_ref().is_none_or(|(id, _)| *id != watch) {
+                        break; // the instance replaced its watch meanwhile
+                    }
+                }
+            }
+            Err(error) => {
+                self.nodes[node].watch = None;
+                self.step(node, Input::WatchEnded { watch, error })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A quiet, caught-up watch says it is alive.
+    fn progress(&mut self, node: usize, life: u32) -> Result<(), Violation> {
+        if self.nodes[node].life != life {
+            return Ok(());
+        }
+        let every = self.config.ttl.as_micros() as u64 / 4;
+        self.after(every, Ev::Progress { node, life });
+        let revision = self.store.revision();
+        let caught_up =
+            self.nodes[node].watch.as_ref().filter(|(_, cursor)| cursor.next > revision).map(|(id, _)| *id);
+        if let Some(watch) = caught_up
+            && self.reachable(node)
+            && !self.nodes[node].pump_pending
+        {
+            self.step(node, Input::Watched { watch, batch: WatchBatch { revision, events: Vec::new() } })?;
+        }
+        Ok(())
+    }
+
+    /// Ends every watch at once (the store went out, or the watch was cut).
+    pub fn cut_watch(&mut self, node: usize) {
+        let life = self.nodes[node].life;
+        if let Some((watch, _)) = self.nodes[node].watch.take() {
+            let error = StoreError::Unavailable(InjectedFault::CutOff { what: "watch" }.into());
+            let delay = self.delay();
+            self.after(delay, Ev::Input { node, life, input: Input::WatchEnded { watch, error } });
+        }
+    }
+
+    fn keeper_wake(&mut self, node: usize) -> Result<(), Violation> {
+        if self.nodes[node].machine.is_none() {
+            return Ok(());
+        }
+        let wall = self.wall(node);
+        let (report, send) = self.nodes[node].keeper.wake(wall);
+        if let Some(state) = report {
+            self.step(node, Input::Lease(state))?;
+        }
+        if let Some((token, ask)) = send {
+            let (life, delay) = (self.nodes[node].life, self.delay());
+            self.after(delay, Ev::KeeperArrive { node, life, token, ask });
+        }
+        self.schedule_keeper(node);
+        Ok(())
+    }
+
+    pub fn schedule_keeper(&mut self, node: usize) {
+        let n = &self.nodes[node];
+        if n.machine.is_none() {
+            return;
+        }
+        let at = self.virtual_at(node, n.keeper.next_wake()).max(self.now);
+        if n.keeper_wake_at.is_some_and(|t| t <= at) {
+            return;
+        }
+        let life = n.life;
+        self.nodes[node].keeper_wake_at = Some(at);
+        self.push(at, Ev::KeeperWake { node, life, at });
+    }
+
+    fn keeper_arrive(&mut self, node: usize, life: u32, token: u64, ask: KeeperAsk) -> Result<(), Violation> {
+        if self.nodes[node].life != life {
+            return Ok(());
+        }
+        let now = self.store_now();
+        if self.keeper_reachable(node) {
+            // Expiries first, so the truth sees them as the store's own revisions.
+            self.sync_truth(None)?;
+        }
+        let answer = if !self.keeper_reachable(node) {
+            Err(StoreError::Unavailable(InjectedFault::CutOff { what: "request" }.into()))
+        } else {
+            match ask {
+                KeeperAsk::Grant => self.store.grant_session(now, self.config.ttl).map(Some),
+                KeeperAsk::KeepAlive(session) => self.store.keep_alive(now, session).map(|()| None),
+            }
+        };
+        self.schedule_store_tick();
+        if !self.lost() {
+            let delay = self.delay();
+            self.after(delay, Ev::KeeperAnswer { node, life, token, answer });
+        }
+        Ok(())
+    }
+
+    /// The store's current revision.
+    pub fn revision(&self) -> Revision {
+        self.store.revision()
+    }
+}
+
+/// A number per kind of event, for the trace hash.
+fn tag(event: &Ev) -> u64 {
+    match event {
+        Ev::Act(_) => 1,
+        Ev::Quiet => 2,
+        Ev::Input { node, .. } => 3 + 100 * *node as u64,
+        Ev::Timer { node, .. } => 4 + 100 * *node as u64,
+        Ev::Arrive { node, request, .. } => 5 + 100 * *node as u64 + 10_000 * request,
+        Ev::Pump { node, .. } => 6 + 100 * *node as u64,
+        Ev::Progress { node, .. } => 7 + 100 * *node as u64,
+        Ev::StoreTick => 8,
+        Ev::KeeperWake { node, .. } => 9 + 100 * *node as u64,
+        Ev::KeeperArrive { node, .. } => 10 + 100 * *node as u64,
+        Ev::KeeperAnswer { node, .. } => 11 + 100 * *node as u64,
+        Ev::Told { consumer, .. } => 12 + 100 * *consumer as u64,
+        Ev::Ended { consumer, .. } => 13 + 100 * *consumer as u64,
+        Ev::Replied { consumer, .. } => 14 + 100 * *consumer as u64,
+        Ev::Register { consumer, .. } => 15 + 100 * *consumer as u64,
+        Ev::Answer { consumer, .. } => 16 + 100 * *consumer as u64,
+        Ev::OutageEnd => 17,
+        Ev::Resume { consumer } => 18 + 100 * *consumer as u64,
+    }
+}
