@@ -2,8 +2,9 @@
 //! answering warms and releases, crashing, pausing, reconnecting, deregistering; instance
 //! crashes and restarts, cut-offs, outages, compaction, early expiry, lossy answers.
 
-use super::cluster::{CallKind, Cluster, Ev, TOPIC};
+use super::cluster::Cluster;
 use super::consumer::{Belief, Phase, Todo};
+use super::events::{CallKind, Ev, TOPIC};
 use super::schedule::{Action, Kind};
 use super::{Invariant, Violation};
 use crate::coordinator::machine::io::{Call, Input, StreamId};

@@ -6,33 +6,19 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
-use super::consumer::{ConsumerModel, Todo};
+use super::consumer::ConsumerModel;
+use super::events::{BASE, CallKind, Ev, PREFIX, Queued, TOPIC, tag};
 use super::instance::Machine;
-use super::lease::{Keeper, KeeperAsk};
-use super::schedule::{Action, Kind, Schedule};
+use super::lease::Keeper;
+use super::schedule::{Kind, Schedule};
 use super::truth::Truth;
 use super::{Failure, Outcome, Rng, SimConfig, Trace, Violation};
-use crate::coordinator::machine::io::{
-    CallId, Effect, Input, Micros, RequestId, StoreReply, StoreRequest, StreamId,
-};
+use crate::coordinator::machine::io::{CallId, Effect, Input, Micros, RequestId, StreamId};
 use crate::coordinator::records::Keys;
-use crate::proto::v1::AssignmentCommand;
-use crate::store::{
-    InjectedFault, Revision, SessionId, StoreError, StoreModel, Unreachable, WatchBatch, WatchCursor,
-};
-
-/// The wall clock the instances see at virtual time 0 (µs since the Unix epoch): epochs
-/// are built from it, so it is a plausible present.
-pub(super) const BASE: Micros = 1_760_000_000_000_000;
-
-/// The one topic.
-pub(super) const TOPIC: &str = "events";
-
-/// The key prefix.
-pub(super) const PREFIX: &str = "/sim/";
+use crate::store::{StoreModel, WatchCursor};
 
 /// How long the driver waits for a store answer before it reports a timeout (µs).
-const CALL_BUDGET: u64 = 500_000;
+pub(super) const CALL_BUDGET: u64 = 500_000;
 
 /// The most an instance's clock is off the virtual time (µs): clocks disagree a little,
 /// which the epochs' floor must cover.
@@ -40,87 +26,6 @@ const MAX_SKEW: u64 = 50_000;
 
 /// Events handled per schedule before it counts as spinning.
 const MAX_EVENTS: u64 = 2_000_000;
-
-/// Something that happens at a virtual time.
-#[derive(Clone, Debug)]
-pub(crate) enum Ev {
-    /// A scheduled action.
-    Act(Action),
-    /// The faults stop; every consumer comes back.
-    Quiet,
-    /// An input reaches an instance (of generation `life`: a restarted one ignores the old).
-    Input { node: usize, life: u32, input: Input },
-    /// An instance's `WakeAt`.
-    Timer { node: usize, life: u32, at: Micros },
-    /// A store request reaches the store.
-    Arrive { node: usize, life: u32, request: RequestId, op: StoreRequest },
-    /// A watch's pending revisions reach its instance.
-    Pump { node: usize, life: u32, watch: RequestId },
-    /// A quiet watch's progress mark is due.
-    Progress { node: usize, life: u32 },
-    /// Sessions may have expired.
-    StoreTick,
-    /// A lease keeper's wake.
-    KeeperWake { node: usize, life: u32, at: u64 },
-    /// A keeper's request reaches the store.
-    KeeperArrive { node: usize, life: u32, token: u64, ask: KeeperAsk },
-    /// The store's answer reaches a keeper.
-    KeeperAnswer { node: usize, life: u32, token: u64, answer: Result<Option<SessionId>, StoreError> },
-    /// A command reaches a consumer.
-    Told { consumer: usize, node: usize, stream: StreamId, command: AssignmentCommand },
-    /// A consumer's stream ended (`clean`: drained, without an error).
-    Ended { consumer: usize, node: usize, stream: StreamId, clean: bool },
-    /// A call's answer reaches its consumer.
-    Replied { consumer: usize, node: usize, stream: StreamId, call: CallKind, ok: Result<bool, ()> },
-    /// A consumer registers (a new incarnation when `restart`).
-    Register { consumer: usize, restart: bool },
-    /// A consumer acts on a warm or a release.
-    Answer { consumer: usize, node: usize, stream: StreamId, todo: Todo },
-    /// The store's outage ends.
-    OutageEnd,
-    /// A paused consumer's pause ends: what waited in its inbox is handled.
-    Resume { consumer: usize },
-}
-
-/// An event on the queue, ordered by (time, sequence number) alone: the order it was
-/// queued in breaks ties, so the run does not depend on anything else.
-pub(crate) struct Queued {
-    at: u64,
-    seq: u64,
-    /// Boxed: the heap moves entries as it sifts, and an event is large.
-    event: Box<Ev>,
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl Eq for Queued {}
-
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Queued {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
-}
-
-/// What a consumer called, so its answer finds its way back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum CallKind {
-    /// `Register` of the stream.
-    Register,
-    /// `PartitionReady` / `PartitionReleased`.
-    Answer(Todo),
-    /// `Deregister`, draining or not.
-    Deregister(bool),
-}
 
 /// One instance: its state (while running), its lease keeper and its network.
 pub(super) struct Node {
@@ -164,12 +69,12 @@ pub(super) struct Cluster {
     pub kind: Kind,
     pub rng: Rng,
     pub now: u64,
-    queue: BinaryHeap<Reverse<Queued>>,
-    seq: u64,
+    pub queue: BinaryHeap<Reverse<Queued>>,
+    pub seq: u64,
     pub store: StoreModel,
     pub keys: Keys,
     pub truth: Truth,
-    truth_cursor: WatchCursor,
+    pub truth_cursor: WatchCursor,
     pub nodes: Vec<Node>,
     pub consumers: Vec<ConsumerModel>,
     pub trace: Trace,
@@ -178,9 +83,9 @@ pub(super) struct Cluster {
     pub lossy_until: u64,
     pub schedule: Schedule,
     pub quiet: bool,
-    store_tick_at: Option<u64>,
+    pub store_tick_at: Option<u64>,
     /// Bookkeeping of the checks (`checks.rs`).
-    pub checks: super::checks::CheckState,
+    pub checks: super::check_state::CheckState,
 }
 
 impl Cluster {
@@ -275,7 +180,7 @@ impl Cluster {
         Ok(self.outcome)
     }
 
-    fn failure(&self, violation: Violation) -> Box<Failure> {
+    pub(super) fn failure(&self, violation: Violation) -> Box<Failure> {
         Box::new(Failure {
             seed: self.seed,
             kind: self.kind,
@@ -302,11 +207,11 @@ impl Cluster {
     }
 
     /// The virtual time at which `node`'s clock shows `wall`.
-    fn virtual_at(&self, node: usize, wall: Micros) -> u64 {
+    pub(super) fn virtual_at(&self, node: usize, wall: Micros) -> u64 {
         wall.saturating_add_signed(-self.nodes[node].skew).saturating_sub(BASE)
     }
 
-    fn store_now(&self) -> Duration {
+    pub(super) fn store_now(&self) -> Duration {
         Duration::from_micros(self.now)
     }
 
@@ -326,11 +231,11 @@ impl Cluster {
     }
 
     /// Whether an answer is lost now.
-    fn lost(&mut self) -> bool {
+    pub(super) fn lost(&mut self) -> bool {
         !self.quiet && self.now < self.lossy_until && self.rng.percent(20)
     }
 
-    fn handle(&mut self, event: Ev) -> Result<(), Violation> {
+    pub(super) fn handle(&mut self, event: Ev) -> Result<(), Violation> {
         self.trace.mix(&[self.now, tag(&event)]);
         if self.trace.recording() {
             let (now, line) = (self.now, format!("{event:?}"));
@@ -484,7 +389,7 @@ impl Cluster {
         Ok(())
     }
 
-    fn apply(&mut self, node: usize, effect: Effect) -> Result<(), Violation> {
+    pub(super) fn apply(&mut self, node: usize, effect: Effect) -> Result<(), Violation> {
         if self.trace.recording() {
             let line = format!("  i{node} -> {effect:?}");
             self.trace.line(|| line);
@@ -566,262 +471,10 @@ impl Cluster {
 
     /// When a message sent on `stream` now, `delay` µs late, arrives: never before the
     /// stream's previous one.
-    fn in_order(&mut self, node: usize, stream: StreamId, delay: u64) -> u64 {
+    pub(super) fn in_order(&mut self, node: usize, stream: StreamId, delay: u64) -> u64 {
         let at = self.now + delay;
         let clock = self.nodes[node].stream_clock.entry(stream).or_insert(0);
         *clock = (*clock).max(at);
         *clock
-    }
-
-    /// A store request reaches the store: applied, and its answer sent back (or lost).
-    fn arrive(
-        &mut self,
-        node: usize,
-        life: u32,
-        request: RequestId,
-        op: StoreRequest,
-    ) -> Result<(), Violation> {
-        if self.nodes[node].life != life {
-            return Ok(());
-        }
-        let answer = if self.reachable(node) {
-            self.sync_truth(None)?;
-            let now = self.store_now();
-            let answer = match op {
-                StoreRequest::Txn(txn) => self.store.txn(now, &txn).map(StoreReply::Txn),
-                StoreRequest::Get(keys) => {
-                    Ok(StoreReply::Values(keys.iter().map(|key| self.store.get(now, key)).collect()))
-                }
-                StoreRequest::GetPrefix(prefix) => {
-                    Ok(StoreReply::Prefix(self.store.get_prefix(now, &prefix)))
-                }
-                StoreRequest::Watch { prefix, from } => match self.store.watch(&prefix, from) {
-                    Ok(cursor) => {
-                        self.nodes[node].watch = Some((request, cursor));
-                        self.nodes[node].pump_pending = false;
-                        self.schedule_pump(node);
-                        Ok(StoreReply::Watching)
-                    }
-                    Err(error) => Err(error),
-                },
-            };
-            self.sync_truth(Some(node))?;
-            answer
-        } else {
-            Err(StoreError::Unavailable(InjectedFault::CutOff { what: "request" }.into()))
-        };
-        if !self.lost() {
-            let mut at = self.now + self.delay();
-            if !self.config.answers_reorder {
-                at = at.max(self.nodes[node].answer_clock);
-                self.nodes[node].answer_clock = at;
-            }
-            let input = Input::StoreAnswer { request, answer };
-            self.push(at, Ev::Input { node, life, input });
-        } else if !self.config.lost_answers_vanish {
-            // The driver's call budget runs out: the instance hears a timeout, whether or
-            // not the request took effect.
-            let error =
-                StoreError::Unavailable(Unreachable::NoAnswer { within: Duration::from_micros(CALL_BUDGET) });
-            let input = Input::StoreAnswer { request, answer: Err(error) };
-            self.after(CALL_BUDGET, Ev::Input { node, life, input });
-        }
-        Ok(())
-    }
-
-    /// Follows the store's new revisions in the truth (`writer`: whose write they are),
-    /// and tells the watches there is something new.
-    pub(super) fn sync_truth(&mut self, writer: Option<usize>) -> Result<(), Violation> {
-        let now = self.store_now();
-        if writer.is_none() && self.now >= self.outage_until {
-            self.store.expire_due(now);
-        }
-        self.schedule_store_tick();
-        if self.truth_cursor.next > self.store.revision() {
-            return Ok(());
-        }
-        let batches = self.store.poll(&mut self.truth_cursor).map_err(|error| {
-            Violation::new(super::Invariant::LegalMove, format!("the truth's own watch failed: {error}"))
-        })?;
-        let id = writer.map(|w| self.nodes[w].id.clone());
-        for batch in &batches {
-            self.trace.mix(&[batch.revision as u64, batch.events.len() as u64]);
-            self.truth.apply(&self.keys, batch, id.as_deref(), self.now)?;
-        }
-        self.wake_watches();
-        Ok(())
-    }
-
-    /// A store tick at the next session deadline, unless one comes earlier.
-    fn schedule_store_tick(&mut self) {
-        if let Some(deadline) = self.store.next_deadline() {
-            let at = deadline.as_micros() as u64;
-            if self.store_tick_at.is_none_or(|t| at < t || t < self.now) {
-                self.store_tick_at = Some(at);
-                self.push(at, Ev::StoreTick);
-            }
-        }
-    }
-
-    /// Every watch that may have something new gets a pump.
-    fn wake_watches(&mut self) {
-        for node in 0..self.nodes.len() {
-            self.schedule_pump(node);
-        }
-    }
-
-    fn schedule_pump(&mut self, node: usize) {
-        let n = &self.nodes[node];
-        let Some((watch, _)) = n.watch.as_ref() else { return };
-        if n.pump_pending || n.machine.is_none() {
-            return;
-        }
-        let (watch, life) = (*watch, n.life);
-        self.nodes[node].pump_pending = true;
-        // Watches lag: mostly a little, sometimes much (a slow connection).
-        let lag = if self.rng.percent(90) { 100 + self.rng.below(3_000) } else { self.rng.below(200_000) };
-        self.after(lag, Ev::Pump { node, life, watch });
-    }
-
-    /// A watch's pending revisions reach its instance, one step each.
-    fn pump(&mut self, node: usize, life: u32, watch: RequestId) -> Result<(), Violation> {
-        let n = &mut self.nodes[node];
-        if n.life != life || n.watch.as_ref().is_none_or(|(id, _)| *id != watch) {
-            return Ok(());
-        }
-        n.pump_pending = false;
-        if !self.reachable(node) {
-            return Ok(()); // a hung connection: nothing, not even an error
-        }
-        let Some((_, cursor)) = self.nodes[node].watch.as_mut() else { return Ok(()) };
-        match self.store.poll(cursor) {
-            Ok(batches) => {
-                for batch in batches {
-                    self.step(node, Input::Watched { watch, batch })?;
-                    if self.nodes[node].watch.as_ref().is_none_or(|(id, _)| *id != watch) {
-                        break; // the instance replaced its watch meanwhile
-                    }
-                }
-            }
-            Err(error) => {
-                self.nodes[node].watch = None;
-                self.step(node, Input::WatchEnded { watch, error })?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A quiet, caught-up watch says it is alive.
-    fn progress(&mut self, node: usize, life: u32) -> Result<(), Violation> {
-        if self.nodes[node].life != life {
-            return Ok(());
-        }
-        let every = self.config.ttl.as_micros() as u64 / 4;
-        self.after(every, Ev::Progress { node, life });
-        let revision = self.store.revision();
-        let caught_up =
-            self.nodes[node].watch.as_ref().filter(|(_, cursor)| cursor.next > revision).map(|(id, _)| *id);
-        if let Some(watch) = caught_up
-            && self.reachable(node)
-            && !self.nodes[node].pump_pending
-        {
-            self.step(node, Input::Watched { watch, batch: WatchBatch { revision, events: Vec::new() } })?;
-        }
-        Ok(())
-    }
-
-    /// Ends every watch at once (the store went out, or the watch was cut).
-    pub fn cut_watch(&mut self, node: usize) {
-        let life = self.nodes[node].life;
-        if let Some((watch, _)) = self.nodes[node].watch.take() {
-            let error = StoreError::Unavailable(InjectedFault::CutOff { what: "watch" }.into());
-            let delay = self.delay();
-            self.after(delay, Ev::Input { node, life, input: Input::WatchEnded { watch, error } });
-        }
-    }
-
-    fn keeper_wake(&mut self, node: usize) -> Result<(), Violation> {
-        if self.nodes[node].machine.is_none() {
-            return Ok(());
-        }
-        let wall = self.wall(node);
-        let (report, send) = self.nodes[node].keeper.wake(wall);
-        if let Some(state) = report {
-            self.step(node, Input::Lease(state))?;
-        }
-        if let Some((token, ask)) = send {
-            let (life, delay) = (self.nodes[node].life, self.delay());
-            self.after(delay, Ev::KeeperArrive { node, life, token, ask });
-        }
-        self.schedule_keeper(node);
-        Ok(())
-    }
-
-    pub fn schedule_keeper(&mut self, node: usize) {
-        let n = &self.nodes[node];
-        if n.machine.is_none() {
-            return;
-        }
-        let at = self.virtual_at(node, n.keeper.next_wake()).max(self.now);
-        if n.keeper_wake_at.is_some_and(|t| t <= at) {
-            return;
-        }
-        let life = n.life;
-        self.nodes[node].keeper_wake_at = Some(at);
-        self.push(at, Ev::KeeperWake { node, life, at });
-    }
-
-    fn keeper_arrive(&mut self, node: usize, life: u32, token: u64, ask: KeeperAsk) -> Result<(), Violation> {
-        if self.nodes[node].life != life {
-            return Ok(());
-        }
-        let now = self.store_now();
-        if self.keeper_reachable(node) {
-            // Expiries first, so the truth sees them as the store's own revisions.
-            self.sync_truth(None)?;
-        }
-        let answer = if !self.keeper_reachable(node) {
-            Err(StoreError::Unavailable(InjectedFault::CutOff { what: "request" }.into()))
-        } else {
-            match ask {
-                KeeperAsk::Grant => self.store.grant_session(now, self.config.ttl).map(Some),
-                KeeperAsk::KeepAlive(session) => self.store.keep_alive(now, session).map(|()| None),
-            }
-        };
-        self.schedule_store_tick();
-        if !self.lost() {
-            let delay = self.delay();
-            self.after(delay, Ev::KeeperAnswer { node, life, token, answer });
-        }
-        Ok(())
-    }
-
-    /// The store's current revision.
-    pub fn revision(&self) -> Revision {
-        self.store.revision()
-    }
-}
-
-/// A number per kind of event, for the trace hash.
-fn tag(event: &Ev) -> u64 {
-    match event {
-        Ev::Act(_) => 1,
-        Ev::Quiet => 2,
-        Ev::Input { node, .. } => 3 + 100 * *node as u64,
-        Ev::Timer { node, .. } => 4 + 100 * *node as u64,
-        Ev::Arrive { node, request, .. } => 5 + 100 * *node as u64 + 10_000 * request,
-        Ev::Pump { node, .. } => 6 + 100 * *node as u64,
-        Ev::Progress { node, .. } => 7 + 100 * *node as u64,
-        Ev::StoreTick => 8,
-        Ev::KeeperWake { node, .. } => 9 + 100 * *node as u64,
-        Ev::KeeperArrive { node, .. } => 10 + 100 * *node as u64,
-        Ev::KeeperAnswer { node, .. } => 11 + 100 * *node as u64,
-        Ev::Told { consumer, .. } => 12 + 100 * *consumer as u64,
-        Ev::Ended { consumer, .. } => 13 + 100 * *consumer as u64,
-        Ev::Replied { consumer, .. } => 14 + 100 * *consumer as u64,
-        Ev::Register { consumer, .. } => 15 + 100 * *consumer as u64,
-        Ev::Answer { consumer, .. } => 16 + 100 * *consumer as u64,
-        Ev::OutageEnd => 17,
-        Ev::Resume { consumer } => 18 + 100 * *consumer as u64,
     }
 }

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use super::events::Todo;
 use crate::coordinator::machine::io::StreamId;
 use crate::proto::v1::{AssignmentCommand, assignment_command::Command};
 
@@ -23,15 +24,6 @@ pub struct Belief {
     pub releasing: BTreeMap<u32, String>,
     /// Partitions it was asked to warm, with their owner.
     pub warming: BTreeMap<u32, String>,
-}
-
-/// What a command asks of the consumer next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Todo {
-    /// Warm the partition, then call `PartitionReady`.
-    Ready(u32),
-    /// Stop processing the partition, then call `PartitionReleased`.
-    Release(u32),
 }
 
 impl Belief {
@@ -138,7 +130,7 @@ pub struct ConsumerModel {
     /// Until when it is paused: it reads nothing and calls nothing (virtual µs).
     pub paused_until: u64,
     /// What reached it while paused, in order (the cluster's events).
-    pub(crate) inbox: std::collections::VecDeque<crate::sim::cluster::Ev>,
+    pub(crate) inbox: std::collections::VecDeque<crate::sim::events::Ev>,
 }
 
 impl ConsumerModel {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use tokio::time::Instant;
 
 use super::SimConfig;
-use super::cluster::{PREFIX, TOPIC};
+use super::events::{PREFIX, TOPIC};
 use crate::coordinator::HandoffConfig;
 use crate::coordinator::handoff_backend::machine::{Instance, Start};
 use crate::coordinator::machine::io::{Effect, Input, Micros};

@@ -50,13 +50,16 @@
 //! (the seed is run again with the text of its steps kept).
 
 mod actors;
+mod check_state;
 mod checks;
 pub(crate) mod cluster;
 pub mod consumer;
+pub(crate) mod events;
 mod instance;
 pub mod lease;
 mod rng;
 mod schedule;
+mod store_side;
 mod trace;
 mod truth;
 
