@@ -136,6 +136,7 @@ pub async fn coordinator_from_args(
         placement: placement_from_args(args),
         weights,
         weights_refresh: args.weights_refresh,
+        leader_groups: args.leader_groups,
         ..HandoffConfig::default()
     };
     Ok(Arc::new(HandoffCoordinator::start(store, config, metrics).await?))

@@ -8,7 +8,10 @@ use std::{
 
 use futures::StreamExt;
 use kafka_assigner::{
-    coordinator::{ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, records::Keys},
+    coordinator::{
+        ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, leader_groups::LeaderGroup,
+        records::Keys,
+    },
     handoff::PlanConfig,
     metrics::Metrics,
     proto::v1::{
@@ -221,7 +224,7 @@ impl Instance {
         use etcd_client::{Compare, CompareOp, PutOptions, TxnOp};
         let mut client = etcd_client::Client::connect(endpoints, None).await?;
         let lease = client.lease_grant(600, None).await?.id();
-        let key = self.keys.leader();
+        let key = self.keys.leader(LeaderGroup::ONLY);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if Instant::now() > deadline {

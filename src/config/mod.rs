@@ -185,6 +185,14 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_K8S_ROLLOUT_REFRESH", value_parser = humantime_or_zero, default_value = "2s")]
     pub k8s_rollout_refresh: Duration,
 
+    /// Into how many groups the topics are split, each planned by its own elected
+    /// instance, so that several instances share the planning and the fenced writes
+    /// (handoff backend on etcd; docs/design.md §4). Every instance of one deployment must
+    /// use the same count: an instance that sees another count's leader key does not
+    /// campaign. 1: one leader plans every topic.
+    #[arg(long, env = "KAFKA_ASSIGNER_LEADER_GROUPS", default_value = "1", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub leader_groups: u32,
+
     /// Partitions one consumer may warm at once (like Kafka Streams' max.warmup.replicas).
     #[arg(long, env = "KAFKA_ASSIGNER_MAX_WARMING", default_value = "4", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_warming: u32,

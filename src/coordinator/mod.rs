@@ -34,7 +34,7 @@ pub mod static_backend;
 pub use crate::status::{ConsumerStatusView, HandoffStatusView, StatusView, TopicPlacement, TopicStatus};
 pub use error::{CoordinatorError, StreamEnd};
 pub use fleet_backend::{FleetConfig, FleetCoordinator};
-pub use handoff_backend::{HandoffConfig, HandoffCoordinator, records};
+pub use handoff_backend::{HandoffConfig, HandoffCoordinator, leader_groups, records};
 pub use shared::instance::StoreCoordinator;
 pub use shared::topics::PartitionCounts;
 pub use shared::validate::{validate_consumer_name, validate_topic_name};

@@ -71,8 +71,10 @@ pub struct Metrics {
     /// `Register` calls whose caller went away while they still run (each ends without
     /// replacing anyone's registration: docs/design.md §6).
     pub registers_abandoned: Gauge,
-    /// 1 while this instance leads.
+    /// 1 while this instance leads (with leader groups: leads at least one group).
     pub is_leader: Gauge,
+    /// How many leader groups this instance leads (`--leader-groups`; 0 or 1 without).
+    pub leader_groups_led: Gauge,
     /// Consumer streams held by this instance.
     pub streams: Gauge,
     /// `Register` calls refused by a stream limit, by limit.
@@ -203,7 +205,9 @@ impl Metrics {
             registers_abandoned.clone(),
         );
         let is_leader = Gauge::default();
-        r.register("is_leader", "1 while this instance leads", is_leader.clone());
+        r.register("is_leader", "1 while this instance leads (some leader group)", is_leader.clone());
+        let leader_groups_led = Gauge::default();
+        r.register("leader_groups_led", "Leader groups this instance leads", leader_groups_led.clone());
         let streams = Gauge::default();
         r.register("streams", "Consumer streams held by this instance", streams.clone());
         let streams_refused =
@@ -267,6 +271,7 @@ impl Metrics {
             epoch_floor_renewal_failures,
             registers_abandoned,
             is_leader,
+            leader_groups_led,
             streams,
             streams_refused,
             handoff_duration,

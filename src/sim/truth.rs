@@ -123,7 +123,7 @@ impl Truth {
                         self.registrations_deleted += 1;
                     }
                 }
-                (Key::Leader, v) => self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned()),
+                (Key::Leader(_), v) => self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned()),
                 (Key::Topic(_) | Key::Instance(_), _) => {}
             }
         }

@@ -225,7 +225,7 @@ impl Truth {
                 (Key::Consumer(_, name), None) => {
                     self.consumers.remove(&name);
                 }
-                (Key::Leader, v) => self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned()),
+                (Key::Leader(_), v) => self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned()),
                 (Key::Topic(_) | Key::Instance(_), _) => {}
             }
         }

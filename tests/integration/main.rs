@@ -30,6 +30,7 @@ mod k8s_info;
 mod k8s_rollout;
 mod kafka_load;
 mod kafka_metadata;
+mod leader_groups;
 mod log_format;
 mod manifests;
 mod metrics;

@@ -138,7 +138,7 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 refreshing = true;
                 let inner = inner.clone();
                 steps.push(Box::pin(async move {
-                    inner.core.grow_topics(None, || !inner.core.shutdown().is_cancelled()).await;
+                    inner.core.grow_topics(None, |_| true, || !inner.core.shutdown().is_cancelled()).await;
                     Ended::Refreshed
                 }));
             }

@@ -142,7 +142,7 @@ impl Backend for Handoff {
     }
 
     fn on_crash(&self) {
-        self.leadership.send_replace(None);
+        self.leadership.send_replace(Default::default());
     }
 }
 

@@ -231,7 +231,8 @@ async fn a_fenced_instance_decides_no_call_and_says_so() {
 
 #[tokio::test(start_paused = true)]
 async fn a_graceful_stop_returns_once_leadership_is_resigned_and_a_crash_resigns_nothing() {
-    let leader_key = super::super::records::Keys::new(&HandoffConfig::default().prefix).leader();
+    let leader_key = super::super::records::Keys::new(&HandoffConfig::default().prefix)
+        .leader(crate::coordinator::handoff_backend::leader_groups::LeaderGroup::ONLY);
     for crash in [false, true] {
         // `a` was assigned its partitions by a plan: this instance leads.
         let (coordinator, store, _a) = owning_all(2, 1).await;

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 
 use super::calls::{answer, answer_leave};
 use super::decide::{Applied, CallInFlight, CallStep, PartitionSlice, next_step};
-use super::leader::{self, Answer as LeaderAnswer, Job, Leader, Why};
+use super::leader::{self, Answer as LeaderAnswer, GroupIndex, Job, Leaders, Why};
 use super::leave::{self, LeaveInFlight, LeaveStep, Left};
 use super::{Handoff, now_ms, relay};
 use crate::coordinator::CoordinatorError;
@@ -80,12 +80,12 @@ enum Done {
     Records(LeaveInFlight, Result<Vec<Option<KeyValue>>, StoreError>),
     /// A transaction of its own.
     Txn(Txn, Result<TxnOutcome, StoreError>, Writer),
-    /// A store call of the leader's (with its transaction, if it was one).
-    Leader(Option<Txn>, Why, LeaderAnswer),
+    /// A store call of a group's leader (with its transaction, if it was one).
+    Leader(GroupIndex, Option<Txn>, Why, LeaderAnswer),
     /// A store call of the upkeep's ended (it logged and counted what it did).
     Upkeep(Worked),
-    /// The leader's topic refresh of this number ended (it logged what it did).
-    Refreshed(u64),
+    /// A group leader's topic refresh of this number ended (it logged what it did).
+    Refreshed(GroupIndex, u64),
     /// The resignation at a graceful stop was answered.
     Resigned(Result<TxnOutcome, StoreError>),
 }
@@ -110,7 +110,7 @@ pub(super) async fn run(inner: Arc<Handoff>) {
     let Some(mut calls) = inner.core.calls() else { return };
     let mut follower = inner.core.follower(inner.config.resync_interval);
     let store = inner.core.shared_store();
-    let mut leader = Leader::new(Instant::now());
+    let mut leader = Leaders::new(inner.config.leader_groups, Instant::now());
     let mut upkeep = Upkeep::new(inner.core.lease_ttl(), Instant::now());
     let mut upkept = upkeep::Inputs::new(&*inner);
     let mut pending = Pending { store, batches: Batches::default(), in_flight: FuturesUnordered::new() };
@@ -123,13 +123,13 @@ pub(super) async fn run(inner: Arc<Handoff>) {
                 tokio::task::yield_now().await;
             }
         }
-        if let Some(job) = leader.next_job(&inner, Instant::now()) {
-            run_leader_job(&pending, job);
+        for (group, job) in leader.next_jobs(&inner, Instant::now()) {
+            run_leader_job(&pending, group, job);
         }
-        if let Some((number, refresh)) = leader.refresh(&inner) {
+        for (group, number, refresh) in leader.refreshes(&inner) {
             pending.in_flight.push(Box::pin(async move {
                 refresh.await;
-                Done::Refreshed(number)
+                Done::Refreshed(group, number)
             }));
         }
         for work in upkeep::run_due(&mut upkeep, &inner, Instant::now()) {
@@ -175,17 +175,17 @@ pub(super) async fn run(inner: Arc<Handoff>) {
                     pending.batches.done();
                 }
                 match done {
-                    Done::Leader(txn, why, answer) => {
+                    Done::Leader(group, txn, why, answer) => {
                         if let (Some(txn), LeaderAnswer::Txn(Ok(o))) = (&txn, &answer)
                             && o.succeeded
                             && why.applies_at_once()
                         {
                             applied(&inner, o.revision, &txn.ops, &txn.compares);
                         }
-                        leader.answered(&inner, why, answer);
+                        leader.answered(&inner, group, why, answer);
                     }
                     Done::Upkeep(worked) => upkeep.worked(worked),
-                    Done::Refreshed(number) => leader.refreshed(number),
+                    Done::Refreshed(group, number) => leader.refreshed(group, number),
                     done => finish(&inner, &mut pending, done, true),
                 }
             }
@@ -194,11 +194,11 @@ pub(super) async fn run(inner: Arc<Handoff>) {
     leader.stop();
     // A graceful stop resigns leadership, beside what is still in flight; a crash, like a
     // dead process, leaves the key to expire with the lease.
-    if !inner.core.crashed()
-        && let Some(txn) = leader::resignation(&inner)
-    {
-        let store = pending.store.clone();
-        pending.in_flight.push(Box::pin(async move { Done::Resigned(store.txn(txn).await) }));
+    if !inner.core.crashed() {
+        for txn in leader::resignation(&inner) {
+            let store = pending.store.clone();
+            pending.in_flight.push(Box::pin(async move { Done::Resigned(store.txn(txn).await) }));
+        }
     }
     while let Some(done) = pending.in_flight.next().await {
         finish(&inner, &mut pending, done, false);
@@ -246,15 +246,15 @@ async fn sleep_until_some(at: Option<Instant>) {
 
 /// Runs one of the leader's store calls; a plan's batch that succeeded is applied and told
 /// to the streams when the loop takes its answer in.
-fn run_leader_job(pending: &Pending, job: Job) {
+fn run_leader_job(pending: &Pending, group: GroupIndex, job: Job) {
     let store = pending.store.clone();
     pending.in_flight.push(Box::pin(async move {
         match job {
             Job::Txn(txn, why) => {
                 let outcome = store.txn(txn.clone()).await;
-                Done::Leader(Some(txn), why, LeaderAnswer::Txn(outcome))
+                Done::Leader(group, Some(txn), why, LeaderAnswer::Txn(outcome))
             }
-            Job::Read(key, why) => Done::Leader(None, why, LeaderAnswer::Read(store.get(&key).await)),
+            Job::Read(key, why) => Done::Leader(group, None, why, LeaderAnswer::Read(store.get(&key).await)),
         }
     }));
 }
@@ -388,7 +388,7 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
             go_leave(inner, pending, leave, step, running);
         }
         // After a stop nothing is applied, and the leader is gone with the loop.
-        Done::Leader(..) | Done::Upkeep(_) | Done::Refreshed(_) => {}
+        Done::Leader(..) | Done::Upkeep(_) | Done::Refreshed(..) => {}
         Done::Resigned(outcome) => {
             let instance = &inner.config.instance_id;
             match outcome {

@@ -27,6 +27,7 @@ mod decide;
 mod driver;
 mod incarnation;
 mod leader;
+pub mod leader_groups;
 mod leave;
 pub mod machine;
 mod placement;
@@ -52,6 +53,7 @@ use crate::metrics::Metrics;
 use crate::store::LeaseStore;
 use crate::weights::WeightSource;
 
+use leader_groups::LeaderGroup;
 use records::Keys;
 use state::Cache;
 
@@ -108,6 +110,10 @@ pub struct HandoffConfig {
     pub weights: Option<Arc<dyn WeightSource>>,
     /// How often the leader asks `weights` and stores the weights that changed.
     pub weights_refresh: Duration,
+    /// Into how many groups the topics are split, each with a leadership of its own
+    /// (`leader_groups.rs`), so that several instances share the planning. 1: one leader
+    /// plans every topic.
+    pub leader_groups: u32,
 }
 
 impl HandoffConfig {
@@ -118,6 +124,12 @@ impl HandoffConfig {
             return Duration::ZERO;
         }
         self.settle_period.unwrap_or(self.lease_ttl)
+    }
+
+    /// The leader group that plans `topic`.
+    pub fn leader_group_of(&self, topic: &str) -> LeaderGroup {
+        let groups = self.leader_groups.max(1);
+        LeaderGroup { groups, group: leader_groups::group_of(topic, groups) }
     }
 }
 
@@ -143,6 +155,7 @@ impl Default for HandoffConfig {
             placement: PlacementSettings::default(),
             weights: None,
             weights_refresh: Duration::from_secs(10),
+            leader_groups: 1,
         }
     }
 }
@@ -152,9 +165,9 @@ impl Default for HandoffConfig {
 pub struct Handoff {
     core: Core<Cache, ConsumerView>,
     config: HandoffConfig,
-    /// `Some(fence)` while this instance leads: the one value `is_leader`, the leader
-    /// gauge and the leader read.
-    leadership: watch::Sender<Option<Fence>>,
+    /// The fence of each leader group this instance leads, by group number: the one value
+    /// `is_leader`, the leader gauges and the leaders read.
+    leadership: watch::Sender<BTreeMap<u32, Fence>>,
     /// Cancelled once the loop has ended: what it had in flight answered and, at a graceful
     /// stop, leadership resigned. A graceful stop waits for it.
     stopped: CancellationToken,
@@ -176,9 +189,10 @@ impl StoreCoordinator<Handoff> {
     ) -> Result<Self, CoordinatorError> {
         let keys = Keys::new(&config.prefix);
         let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
-        let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
+        let mut settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
+        settings.leader_groups = config.leader_groups.max(1);
         let core = Core::load(store, keys, metrics, settings, "handoff").await?;
-        let (leadership, stopped) = (watch::Sender::new(None), CancellationToken::new());
+        let (leadership, stopped) = (watch::Sender::new(BTreeMap::new()), CancellationToken::new());
         let inner = Arc::new(Handoff { core, config, leadership, stopped });
         super::shared::register::start_lease(&inner).await?;
         tokio::spawn(driver::run(inner.clone()));
@@ -189,6 +203,6 @@ impl StoreCoordinator<Handoff> {
 
     /// Whether this instance currently leads.
     pub fn is_leader(&self) -> bool {
-        self.backend().leadership.borrow().is_some()
+        !self.backend().leadership.borrow().is_empty()
     }
 }

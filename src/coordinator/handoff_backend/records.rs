@@ -6,6 +6,7 @@
 //! {prefix}assignments/{topic}/{partition}  AssignmentRecord (durable)
 //! {prefix}handoffs/{topic}/{partition}     HandoffRecord    (durable)
 //! {prefix}leader                           the elected instance (bound to its session)
+//! {prefix}leaders/{groups}/{group}         with --leader-groups > 1: a group's leader (same)
 //! {prefix}instances/{instance}             the instance's own record (bound to its lease)
 //! ```
 //!
@@ -17,6 +18,8 @@ use crate::assignment::ConsumerInfo;
 pub use crate::coordinator::shared::records::{RECORD_VERSION, TopicRecord, decode, encode};
 use crate::handoff::{ConsumerStatus, Handoff, Millis, Write};
 use crate::store::Op;
+
+use super::leader_groups::LeaderGroup;
 
 /// `{prefix}consumers/{topic}/{consumer}`: a live registration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,8 +81,8 @@ pub enum Key {
     Assignment(String, u32),
     /// A partition's handoff.
     Handoff(String, u32),
-    /// The leader election key.
-    Leader,
+    /// A leader election key: of the only group, or of one group of several.
+    Leader(LeaderGroup),
     /// An instance's own record ([`crate::coordinator::shared::instance_record`]).
     Instance(String),
 }
@@ -135,9 +138,16 @@ impl Keys {
         format!("{}handoffs/{topic}/", self.prefix)
     }
 
-    /// `{prefix}leader`.
-    pub fn leader(&self) -> String {
-        format!("{}leader", self.prefix)
+    /// The leader key of `group`: `{prefix}leader` when the topics are not split,
+    /// `{prefix}leaders/{groups}/{group}` otherwise. The group count is in the key, so
+    /// instances configured with different counts never share a key (and see each other's:
+    /// [`super::leader_groups`]).
+    pub fn leader(&self, group: LeaderGroup) -> String {
+        if group.groups <= 1 {
+            format!("{}leader", self.prefix)
+        } else {
+            format!("{}leaders/{}/{}", self.prefix, group.groups, group.group)
+        }
     }
 
     /// The operations that make `writes` (the handoff machine's) on `topic`.
@@ -163,12 +173,17 @@ impl Keys {
     pub fn parse(&self, key: &str) -> Option<Key> {
         let rest = key.strip_prefix(&self.prefix)?;
         if rest == "leader" {
-            return Some(Key::Leader);
+            return Some(Key::Leader(LeaderGroup::ONLY));
         }
         let (kind, rest) = rest.split_once('/')?;
         match kind {
             "topics" => Some(Key::Topic(rest.to_string())),
             "instances" => Some(Key::Instance(rest.to_string())),
+            "leaders" => {
+                let (groups, group) = rest.split_once('/')?;
+                let group = LeaderGroup { groups: groups.parse().ok()?, group: group.parse().ok()? };
+                (group.groups > 1 && group.group < group.groups).then_some(Key::Leader(group))
+            }
             "consumers" => {
                 let (topic, consumer) = rest.split_once('/')?;
                 Some(Key::Consumer(topic.to_string(), consumer.to_string()))
@@ -201,7 +216,8 @@ mod tests {
             Key::Consumer("events".into(), "pod-0".into()),
             Key::Assignment("events".into(), 7),
             Key::Handoff("events".into(), 3),
-            Key::Leader,
+            Key::Leader(LeaderGroup::ONLY),
+            Key::Leader(LeaderGroup { groups: 8, group: 5 }),
             Key::Instance("i-1".into()),
         ] {
             let text = match &key {
@@ -209,7 +225,7 @@ mod tests {
                 Key::Consumer(t, c) => keys.consumer(t, c),
                 Key::Assignment(t, p) => keys.assignment(t, *p),
                 Key::Handoff(t, p) => keys.handoff(t, *p),
-                Key::Leader => keys.leader(),
+                Key::Leader(group) => keys.leader(*group),
                 Key::Instance(i) => {
                     crate::coordinator::shared::instance_record::instance_key(keys.prefix(), i)
                 }
@@ -217,6 +233,8 @@ mod tests {
             assert_eq!(keys.parse(&text), Some(key));
         }
         assert_eq!(keys.parse("/other/leader"), None);
+        assert_eq!(keys.parse("/ka/leaders/8/8"), None);
+        assert_eq!(keys.parse("/ka/leaders/1/0"), None);
         assert_eq!(keys.parse("/ka/assignments/events/x"), None);
     }
 

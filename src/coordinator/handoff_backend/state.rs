@@ -6,7 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::leader_groups::LeaderGroup;
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, TopicRecord, decode};
+use crate::coordinator::shared::instance_record::leader_groups_of;
 use crate::coordinator::shared::mirror::{Changes, MirrorCache, Versioned};
 use crate::handoff::{ConsumerView, Handoff, Phase, TopicState};
 use crate::store::{KeyValue, Revision};
@@ -201,8 +203,8 @@ pub struct Cache {
     pub revision: Revision,
     /// Topics by name.
     pub topics: BTreeMap<String, TopicEntry>,
-    /// The leader key, if someone leads.
-    pub leader: Option<KeyValue>,
+    /// The leader keys present, by group (with one group, at most `LeaderGroup::ONLY`).
+    pub leaders: BTreeMap<LeaderGroup, KeyValue>,
     /// How many instance records went since this cache was loaded: each one an instance
     /// lease that ended, taking that instance's registrations with it in the same revision
     /// (the leader settles when it grows). Kept across re-reads (`MirrorCache::carry_over`),
@@ -211,9 +213,31 @@ pub struct Cache {
     /// The instance records present, with the revision each was created at: one created
     /// again is another lease (the one before ended).
     pub instances: BTreeMap<String, Revision>,
+    /// The leader group count each present instance record says (`leader_groups.rs`: an
+    /// instance hands a group over only to one campaigning under the same count).
+    pub instance_groups: BTreeMap<String, u32>,
 }
 
 impl Cache {
+    /// The leader key of `group`, if someone leads it.
+    pub fn leader(&self, group: LeaderGroup) -> Option<&KeyValue> {
+        self.leaders.get(&group)
+    }
+
+    /// The names of the instances leading some group, each once, in order (for the status:
+    /// a name is a leader key's value).
+    pub fn leader_names(&self) -> Vec<String> {
+        let names: BTreeSet<String> =
+            self.leaders.values().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()).collect();
+        names.into_iter().collect()
+    }
+
+    /// The instances present that campaign under `groups` (who leader groups are shared
+    /// among: `leader_groups::preferred`).
+    pub fn instances_under(&self, groups: u32) -> impl Iterator<Item = &str> {
+        self.instance_groups.iter().filter(move |(_, g)| **g == groups).map(|(instance, _)| instance.as_str())
+    }
+
     fn topic(&mut self, topic: &str) -> &mut TopicEntry {
         self.topics.entry(topic.to_string()).or_default()
     }
@@ -230,12 +254,13 @@ impl MirrorCache for Cache {
         let Some(key) = keys.parse(&kv.key) else { return };
         let rev = kv.mod_revision;
         let decoded = match &key {
-            Key::Leader => {
-                self.leader = Some(kv);
+            Key::Leader(group) => {
+                self.leaders.insert(*group, kv);
                 Ok(())
             }
             Key::Instance(instance) => {
                 self.instances.insert(instance.clone(), kv.create_revision);
+                self.instance_groups.insert(instance.clone(), leader_groups_of(&kv.value));
                 Ok(())
             }
             Key::Topic(t) => decode::<TopicRecord>(&kv.key, &kv.value).map(|value| {
@@ -271,9 +296,12 @@ impl MirrorCache for Cache {
     fn delete(&mut self, keys: &Keys, key: &str, changes: &mut Changes) {
         let Some(key) = keys.parse(key) else { return };
         match &key {
-            Key::Leader => self.leader = None,
+            Key::Leader(group) => {
+                self.leaders.remove(group);
+            }
             Key::Instance(instance) => {
                 self.instances.remove(instance);
+                self.instance_groups.remove(instance);
                 self.instance_losses += 1;
             }
             Key::Topic(t) => {

@@ -45,7 +45,8 @@ pub(super) fn status(inner: &Handoff) -> StatusView {
     StatusView {
         instance: inner.config.instance_id.clone(),
         backend: inner.config.backend.clone(),
-        leader: cache.leader.as_ref().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
+        // With leader groups, every instance leading one (there is no single leader).
+        leader: Some(cache.leader_names().join(", ")).filter(|names| !names.is_empty()),
         ready: inner.core.readiness().get(),
         topics,
     }

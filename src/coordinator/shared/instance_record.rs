@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use super::Core;
 use super::mirror::MirrorCache;
 use crate::store::{Op, SessionId, Txn};
@@ -19,10 +21,34 @@ pub fn instance_key(prefix: &str, instance: &str) -> String {
     format!("{prefix}instances/{instance}")
 }
 
+/// An instance record's content: who, and the leader group count it campaigns under
+/// (records written before leader groups have none: one group).
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    /// Record format version.
+    pub v: u32,
+    /// The instance's id.
+    pub instance: String,
+    /// Its `--leader-groups`.
+    #[serde(default = "one_group")]
+    pub leader_groups: u32,
+}
+
+fn one_group() -> u32 {
+    1
+}
+
 /// The write of `instance`'s record at `key`, bound to the instance lease `session`.
-pub fn instance_record_txn(key: &str, instance: &str, session: SessionId) -> Txn {
-    let record = format!("{{\"v\":1,\"instance\":\"{instance}\"}}");
-    Txn::new().then(Op::put_in(key, record, session))
+pub fn instance_record_txn(key: &str, instance: &str, leader_groups: u32, session: SessionId) -> Txn {
+    let record = InstanceRecord { v: 1, instance: instance.to_string(), leader_groups };
+    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+    Txn::new().then(Op::put_in(key, bytes, session))
+}
+
+/// The leader group count an instance record says (one for a record without it, or one
+/// that cannot be read: an instance too old to know groups).
+pub fn leader_groups_of(value: &[u8]) -> u32 {
+    serde_json::from_slice::<InstanceRecord>(value).map_or(1, |record| record.leader_groups)
 }
 
 /// Writes this instance's record bound to the instance lease `session`, retrying with
@@ -37,7 +63,8 @@ pub async fn write_instance_record<C: MirrorCache, T>(core: &Core<C, T>, session
         if core.shutdown.is_cancelled() || lease.borrow_and_update().live() != Some(session) {
             return false;
         }
-        match core.store.txn(instance_record_txn(&key, &core.instance_id, session)).await {
+        match core.store.txn(instance_record_txn(&key, &core.instance_id, core.leader_groups, session)).await
+        {
             Ok(_) => return true,
             Err(error) => tracing::warn!(%error, "cannot write this instance's record; retrying"),
         }

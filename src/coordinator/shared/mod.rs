@@ -142,12 +142,15 @@ pub struct CoreSettings {
     pub lease_ttl: Duration,
     /// Where partition counts come from.
     pub topics: Topics,
+    /// The leader group count this instance campaigns under, written in its instance
+    /// record (1 unless the handoff backend splits the topics).
+    pub leader_groups: u32,
 }
 
 impl CoreSettings {
     /// The settings of an instance `instance_id` with sessions of `lease_ttl`.
     pub fn new(instance_id: &str, lease_ttl: Duration, topics: Topics) -> Self {
-        Self { instance_id: instance_id.to_string(), lease_ttl, topics }
+        Self { instance_id: instance_id.to_string(), lease_ttl, topics, leader_groups: 1 }
     }
 }
 
@@ -173,6 +176,8 @@ pub struct Core<C: MirrorCache, T> {
     streams: Streams<LocalStream<T>>,
     /// This instance's id (records, logs, status).
     instance_id: String,
+    /// The leader group count in its instance record ([`CoreSettings::leader_groups`]).
+    leader_groups: u32,
     /// TTL of consumer sessions.
     lease_ttl: Duration,
     /// Cancelled when the instance shuts down or crashes: every task stops.
@@ -276,7 +281,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         settings: CoreSettings,
         name: &'static str,
     ) -> Result<Self, crate::store::StoreError> {
-        let CoreSettings { instance_id, lease_ttl, topics } = settings;
+        let CoreSettings { instance_id, lease_ttl, topics, leader_groups } = settings;
         let mirror = Mirror::load(&*store, &keys, name).await?;
         Ok(Self {
             streams: Streams::new(metrics.clone()),
@@ -285,6 +290,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
             metrics,
             mirror,
             instance_id,
+            leader_groups,
             lease_ttl,
             shutdown: CancellationToken::new(),
             crashed: std::sync::atomic::AtomicBool::new(false),
@@ -406,12 +412,19 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         self.topics.ensure(&*self.store, &C::topic_key(&self.keys, topic), topic, cached).await
     }
 
-    /// Grows the stored counts of topics that grew in Kafka ([`Topics::grow`]), each write
-    /// also guarded by `guard`; stops early when `go_on` turns false.
-    pub async fn grow_topics(&self, guard: Option<crate::store::Compare>, go_on: impl Fn() -> bool) {
+    /// Grows the stored counts of the topics `of_ours` that grew in Kafka
+    /// ([`Topics::grow`]), each write also guarded by `guard`; stops early when `go_on`
+    /// turns false.
+    pub async fn grow_topics(
+        &self,
+        guard: Option<crate::store::Compare>,
+        of_ours: impl Fn(&str) -> bool,
+        go_on: impl Fn() -> bool,
+    ) {
         let stored = self.mirror.read().stored_topics();
         let stored = stored
             .into_iter()
+            .filter(|(topic, _)| of_ours(topic))
             .map(|(topic, count)| {
                 let key = C::topic_key(&self.keys, &topic);
                 (topic, key, count)

@@ -123,7 +123,7 @@ impl TestBackend {
         let cut = FaultyStore::new(Arc::new(memory), 1);
         let configured = [("events".to_string(), 4), ("fresh".to_string(), 2)].into_iter().collect();
         let topics = Topics { configured, source: None };
-        let settings = CoreSettings { instance_id: "test".into(), lease_ttl: ttl, topics };
+        let settings = CoreSettings::new("test", ttl, topics);
         let shared: Arc<dyn LeaseStore> = Arc::new(cut.clone());
         let core = Core::load(shared, (), Arc::new(Metrics::new()), settings, "test").await.expect("loads");
         let backend = Arc::new(TestBackend { core });

@@ -1,15 +1,23 @@
-//! Leader election: campaign for the leader key with this instance's lease; step down when
-//! the lease is fenced or replaced, or the key is gone or belongs to another election;
-//! adopt a key that holds our lease after a lost answer; resign at a graceful stop.
+//! Leader election, per leader group: campaign for the group's leader key with this
+//! instance's lease (when [`leader_groups::campaigns`] says so); step down when the lease is
+//! fenced or replaced, or the key is gone or belongs to another election; adopt a key that
+//! holds our lease after a lost answer; hand a group over to the instance preferred for it;
+//! resign every group at a graceful stop.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{Fence, Handoff, Leadership, Step, settle};
+use crate::coordinator::handoff_backend::leader_groups::{self, LeaderGroup};
 use crate::coordinator::handoff_backend::{records::Keys, state::Cache};
 use crate::coordinator::shared::lease::LeaseState;
 use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn, TxnOutcome};
 
 /// Gives up leadership (if held) and what only a leader keeps (the rest of its pass too).
 pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
-    if inner.leadership.send_replace(None).is_some() {
+    let group = me.group.group;
+    if inner.leadership.send_if_modified(|led| led.remove(&group).is_some()) {
         me.cooldowns.clear();
         me.placement.clear();
         me.queue.clear();
@@ -17,7 +25,7 @@ pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
         if let Some((_, stop)) = me.refresh.take() {
             stop.cancel();
         }
-        tracing::warn!(instance = %inner.config.instance_id, why, "leadership lost");
+        tracing::warn!(instance = %inner.config.instance_id, group, why, "leadership lost");
     }
 }
 
@@ -25,9 +33,9 @@ pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
 /// fenced: the key may expire any moment), or the cache shows the leader key gone or
 /// re-created by someone else.
 pub(super) fn check_leadership(inner: &Handoff, me: &mut Leadership) {
-    let Some(fence) = inner.fence() else { return };
+    let Some(fence) = inner.fence(me.group) else { return };
     let lease = *inner.core.lease().borrow();
-    let why = steps_down(fence, lease, &inner.core.mirror().read());
+    let why = steps_down(me.group, fence, lease, &inner.core.mirror().read());
     if let Some(why) = why {
         step_down(inner, me, why);
     }
@@ -38,6 +46,7 @@ pub(super) fn check_leadership(inner: &Handoff, me: &mut Leadership) {
 /// may expire any moment), or the cache shows the leader key gone or re-created by
 /// someone else. `None`: it goes on leading.
 pub(in crate::coordinator::handoff_backend) fn steps_down(
+    group: LeaderGroup,
     fence: Fence,
     lease: LeaseState,
     cache: &Cache,
@@ -48,17 +57,42 @@ pub(in crate::coordinator::handoff_backend) fn steps_down(
     if cache.revision < fence.revision {
         return None; // our own election is not in the cache yet
     }
-    let ours = cache.leader.as_ref().is_some_and(|kv| kv.create_revision == fence.revision);
+    let ours = cache.leader(group).is_some_and(|kv| kv.create_revision == fence.revision);
     (!ours).then_some("leader key changed")
 }
 
-/// Creates the leader key bound to our lease if nobody holds it (queued as the next step).
+/// Creates the group's leader key bound to our lease if nobody holds it (queued as the
+/// next step), when this instance campaigns for the group ([`leader_groups::campaigns`]).
 /// After an answer that was lost or refused, the key is read ([`adopt`]): one bound to our
 /// lease is ours (the write went through), adopted with the fence at its create revision.
-pub(super) fn campaign(inner: &Handoff, me: &mut Leadership) {
+pub(super) fn campaign(inner: &Handoff, me: &mut Leadership, now: Instant) {
     let lease = *inner.core.lease().borrow();
-    let campaign =
-        campaign_txn(inner.core.keys(), &inner.config.instance_id, lease, &inner.core.mirror().read());
+    let cache = inner.core.mirror().read();
+    let vacant_for = match cache.leader(me.group) {
+        Some(_) => {
+            me.vacant_since = None;
+            Duration::ZERO
+        }
+        None => now.saturating_duration_since(*me.vacant_since.get_or_insert(now)),
+    };
+    // Instances configured with another group count would plan the same topics under
+    // other keys: no campaign while such a key is in the store.
+    let mixed = cache.leaders.keys().any(|other| other.groups != me.group.groups);
+    if mixed != me.mixed {
+        me.mixed = mixed;
+        if mixed {
+            tracing::error!(
+                groups = me.group.groups,
+                "a leader key of another --leader-groups count is in the store: not campaigning until it is gone"
+            );
+        }
+    }
+    let instances = cache.instances_under(me.group.groups);
+    let grace = inner.core.lease_ttl();
+    if mixed || !leader_groups::campaigns(me.group, &inner.config.instance_id, instances, vacant_for, grace) {
+        return;
+    }
+    let campaign = campaign_txn(inner.core.keys(), me.group, &inner.config.instance_id, lease, &cache);
     if let Some((txn, session)) = campaign {
         me.queue.push_back(Step::Campaign(txn, session));
     }
@@ -69,15 +103,16 @@ pub(super) fn campaign(inner: &Handoff, me: &mut Leadership) {
 /// while the lease is not live or `cache` shows another session's key.
 pub(in crate::coordinator::handoff_backend) fn campaign_txn(
     keys: &Keys,
+    group: LeaderGroup,
     instance: &str,
     lease: LeaseState,
     cache: &Cache,
 ) -> Option<(Txn, SessionId)> {
     let session = lease.live()?;
-    if cache.leader.as_ref().is_some_and(|kv| kv.session != Some(session)) {
+    if cache.leader(group).is_some_and(|kv| kv.session != Some(session)) {
         return None;
     }
-    let key = keys.leader();
+    let key = keys.leader(group);
     let txn = Txn::new().when(Compare::CreateRevision(key.clone(), 0)).then(Op::put_in(
         &key,
         instance.as_bytes().to_vec(),
@@ -138,8 +173,11 @@ fn won(inner: &Handoff, me: &mut Leadership, session: SessionId, revision: Revis
     me.next_refresh = None; // a new leader refreshes at once
     me.next_weights = None;
     settle(inner, me, "leadership won");
-    inner.leadership.send_replace(Some(Fence { session, revision }));
-    tracing::info!(instance = %inner.config.instance_id, revision, "leadership won");
+    let group = me.group.group;
+    inner.leadership.send_modify(|led| {
+        led.insert(group, Fence { session, revision });
+    });
+    tracing::info!(instance = %inner.config.instance_id, group, revision, "leadership won");
 }
 
 /// After a refused transaction, the leader key as read: was it a stale read, or were we
@@ -177,16 +215,53 @@ pub(in crate::coordinator::handoff_backend) fn deposed(
     }
 }
 
-/// The transaction that gives up leadership at a graceful stop (deletes our leader key if
-/// it is still ours, so another instance takes over at once instead of after the TTL);
-/// `None` when this instance does not lead. The loop runs it as its last store call.
-pub(in crate::coordinator::handoff_backend) fn resignation(inner: &Handoff) -> Option<Txn> {
-    let fence = inner.leadership.send_replace(None)?;
-    Some(resignation_txn(inner.core.keys(), fence))
+/// Hands the group over when another live instance is preferred for it
+/// ([`leader_groups::hands_over`]): steps down, and queues the deletion of our key so the
+/// preferred instance campaigns at once. Returns whether it did.
+pub(super) fn hand_over(inner: &Handoff, me: &mut Leadership) -> bool {
+    let Some(fence) = inner.fence(me.group) else { return false };
+    let cache = inner.core.mirror().read();
+    let instances = cache.instances_under(me.group.groups);
+    if !leader_groups::hands_over(me.group, &inner.config.instance_id, instances) {
+        return false;
+    }
+    drop(cache);
+    step_down(inner, me, "another instance is preferred for this leader group");
+    me.queue.push_back(Step::Resign(resignation_txn(inner.core.keys(), me.group, fence)));
+    true
 }
 
-/// The transaction that deletes the leader key of `fence` if it is still that election's.
-pub(in crate::coordinator::handoff_backend) fn resignation_txn(keys: &Keys, fence: Fence) -> Txn {
-    let key = keys.leader();
+/// The answer to the deletion of a group's key handed over: if it failed, the key ends
+/// with our lease, or when it is found no longer ours.
+pub(super) fn resigned(inner: &Handoff, me: &Leadership, outcome: Result<TxnOutcome, StoreError>) {
+    let group = me.group.group;
+    match outcome {
+        Ok(outcome) if outcome.succeeded => {
+            tracing::info!(instance = %inner.config.instance_id, group, "handed the leader group over")
+        }
+        Ok(_) => tracing::debug!(group, "the leader key handed over was no longer ours"),
+        Err(error) => tracing::warn!(%error, group, "could not delete the leader key handed over"),
+    }
+}
+
+/// The transactions that give up leadership at a graceful stop, one per group led (each
+/// deletes our leader key if it is still ours, so another instance takes over at once
+/// instead of after the TTL); empty when this instance leads nothing. The loop runs them as
+/// its last store calls.
+pub(in crate::coordinator::handoff_backend) fn resignation(inner: &Handoff) -> Vec<Txn> {
+    let groups = inner.config.leader_groups;
+    let led = inner.leadership.send_replace(Default::default());
+    led.into_iter()
+        .map(|(group, fence)| resignation_txn(inner.core.keys(), LeaderGroup { groups, group }, fence))
+        .collect()
+}
+
+/// The transaction that deletes the leader key of `group` if it is still `fence`'s election.
+pub(in crate::coordinator::handoff_backend) fn resignation_txn(
+    keys: &Keys,
+    group: LeaderGroup,
+    fence: Fence,
+) -> Txn {
+    let key = keys.leader(group);
     Txn::new().when(Compare::CreateRevision(key.clone(), fence.revision)).then(Op::delete(&key))
 }

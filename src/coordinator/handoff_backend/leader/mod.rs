@@ -11,11 +11,16 @@
 //! ([`Leader::answered`]). The leader has at most one call in flight, so its writes go
 //! one after another, as a leader's always have.
 //!
-//! **Leadership** is one `watch` value, `Some(Fence)` while this instance leads:
-//! `is_leader` and the leader gauge read it, and only the election writes it. The leader
-//! key is created (compare: absent) bound to this instance's session; its create revision
-//! is the **fence**. Every write the leader makes also compares the leader key's create
-//! revision with the fence: a deposed leader's write fails and changes nothing.
+//! **Leader groups.** The topics are split into `--leader-groups` groups
+//! (`leader_groups.rs`), one leadership each; the loop keeps one [`Leader`] per group
+//! ([`Leaders`]), each planning only its group's topics, with its own call in flight. With
+//! one group (the default) this is the single leader it always was.
+//!
+//! **Leadership** is one `watch` value, the fences of the groups this instance leads:
+//! `is_leader` and the leader gauges read it, and only the election writes it. A group's
+//! leader key is created (compare: absent) bound to this instance's session; its create
+//! revision is the **fence**. Every write a group's leader makes also compares that key's
+//! create revision with the fence: a deposed leader's write fails and changes nothing.
 //!
 //! With a weight source configured, the leader asks it for the weights of every stored
 //! topic every `weights_refresh` and stores those that changed meaningfully in the topic
@@ -43,6 +48,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Handoff;
+use super::leader_groups::LeaderGroup;
 use crate::handoff::{Cooldowns, PlacementMemory};
 use crate::store::{Compare, KeyValue, Revision, SessionId, StoreError, Txn, TxnOutcome};
 
@@ -84,6 +90,8 @@ pub(super) enum Why {
     StillLeading(Fence),
     /// Storing `topic`'s weights (`weighted`: how many partitions have one).
     Weights { topic: String, weighted: usize },
+    /// Deleting the key of a group handed over.
+    Resign,
 }
 
 /// What the store answered a [`Job`].
@@ -114,13 +122,20 @@ enum Step {
     Adopt(SessionId),
     /// Check the leader key after a refused batch.
     StillLeading(Fence),
+    /// Delete our leader key of a group handed over (compare: still our election).
+    Resign(Txn),
     /// The pass's plans are written: pace the next one by how long planning took.
     EndPass { planning: Duration },
 }
 
-/// The leader's own state, kept by the instance's loop.
-#[derive(Default)]
+/// The leader's own state, kept by the instance's loop: one per leader group.
 struct Leadership {
+    /// The group this is the leadership of.
+    group: LeaderGroup,
+    /// Since when the group's leader key has been seen absent.
+    vacant_since: Option<Instant>,
+    /// A leader key of another group count is in the store (logged once per sighting).
+    mixed: bool,
     /// Until when orphaned partitions are left alone (see [`HandoffConfig::settle_period`]).
     ///
     /// [`HandoffConfig::settle_period`]: super::HandoffConfig::settle_period
@@ -159,6 +174,31 @@ struct Leadership {
     queue: VecDeque<Step>,
 }
 
+impl Leadership {
+    fn new(group: LeaderGroup) -> Self {
+        Leadership {
+            group,
+            vacant_since: None,
+            mixed: false,
+            settle_until: None,
+            interruptions: 0,
+            instance_losses: 0,
+            arrivals: BTreeMap::new(),
+            wake_at: None,
+            cooldowns: BTreeMap::new(),
+            placement: BTreeMap::new(),
+            next_weights: None,
+            written: 0,
+            next_plan: None,
+            refresh: None,
+            refreshes: 0,
+            refresh_due: None,
+            next_refresh: None,
+            queue: VecDeque::new(),
+        }
+    }
+}
+
 /// The leader as the instance's loop keeps it (see the module docs).
 pub(super) struct Leader {
     me: Leadership,
@@ -180,21 +220,87 @@ impl Handoff {
         self.config.settle_for()
     }
 
-    /// Our fence, while we lead.
-    fn fence(&self) -> Option<Fence> {
-        *self.leadership.borrow()
+    /// Our fence of `group`, while we lead it.
+    fn fence(&self, group: LeaderGroup) -> Option<Fence> {
+        self.leadership.borrow().get(&group.group).copied()
     }
 
-    /// The compare that holds only while `fence` is the current election.
-    fn fenced(&self, fence: Fence) -> Compare {
-        Compare::CreateRevision(self.core.keys().leader(), fence.revision)
+    /// The compare that holds only while `fence` is the current election of `group`.
+    fn fenced(&self, group: LeaderGroup, fence: Fence) -> Compare {
+        Compare::CreateRevision(self.core.keys().leader(group), fence.revision)
+    }
+}
+
+/// The leaders of every group, as the instance's loop keeps them: each one a [`Leader`]
+/// of its own, the loop's calls spread over them.
+pub(super) struct Leaders {
+    groups: Vec<Leader>,
+}
+
+/// Which of the [`Leaders`] a call belongs to.
+pub(super) type GroupIndex = usize;
+
+impl Leaders {
+    /// One leader per group of `groups`, each looking at once.
+    pub(super) fn new(groups: u32, now: Instant) -> Self {
+        Leaders { groups: LeaderGroup::all(groups).map(|group| Leader::new(group, now)).collect() }
+    }
+
+    /// See [`Leader::poke`].
+    pub(super) fn poke(&mut self) {
+        self.groups.iter_mut().for_each(Leader::poke);
+    }
+
+    /// The earliest of the leaders' timers (see [`Leader::wake_at`]).
+    pub(super) fn wake_at(&self) -> Option<Instant> {
+        self.groups.iter().filter_map(Leader::wake_at).min()
+    }
+
+    /// Whether some leader may plan at its next call (see [`Leader::may_plan`]).
+    pub(super) fn may_plan(&self, inner: &Handoff, now: Instant) -> bool {
+        self.groups.iter().any(|leader| leader.may_plan(inner, now))
+    }
+
+    /// Every leader's next store call that is ready now, with its group.
+    pub(super) fn next_jobs(&mut self, inner: &Arc<Handoff>, now: Instant) -> Vec<(GroupIndex, Job)> {
+        let jobs = self.groups.iter_mut().enumerate();
+        jobs.filter_map(|(index, leader)| leader.next_job(inner, now).map(|job| (index, job))).collect()
+    }
+
+    /// Every topic refresh due now (see [`Leader::refresh`]), with its group.
+    pub(super) fn refreshes(
+        &mut self,
+        inner: &Arc<Handoff>,
+    ) -> Vec<(GroupIndex, u64, BoxFuture<'static, ()>)> {
+        let due = self.groups.iter_mut().enumerate();
+        due.filter_map(|(index, leader)| leader.refresh(inner).map(|(number, run)| (index, number, run)))
+            .collect()
+    }
+
+    /// See [`Leader::stop`].
+    pub(super) fn stop(&mut self) {
+        self.groups.iter_mut().for_each(Leader::stop);
+    }
+
+    /// The topic refresh `number` of group `index` ended.
+    pub(super) fn refreshed(&mut self, index: GroupIndex, number: u64) {
+        if let Some(leader) = self.groups.get_mut(index) {
+            leader.refreshed(number);
+        }
+    }
+
+    /// What the store answered group `index`'s call.
+    pub(super) fn answered(&mut self, inner: &Handoff, index: GroupIndex, why: Why, answer: Answer) {
+        if let Some(leader) = self.groups.get_mut(index) {
+            leader.answered(inner, why, answer);
+        }
     }
 }
 
 impl Leader {
-    /// A leader that looks at once.
-    pub(super) fn new(now: Instant) -> Self {
-        Leader { me: Leadership::default(), dirty: true, seen: 0, busy: false, wake: now, stopped: false }
+    /// The leader of `group`, looking at once.
+    fn new(group: LeaderGroup, now: Instant) -> Self {
+        Leader { me: Leadership::new(group), dirty: true, seen: 0, busy: false, wake: now, stopped: false }
     }
 
     /// The instance lease or the mirror's health changed: the leader looks again once it is
@@ -212,7 +318,9 @@ impl Leader {
     /// Whether the next [`next_job`](Self::next_job) may plan (so the loop lets the
     /// streams it just fed go first: planning a big topic takes hundreds of µs).
     pub(super) fn may_plan(&self, inner: &Handoff, now: Instant) -> bool {
-        self.will_look(inner, now) && inner.fence().is_some() && self.me.next_plan.is_none_or(|at| now >= at)
+        self.will_look(inner, now)
+            && inner.fence(self.me.group).is_some()
+            && self.me.next_plan.is_none_or(|at| now >= at)
     }
 
     /// Whether the leader looks at its next chance: it is idle, and something changed or
@@ -253,12 +361,17 @@ impl Leader {
         self.me.refreshes += 1;
         let (number, stop) = (self.me.refreshes, CancellationToken::new());
         self.me.refresh = Some((number, stop.clone()));
-        let inner = inner.clone();
+        let (inner, group) = (inner.clone(), self.me.group);
         Some((
             number,
             Box::pin(async move {
-                let go_on = || !inner.core.shutdown().is_cancelled() && inner.fence() == Some(fence);
-                stop.run_until_cancelled(inner.core.grow_topics(Some(inner.fenced(fence)), go_on)).await;
+                let go_on = || !inner.core.shutdown().is_cancelled() && inner.fence(group) == Some(fence);
+                let grow = inner.core.grow_topics(
+                    Some(inner.fenced(group, fence)),
+                    |topic| group.plans(topic),
+                    go_on,
+                );
+                stop.run_until_cancelled(grow).await;
             }),
         ))
     }
@@ -292,6 +405,7 @@ impl Leader {
             (Why::Weights { topic, weighted }, Answer::Txn(outcome)) => {
                 weights::answered(inner, me, &topic, weighted, outcome)
             }
+            (Why::Resign, Answer::Txn(outcome)) => election::resigned(inner, me, outcome),
             // A job's answer is always of its kind (`driver.rs` runs them).
             (_, _) => tracing::error!("the leader got an answer of another kind than its call"),
         }
@@ -308,11 +422,14 @@ impl Leader {
             settle(inner, me, "the store watch was interrupted");
         }
         election::check_leadership(inner, me);
-        if inner.fence().is_none() {
-            election::campaign(inner, me);
+        if inner.fence(me.group).is_none() {
+            election::campaign(inner, me, now);
             return;
         }
-        if let Some(fence) = inner.fence()
+        if election::hand_over(inner, me) {
+            return;
+        }
+        if let Some(fence) = inner.fence(me.group)
             && inner.core.mirror().read().revision >= me.written
         {
             match me.next_plan.filter(|at| now < *at) {
@@ -326,7 +443,7 @@ impl Leader {
                 }
             }
         }
-        if let Some(fence) = inner.fence() {
+        if let Some(fence) = inner.fence(me.group) {
             start_topic_refresh(inner, me, fence);
             weights::queue_when_due(inner, me, fence);
         }
@@ -347,7 +464,7 @@ impl Leader {
                     }
                     None => {
                         reconcile::finish_topic(inner, me, *topic);
-                        if inner.fence().is_none() {
+                        if inner.fence(me.group).is_none() {
                             me.queue.clear();
                         }
                     }
@@ -357,11 +474,12 @@ impl Leader {
                 }
                 Step::Campaign(txn, session) => return Some(Job::Txn(txn, Why::Campaign(session))),
                 Step::Adopt(session) => {
-                    return Some(Job::Read(inner.core.keys().leader(), Why::Adopt(session)));
+                    return Some(Job::Read(inner.core.keys().leader(me.group), Why::Adopt(session)));
                 }
                 Step::StillLeading(fence) => {
-                    return Some(Job::Read(inner.core.keys().leader(), Why::StillLeading(fence)));
+                    return Some(Job::Read(inner.core.keys().leader(me.group), Why::StillLeading(fence)));
                 }
+                Step::Resign(txn) => return Some(Job::Txn(txn, Why::Resign)),
                 Step::EndPass { planning } => me.next_plan = Some(Instant::now() + planning * PLAN_PACE),
             }
         }
@@ -373,17 +491,25 @@ impl Leader {
 fn settle(inner: &Handoff, me: &mut Leadership, why: &str) {
     let period = inner.settle_period();
     me.settle_until = Some(Instant::now() + period);
-    if inner.fence().is_some() {
-        tracing::info!(why, ?period, "settling: partitions of consumers whose registrations are gone wait");
+    if inner.fence(me.group).is_some() {
+        let group = me.group.group;
+        tracing::info!(
+            group,
+            why,
+            ?period,
+            "settling: partitions of consumers whose registrations are gone wait"
+        );
     }
 }
 
-/// Keeps the leader gauge equal to the leadership value.
+/// Keeps the leader gauges equal to the leadership value: whether this instance leads
+/// some group, and how many.
 pub(super) async fn publish_gauge(inner: Arc<Handoff>) {
     let mut leadership = inner.leadership.subscribe();
     loop {
-        let leading = leadership.borrow_and_update().is_some();
-        inner.core.metrics().is_leader.set(i64::from(leading));
+        let led = leadership.borrow_and_update().len();
+        inner.core.metrics().is_leader.set(i64::from(led > 0));
+        inner.core.metrics().leader_groups_led.set(led as i64);
         if leadership.changed().await.is_err() {
             return;
         }

@@ -189,6 +189,7 @@ pub(super) fn plan_all(
     let plans = cache
         .topics
         .iter()
+        .filter(|(topic, _)| me.group.plans(topic))
         .filter(|(_, entry)| may_plan(entry, settling))
         .filter(|(topic, entry)| {
             let wait =
@@ -313,7 +314,7 @@ pub(in crate::coordinator::handoff_backend) fn plan_topic(
         compares
     };
     let ops = |w: &[Write]| keys.write_ops(topic, w);
-    let leader_key = keys.leader();
+    let leader_key = keys.leader(config.leader_group_of(topic));
     let batches: VecDeque<(Txn, Vec<u32>)> = chunks(&writes)
         .iter()
         .map(|batch| {

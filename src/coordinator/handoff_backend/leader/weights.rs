@@ -29,7 +29,7 @@ pub(super) fn queue_when_due(inner: &Handoff, me: &mut Leadership, fence: Fence)
     }
     me.next_weights = Some(now + inner.config.weights_refresh);
     let cache = inner.core.mirror().read();
-    for (topic, entry) in &cache.topics {
+    for (topic, entry) in cache.topics.iter().filter(|(topic, _)| me.group.plans(topic)) {
         let Some(config) = entry.config.as_ref() else { continue };
         let Some(wanted) = source.weights(topic) else { continue };
         let Some(weights) = to_store(&config.value.weights, &wanted, config.value.partition_count) else {
@@ -39,7 +39,7 @@ pub(super) fn queue_when_due(inner: &Handoff, me: &mut Leadership, fence: Fence)
         let record = TopicRecord { weights, ..config.value.clone() };
         let key = inner.core.keys().topic(topic);
         let txn = Txn::new()
-            .when(inner.fenced(fence))
+            .when(inner.fenced(me.group, fence))
             .when(Compare::ModRevision(key.clone(), config.mod_revision))
             .then(Op::put(&key, encode(&record)));
         me.queue.push_back(Step::Weights { topic: topic.clone(), txn, weighted });

@@ -3,7 +3,8 @@
 //! [`steps_down`], [`adopted`], [`deposed`]), the settle period
 //! ([`HandoffConfig::settle_for`]), and each topic's plan ([`plan_topic`]: the planner
 //! under the configured placement, cut into batches that each compare the fence), written
-//! one after another, one store call at a time.
+//! one after another, one store call at a time. It models one leader group (the default
+//! `--leader-groups 1`); several groups run only in the production loop so far.
 //!
 //! [`HandoffConfig::settle_for`]: crate::coordinator::handoff_backend::HandoffConfig::settle_for
 
@@ -17,6 +18,7 @@ use crate::coordinator::handoff_backend::leader::election::{adopted, campaign_tx
 use crate::coordinator::handoff_backend::leader::reconcile::{
     Arrivals, PlanClock, active, may_plan, plan_topic,
 };
+use crate::coordinator::handoff_backend::leader_groups::LeaderGroup;
 use crate::coordinator::machine::io::{Effect, Micros, StoreReply, StoreRequest};
 use crate::handoff::{Cooldowns, Millis, MoveReason, PlacementMemory};
 use crate::store::{KeyValue, Revision, SessionId, StoreError, Txn};
@@ -140,14 +142,14 @@ impl Instance {
         }
         let Some(cache) = self.cache.as_ref() else { return };
         if let Some(fence) = self.leader.fence
-            && steps_down(fence, self.lease, cache).is_some()
+            && steps_down(LeaderGroup::ONLY, fence, self.lease, cache).is_some()
         {
             self.step_down();
         }
         let Some(cache) = self.cache.as_ref() else { return };
         let Some(fence) = self.leader.fence else {
             if let Some((txn, session)) =
-                campaign_txn(&self.keys, &self.config.instance_id, self.lease, cache)
+                campaign_txn(&self.keys, LeaderGroup::ONLY, &self.config.instance_id, self.lease, cache)
             {
                 self.leader.busy = true;
                 self.request(StoreRequest::Txn(txn), Waiting::Leader(Why::Campaign(session)));
@@ -212,7 +214,7 @@ impl Instance {
                 },
                 Step::StillLeading(fence) => {
                     self.leader.busy = true;
-                    let key = self.keys.leader();
+                    let key = self.keys.leader(LeaderGroup::ONLY);
                     self.request(StoreRequest::Get(vec![key]), Waiting::Leader(Why::StillLeading(fence)));
                     return;
                 }
@@ -239,7 +241,7 @@ impl Instance {
                 Ok(outcome) if outcome.succeeded => self.won(session, outcome.revision),
                 _ => {
                     self.leader.busy = true;
-                    let key = self.keys.leader();
+                    let key = self.keys.leader(LeaderGroup::ONLY);
                     self.request(StoreRequest::Get(vec![key]), Waiting::Leader(Why::Adopt(session)));
                 }
             },

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::test_harness::{Harness, SESSION, commands, handoff_under_way, lose, reply, txn_rev};
+use crate::coordinator::handoff_backend::leader_groups::LeaderGroup;
 use crate::coordinator::machine::io::{Call, Effect, EndReason, Input, LeaseState, Replied};
 use crate::coordinator::{CoordinatorError, causes::EndOfStream};
 use crate::mutation::{Mutation, with_mutation};
@@ -101,7 +102,7 @@ fn with_self_fencing_skipped_a_fenced_lease_leaves_the_streams_open() {
 #[test]
 fn a_leader_campaigns_on_absence_and_every_plan_batch_compares_its_fence() {
     let mut h = Harness::new();
-    let leader = h.keys.leader();
+    let leader = h.keys.leader(LeaderGroup::ONLY);
     let campaign =
         h.store.txns.iter().find(|(t, _)| t.ops.iter().any(|op| op.key() == leader)).expect("campaigned");
     assert_eq!(campaign.0.compares, vec![Compare::CreateRevision(leader.clone(), 0)]);
@@ -129,7 +130,7 @@ fn a_leader_campaigns_on_absence_and_every_plan_batch_compares_its_fence() {
 fn without_its_fence_the_leaders_plan_is_unguarded() {
     let mut h = Harness::new();
     h.register(1, 11, "a");
-    let leader = h.keys.leader();
+    let leader = h.keys.leader(LeaderGroup::ONLY);
     with_mutation(Mutation::LeaderUnfenced, || h.advance(Duration::from_millis(400)));
     let (plan, _) = h.store.txns.last().expect("planned");
     assert!(plan.ops.iter().any(|op| op.key().starts_with("/k/assignments/")), "{plan:?}");

@@ -13,6 +13,7 @@ use std::time::Duration;
 use super::{Instance, Waiting, expect};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::handoff_backend::leader::election::resignation_txn;
+use crate::coordinator::handoff_backend::leader_groups::LeaderGroup;
 use crate::coordinator::handoff_backend::records::{ConsumerRecord, decode, encode};
 use crate::coordinator::handoff_backend::register::{active_record, held, registrations_of};
 use crate::coordinator::handoff_backend::state::Cache;
@@ -141,7 +142,7 @@ impl Instance {
         }
         if let Some(session) = state.live().filter(|s| self.recorded != Some(*s)) {
             let key = instance_key(self.keys.prefix(), &self.config.instance_id);
-            let txn = instance_record_txn(&key, &self.config.instance_id, session);
+            let txn = instance_record_txn(&key, &self.config.instance_id, self.config.leader_groups, session);
             self.request(StoreRequest::Txn(txn), Waiting::Record(session));
         }
     }
@@ -349,7 +350,7 @@ impl Instance {
             self.end_stream(&key, (EndReason::Shutdown, Some(error)));
         }
         if let Some(fence) = self.leader.fence {
-            let txn = resignation_txn(&self.keys, fence);
+            let txn = resignation_txn(&self.keys, LeaderGroup::ONLY, fence);
             self.request(StoreRequest::Txn(txn), Waiting::Resign);
             self.step_down();
         }
