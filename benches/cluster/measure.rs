@@ -72,8 +72,10 @@ pub struct InstanceCounters {
     pub plan_s: f64,
     /// `kafka_assigner_watch_resyncs_total`: whole-prefix re-reads.
     pub resyncs: f64,
-    /// `kafka_assigner_is_leader`.
-    pub leader: bool,
+    /// `kafka_assigner_partition_moves_total`: moves in the plans this instance wrote.
+    pub moves: f64,
+    /// `kafka_assigner_leader_groups_led`.
+    pub groups_led: u32,
 }
 
 /// Reads an instance's [`InstanceCounters`].
@@ -83,7 +85,8 @@ pub async fn instance(server: &ServerProcess) -> Result<InstanceCounters, BenchE
         cpu_s: server.cpu_seconds()?,
         plan_s: metric_sum(&text, "kafka_assigner_plan_seconds_total", ""),
         resyncs: metric_sum(&text, "kafka_assigner_watch_resyncs_total", ""),
-        leader: metric_sum(&text, "kafka_assigner_is_leader", "") > 0.5,
+        moves: metric_sum(&text, "kafka_assigner_partition_moves_total", ""),
+        groups_led: metric_sum(&text, "kafka_assigner_leader_groups_led", "") as u32,
     })
 }
 
@@ -94,7 +97,8 @@ impl InstanceCounters {
             cpu_s: later.cpu_s - self.cpu_s,
             plan_s: later.plan_s - self.plan_s,
             resyncs: later.resyncs - self.resyncs,
-            leader: later.leader,
+            moves: later.moves - self.moves,
+            groups_led: later.groups_led,
         }
     }
 }

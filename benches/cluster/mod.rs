@@ -54,6 +54,8 @@ pub struct Config {
     pub deadline: Duration,
     /// The `kafka-assigner` binary.
     pub binary: PathBuf,
+    /// `--leader-groups` of every instance.
+    pub leader_groups: u32,
     /// More server flags.
     pub extra_args: Vec<String>,
 }
@@ -61,7 +63,7 @@ pub struct Config {
 impl Config {
     /// Reads `CLUSTER_INSTANCES` (`1,3,5`), `CLUSTER_TOPICS` (100), `CLUSTER_PARTITIONS`
     /// (16), `CLUSTER_CONSUMERS` (4 per topic), `CLUSTER_WAVES` (10), `CLUSTER_DEADLINE_S`
-    /// (120) and `CLUSTER_SERVER_ARGS` (space-separated).
+    /// (120), `CLUSTER_LEADER_GROUPS` (20) and `CLUSTER_SERVER_ARGS` (space-separated).
     pub fn from_env(binary: PathBuf) -> Result<Self, BenchError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let number = |name: &str, default: u64| -> Result<u64, BenchError> {
@@ -85,6 +87,7 @@ impl Config {
             consumers: number("CLUSTER_CONSUMERS", 4)? as u32,
             waves: number("CLUSTER_WAVES", 10)? as u32,
             deadline: Duration::from_secs(number("CLUSTER_DEADLINE_S", 120)?),
+            leader_groups: number("CLUSTER_LEADER_GROUPS", 20)? as u32,
             binary,
             extra_args: var("CLUSTER_SERVER_ARGS")
                 .map(|a| a.split_whitespace().map(str::to_string).collect())
@@ -146,7 +149,8 @@ pub async fn run(config: &Config, k: usize) -> Result<Row, BenchError> {
     let topics: Vec<String> =
         (0..config.topics).map(|t| format!("{}={}", topic_name(t), config.partitions)).collect();
     let topics = topics.join(",");
-    let mut args = vec!["--drain-policy=drain".to_string()];
+    let mut args =
+        vec!["--drain-policy=drain".to_string(), format!("--leader-groups={}", config.leader_groups)];
     args.extend(config.extra_args.iter().cloned());
     let mut instances = Vec::with_capacity(k);
     let per_instance = config.slots().div_ceil(k as u32);

@@ -19,6 +19,8 @@ pub struct Row {
     pub consumers: u32,
     /// Waves of the restart.
     pub waves: u32,
+    /// `--leader-groups` of the instances.
+    pub leader_groups: u32,
     /// Every consumer connected and the views stable, in seconds.
     pub connect_s: Option<f64>,
     /// The whole rolling restart, in seconds (`None`: it did not complete).
@@ -60,6 +62,7 @@ impl Row {
             partitions: config.partitions,
             consumers: config.consumers,
             waves: config.waves,
+            leader_groups: config.leader_groups,
             ..Self::default()
         }
     }
@@ -112,8 +115,9 @@ pub fn markdown(rows: &[Row]) -> String {
     let mut add = |name: &'static str, cell: &dyn Fn(&Row) -> String| {
         lines.push((name, rows.iter().map(cell).collect()));
     };
-    add("topics × partitions, consumers per topic (total)", &|r| {
-        format!("{} × {}, {} ({})", r.topics, r.partitions, r.consumers, r.topics * r.consumers)
+    add("topics × partitions, consumers per topic (total); leader groups", &|r| {
+        let (topics, partitions, consumers) = (r.topics, r.partitions, r.consumers);
+        format!("{topics} × {partitions}, {consumers} ({}); {}", topics * consumers, r.leader_groups)
     });
     add("connect: every consumer up and stable (s)", &|r| opt(r.connect_s, 1));
     add("connect: etcd `Txn` per consumer (its Register and its share of the first plan)", &|r| {
@@ -137,12 +141,9 @@ pub fn markdown(rows: &[Row]) -> String {
     add("etcd database growth per change (bytes; nothing compacts)", &|r| {
         per(r.etcd.db_bytes, r.etcd.changes)
     });
-    add("CPU s per instance over the restart (* leader)", &|r| {
-        let cells: Vec<String> = r
-            .instances
-            .iter()
-            .map(|i| format!("{:.1}{}", i.cpu_s, if i.leader { "*" } else { "" }))
-            .collect();
+    add("CPU s per instance over the restart (leader groups it led)", &|r| {
+        let cells: Vec<String> =
+            r.instances.iter().map(|i| format!("{:.1} ({})", i.cpu_s, i.groups_led)).collect();
         cells.join(" / ")
     });
     add("CPU s of the bench's own consumers (one thread) over the restart", &|r| opt(r.bench_cpu_s, 1));
@@ -155,6 +156,11 @@ pub fn markdown(rows: &[Row]) -> String {
     });
     add("planning s (busiest instance)", &|r| {
         opt(r.instances.iter().map(|i| i.plan_s).max_by(f64::total_cmp), 3)
+    });
+    add("plan moves written: busiest instance's share", &|r| {
+        let total: f64 = r.instances.iter().map(|i| i.moves).sum();
+        let busiest = r.instances.iter().map(|i| i.moves).max_by(f64::total_cmp).unwrap_or(0.0);
+        if total > 0.0 { format!("{:.0} %", busiest / total * 100.0) } else { "–".into() }
     });
     add("watch resyncs (all instances)", &|r| {
         format!("{:.0}", r.instances.iter().map(|i| i.resyncs).sum::<f64>())
@@ -204,8 +210,9 @@ pub fn markdown(rows: &[Row]) -> String {
 
 const FOOTER: &str = "
 Each column is a fresh etcd (one member, loopback) and K fresh instances (child processes,
-release build, `--drain-policy drain`, default placement `shadow`), on the same 2 cores as
-the bench's consumers. The consumers are slots spread round robin over the instances; in
+release build, `--drain-policy drain`, default placement `shadow`, the topics split into
+`CLUSTER_LEADER_GROUPS` leader groups, default 20), on the same 2 cores as the bench's
+consumers. The consumers are slots spread round robin over the instances; in
 wave *w* of 10, every slot whose number is *w* modulo 10 sends `Deregister`, serves its
 releases until the server ends its stream, and registers again under a new name on the
 next instance (a topic has at most one consumer in a wave); the next wave starts once every
@@ -219,7 +226,8 @@ restart: `Txn` and `Range` are `grpc_server_handled_total` by method, changes ar
 `etcd_mvcc_put_total` + `etcd_mvcc_delete_total`, events delivered are
 `etcd_debugging_mvcc_events_total` (every watcher's), bytes are
 `etcd_network_client_grpc_sent_bytes_total` (watch events and every answer). Planning is
-each instance's `kafka_assigner_plan_seconds_total` over the restart; CPU is `utime` +
+each instance's `kafka_assigner_plan_seconds_total` over the restart, plan moves its
+`kafka_assigner_partition_moves_total` (the moves of the fenced plan batches it wrote); CPU is `utime` +
 `stime` of `/proc/<pid>/stat`; RSS is `VmRSS` at the end. The resync read is the raw etcd
 client's range read of the whole prefix after the restart, which every instance makes on
 start, on a broken watch and every resync interval.

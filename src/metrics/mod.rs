@@ -73,8 +73,11 @@ pub struct Metrics {
     pub registers_abandoned: Gauge,
     /// 1 while this instance leads (with leader groups: leads at least one group).
     pub is_leader: Gauge,
-    /// How many leader groups this instance leads (`--leader-groups`; 0 or 1 without).
+    /// How many leader groups this instance leads (0 or 1 with one group).
     pub leader_groups_led: Gauge,
+    /// How many leader groups the topics are split into (`--leader-groups`; 0 on the
+    /// backends without a leader).
+    pub leader_groups: Gauge,
     /// Consumer streams held by this instance.
     pub streams: Gauge,
     /// `Register` calls refused by a stream limit, by limit.
@@ -208,6 +211,8 @@ impl Metrics {
         r.register("is_leader", "1 while this instance leads (some leader group)", is_leader.clone());
         let leader_groups_led = Gauge::default();
         r.register("leader_groups_led", "Leader groups this instance leads", leader_groups_led.clone());
+        let leader_groups = Gauge::default();
+        r.register("leader_groups", "Leader groups the topics are split into (--leader-groups)", leader_groups.clone());
         let streams = Gauge::default();
         r.register("streams", "Consumer streams held by this instance", streams.clone());
         let streams_refused =
@@ -272,6 +277,7 @@ impl Metrics {
             registers_abandoned,
             is_leader,
             leader_groups_led,
+            leader_groups,
             streams,
             streams_refused,
             handoff_duration,

@@ -506,6 +506,7 @@ fn settle(inner: &Handoff, me: &mut Leadership, why: &str) {
 /// some group, and how many.
 pub(super) async fn publish_gauge(inner: Arc<Handoff>) {
     let mut leadership = inner.leadership.subscribe();
+    inner.core.metrics().leader_groups.set(i64::from(inner.config.leader_groups.max(1)));
     loop {
         let led = leadership.borrow_and_update().len();
         inner.core.metrics().is_leader.set(i64::from(led > 0));

@@ -55,3 +55,36 @@ fn rebalance_writes_are_batched_fenced_and_keep_a_partition_together() {
         assert_ne!(last, first);
     }
 }
+
+#[test]
+fn a_plan_is_fenced_by_the_leader_key_of_its_topics_group() {
+    use crate::coordinator::handoff_backend::register::active_record;
+    use crate::coordinator::shared::mirror::Versioned;
+    use crate::coordinator::shared::records::TopicRecord;
+
+    let keys = Keys::new("/p");
+    let fence = Fence { session: SessionId(1), revision: 42 };
+    for groups in [1, 4, 16] {
+        let config = HandoffConfig { leader_groups: groups, ..HandoffConfig::default() };
+        for topic in ["orders", "payments", "clicks"] {
+            // A topic of two partitions and its one consumer: the plan assigns both.
+            let mut entry = TopicEntry {
+                config: Some(Versioned { value: TopicRecord::new(2), mod_revision: 1 }),
+                ..TopicEntry::default()
+            };
+            let record = active_record(&config, "a", SessionId(7), 0);
+            entry.consumers.insert("a".into(), Versioned { value: record, mod_revision: 2 });
+            let clock = PlanClock { revision: 50, now: 1_000, now_micros: 1_000_000 };
+            let (mut cooldowns, mut memory) = Default::default();
+            let plan = plan_topic(&config, &keys, fence, (topic, &entry), clock, &mut cooldowns, &mut memory);
+            assert!(!plan.batches.is_empty(), "{topic}: nothing planned");
+            let group = config.leader_group_of(topic);
+            assert!(group.plans(topic) && group.groups == groups);
+            let key = if groups == 1 { "/p/leader".to_string() } else { format!("/p/leaders/{groups}/{}", group.group) };
+            assert_eq!(keys.leader(group), key);
+            for (txn, _) in &plan.batches {
+                assert_eq!(txn.compares[0], Compare::CreateRevision(key.clone(), 42), "{topic} in {group:?}");
+            }
+        }
+    }
+}
