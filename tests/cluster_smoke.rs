@@ -40,6 +40,8 @@ async fn a_rolling_restart_on_one_and_three_instances_moves_each_partition_twice
         waves: 10,
         deadline: Duration::from_secs(60),
         binary: PathBuf::from(env!("CARGO_BIN_EXE_kafka-assigner")),
+        // Three groups per instance at K = 3: the planning is spread (checked below).
+        leader_groups: 9,
         extra_args: Vec::new(),
     };
     for k in config.instances.clone() {
@@ -58,5 +60,14 @@ async fn a_rolling_restart_on_one_and_three_instances_moves_each_partition_twice
         assert!((per_change - k as f64).abs() < 0.05, "K = {k}: {per_change} events per change:\n{table}");
         let planning: f64 = row.instances.iter().map(|i| i.plan_s).sum();
         assert!(planning > 0.0, "K = {k}: no planning counted:\n{table}");
+        // Every instance leads its share of the groups, and writes plans.
+        let led: Vec<u32> = row.instances.iter().map(|i| i.groups_led).collect();
+        assert_eq!(led.iter().sum::<u32>(), config.leader_groups, "K = {k}: groups led {led:?}:\n{table}");
+        let share = config.leader_groups.div_ceil(k as u32);
+        assert!(led.iter().all(|n| *n <= share), "K = {k}: groups led {led:?}:\n{table}");
+        // The ten topics fall in more groups than one instance leads, so with three
+        // instances at least two write plans.
+        let writers = row.instances.iter().filter(|i| i.moves > 0.0).count();
+        assert!(writers >= k.min(2), "K = {k}: {writers} instances wrote plans:\n{table}");
     }
 }

@@ -16,17 +16,25 @@ use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn, 
 
 /// Gives up leadership (if held) and what only a leader keeps (the rest of its pass too).
 pub(super) fn step_down(inner: &Handoff, me: &mut Leadership, why: &str) {
-    let group = me.group.group;
-    if inner.leadership.send_if_modified(|led| led.remove(&group).is_some()) {
-        me.cooldowns.clear();
-        me.placement.clear();
-        me.queue.clear();
-        me.refresh_due = None;
-        if let Some((_, stop)) = me.refresh.take() {
-            stop.cancel();
-        }
-        tracing::warn!(instance = %inner.config.instance_id, group, why, "leadership lost");
+    if give_up(inner, me) {
+        tracing::warn!(instance = %inner.config.instance_id, group = me.group.group, why, "leadership lost");
     }
+}
+
+/// Drops group leadership and what only its leader keeps; whether it was held.
+fn give_up(inner: &Handoff, me: &mut Leadership) -> bool {
+    let group = me.group.group;
+    if !inner.leadership.send_if_modified(|led| led.remove(&group).is_some()) {
+        return false;
+    }
+    me.cooldowns.clear();
+    me.placement.clear();
+    me.queue.clear();
+    me.refresh_due = None;
+    if let Some((_, stop)) = me.refresh.take() {
+        stop.cancel();
+    }
+    true
 }
 
 /// Steps down when the instance lease is no longer the live one the key is bound to (it is
@@ -226,7 +234,10 @@ pub(super) fn hand_over(inner: &Handoff, me: &mut Leadership) -> bool {
         return false;
     }
     drop(cache);
-    step_down(inner, me, "another instance is preferred for this leader group");
+    // A hand-over is routine (an instance joined), not a loss: logged at info.
+    give_up(inner, me);
+    let group = me.group.group;
+    tracing::info!(instance = %inner.config.instance_id, group, "handing the leader group over to the instance preferred for it");
     me.queue.push_back(Step::Resign(resignation_txn(inner.core.keys(), me.group, fence)));
     true
 }

@@ -53,7 +53,9 @@ use crate::handoff::{Cooldowns, PlacementMemory};
 use crate::store::{Compare, KeyValue, Revision, SessionId, StoreError, Txn, TxnOutcome};
 
 /// The leader plans at most about one part in `PLAN_PACE + 1` of the time: after a plan
-/// that took `d`, the next waits until `PLAN_PACE × d` has passed. Under a stream of
+/// that took `d`, the next waits until `PLAN_PACE × d` has passed. With several leader
+/// groups the budget is the instance's: a group's pass also waits for the pace left by
+/// any other group's plan ([`Leaders`]). Under a stream of
 /// revisions (a scale-out of 10,000 partitions writes thousands) a big topic is then
 /// planned every few milliseconds instead of after every revision, leaving the CPU to the
 /// relay and the store; a small topic's plan (well under a millisecond) is barely delayed.
@@ -235,6 +237,12 @@ impl Handoff {
 /// of its own, the loop's calls spread over them.
 pub(super) struct Leaders {
     groups: Vec<Leader>,
+    /// No group plans before this: the instance's planning budget ([`PLAN_PACE`]), set
+    /// when a group plans.
+    pace: Option<Instant>,
+    /// The group asked first for its next call (rotated, so that no group's plan always
+    /// takes the budget first).
+    turn: usize,
 }
 
 /// Which of the [`Leaders`] a call belongs to.
@@ -243,7 +251,8 @@ pub(super) type GroupIndex = usize;
 impl Leaders {
     /// One leader per group of `groups`, each looking at once.
     pub(super) fn new(groups: u32, now: Instant) -> Self {
-        Leaders { groups: LeaderGroup::all(groups).map(|group| Leader::new(group, now)).collect() }
+        let groups = LeaderGroup::all(groups).map(|group| Leader::new(group, now)).collect();
+        Leaders { groups, pace: None, turn: 0 }
     }
 
     /// See [`Leader::poke`].
@@ -258,13 +267,22 @@ impl Leaders {
 
     /// Whether some leader may plan at its next call (see [`Leader::may_plan`]).
     pub(super) fn may_plan(&self, inner: &Handoff, now: Instant) -> bool {
-        self.groups.iter().any(|leader| leader.may_plan(inner, now))
+        self.pace.is_none_or(|at| now >= at) && self.groups.iter().any(|leader| leader.may_plan(inner, now))
     }
 
-    /// Every leader's next store call that is ready now, with its group.
+    /// Every leader's next store call that is ready now, with its group, starting from
+    /// the group whose turn it is.
     pub(super) fn next_jobs(&mut self, inner: &Arc<Handoff>, now: Instant) -> Vec<(GroupIndex, Job)> {
-        let jobs = self.groups.iter_mut().enumerate();
-        jobs.filter_map(|(index, leader)| leader.next_job(inner, now).map(|job| (index, job))).collect()
+        let count = self.groups.len();
+        let first = self.turn % count.max(1);
+        self.turn = first + 1;
+        let mut jobs = Vec::new();
+        for index in (first..count).chain(0..first) {
+            if let Some(job) = self.groups[index].next_job(inner, now, &mut self.pace) {
+                jobs.push((index, job));
+            }
+        }
+        jobs
     }
 
     /// Every topic refresh due now (see [`Leader::refresh`]), with its group.
@@ -334,8 +352,9 @@ impl Leader {
         !self.busy && self.me.queue.is_empty() && (self.dirty || now >= self.wake || revision != self.seen)
     }
 
-    /// The leader's next store call, if it has one now (see the module docs).
-    pub(super) fn next_job(&mut self, inner: &Arc<Handoff>, now: Instant) -> Option<Job> {
+    /// The leader's next store call, if it has one now (see the module docs); `pace` is
+    /// the instance's planning budget ([`Leaders`]).
+    fn next_job(&mut self, inner: &Arc<Handoff>, now: Instant, pace: &mut Option<Instant>) -> Option<Job> {
         // A timer left set after the shutdown would fire at once, again and again, until
         // the loop ends.
         self.stopped = inner.core.shutdown().is_cancelled();
@@ -346,7 +365,7 @@ impl Leader {
         if self.due(revision, now) {
             self.dirty = false;
             self.seen = revision;
-            self.look(inner, now);
+            self.look(inner, now, pace);
         }
         let job = self.take_step(inner);
         self.busy = job.is_some();
@@ -413,7 +432,7 @@ impl Leader {
 
     /// A look: settle after an interruption, check or win leadership, plan, refresh; all
     /// decided on the cache, the store calls queued (module docs).
-    fn look(&mut self, inner: &Arc<Handoff>, now: Instant) {
+    fn look(&mut self, inner: &Arc<Handoff>, now: Instant, pace: &mut Option<Instant>) {
         self.wake = now + inner.config.reconcile_interval;
         let me = &mut self.me;
         let interruptions = inner.core.mirror().health().borrow().interruptions;
@@ -432,12 +451,15 @@ impl Leader {
         if let Some(fence) = inner.fence(me.group)
             && inner.core.mirror().read().revision >= me.written
         {
-            match me.next_plan.filter(|at| now < *at) {
+            match me.next_plan.max(*pace).filter(|at| now < *at) {
                 Some(at) => me.wake_at = Some(me.wake_at.map_or(at, |wake| wake.min(at))),
                 None => {
                     let settling = me.settle_until.is_some_and(|until| now < until);
                     let (topics, planning) = reconcile::plan_all(inner, me, fence, settling);
                     inner.core.metrics().plan_seconds.inc_by(planning.as_secs_f64());
+                    // The instance's budget from now; this group's own pace starts once its
+                    // plans are written (`EndPass`), so with one group it is what rules.
+                    *pace = Some(Instant::now() + planning * PLAN_PACE);
                     me.queue.extend(topics.into_iter().map(|topic| Step::Topic(Box::new(topic))));
                     me.queue.push_back(Step::EndPass { planning });
                 }

@@ -68,10 +68,8 @@ fn a_plan_is_fenced_by_the_leader_key_of_its_topics_group() {
         let config = HandoffConfig { leader_groups: groups, ..HandoffConfig::default() };
         for topic in ["orders", "payments", "clicks"] {
             // A topic of two partitions and its one consumer: the plan assigns both.
-            let mut entry = TopicEntry {
-                config: Some(Versioned { value: TopicRecord::new(2), mod_revision: 1 }),
-                ..TopicEntry::default()
-            };
+            let mut entry = TopicEntry::default();
+            entry.config = Some(Versioned { value: TopicRecord::new(2), mod_revision: 1 });
             let record = active_record(&config, "a", SessionId(7), 0);
             entry.consumers.insert("a".into(), Versioned { value: record, mod_revision: 2 });
             let clock = PlanClock { revision: 50, now: 1_000, now_micros: 1_000_000 };
