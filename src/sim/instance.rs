@@ -33,6 +33,7 @@ impl Machine {
             reconcile_interval: config.reconcile,
             settle_period: config.settle,
             rebalance_delay: config.reconcile,
+            leader_groups: config.leader_groups,
             ..HandoffConfig::default()
         };
         // The shared pieces' monotonic time is anchored here; only differences are read,

@@ -105,6 +105,10 @@ pub struct SimConfig {
     /// served its requests in (off by default: one ordered connection; the mutation table
     /// in docs/simulation.md was measured so).
     pub answers_reorder: bool,
+    /// `--leader-groups` of every instance: with more than one, the topic is planned by
+    /// its group's leader, campaigned for by the preferred instance and handed over as
+    /// instances come and go (`leader_groups.rs`).
+    pub leader_groups: u32,
 }
 
 impl Default for SimConfig {
@@ -124,6 +128,7 @@ impl Default for SimConfig {
             same_id_on_restart: false,
             lost_answers_vanish: false,
             answers_reorder: false,
+            leader_groups: 1,
         }
     }
 }

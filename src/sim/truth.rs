@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::events::TOPIC;
 use super::{Invariant, Violation};
 use crate::coordinator::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, decode};
 use crate::handoff::{ConsumerStatus, Handoff, Phase};
@@ -24,7 +25,7 @@ pub struct Truth {
     pub handoffs: BTreeMap<u32, Handoff>,
     /// Registrations.
     pub consumers: BTreeMap<String, ConsumerRecord>,
-    /// The instance named by the leader key.
+    /// The instance named by the leader key of the topic's group.
     pub leader: Option<String>,
     /// (partition, consumer) → revision at which it last became the owner.
     owner_since: BTreeMap<(u32, String), Revision>,
@@ -123,7 +124,11 @@ impl Truth {
                         self.registrations_deleted += 1;
                     }
                 }
-                (Key::Leader(_), v) => self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned()),
+                // The leader that plans the topic: its group's.
+                (Key::Leader(group), v) if group.plans(TOPIC) => {
+                    self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned())
+                }
+                (Key::Leader(_), _) => {}
                 (Key::Topic(_) | Key::Instance(_), _) => {}
             }
         }

@@ -3,8 +3,10 @@
 //! [`steps_down`], [`adopted`], [`deposed`]), the settle period
 //! ([`HandoffConfig::settle_for`]), and each topic's plan ([`plan_topic`]: the planner
 //! under the configured placement, cut into batches that each compare the fence), written
-//! one after another, one store call at a time. It models one leader group (the default
-//! `--leader-groups 1`); several groups run only in the production loop so far.
+//! one after another, one store call at a time per leader group. With `leader_groups` > 1
+//! there is one [`LeaderState`] per group, each planning its group's topics under its own
+//! key, campaigning and handing over by the running leader's rules
+//! ([`leader_groups::campaigns`], [`leader_groups::hands_over`]).
 //!
 //! [`HandoffConfig::settle_for`]: crate::coordinator::handoff_backend::HandoffConfig::settle_for
 
@@ -18,7 +20,8 @@ use crate::coordinator::handoff_backend::leader::election::{adopted, campaign_tx
 use crate::coordinator::handoff_backend::leader::reconcile::{
     Arrivals, PlanClock, active, may_plan, plan_topic,
 };
-use crate::coordinator::handoff_backend::leader_groups::LeaderGroup;
+use crate::coordinator::handoff_backend::leader::election::resignation_txn;
+use crate::coordinator::handoff_backend::leader_groups::{self, LeaderGroup};
 use crate::coordinator::machine::io::{Effect, Micros, StoreReply, StoreRequest};
 use crate::handoff::{Cooldowns, Millis, MoveReason, PlacementMemory};
 use crate::store::{KeyValue, Revision, SessionId, StoreError, Txn};
@@ -34,6 +37,8 @@ pub(super) enum Why {
     Plan(Txn),
     /// Reading the leader key after a refused batch.
     StillLeading(Fence),
+    /// Deleting the key of a group handed over.
+    Resign,
 }
 
 /// One topic's plan being written.
@@ -54,11 +59,15 @@ enum Step {
     StillLeading(Fence),
 }
 
-/// The leader's state (see the module docs).
+/// One leader group's leader state (see the module docs).
 #[derive(Debug)]
 pub(super) struct LeaderState {
-    /// `Some` while this instance leads.
+    /// The group it leads or campaigns for.
+    group: LeaderGroup,
+    /// `Some` while this instance leads the group.
     pub fence: Option<Fence>,
+    /// Since when the group's key has been seen absent.
+    vacant_since: Option<Micros>,
     /// A store call of the leader's is in flight.
     busy: bool,
     /// Something it follows changed (the lease, the mirror's view).
@@ -83,9 +92,16 @@ pub(super) struct LeaderState {
 }
 
 impl LeaderState {
-    /// A leader that looks at once.
-    pub fn new(now: Micros) -> Self {
+    /// The leader of every group of `groups`, each looking at once.
+    pub fn all(groups: u32, now: Micros) -> Vec<Self> {
+        LeaderGroup::all(groups).map(|group| LeaderState::new(group, now)).collect()
+    }
+
+    /// The leader of `group`, looking at once.
+    fn new(group: LeaderGroup, now: Micros) -> Self {
         LeaderState {
+            group,
+            vacant_since: None,
             fence: None,
             busy: false,
             dirty: true,
@@ -103,6 +119,11 @@ impl LeaderState {
         }
     }
 
+    /// The group it is the leader state of.
+    pub fn group(&self) -> LeaderGroup {
+        self.group
+    }
+
     /// When the leader's timer is due (`None` while its call is in flight).
     pub fn wake_at(&self) -> Option<Micros> {
         if self.busy {
@@ -113,63 +134,77 @@ impl LeaderState {
 }
 
 impl Instance {
-    /// The leader looks, when it is idle and something changed or its timer is due, and
-    /// sends its next store call.
+    /// Each group's leader looks, when it is idle and something changed or its timer is
+    /// due, and sends its next store call.
     pub(super) fn lead(&mut self) {
         let Some(revision) = self.cache.as_ref().map(|c| c.revision) else { return };
         let now = self.now;
-        let me = &self.leader;
-        if me.busy {
-            return;
+        for g in 0..self.leaders.len() {
+            let me = &self.leaders[g];
+            if me.busy {
+                continue;
+            }
+            let due_arrivals = me.arrivals_due.is_some_and(|at| now >= at);
+            if me.queue.is_empty() && (me.dirty || now >= me.next_look || revision != me.seen || due_arrivals) {
+                self.look(g, revision);
+            }
+            self.take_step(g);
         }
-        let due_arrivals = me.arrivals_due.is_some_and(|at| now >= at);
-        if me.queue.is_empty() && (me.dirty || now >= me.next_look || revision != me.seen || due_arrivals) {
-            self.look(revision);
-        }
-        self.take_step();
     }
 
-    /// A look: settle after an interruption, check or win leadership, plan.
-    fn look(&mut self, revision: Revision) {
+    /// Something every leader follows changed (the lease, the mirror's view).
+    pub(super) fn poke_leaders(&mut self) {
+        self.leaders.iter_mut().for_each(|me| me.dirty = true);
+    }
+
+    /// A look of group `g`'s leader: settle after an interruption, check, win or hand over
+    /// leadership, plan.
+    fn look(&mut self, g: usize, revision: Revision) {
         let now = self.now;
-        self.leader.dirty = false;
-        self.leader.seen = revision;
-        self.leader.arrivals_due = None;
-        self.leader.next_look = now + self.config.reconcile_interval.as_micros() as Micros;
-        if self.interruptions != self.leader.interruptions {
-            self.leader.interruptions = self.interruptions;
-            self.settle();
+        let me = &mut self.leaders[g];
+        me.dirty = false;
+        me.seen = revision;
+        me.arrivals_due = None;
+        me.next_look = now + self.config.reconcile_interval.as_micros() as Micros;
+        if self.interruptions != me.interruptions {
+            me.interruptions = self.interruptions;
+            self.settle(g);
         }
+        let group = self.leaders[g].group;
         let Some(cache) = self.cache.as_ref() else { return };
-        if let Some(fence) = self.leader.fence
-            && steps_down(LeaderGroup::ONLY, fence, self.lease, cache).is_some()
+        if let Some(fence) = self.leaders[g].fence
+            && steps_down(group, fence, self.lease, cache).is_some()
         {
-            self.step_down();
+            self.step_down(g);
         }
         let Some(cache) = self.cache.as_ref() else { return };
-        let Some(fence) = self.leader.fence else {
-            if let Some((txn, session)) =
-                campaign_txn(&self.keys, LeaderGroup::ONLY, &self.config.instance_id, self.lease, cache)
-            {
-                self.leader.busy = true;
-                self.request(StoreRequest::Txn(txn), Waiting::Leader(Why::Campaign(session)));
-            }
+        let Some(fence) = self.leaders[g].fence else {
+            self.campaign(g);
             return;
         };
-        if cache.revision < self.leader.written {
+        let instances = cache.instances_under(group.groups);
+        if leader_groups::hands_over(group, &self.config.instance_id, instances) {
+            self.step_down(g);
+            self.leaders[g].busy = true;
+            let txn = resignation_txn(&self.keys, group, fence);
+            self.request(StoreRequest::Txn(txn), Waiting::Leader(g, Why::Resign));
             return;
         }
-        let mut settling = self.leader.settle_until.is_some_and(|until| now < until);
-        if cache.instance_losses != self.leader.instance_losses {
-            self.leader.instance_losses = cache.instance_losses;
-            self.settle();
+        if cache.revision < self.leaders[g].written {
+            return;
+        }
+        let mut settling = self.leaders[g].settle_until.is_some_and(|until| now < until);
+        if cache.instance_losses != self.leaders[g].instance_losses {
+            self.leaders[g].instance_losses = cache.instance_losses;
+            self.settle(g);
             settling = true;
         }
-        let cache = self.cache.as_ref().expect("checked above");
+        let Some(cache) = self.cache.as_ref() else { return };
         let (at, delay) = (self.origin + std::time::Duration::from_micros(now), self.config.rebalance_delay);
         let clock = PlanClock { revision: cache.revision, now: now / 1000, now_micros: now };
-        let me = &mut self.leader;
-        for (topic, entry) in cache.topics.iter().filter(|(_, e)| may_plan(e, settling)) {
+        let me = &mut self.leaders[g];
+        let topics = cache.topics.iter().filter(|(topic, _)| group.plans(topic));
+        for (topic, entry) in topics.filter(|(_, e)| may_plan(e, settling)) {
             let wait = me.arrivals.entry(topic.clone()).or_default().wait_until(active(entry), at, delay);
             if let Some(due) = wait {
                 let due = now + (due - at).as_micros() as Micros;
@@ -192,39 +227,68 @@ impl Instance {
         }
     }
 
-    /// Sends the next store call of the pass; finished topics are recorded.
-    fn take_step(&mut self) {
-        while let Some(step) = self.leader.queue.pop_front() {
+    /// Group `g`'s leader campaigns for its key when the rules say so: always with one
+    /// group; with several, when preferred for it or after a TTL of vacancy, and never
+    /// beside a leader key of another group count.
+    fn campaign(&mut self, g: usize) {
+        let Some(cache) = self.cache.as_ref() else { return };
+        let (now, me) = (self.now, &mut self.leaders[g]);
+        let group = me.group;
+        let vacant_for = match cache.leader(group) {
+            Some(_) => {
+                me.vacant_since = None;
+                0
+            }
+            None => now.saturating_sub(*me.vacant_since.get_or_insert(now)),
+        };
+        let mixed = cache.leaders.keys().any(|other| other.groups != group.groups);
+        let instances = cache.instances_under(group.groups);
+        let (vacant_for, grace) = (std::time::Duration::from_micros(vacant_for), self.config.lease_ttl);
+        if mixed || !leader_groups::campaigns(group, &self.config.instance_id, instances, vacant_for, grace) {
+            return;
+        }
+        if let Some((txn, session)) = campaign_txn(&self.keys, group, &self.config.instance_id, self.lease, cache) {
+            self.leaders[g].busy = true;
+            self.request(StoreRequest::Txn(txn), Waiting::Leader(g, Why::Campaign(session)));
+        }
+    }
+
+    /// Sends group `g`'s next store call of the pass; finished topics are recorded.
+    fn take_step(&mut self, g: usize) {
+        while let Some(step) = self.leaders[g].queue.pop_front() {
             match step {
                 Step::Topic(mut topic) => match topic.batches.pop_front() {
                     Some((txn, partitions)) => {
                         topic.sending = partitions;
-                        self.leader.queue.push_front(Step::Topic(topic));
-                        self.leader.busy = true;
-                        self.request(StoreRequest::Txn(txn.clone()), Waiting::Leader(Why::Plan(txn)));
+                        self.leaders[g].queue.push_front(Step::Topic(topic));
+                        self.leaders[g].busy = true;
+                        self.request(StoreRequest::Txn(txn.clone()), Waiting::Leader(g, Why::Plan(txn)));
                         return;
                     }
                     None => {
                         let made: Vec<(u32, MoveReason)> =
                             topic.moves.into_iter().filter(|(p, _)| topic.applied.contains(p)).collect();
-                        if let Some(memory) = self.leader.placement.get_mut(&topic.topic) {
+                        if let Some(memory) = self.leaders[g].placement.get_mut(&topic.topic) {
                             memory.record(topic.planned_at, &made, &self.config.placement);
                         }
                     }
                 },
                 Step::StillLeading(fence) => {
-                    self.leader.busy = true;
-                    let key = self.keys.leader(LeaderGroup::ONLY);
-                    self.request(StoreRequest::Get(vec![key]), Waiting::Leader(Why::StillLeading(fence)));
+                    self.leaders[g].busy = true;
+                    let key = self.keys.leader(self.leaders[g].group);
+                    self.request(StoreRequest::Get(vec![key]), Waiting::Leader(g, Why::StillLeading(fence)));
                     return;
                 }
             }
         }
     }
 
-    /// What the store answered the leader.
-    pub(super) fn leader_answered(&mut self, why: Why, answer: Result<StoreReply, StoreError>) {
-        self.leader.busy = false;
+    /// What the store answered group `g`'s leader.
+    pub(super) fn leader_answered(&mut self, g: usize, why: Why, answer: Result<StoreReply, StoreError>) {
+        if g >= self.leaders.len() {
+            return;
+        }
+        self.leaders[g].busy = false;
         if self.stopping {
             return;
         }
@@ -238,35 +302,37 @@ impl Instance {
         };
         match why {
             Why::Campaign(session) => match expect(answer, txn) {
-                Ok(outcome) if outcome.succeeded => self.won(session, outcome.revision),
+                Ok(outcome) if outcome.succeeded => self.won(g, session, outcome.revision),
                 _ => {
-                    self.leader.busy = true;
-                    let key = self.keys.leader(LeaderGroup::ONLY);
-                    self.request(StoreRequest::Get(vec![key]), Waiting::Leader(Why::Adopt(session)));
+                    self.leaders[g].busy = true;
+                    let key = self.keys.leader(self.leaders[g].group);
+                    self.request(StoreRequest::Get(vec![key]), Waiting::Leader(g, Why::Adopt(session)));
                 }
             },
             Why::Adopt(session) => {
                 let read: Result<Option<KeyValue>, StoreError> = expect(answer, read);
                 if let Some(revision) = adopted(session, &read) {
-                    self.won(session, revision);
+                    self.won(g, session, revision);
                 }
             }
-            Why::Plan(written) => self.batch_answered(&written, expect(answer, txn)),
+            Why::Plan(written) => self.batch_answered(g, &written, expect(answer, txn)),
             Why::StillLeading(fence) => {
                 if deposed(fence, &expect(answer, read)) == Some(true) {
-                    self.step_down();
+                    self.step_down(g);
                 }
             }
+            // Lost or refused: the key ends with the lease, or is no longer ours.
+            Why::Resign => {}
         }
     }
 
     /// The answer to the batch in flight of the topic at the head of the queue.
-    fn batch_answered(&mut self, txn: &Txn, outcome: Result<crate::store::TxnOutcome, StoreError>) {
-        let fence = self.leader.fence;
-        let Some(Step::Topic(topic)) = self.leader.queue.front_mut() else { return };
+    fn batch_answered(&mut self, g: usize, txn: &Txn, outcome: Result<crate::store::TxnOutcome, StoreError>) {
+        let fence = self.leaders[g].fence;
+        let Some(Step::Topic(topic)) = self.leaders[g].queue.front_mut() else { return };
         match outcome {
             Ok(outcome) if outcome.succeeded => {
-                self.leader.written = self.leader.written.max(outcome.revision);
+                self.leaders[g].written = self.leaders[g].written.max(outcome.revision);
                 topic.applied.extend(topic.sending.drain(..));
                 self.applied(outcome.revision, &txn.ops, &txn.compares);
             }
@@ -274,37 +340,44 @@ impl Instance {
                 // Planned from a stale view: nothing of this batch was written. Deposed?
                 topic.batches.clear();
                 if let Some(fence) = fence {
-                    self.leader.queue.insert(1, Step::StillLeading(fence));
+                    self.leaders[g].queue.insert(1, Step::StillLeading(fence));
                 }
             }
             Err(_) => {
                 topic.batches.clear();
-                self.settle();
+                self.settle(g);
             }
         }
     }
 
-    /// We lead from `revision` on.
-    fn won(&mut self, session: SessionId, revision: Revision) {
-        self.leader.written = self.leader.written.max(revision);
-        self.leader.fence = Some(Fence { session, revision });
-        self.settle();
-        self.out.push(Effect::Leading(true));
-    }
-
-    /// Gives up leadership and what only a leader keeps.
-    pub(super) fn step_down(&mut self) {
-        if self.leader.fence.take().is_some() {
-            self.leader.cooldowns.clear();
-            self.leader.placement.clear();
-            self.leader.queue.clear();
-            self.out.push(Effect::Leading(false));
+    /// We lead group `g` from `revision` on.
+    fn won(&mut self, g: usize, session: SessionId, revision: Revision) {
+        let leading_before = self.is_leader();
+        let me = &mut self.leaders[g];
+        me.written = me.written.max(revision);
+        me.fence = Some(Fence { session, revision });
+        self.settle(g);
+        if !leading_before {
+            self.out.push(Effect::Leading(true));
         }
     }
 
-    /// Starts a settle period: orphaned partitions are left alone until it ends.
-    fn settle(&mut self) {
+    /// Gives up group `g`'s leadership and what only its leader keeps.
+    pub(super) fn step_down(&mut self, g: usize) {
+        let me = &mut self.leaders[g];
+        if me.fence.take().is_some() {
+            me.cooldowns.clear();
+            me.placement.clear();
+            me.queue.clear();
+            if !self.is_leader() {
+                self.out.push(Effect::Leading(false));
+            }
+        }
+    }
+
+    /// Starts a settle period of group `g`: orphaned partitions are left alone until it ends.
+    fn settle(&mut self, g: usize) {
         let period = self.config.settle_for().as_micros() as Micros;
-        self.leader.settle_until = Some(self.now + period);
+        self.leaders[g].settle_until = Some(self.now + period);
     }
 }

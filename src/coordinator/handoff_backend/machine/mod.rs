@@ -107,7 +107,7 @@ enum Waiting {
     /// A `Deregister`'s store call.
     Leave(Box<LeaveWait>),
     /// The leader's store call.
-    Leader(leader::Why),
+    Leader(usize, leader::Why),
     /// The registration of an ended stream, read (`None`) or deleted (`Some`).
     Unregister(crate::coordinator::shared::streams::StreamKey, Option<Txn>),
     /// A lost registration written again.
@@ -178,7 +178,8 @@ pub struct Instance {
     /// The sweep of registrations of this instance no stream holds (a safety net), as the
     /// running instance's upkeep keeps it.
     sweeper: Upkeep,
-    leader: LeaderState,
+    /// One leader state per leader group (one unless `leader_groups` > 1).
+    leaders: Vec<LeaderState>,
     /// What was last said of readiness and of the timer (said again only when it changes).
     ready: Option<bool>,
     wake: Option<Micros>,
@@ -223,7 +224,7 @@ impl Instance {
             departures,
             sweeper,
             unregistering: BTreeMap::new(),
-            leader: LeaderState::new(now),
+            leaders: LeaderState::all(config.leader_groups, now),
             ready: None,
             wake: None,
             out: Vec::new(),
@@ -266,9 +267,9 @@ impl Instance {
         std::mem::take(&mut self.out)
     }
 
-    /// Whether this instance leads now.
+    /// Whether this instance leads now (some leader group).
     pub fn is_leader(&self) -> bool {
-        self.leader.fence.is_some()
+        self.leaders.iter().any(|me| me.fence.is_some())
     }
 
     /// The cache, once the first read answered (for a simulation's checks).
@@ -334,7 +335,7 @@ impl Instance {
             Waiting::Register(enrolling) => self.register_answered(*enrolling, answer),
             Waiting::Call(call) => self.call_answered(*call, answer),
             Waiting::Leave(leave) => self.leave_answered(*leave, answer),
-            Waiting::Leader(why) => self.leader_answered(why, answer),
+            Waiting::Leader(group, why) => self.leader_answered(group, why, answer),
             Waiting::Unregister(key, txn) => self.unregister_answered(key, txn, answer),
             Waiting::Rebind(key) => self.rebind_answered(key, answer),
             Waiting::Record(session) => {

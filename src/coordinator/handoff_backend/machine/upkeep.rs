@@ -10,10 +10,10 @@
 use crate::coordinator::causes::{EndOfStream, Fence};
 use std::time::Duration;
 
+use super::leader::LeaderState;
 use super::{Instance, Waiting, expect};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::handoff_backend::leader::election::resignation_txn;
-use crate::coordinator::handoff_backend::leader_groups::LeaderGroup;
 use crate::coordinator::handoff_backend::records::{ConsumerRecord, decode, encode};
 use crate::coordinator::handoff_backend::register::{active_record, held, registrations_of};
 use crate::coordinator::handoff_backend::state::Cache;
@@ -77,7 +77,7 @@ impl Instance {
         if !self.unproven {
             self.follow_again();
         }
-        self.leader.dirty = true;
+        self.poke_leaders();
         self.relay(&changes);
         let watch = self
             .request(StoreRequest::Watch { prefix: self.keys.prefix().to_string(), from }, Waiting::Watch);
@@ -122,22 +122,24 @@ impl Instance {
         self.interruptions += 1;
         self.stale_since.get_or_insert(self.now);
         let _ = self.sweeper.health(false, self.instant(self.now));
-        self.leader.dirty = true;
+        self.poke_leaders();
         self.reread();
     }
 
     /// The lease keeper reported `state`.
     pub(super) fn lease_reported(&mut self, state: LeaseState) {
         let before = std::mem::replace(&mut self.lease, state);
-        self.leader.dirty = true;
+        self.poke_leaders();
         if matches!(state, LeaseState::Fenced(_)) && !matches!(before, LeaseState::Fenced(_)) {
             if fences_streams() {
                 self.fence_all(Fence::SessionLost { instance: self.config.instance_id.clone() });
             }
-            if let Some(fence) = self.leader.fence
-                && self.lease.live() != Some(fence.session)
-            {
-                self.step_down();
+            for g in 0..self.leaders.len() {
+                if let Some(fence) = self.leaders[g].fence
+                    && self.lease.live() != Some(fence.session)
+                {
+                    self.step_down(g);
+                }
             }
         }
         if let Some(session) = state.live().filter(|s| self.recorded != Some(*s)) {
@@ -349,10 +351,12 @@ impl Instance {
             let error = CoordinatorError::StreamEnded(EndOfStream::Shutdown { instance: instance.clone() });
             self.end_stream(&key, (EndReason::Shutdown, Some(error)));
         }
-        if let Some(fence) = self.leader.fence {
-            let txn = resignation_txn(&self.keys, LeaderGroup::ONLY, fence);
-            self.request(StoreRequest::Txn(txn), Waiting::Resign);
-            self.step_down();
+        for g in 0..self.leaders.len() {
+            if let Some(fence) = self.leaders[g].fence {
+                let txn = resignation_txn(&self.keys, self.leaders[g].group(), fence);
+                self.request(StoreRequest::Txn(txn), Waiting::Resign);
+                self.step_down(g);
+            }
         }
     }
 
@@ -369,9 +373,10 @@ impl Instance {
         let sweep = Some(micros(self.sweeper.next_sweep()));
         let retries = self.unregistering.values().map(|(at, _)| *at).filter(|at| *at != Micros::MAX);
         let watchdog = self.watchdog_wake();
-        [self.departures.wake_at().map(micros), self.leader.wake_at(), self.reread_at, stale, sweep, watchdog]
+        [self.departures.wake_at().map(micros), self.reread_at, stale, sweep, watchdog]
             .into_iter()
             .flatten()
+            .chain(self.leaders.iter().filter_map(LeaderState::wake_at))
             .chain(lost)
             .chain(retries)
             .min()

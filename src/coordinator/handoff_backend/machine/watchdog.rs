@@ -55,7 +55,7 @@ impl Instance {
             self.stale_since = Some(heard);
         }
         let _ = self.sweeper.health(false, self.instant(heard));
-        self.leader.dirty = true;
+        self.poke_leaders();
         self.reread();
     }
 
