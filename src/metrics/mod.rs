@@ -212,7 +212,11 @@ impl Metrics {
         let leader_groups_led = Gauge::default();
         r.register("leader_groups_led", "Leader groups this instance leads", leader_groups_led.clone());
         let leader_groups = Gauge::default();
-        r.register("leader_groups", "Leader groups the topics are split into (--leader-groups)", leader_groups.clone());
+        r.register(
+            "leader_groups",
+            "Leader groups the topics are split into (--leader-groups)",
+            leader_groups.clone(),
+        );
         let streams = Gauge::default();
         r.register("streams", "Consumer streams held by this instance", streams.clone());
         let streams_refused =

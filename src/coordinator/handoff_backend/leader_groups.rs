@@ -39,6 +39,12 @@ impl LeaderGroup {
     }
 }
 
+/// A group won after its vacancy grace (the preferred instance did not campaign for a
+/// TTL: its loop is stuck, or not loaded, while its lease lives) is kept this many TTLs
+/// before it is handed back, so that such an instance does not make the group change
+/// hands, and its new leader settle, every TTL.
+pub const KEEP_AFTER_GRACE_TTLS: u32 = 10;
+
 /// The group of `topic` among `groups` (FNV-1a of the name: stable across builds and
 /// versions, unlike the standard library's hasher, so instances of different versions
 /// agree during a rolling upgrade).

@@ -181,6 +181,16 @@ fn won(inner: &Handoff, me: &mut Leadership, session: SessionId, revision: Revis
     me.next_refresh = None; // a new leader refreshes at once
     me.next_weights = None;
     settle(inner, me, "leadership won");
+    // Won though another instance is preferred (it did not campaign): kept a while.
+    let cache = inner.core.mirror().read();
+    let elsewhere = leader_groups::hands_over(
+        me.group,
+        &inner.config.instance_id,
+        cache.instances_under(me.group.groups),
+    );
+    drop(cache);
+    let keep = inner.core.lease_ttl() * leader_groups::KEEP_AFTER_GRACE_TTLS;
+    me.keep_until = elsewhere.then(|| Instant::now() + keep);
     let group = me.group.group;
     inner.leadership.send_modify(|led| {
         led.insert(group, Fence { session, revision });
@@ -228,6 +238,9 @@ pub(in crate::coordinator::handoff_backend) fn deposed(
 /// preferred instance campaigns at once. Returns whether it did.
 pub(super) fn hand_over(inner: &Handoff, me: &mut Leadership) -> bool {
     let Some(fence) = inner.fence(me.group) else { return false };
+    if me.keep_until.is_some_and(|until| Instant::now() < until) {
+        return false;
+    }
     let cache = inner.core.mirror().read();
     let instances = cache.instances_under(me.group.groups);
     if !leader_groups::hands_over(me.group, &inner.config.instance_id, instances) {

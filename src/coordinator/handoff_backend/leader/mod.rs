@@ -136,6 +136,9 @@ struct Leadership {
     group: LeaderGroup,
     /// Since when the group's leader key has been seen absent.
     vacant_since: Option<Instant>,
+    /// A group won while another instance was preferred is not handed over before this
+    /// ([`KEEP_AFTER_GRACE_TTLS`](super::leader_groups::KEEP_AFTER_GRACE_TTLS)).
+    keep_until: Option<Instant>,
     /// A leader key of another group count is in the store (logged once per sighting).
     mixed: bool,
     /// Until when orphaned partitions are left alone (see [`HandoffConfig::settle_period`]).
@@ -181,6 +184,7 @@ impl Leadership {
         Leadership {
             group,
             vacant_since: None,
+            keep_until: None,
             mixed: false,
             settle_until: None,
             interruptions: 0,

@@ -78,7 +78,11 @@ fn a_plan_is_fenced_by_the_leader_key_of_its_topics_group() {
             assert!(!plan.batches.is_empty(), "{topic}: nothing planned");
             let group = config.leader_group_of(topic);
             assert!(group.plans(topic) && group.groups == groups);
-            let key = if groups == 1 { "/p/leader".to_string() } else { format!("/p/leaders/{groups}/{}", group.group) };
+            let key = if groups == 1 {
+                "/p/leader".to_string()
+            } else {
+                format!("/p/leaders/{groups}/{}", group.group)
+            };
             assert_eq!(keys.leader(group), key);
             for (txn, _) in &plan.batches {
                 assert_eq!(txn.compares[0], Compare::CreateRevision(key.clone(), 42), "{topic} in {group:?}");

@@ -127,3 +127,29 @@ fn a_watch_silent_for_three_quarters_of_the_ttl_fences_the_streams_and_watches_a
     let spoke = h.take();
     assert!(spoke.iter().any(|e| matches!(e, Effect::Ready(true))), "ready again: {spoke:?}");
 }
+
+/// A first read that fails, on an instance with nothing else to wake it for (no stream, no
+/// cache for its leader to look at), is tried again: the leader's timer, due at once but
+/// unable to look before a cache exists, no longer holds the wake in the past. (Found by the
+/// leader groups' schedules: such an instance, preferred for a group, never campaigned.)
+#[test]
+fn a_first_read_that_fails_is_tried_again() {
+    use super::{Instance, Start};
+    use crate::coordinator::handoff_backend::HandoffConfig;
+    use crate::coordinator::machine::io::LeaseState;
+
+    let start = Start { origin: tokio::time::Instant::now(), nonce: 1, watch_progress_every: None };
+    let now = 1_700_000_000_000_000;
+    let (mut instance, effects) = Instance::new(HandoffConfig::default(), start, now);
+    let Some(first) = prefix_read(&effects) else { panic!("the first read: {effects:?}") };
+    let _ = instance.step(now, Input::Lease(LeaseState::Live(crate::store::SessionId(7))));
+    let failed = Err(StoreError::Unavailable(Unreachable::NotLoaded));
+    let effects = instance.step(now + 1_000, Input::StoreAnswer { request: first, answer: failed });
+    let wake = effects.iter().find_map(|e| match e {
+        Effect::WakeAt(at) => Some(*at),
+        _ => None,
+    });
+    let Some(wake) = wake.filter(|at| *at > now + 1_000) else { panic!("no wake ahead: {effects:?}") };
+    let effects = instance.step(wake, Input::TimerFired);
+    assert!(prefix_read(&effects).is_some(), "the read is tried again: {effects:?}");
+}

@@ -16,11 +16,11 @@ use tokio::time::Instant;
 
 use super::{Instance, Waiting, expect};
 use crate::coordinator::handoff_backend::leader::Fence;
+use crate::coordinator::handoff_backend::leader::election::resignation_txn;
 use crate::coordinator::handoff_backend::leader::election::{adopted, campaign_txn, deposed, steps_down};
 use crate::coordinator::handoff_backend::leader::reconcile::{
     Arrivals, PlanClock, active, may_plan, plan_topic,
 };
-use crate::coordinator::handoff_backend::leader::election::resignation_txn;
 use crate::coordinator::handoff_backend::leader_groups::{self, LeaderGroup};
 use crate::coordinator::machine::io::{Effect, Micros, StoreReply, StoreRequest};
 use crate::handoff::{Cooldowns, Millis, MoveReason, PlacementMemory};
@@ -68,6 +68,8 @@ pub(super) struct LeaderState {
     pub fence: Option<Fence>,
     /// Since when the group's key has been seen absent.
     vacant_since: Option<Micros>,
+    /// Won while another instance was preferred: not handed over before this.
+    keep_until: Option<Micros>,
     /// A store call of the leader's is in flight.
     busy: bool,
     /// Something it follows changed (the lease, the mirror's view).
@@ -102,6 +104,7 @@ impl LeaderState {
         LeaderState {
             group,
             vacant_since: None,
+            keep_until: None,
             fence: None,
             busy: false,
             dirty: true,
@@ -145,7 +148,8 @@ impl Instance {
                 continue;
             }
             let due_arrivals = me.arrivals_due.is_some_and(|at| now >= at);
-            if me.queue.is_empty() && (me.dirty || now >= me.next_look || revision != me.seen || due_arrivals) {
+            if me.queue.is_empty() && (me.dirty || now >= me.next_look || revision != me.seen || due_arrivals)
+            {
                 self.look(g, revision);
             }
             self.take_step(g);
@@ -182,8 +186,14 @@ impl Instance {
             self.campaign(g);
             return;
         };
-        let instances = cache.instances_under(group.groups);
-        if leader_groups::hands_over(group, &self.config.instance_id, instances) {
+        let kept = self.leaders[g].keep_until.is_some_and(|until| now < until);
+        let hands_over = !kept
+            && leader_groups::hands_over(
+                group,
+                &self.config.instance_id,
+                cache.instances_under(group.groups),
+            );
+        if hands_over {
             self.step_down(g);
             self.leaders[g].busy = true;
             let txn = resignation_txn(&self.keys, group, fence);
@@ -247,7 +257,9 @@ impl Instance {
         if mixed || !leader_groups::campaigns(group, &self.config.instance_id, instances, vacant_for, grace) {
             return;
         }
-        if let Some((txn, session)) = campaign_txn(&self.keys, group, &self.config.instance_id, self.lease, cache) {
+        if let Some((txn, session)) =
+            campaign_txn(&self.keys, group, &self.config.instance_id, self.lease, cache)
+        {
             self.leaders[g].busy = true;
             self.request(StoreRequest::Txn(txn), Waiting::Leader(g, Why::Campaign(session)));
         }
@@ -328,19 +340,20 @@ impl Instance {
 
     /// The answer to the batch in flight of the topic at the head of the queue.
     fn batch_answered(&mut self, g: usize, txn: &Txn, outcome: Result<crate::store::TxnOutcome, StoreError>) {
-        let fence = self.leaders[g].fence;
-        let Some(Step::Topic(topic)) = self.leaders[g].queue.front_mut() else { return };
+        let me = &mut self.leaders[g];
+        let fence = me.fence;
+        let Some(Step::Topic(topic)) = me.queue.front_mut() else { return };
         match outcome {
             Ok(outcome) if outcome.succeeded => {
-                self.leaders[g].written = self.leaders[g].written.max(outcome.revision);
                 topic.applied.extend(topic.sending.drain(..));
+                me.written = me.written.max(outcome.revision);
                 self.applied(outcome.revision, &txn.ops, &txn.compares);
             }
             Ok(_) => {
                 // Planned from a stale view: nothing of this batch was written. Deposed?
                 topic.batches.clear();
                 if let Some(fence) = fence {
-                    self.leaders[g].queue.insert(1, Step::StillLeading(fence));
+                    me.queue.insert(1, Step::StillLeading(fence));
                 }
             }
             Err(_) => {
@@ -353,7 +366,13 @@ impl Instance {
     /// We lead group `g` from `revision` on.
     fn won(&mut self, g: usize, session: SessionId, revision: Revision) {
         let leading_before = self.is_leader();
+        let group = self.leaders[g].group;
+        let elsewhere = self.cache.as_ref().is_some_and(|cache| {
+            leader_groups::hands_over(group, &self.config.instance_id, cache.instances_under(group.groups))
+        });
+        let keep = self.config.lease_ttl_micros() * Micros::from(leader_groups::KEEP_AFTER_GRACE_TTLS);
         let me = &mut self.leaders[g];
+        me.keep_until = elsewhere.then_some(self.now + keep);
         me.written = me.written.max(revision);
         me.fence = Some(Fence { session, revision });
         self.settle(g);

@@ -376,7 +376,8 @@ impl Instance {
         [self.departures.wake_at().map(micros), self.reread_at, stale, sweep, watchdog]
             .into_iter()
             .flatten()
-            .chain(self.leaders.iter().filter_map(LeaderState::wake_at))
+            // The leaders look only once the cache is loaded: their timers wait for it.
+            .chain(self.leaders.iter().filter(|_| self.cache.is_some()).filter_map(LeaderState::wake_at))
             .chain(lost)
             .chain(retries)
             .min()
@@ -385,7 +386,7 @@ impl Instance {
 
 impl crate::coordinator::handoff_backend::HandoffConfig {
     /// The lease TTL in µs.
-    fn lease_ttl_micros(&self) -> Micros {
+    pub(super) fn lease_ttl_micros(&self) -> Micros {
         self.lease_ttl.as_micros() as Micros
     }
 }
