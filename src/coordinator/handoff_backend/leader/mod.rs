@@ -33,6 +33,7 @@
 //! new partitions like any orphan.
 
 pub(super) mod election;
+mod leaders;
 #[cfg(test)]
 mod loop_tests;
 pub(super) mod reconcile;
@@ -40,6 +41,7 @@ mod view;
 mod weights;
 
 pub(super) use election::resignation;
+pub(super) use leaders::{GroupIndex, Leaders};
 
 use std::{collections::BTreeMap, collections::VecDeque, sync::Arc, time::Duration};
 
@@ -234,88 +236,6 @@ impl Handoff {
     /// The compare that holds only while `fence` is the current election of `group`.
     fn fenced(&self, group: LeaderGroup, fence: Fence) -> Compare {
         Compare::CreateRevision(self.core.keys().leader(group), fence.revision)
-    }
-}
-
-/// The leaders of every group, as the instance's loop keeps them: each one a [`Leader`]
-/// of its own, the loop's calls spread over them.
-pub(super) struct Leaders {
-    groups: Vec<Leader>,
-    /// No group plans before this: the instance's planning budget ([`PLAN_PACE`]), set
-    /// when a group plans.
-    pace: Option<Instant>,
-    /// The group asked first for its next call (rotated, so that no group's plan always
-    /// takes the budget first).
-    turn: usize,
-}
-
-/// Which of the [`Leaders`] a call belongs to.
-pub(super) type GroupIndex = usize;
-
-impl Leaders {
-    /// One leader per group of `groups`, each looking at once.
-    pub(super) fn new(groups: u32, now: Instant) -> Self {
-        let groups = LeaderGroup::all(groups).map(|group| Leader::new(group, now)).collect();
-        Leaders { groups, pace: None, turn: 0 }
-    }
-
-    /// See [`Leader::poke`].
-    pub(super) fn poke(&mut self) {
-        self.groups.iter_mut().for_each(Leader::poke);
-    }
-
-    /// The earliest of the leaders' timers (see [`Leader::wake_at`]).
-    pub(super) fn wake_at(&self) -> Option<Instant> {
-        self.groups.iter().filter_map(Leader::wake_at).min()
-    }
-
-    /// Whether some leader may plan at its next call (see [`Leader::may_plan`]).
-    pub(super) fn may_plan(&self, inner: &Handoff, now: Instant) -> bool {
-        self.pace.is_none_or(|at| now >= at) && self.groups.iter().any(|leader| leader.may_plan(inner, now))
-    }
-
-    /// Every leader's next store call that is ready now, with its group, starting from
-    /// the group whose turn it is.
-    pub(super) fn next_jobs(&mut self, inner: &Arc<Handoff>, now: Instant) -> Vec<(GroupIndex, Job)> {
-        let count = self.groups.len();
-        let first = self.turn % count.max(1);
-        self.turn = first + 1;
-        let mut jobs = Vec::new();
-        for index in (first..count).chain(0..first) {
-            if let Some(job) = self.groups[index].next_job(inner, now, &mut self.pace) {
-                jobs.push((index, job));
-            }
-        }
-        jobs
-    }
-
-    /// Every topic refresh due now (see [`Leader::refresh`]), with its group.
-    pub(super) fn refreshes(
-        &mut self,
-        inner: &Arc<Handoff>,
-    ) -> Vec<(GroupIndex, u64, BoxFuture<'static, ()>)> {
-        let due = self.groups.iter_mut().enumerate();
-        due.filter_map(|(index, leader)| leader.refresh(inner).map(|(number, run)| (index, number, run)))
-            .collect()
-    }
-
-    /// See [`Leader::stop`].
-    pub(super) fn stop(&mut self) {
-        self.groups.iter_mut().for_each(Leader::stop);
-    }
-
-    /// The topic refresh `number` of group `index` ended.
-    pub(super) fn refreshed(&mut self, index: GroupIndex, number: u64) {
-        if let Some(leader) = self.groups.get_mut(index) {
-            leader.refreshed(number);
-        }
-    }
-
-    /// What the store answered group `index`'s call.
-    pub(super) fn answered(&mut self, inner: &Handoff, index: GroupIndex, why: Why, answer: Answer) {
-        if let Some(leader) = self.groups.get_mut(index) {
-            leader.answered(inner, why, answer);
-        }
     }
 }
 
