@@ -39,8 +39,9 @@ impl LeaderGroup {
     }
 }
 
-/// A group won after its vacancy grace (the preferred instance did not campaign for a
-/// TTL: its loop is stuck, or not loaded, while its lease lives) is kept this many TTLs
+/// A group campaigned for after its vacancy grace, not as its preferred instance (that one
+/// did not campaign for a TTL: its loop is stuck, or not loaded, while its lease lives),
+/// is kept this many TTLs
 /// before it is handed back, so that such an instance does not make the group change
 /// hands, and its new leader settle, every TTL.
 pub const KEEP_AFTER_GRACE_TTLS: u32 = 10;
@@ -89,22 +90,33 @@ pub fn preferred<'a>(groups: u32, instances: impl IntoIterator<Item = &'a str>) 
     chosen
 }
 
-/// Whether instance `me` campaigns for `group` now, given the live `instances` and how
-/// long the group has been without a leader key (pure). With one group, always (the
-/// classic election: whoever comes first). With several: when `me` is preferred for it
-/// ([`preferred`]), or when it has been vacant for `grace` (the preferred instance does not
-/// campaign: its loop is stuck, or its view of the instances differs).
+/// Why an instance campaigns for a group ([`campaigns`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Campaign {
+    /// It is the preferred instance (always so with one group: whoever comes first).
+    Preferred,
+    /// The group has been without a leader key for the grace: the preferred instance does
+    /// not campaign (its loop is stuck or not loaded, or its view of the instances differs).
+    AfterGrace,
+}
+
+/// Whether instance `me` campaigns for `group` now, and why, given the live `instances` and
+/// how long the group has been without a leader key (pure; `None`: it leaves the group to
+/// the preferred instance).
 pub fn campaigns<'a>(
     group: LeaderGroup,
     me: &str,
     instances: impl IntoIterator<Item = &'a str>,
     vacant_for: Duration,
     grace: Duration,
-) -> bool {
-    if group.groups <= 1 || vacant_for >= grace {
-        return true;
+) -> Option<Campaign> {
+    let preferred = group.groups <= 1
+        || preferred(group.groups, instances).get(&group.group).is_some_and(|chosen| chosen == me);
+    match (preferred, vacant_for >= grace) {
+        (true, _) => Some(Campaign::Preferred),
+        (false, true) => Some(Campaign::AfterGrace),
+        (false, false) => None,
     }
-    preferred(group.groups, instances).get(&group.group).is_some_and(|chosen| chosen == me)
 }
 
 /// Whether `me`, leading `group`, hands it over: another live instance is preferred for it
@@ -190,13 +202,16 @@ mod tests {
         let chosen = preferred(6, live())[&4].clone();
         let other = instances.iter().find(|i| **i != chosen).expect("three instances");
         let grace = Duration::from_secs(10);
-        assert!(campaigns(group, &chosen, live(), Duration::ZERO, grace));
-        assert!(!campaigns(group, other, live(), Duration::from_secs(9), grace));
-        assert!(campaigns(group, other, live(), grace, grace));
+        assert_eq!(campaigns(group, &chosen, live(), Duration::ZERO, grace), Some(Campaign::Preferred));
+        assert_eq!(campaigns(group, other, live(), Duration::from_secs(9), grace), None);
+        assert_eq!(campaigns(group, other, live(), grace, grace), Some(Campaign::AfterGrace));
         assert!(hands_over(group, other, live()));
         assert!(!hands_over(group, &chosen, live()));
         // One group: everyone campaigns, nobody hands over.
-        assert!(campaigns(LeaderGroup::ONLY, other, live(), Duration::ZERO, grace));
+        assert_eq!(
+            campaigns(LeaderGroup::ONLY, other, live(), Duration::ZERO, grace),
+            Some(Campaign::Preferred)
+        );
         assert!(!hands_over(LeaderGroup::ONLY, other, live()));
     }
 

@@ -352,7 +352,8 @@ fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, written: Written)
 /// The stream's task: waits for the stream to end, cancels `done`, then hands its
 /// registration to the loop to settle ([`Departures`](super::departures::Departures)): at
 /// once when its consumer left, once its transport took the last commands; after the TTL
-/// when it went away.
+/// when it went away. It only forwards: the loop ends a stream whose consumer went away
+/// when it takes the departure in (`upkeep.rs`), so no coordinator state is written here.
 async fn stream_task<R: Registrar>(
     backend: Arc<R>,
     key: StreamKey,
@@ -366,7 +367,6 @@ async fn stream_task<R: Registrar>(
         reason = end_rx => reason.unwrap_or(EndReason::Shutdown),
         _ = tx.closed() => {
             tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected");
-            core.streams.end(&key, EndReason::Disconnected, None);
             EndReason::Disconnected
         }
     };

@@ -315,12 +315,10 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     }
 
     /// The consumer of registration `key`, written at `registered_at`, left (drained, or
-    /// deregistered) and heard its last commands: the registration is marked departing
-    /// ([`Streams::set_departing`](streams::Streams::set_departing)), so nothing else
-    /// settles it and it is not handed over twice, and the loop deletes it at once if it is
-    /// still this one, then unmarks it.
+    /// deregistered) and heard its last commands: the loop deletes it at once if it is
+    /// still this one. (Its stream ended as `Left`, which marked it departing
+    /// ([`Streams::end`](streams::Streams::end)), so nothing else settles it meanwhile.)
     pub fn leave(&self, key: streams::StreamKey, registered_at: crate::store::Revision) {
-        self.streams.set_departing(&key, true);
         self.hand_over(key, registered_at, true);
     }
 

@@ -40,7 +40,7 @@ use super::lease::{LeaseState, fence_after};
 use super::mirror::{MirrorCache, MirrorHealth};
 use super::registrar::{Held, Registrar};
 use super::registration::unregister_retrying;
-use super::streams::{StreamKey, Told};
+use super::streams::{EndReason, StreamKey, Told};
 use crate::store::SessionId;
 
 /// What the loop does for the upkeep.
@@ -338,6 +338,11 @@ impl Inputs {
             }
             Ok(()) = self.lease.changed() => (Woke::Lease, None),
             Some(departed) = departed => {
+                // A consumer that went away: its stream ends here, in the loop, which
+                // keeps it held (`Streams::holds`) until its departure waits in its place.
+                if !departed.left {
+                    core.streams.end(&departed.key, EndReason::Disconnected, None);
+                }
                 upkeep.departures.add(departed);
                 (Woke::Other, None)
             }

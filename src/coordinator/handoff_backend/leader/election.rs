@@ -96,10 +96,12 @@ pub(super) fn campaign(inner: &Handoff, me: &mut Leadership, now: Instant) {
         }
     }
     let instances = cache.instances_under(me.group.groups);
-    let grace = inner.core.lease_ttl();
-    if mixed || !leader_groups::campaigns(me.group, &inner.config.instance_id, instances, vacant_for, grace) {
-        return;
-    }
+    let id = &inner.config.instance_id;
+    let why = leader_groups::campaigns(me.group, id, instances, vacant_for, inner.core.lease_ttl());
+    let Some(why) = why.filter(|_| !mixed) else { return };
+    // Decided now, not when the answer comes: by then another instance's record may make
+    // the preferred instance's campaign look like one after the grace.
+    me.after_grace = why == leader_groups::Campaign::AfterGrace;
     let campaign = campaign_txn(inner.core.keys(), me.group, &inner.config.instance_id, lease, &cache);
     if let Some((txn, session)) = campaign {
         me.queue.push_back(Step::Campaign(txn, session));
@@ -181,16 +183,9 @@ fn won(inner: &Handoff, me: &mut Leadership, session: SessionId, revision: Revis
     me.next_refresh = None; // a new leader refreshes at once
     me.next_weights = None;
     settle(inner, me, "leadership won");
-    // Won though another instance is preferred (it did not campaign): kept a while.
-    let cache = inner.core.mirror().read();
-    let elsewhere = leader_groups::hands_over(
-        me.group,
-        &inner.config.instance_id,
-        cache.instances_under(me.group.groups),
-    );
-    drop(cache);
+    // Won after the vacancy grace, not as the preferred instance: kept a while.
     let keep = inner.core.lease_ttl() * leader_groups::KEEP_AFTER_GRACE_TTLS;
-    me.keep_until = elsewhere.then(|| Instant::now() + keep);
+    me.keep_until = me.after_grace.then(|| Instant::now() + keep);
     let group = me.group.group;
     inner.leadership.send_modify(|led| {
         led.insert(group, Fence { session, revision });

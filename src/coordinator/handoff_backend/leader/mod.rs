@@ -141,6 +141,8 @@ struct Leadership {
     /// A group won while another instance was preferred is not handed over before this
     /// ([`KEEP_AFTER_GRACE_TTLS`](super::leader_groups::KEEP_AFTER_GRACE_TTLS)).
     keep_until: Option<Instant>,
+    /// Its last campaign was after the vacancy grace, not as the preferred instance.
+    after_grace: bool,
     /// A leader key of another group count is in the store (logged once per sighting).
     mixed: bool,
     /// Until when orphaned partitions are left alone (see [`HandoffConfig::settle_period`]).
@@ -187,6 +189,7 @@ impl Leadership {
             group,
             vacant_since: None,
             keep_until: None,
+            after_grace: false,
             mixed: false,
             settle_until: None,
             interruptions: 0,

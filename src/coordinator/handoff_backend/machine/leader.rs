@@ -68,8 +68,10 @@ pub(super) struct LeaderState {
     pub fence: Option<Fence>,
     /// Since when the group's key has been seen absent.
     vacant_since: Option<Micros>,
-    /// Won while another instance was preferred: not handed over before this.
+    /// Won after the vacancy grace: not handed over before this.
     keep_until: Option<Micros>,
+    /// Its last campaign was after the vacancy grace, not as the preferred instance.
+    after_grace: bool,
     /// A store call of the leader's is in flight.
     busy: bool,
     /// Something it follows changed (the lease, the mirror's view).
@@ -105,6 +107,7 @@ impl LeaderState {
             group,
             vacant_since: None,
             keep_until: None,
+            after_grace: false,
             fence: None,
             busy: false,
             dirty: true,
@@ -253,10 +256,16 @@ impl Instance {
         };
         let mixed = cache.leaders.keys().any(|other| other.groups != group.groups);
         let instances = cache.instances_under(group.groups);
-        let (vacant_for, grace) = (std::time::Duration::from_micros(vacant_for), self.config.lease_ttl);
-        if mixed || !leader_groups::campaigns(group, &self.config.instance_id, instances, vacant_for, grace) {
-            return;
-        }
+        let vacant_for = std::time::Duration::from_micros(vacant_for);
+        let why = leader_groups::campaigns(
+            group,
+            &self.config.instance_id,
+            instances,
+            vacant_for,
+            self.config.lease_ttl,
+        );
+        let Some(why) = why.filter(|_| !mixed) else { return };
+        me.after_grace = why == leader_groups::Campaign::AfterGrace;
         if let Some((txn, session)) =
             campaign_txn(&self.keys, group, &self.config.instance_id, self.lease, cache)
         {
@@ -366,13 +375,9 @@ impl Instance {
     /// We lead group `g` from `revision` on.
     fn won(&mut self, g: usize, session: SessionId, revision: Revision) {
         let leading_before = self.is_leader();
-        let group = self.leaders[g].group;
-        let elsewhere = self.cache.as_ref().is_some_and(|cache| {
-            leader_groups::hands_over(group, &self.config.instance_id, cache.instances_under(group.groups))
-        });
         let keep = self.config.lease_ttl_micros() * Micros::from(leader_groups::KEEP_AFTER_GRACE_TTLS);
         let me = &mut self.leaders[g];
-        me.keep_until = elsewhere.then_some(self.now + keep);
+        me.keep_until = me.after_grace.then_some(self.now + keep);
         me.written = me.written.max(revision);
         me.fence = Some(Fence { session, revision });
         self.settle(g);
