@@ -5,7 +5,7 @@
 //! `shadow` placement stays by count while `/status` shows what the load plan would move.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -120,26 +120,36 @@ async fn drive_until(
 }
 
 /// Every partition a consumer was assigned after `joins` (c0's first partitions come before,
-/// with nobody to warm from) was warmed first; returns, per partition, when each warm arrived.
+/// with nobody to warm from) was warmed first; returns, per partition, when each handoff's
+/// warm arrived. A `Warm` repeated while the consumer is still warming that partition from
+/// the same owner (no assignment or cancellation in between) is the same handoff told
+/// again, which the protocol allows (design.md §3: consumers tolerate a repeated command),
+/// not a second move; a warm from another owner is another handoff.
 fn warms_before_assignments(consumers: &[TestConsumer], joins: Instant) -> BTreeMap<u32, Vec<Instant>> {
     let mut warms_at: BTreeMap<u32, Vec<Instant>> = BTreeMap::new();
     for c in consumers {
-        let mut warmed = BTreeSet::new();
+        let mut warmed: BTreeMap<u32, &str> = BTreeMap::new();
         for (at, command) in &c.history {
             match &command.command {
                 Some(Command::Warm(w)) => {
                     let p = w.partition.as_ref().map_or(u32::MAX, |tp| tp.partition);
-                    warmed.insert(p);
-                    warms_at.entry(p).or_default().push(*at);
+                    if warmed.insert(p, w.current_owner.as_str()) != Some(w.current_owner.as_str()) {
+                        warms_at.entry(p).or_default().push(*at);
+                    }
                 }
-                Some(Command::Assignment(update)) if *at >= joins => {
+                Some(Command::Assignment(update)) => {
                     for tp in &update.assigned {
+                        let was_warmed = warmed.remove(&tp.partition).is_some();
                         assert!(
-                            warmed.remove(&tp.partition),
+                            was_warmed || *at < joins,
                             "{}: assigned {} without a warm: {c:?}",
                             c.name,
                             tp.partition
                         );
+                    }
+                    // A warm cancelled: the next warm of it is another handoff.
+                    for tp in &update.unassigned {
+                        warmed.remove(&tp.partition);
                     }
                 }
                 _ => {}
