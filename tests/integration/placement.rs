@@ -159,6 +159,30 @@ fn warms_before_assignments(consumers: &[TestConsumer], joins: Instant) -> BTree
     warms_at
 }
 
+/// What each consumer was told about partition `p`, with times since `joins`, for a
+/// failure's message.
+fn heard_of(consumers: &[TestConsumer], p: u32, joins: Instant) -> String {
+    let mentions = |command: &Command| match command {
+        Command::Warm(w) => w.partition.as_ref().is_some_and(|tp| tp.partition == p),
+        Command::Release(r) => r.partition.as_ref().is_some_and(|tp| tp.partition == p),
+        Command::Assignment(u) => u.assigned.iter().chain(&u.unassigned).any(|tp| tp.partition == p),
+    };
+    let mut lines = Vec::new();
+    for c in consumers {
+        for (at, command) in &c.history {
+            if command.command.as_ref().is_some_and(mentions) {
+                let since = at.saturating_duration_since(joins);
+                lines.push(format!(
+                    "{} at {since:?}: {}",
+                    c.name,
+                    crate::support::assigner::describe(command)
+                ));
+            }
+        }
+    }
+    lines.join("; ")
+}
+
 /// `GET path` from an admin port.
 async fn admin_get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut conn = tokio::net::TcpStream::connect(addr).await.expect("admin port");
@@ -201,7 +225,8 @@ async fn load_placement_balances_weight_with_warm_handoffs_and_cool_downs() {
             // may differ from that by a relay pass.
             assert!(
                 apart + Duration::from_millis(250) >= COOLDOWN,
-                "partition {p} moved twice {apart:?} apart"
+                "partition {p} moved twice {apart:?} apart; what each consumer heard of it: {}",
+                heard_of(&consumers, *p, joined)
             );
         }
     }
