@@ -216,9 +216,12 @@ async fn load_placement_balances_weight_with_warm_handoffs_and_cool_downs() {
     let max_mean = imbalance(&views);
     assert!(max_mean <= 1.15, "max/mean {max_mean}");
 
-    let warms_at = warms_before_assignments(&consumers, joined);
+    let mut warms_at = warms_before_assignments(&consumers, joined);
     let moves: usize = warms_at.values().map(Vec::len).sum();
-    for (p, times) in &warms_at {
+    for (p, times) in &mut warms_at {
+        // Gathered consumer by consumer: in time order only once sorted (unsorted, a later
+        // warm to an earlier consumer made `duration_since` saturate to "0ns apart").
+        times.sort_unstable();
         for pair in times.windows(2) {
             let apart = pair[1].duration_since(pair[0]);
             // The cool-down starts when the leader starts the handoff; the warms' deliveries
