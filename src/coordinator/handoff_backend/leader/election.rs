@@ -83,9 +83,7 @@ pub(super) fn campaign(inner: &Handoff, me: &mut Leadership, now: Instant) {
         }
         None => now.saturating_duration_since(*me.vacant_since.get_or_insert(now)),
     };
-    // Instances configured with another group count would plan the same topics under
-    // other keys: no campaign while such a key is in the store.
-    let mixed = cache.leaders.keys().any(|other| other.groups != me.group.groups);
+    let mixed = another_count_leads(me.group, &cache);
     if mixed != me.mixed {
         me.mixed = mixed;
         if mixed {
@@ -95,10 +93,8 @@ pub(super) fn campaign(inner: &Handoff, me: &mut Leadership, now: Instant) {
             );
         }
     }
-    let instances = cache.instances_under(me.group.groups);
     let id = &inner.config.instance_id;
-    let why = leader_groups::campaigns(me.group, id, instances, vacant_for, inner.core.lease_ttl());
-    let Some(why) = why.filter(|_| !mixed) else { return };
+    let Some(why) = campaign_reason(me.group, id, &cache, vacant_for, inner.core.lease_ttl()) else { return };
     // Decided now, not when the answer comes: by then another instance's record may make
     // the preferred instance's campaign look like one after the grace.
     me.after_grace = why == leader_groups::Campaign::AfterGrace;
@@ -106,6 +102,29 @@ pub(super) fn campaign(inner: &Handoff, me: &mut Leadership, now: Instant) {
     if let Some((txn, session)) = campaign {
         me.queue.push_back(Step::Campaign(txn, session));
     }
+}
+
+/// Whether a leader key of another group count than `group`'s is in `cache` (pure):
+/// instances configured so would plan the same topics under other keys.
+fn another_count_leads(group: LeaderGroup, cache: &Cache) -> bool {
+    cache.leaders.keys().any(|other| other.groups != group.groups)
+}
+
+/// Whether `instance` campaigns for `group` now, and why (pure): [`leader_groups::campaigns`]
+/// over the instances of `cache` under the same group count, and never while a leader key
+/// of another count is there ([`another_count_leads`]). `vacant_for`: how long the group has
+/// been seen without a key.
+pub(in crate::coordinator::handoff_backend) fn campaign_reason(
+    group: LeaderGroup,
+    instance: &str,
+    cache: &Cache,
+    vacant_for: Duration,
+    grace: Duration,
+) -> Option<leader_groups::Campaign> {
+    if another_count_leads(group, cache) {
+        return None;
+    }
+    leader_groups::campaigns(group, instance, cache.instances_under(group.groups), vacant_for, grace)
 }
 
 /// The campaign of `instance` (pure): the transaction that creates the leader key bound to

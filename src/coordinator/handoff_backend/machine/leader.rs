@@ -17,7 +17,9 @@ use tokio::time::Instant;
 use super::{Instance, Waiting, expect};
 use crate::coordinator::handoff_backend::leader::Fence;
 use crate::coordinator::handoff_backend::leader::election::resignation_txn;
-use crate::coordinator::handoff_backend::leader::election::{adopted, campaign_txn, deposed, steps_down};
+use crate::coordinator::handoff_backend::leader::election::{
+    adopted, campaign_reason, campaign_txn, deposed, steps_down,
+};
 use crate::coordinator::handoff_backend::leader::reconcile::{
     Arrivals, PlanClock, active, may_plan, plan_topic,
 };
@@ -254,17 +256,9 @@ impl Instance {
             }
             None => now.saturating_sub(*me.vacant_since.get_or_insert(now)),
         };
-        let mixed = cache.leaders.keys().any(|other| other.groups != group.groups);
-        let instances = cache.instances_under(group.groups);
         let vacant_for = std::time::Duration::from_micros(vacant_for);
-        let why = leader_groups::campaigns(
-            group,
-            &self.config.instance_id,
-            instances,
-            vacant_for,
-            self.config.lease_ttl,
-        );
-        let Some(why) = why.filter(|_| !mixed) else { return };
+        let id = &self.config.instance_id;
+        let Some(why) = campaign_reason(group, id, cache, vacant_for, self.config.lease_ttl) else { return };
         me.after_grace = why == leader_groups::Campaign::AfterGrace;
         if let Some((txn, session)) =
             campaign_txn(&self.keys, group, &self.config.instance_id, self.lease, cache)
