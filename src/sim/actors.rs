@@ -4,7 +4,7 @@
 
 use super::cluster::Cluster;
 use super::consumer::{Belief, Phase, Todo};
-use super::events::{CallKind, Ev, TOPIC};
+use super::events::{CallKind, Ev};
 use super::schedule::{Action, Kind};
 use super::{Invariant, Violation};
 use crate::coordinator::machine::io::{Call, Input, StreamId};
@@ -189,6 +189,12 @@ impl Cluster {
         Ok(())
     }
 
+    /// The name of consumer `c`'s topic.
+    pub(super) fn topic_of(&self, c: usize) -> String {
+        let topics = self.config.topic_set();
+        topics.name(topics.of_consumer(c))
+    }
+
     /// Whether consumer `c` deregistered and is draining.
     fn draining(&self, c: usize) -> bool {
         matches!(self.consumers[c].phase, Phase::Online { draining: true, .. })
@@ -224,7 +230,7 @@ impl Cluster {
     }
 
     /// The consumer closes its stream; the instance hears of it after `delay` µs.
-    fn close_stream(&mut self, node: usize, stream: StreamId, delay: u64) {
+    pub(super) fn close_stream(&mut self, node: usize, stream: StreamId, delay: u64) {
         let life = self.nodes[node].life;
         if self.nodes[node].streams.contains_key(&stream) {
             self.after(delay, Ev::Input { node, life, input: Input::StreamClosed { stream } });
@@ -247,6 +253,7 @@ impl Cluster {
             return Ok(());
         }
         let node = running[self.rng.index(running.len())];
+        self.counts.registers += 1;
         if restart {
             self.consumers[c].incarnation += 1;
         }
@@ -259,7 +266,7 @@ impl Cluster {
         let body = Call::Register {
             stream,
             consumer: consumer.name.clone(),
-            topic: TOPIC.into(),
+            topic: self.topic_of(c),
             incarnation: 1_000 * (c as u64 + 1) + consumer.incarnation,
         };
         self.call(c, node, node, stream, CallKind::Register, body);
@@ -299,13 +306,14 @@ impl Cluster {
             self.consumers[c].phase =
                 Phase::Online { instance, stream, belief: Belief::default(), draining: false };
         }
-        let partitions = self.config.partitions;
+        let (partitions, topic) = (self.config.partitions, self.topic_of(c));
         let name = self.consumers[c].name.clone();
         let Phase::Online { belief, .. } = &mut self.consumers[c].phase else { return Ok(()) };
-        let todos = belief.apply(&command, TOPIC, partitions).map_err(|e| {
+        let todos = belief.apply(&command, &topic, partitions).map_err(|e| {
             Violation::new(Invariant::Contradiction, format!("{name} (stream {stream} on i{node}): {e}"))
         })?;
         self.outcome.commands += 1;
+        self.counts.commands += 1;
         for todo in todos {
             self.plan_answer(c, node, stream, todo);
         }
@@ -315,10 +323,12 @@ impl Cluster {
     /// When (and whether) a consumer acts on a warm or a release: one in eight never does
     /// while the faults last.
     fn plan_answer(&mut self, c: usize, node: usize, stream: StreamId, todo: Todo) {
-        if !self.quiet && self.rng.below(8) == 0 {
+        // A scenario has no faults but its own: its consumers answer, and soon.
+        let calm = self.quiet || self.kind == Kind::Scenario;
+        if !calm && self.rng.below(8) == 0 {
             return;
         }
-        let wait = if self.quiet { self.rng.below(100_000) } else { self.rng.below(1_500_000) };
+        let wait = if calm { self.rng.below(100_000) } else { self.rng.below(1_500_000) };
         self.after(wait, Ev::Answer { consumer: c, node, stream, todo });
     }
 
@@ -334,7 +344,7 @@ impl Cluster {
         if self.deferred(c, || Ev::Answer { consumer: c, node, stream, todo }) {
             return Ok(());
         }
-        let name = self.consumers[c].name.clone();
+        let (name, topic) = (self.consumers[c].name.clone(), self.topic_of(c));
         let Phase::Online { instance, stream: current, belief, .. } = &mut self.consumers[c].phase else {
             return Ok(());
         };
@@ -343,12 +353,12 @@ impl Cluster {
         }
         let body = match todo {
             Todo::Ready(p) if belief.warming.contains_key(&p) => {
-                Call::PartitionReady { consumer: name, topic: TOPIC.into(), partition: p }
+                Call::PartitionReady { consumer: name, topic, partition: p }
             }
             Todo::Release(p) if belief.releasing.contains_key(&p) || !belief.owned.contains(&p) => {
                 belief.releasing.remove(&p);
                 belief.owned.remove(&p);
-                Call::PartitionReleased { consumer: name, topic: TOPIC.into(), partition: p }
+                Call::PartitionReleased { consumer: name, topic, partition: p }
             }
             _ => return Ok(()),
         };
@@ -425,11 +435,12 @@ impl Cluster {
         }
         self.consumers[c].phase = Phase::Offline;
         let ttl = self.config.ttl.as_micros() as u64;
-        if clean && !self.quiet {
+        // In a scenario a drained consumer is a process restarted: it comes back as a new one.
+        if clean && !self.quiet && self.kind != Kind::Scenario {
             self.consumers[c].wants = false;
             return Ok(());
         }
-        let back = if self.quiet || self.kind == Kind::Outage {
+        let back = if self.quiet || matches!(self.kind, Kind::Outage | Kind::Scenario) {
             50_000 + self.rng.below(250_000)
         } else {
             50_000 + self.rng.below(ttl * 3 / 2)

@@ -1,7 +1,7 @@
 //! The invariants checked after every step (see the module docs of `sim`), from what each
 //! consumer was told against what the store holds.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::cluster::Cluster;
 use super::consumer::Phase;
@@ -28,18 +28,19 @@ impl Cluster {
 
     /// No partition believed owned by two consumers outside a handoff's release window.
     fn exclusive(&mut self) -> Result<(), Violation> {
-        let partitions = self.config.partitions as usize;
+        let topics = self.config.topic_set();
         let mut claimant = std::mem::take(&mut self.checks.claimant);
         claimant.clear();
-        claimant.resize(partitions, None);
+        claimant.resize(topics.total() as usize, None);
         let mut contested = Vec::new();
         for c in 0..self.consumers.len() {
             if !self.acting(c) {
                 continue;
             }
             let Some(belief) = self.consumers[c].belief() else { continue };
+            let t = topics.of_consumer(c);
             for p in belief.claims() {
-                match claimant.get_mut(p as usize) {
+                match claimant.get_mut(topics.global(t, p) as usize) {
                     Some(slot @ None) => *slot = Some(c),
                     Some(Some(_)) => contested.push(p),
                     None => {}
@@ -47,6 +48,7 @@ impl Cluster {
             }
         }
         self.checks.claimant = claimant;
+        contested.sort_unstable();
         contested.dedup();
         for p in contested {
             self.claims_of(p)?;
@@ -54,12 +56,14 @@ impl Cluster {
         Ok(())
     }
 
-    /// Partition `p` is claimed more than once: all but one claim must be in a release
-    /// window.
+    /// Partition `p` (global number) is claimed more than once: all but one claim must be
+    /// in a release window.
     fn claims_of(&mut self, p: u32) -> Result<(), Violation> {
+        let topics = self.config.topic_set();
+        let (t, local) = topics.split(p);
         let believers: Vec<&str> = (0..self.consumers.len())
-            .filter(|c| self.acting(*c))
-            .filter(|c| self.consumers[*c].belief().is_some_and(|b| b.claims().any(|q| q == p)))
+            .filter(|c| self.acting(*c) && topics.of_consumer(*c) == t)
+            .filter(|c| self.consumers[*c].belief().is_some_and(|b| b.claims().any(|q| q == local)))
             .map(|c| self.consumers[c].name.as_str())
             .collect();
         let (now, grace) = (self.now, self.config.ttl.as_micros() as u64);
@@ -230,51 +234,69 @@ impl Cluster {
         nodes.collect::<Vec<_>>().join(", ")
     }
 
-    /// Every partition owned once by an online consumer, balanced as the assignor places
-    /// them (⌊P/N⌋ or ⌈P/N⌉ each), no handoff left, the registrations exactly the online
-    /// consumers, and each of them believing exactly what it owns. `Err`: what is not so.
-    fn settled(&self) -> Result<(), String> {
-        if !self.truth.handoffs.is_empty() {
-            return Err(format!("handoffs left: {:?}", self.truth.handoffs));
+    /// Every partition owned once by an online consumer of its topic, balanced as the
+    /// assignor places them (⌊P/N⌋ or ⌈P/N⌉ each over the topic's N online consumers), no
+    /// handoff left, the registrations exactly the online consumers, and each of them
+    /// believing exactly what it owns. A topic none of whose consumers is online is left
+    /// out (its partitions stay with their last owner, docs/design.md §6). `Err`: what is
+    /// not so (the first few of each).
+    pub(super) fn settled(&self) -> Result<(), String> {
+        if let Some((p, handoff)) = self.truth.handoffs.iter().next() {
+            return Err(format!("{} handoff(s) left, first of partition {p}: {handoff:?}", self.truth.handoffs.len()));
         }
-        let online: BTreeMap<&str, &super::consumer::Belief> = self
-            .consumers
-            .iter()
-            .filter_map(|c| match &c.phase {
-                Phase::Online { belief, draining: false, .. } => Some((c.name.as_str(), belief)),
+        let topics = self.config.topic_set();
+        // Online consumers by name: (topic, belief).
+        let online: BTreeMap<&str, (u32, &super::consumer::Belief)> = (0..self.consumers.len())
+            .filter_map(|c| match &self.consumers[c].phase {
+                Phase::Online { belief, draining: false, .. } => {
+                    Some((self.consumers[c].name.as_str(), (topics.of_consumer(c), belief)))
+                }
                 _ => None,
             })
             .collect();
         if online.is_empty() {
             return Err("no consumer online".into());
         }
-        let registered: BTreeSet<&str> = self.truth.consumers.keys().map(String::as_str).collect();
-        if !registered.iter().copied().eq(online.keys().copied()) {
-            return Err(format!(
-                "registrations {registered:?} are not the online consumers {:?}",
-                online.keys()
-            ));
+        if let Some(odd) =
+            self.truth.consumers.keys().map(String::as_str).find(|name| !online.contains_key(name))
+        {
+            return Err(format!("{odd} is registered but not online"));
         }
-        let mut counts: BTreeMap<&str, u32> = online.keys().map(|c| (*c, 0)).collect();
-        for p in 0..self.config.partitions {
-            let owner = self.truth.owners.get(&p).ok_or(format!("partition {p} has no owner"))?;
-            *counts
-                .get_mut(owner.as_str())
-                .ok_or(format!("partition {p} is owned by {owner}, not online"))? += 1;
+        if let Some(odd) = online.keys().find(|name| !self.truth.consumers.contains_key(**name)) {
+            return Err(format!("{odd} is online but not registered"));
         }
-        let n = online.len() as u32;
-        let (low, high) = (self.config.partitions / n, self.config.partitions.div_ceil(n));
-        if !counts.values().all(|c| (low..=high).contains(c)) {
-            return Err(format!("not balanced ({low}..={high}): {counts:?}"));
+        let mut per_topic = vec![0u32; topics.count as usize];
+        online.values().for_each(|(t, _)| per_topic[*t as usize] += 1);
+        // Each online consumer's partitions, in order (global numbers are in topic order).
+        let mut owned: BTreeMap<&str, Vec<u32>> = online.keys().map(|c| (*c, Vec::new())).collect();
+        for g in 0..topics.total() {
+            let (t, p) = topics.split(g);
+            if per_topic[t as usize] == 0 {
+                continue;
+            }
+            let owner = self.truth.owners.get(&g).ok_or(format!("partition {}/{p} has no owner", topics.name(t)))?;
+            match (owned.get_mut(owner.as_str()), online.get(owner.as_str())) {
+                (Some(list), Some((topic, _))) if *topic == t => list.push(p),
+                _ => return Err(format!("partition {}/{p} is owned by {owner}, not online for it", topics.name(t))),
+            }
         }
-        for (name, belief) in &online {
-            let owned = self.truth.owners.iter().filter(|(_, o)| o.as_str() == *name).map(|(p, _)| *p);
+        for (name, (t, belief)) in &online {
+            let n = per_topic[*t as usize];
+            let (low, high) = (topics.partitions / n, topics.partitions.div_ceil(n));
+            let mine = &owned[name];
+            if !(low..=high).contains(&(mine.len() as u32)) {
+                return Err(format!(
+                    "{name} owns {} of {}'s partitions, not {low}..={high} (not balanced)",
+                    mine.len(),
+                    topics.name(*t)
+                ));
+            }
             if !belief.snapshot
-                || !belief.owned.iter().copied().eq(owned)
+                || !belief.owned.iter().copied().eq(mine.iter().copied())
                 || !belief.releasing.is_empty()
                 || !belief.warming.is_empty()
             {
-                return Err(format!("{name} believes {belief:?}, which is not what it owns"));
+                return Err(format!("{name} believes {belief:?}, which is not what it owns ({mine:?})"));
             }
         }
         Ok(())

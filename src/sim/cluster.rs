@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
 use super::consumer::ConsumerModel;
-use super::events::{BASE, CallKind, Ev, PREFIX, Queued, TOPIC, tag};
+use super::events::{BASE, CallKind, Ev, PREFIX, Queued, tag};
 use super::instance::Machine;
 use super::lease::Keeper;
 use super::schedule::{Kind, Schedule};
@@ -86,13 +86,17 @@ pub(super) struct Cluster {
     pub store_tick_at: Option<u64>,
     /// Bookkeeping of the checks (`checks.rs`).
     pub checks: super::check_state::CheckState,
+    /// What the store, the watches and the consumers did so far (`scenario.rs`).
+    pub counts: super::scenario::Counts,
+    /// The scenario under way, if the run is one.
+    pub scenario: Option<super::scenario::ScenarioRun>,
 }
 
 impl Cluster {
     /// A cluster for `seed`; `keep` lines of step text when recording.
     pub fn new(seed: u64, config: &SimConfig, keep: Option<usize>) -> Self {
         let mut rng = Rng::new(seed);
-        let kind = Kind::of(seed);
+        let kind = if config.scenario.is_some() { Kind::Scenario } else { Kind::of(seed) };
         let schedule = Schedule::draw(kind, config, &mut rng);
         let store = StoreModel::new();
         let truth_cursor = store.watch(PREFIX, 0).unwrap_or(WatchCursor { prefix: PREFIX.into(), next: 2 });
@@ -129,7 +133,7 @@ impl Cluster {
             seq: 0,
             store,
             keys: Keys::new(PREFIX),
-            truth: Truth::default(),
+            truth: Truth::new(config.topic_set()),
             truth_cursor,
             nodes,
             consumers,
@@ -141,6 +145,11 @@ impl Cluster {
             quiet: false,
             store_tick_at: None,
             checks: Default::default(),
+            counts: super::scenario::Counts {
+                plan_moves_by_node: vec![0; config.instances],
+                ..Default::default()
+            },
+            scenario: config.scenario.clone().map(super::scenario::ScenarioRun::new),
         };
         for node in 0..config.instances {
             cluster.start_instance(node);
@@ -148,24 +157,31 @@ impl Cluster {
         for (at, action) in cluster.schedule.actions.clone() {
             cluster.push(at, Ev::Act(action));
         }
-        cluster.push(cluster.schedule.quiet_at, Ev::Quiet);
+        if cluster.scenario.is_some() {
+            cluster.start_scenario();
+        } else {
+            cluster.push(cluster.schedule.quiet_at, Ev::Quiet);
+        }
         cluster
     }
 
     /// Runs to convergence or the first broken invariant.
     pub fn run(mut self) -> Result<Outcome, Box<Failure>> {
+        // A fleet takes more events than a handful of consumers.
+        let max_events = MAX_EVENTS.max(2_000 * self.config.consumers as u64);
         while let Some(Reverse(Queued { at, event, .. })) = self.queue.pop() {
             self.now = at;
             self.outcome.steps += 1;
-            let result = self.handle(*event).and_then(|()| self.check());
+            let checks_now = self.outcome.steps % self.config.check_every.max(1) == 0;
+            let result = self.handle(*event).and_then(|()| if checks_now { self.check() } else { Ok(()) });
             if let Err(violation) = result {
                 return Err(self.failure(violation));
             }
             if self.checks.converged_at.is_some() {
                 break;
             }
-            if self.outcome.steps > MAX_EVENTS {
-                let detail = format!("{MAX_EVENTS} events without converging: the cluster spins");
+            if self.outcome.steps > max_events {
+                let detail = format!("{max_events} events without converging: the cluster spins");
                 return Err(self.failure(Violation::new(super::Invariant::Converged, detail)));
             }
         }
@@ -177,6 +193,7 @@ impl Cluster {
         self.outcome.revisions = self.store.revision();
         self.outcome.plan_moves = self.truth.plan_moves;
         self.outcome.epoch_checks = self.truth.epoch_checks;
+        self.outcome.scenario = self.scenario_report();
         Ok(self.outcome)
     }
 
@@ -292,6 +309,7 @@ impl Cluster {
                 Ok(())
             }
             Ev::Resume { consumer } => self.resume(consumer),
+            Ev::ScenarioTick => self.scenario_tick(),
             event @ (Ev::Told { .. }
             | Ev::Ended { .. }
             | Ev::Replied { .. }
@@ -455,7 +473,7 @@ impl Cluster {
             }
             Effect::LookUpPartitions { request, topic } => {
                 self.trace.mix(&[10, request]);
-                let answer = if topic == TOPIC {
+                let answer = if self.config.topic_set().index(&topic).is_some() {
                     Ok(self.config.partitions)
                 } else {
                     Err(crate::coordinator::CoordinatorError::UnknownTopic(

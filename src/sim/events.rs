@@ -11,8 +11,56 @@ use crate::store::{SessionId, StoreError};
 /// are built from it, so it is a plausible present.
 pub(super) const BASE: Micros = 1_760_000_000_000_000;
 
-/// The one topic.
+/// The topic's name when there is one.
 pub(super) const TOPIC: &str = "events";
+
+/// The topics of a run ([`SimConfig::topics`](super::SimConfig::topics) of
+/// [`SimConfig::partitions`](super::SimConfig::partitions) each), and the numbering the
+/// checks use: partition `p` of topic `t` is `t × partitions + p` (its *global* number).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Topics {
+    /// How many.
+    pub count: u32,
+    /// Partitions of each.
+    pub partitions: u32,
+}
+
+impl Topics {
+    /// Topic `t`'s name: `events` when there is one, else `t{t}`.
+    pub fn name(&self, t: u32) -> String {
+        if self.count == 1 { TOPIC.to_string() } else { format!("t{t}") }
+    }
+
+    /// The number of the topic named `name`, if it is one of the run's.
+    pub fn index(&self, name: &str) -> Option<u32> {
+        let t = if self.count == 1 {
+            (name == TOPIC).then_some(0)?
+        } else {
+            name.strip_prefix('t')?.parse::<u32>().ok()?
+        };
+        (t < self.count).then_some(t)
+    }
+
+    /// Consumer `c`'s topic: consumers are dealt to the topics in turn.
+    pub fn of_consumer(&self, c: usize) -> u32 {
+        (c % self.count as usize) as u32
+    }
+
+    /// The global number of partition `p` of topic `t`.
+    pub fn global(&self, t: u32, p: u32) -> u32 {
+        t * self.partitions + p
+    }
+
+    /// Every partition of every topic.
+    pub fn total(&self) -> u32 {
+        self.count * self.partitions
+    }
+
+    /// The topic and partition of global number `g`.
+    pub fn split(&self, g: u32) -> (u32, u32) {
+        (g / self.partitions, g % self.partitions)
+    }
+}
 
 /// The key prefix.
 pub(super) const PREFIX: &str = "/sim/";
@@ -65,6 +113,8 @@ pub(crate) enum Ev {
     OutageEnd,
     /// A paused consumer's pause ends: what waited in its inbox is handled.
     Resume { consumer: usize },
+    /// A scenario looks whether its phase settled (`scenario.rs`).
+    ScenarioTick,
 }
 
 /// An event on the queue, ordered by (time, sequence number) alone: the order it was
@@ -130,5 +180,6 @@ pub(super) fn tag(event: &Ev) -> u64 {
         Ev::Answer { consumer, .. } => 16 + 100 * *consumer as u64,
         Ev::OutageEnd => 17,
         Ev::Resume { consumer } => 18 + 100 * *consumer as u64,
+        Ev::ScenarioTick => 19,
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use tokio::time::Instant;
 
 use super::SimConfig;
-use super::events::{PREFIX, TOPIC};
+use super::events::PREFIX;
 use crate::coordinator::HandoffConfig;
 use crate::coordinator::handoff_backend::machine::{Instance, Start};
 use crate::coordinator::machine::io::{Effect, Input, Micros};
@@ -29,7 +29,10 @@ impl Machine {
                 max_warming_per_consumer: 4,
             },
             restart_grace: config.ttl * 2,
-            topic_partitions: BTreeMap::from([(TOPIC.to_string(), config.partitions)]),
+            topic_partitions: {
+                let topics = config.topic_set();
+                (0..topics.count).map(|t| (topics.name(t), topics.partitions)).collect::<BTreeMap<_, _>>()
+            },
             reconcile_interval: config.reconcile,
             settle_period: config.settle,
             rebalance_delay: config.reconcile,
@@ -39,7 +42,12 @@ impl Machine {
         // The shared pieces' monotonic time is anchored here; only differences are read,
         // so the run does not depend on the instant. The simulation's watches send a
         // progress mark every quarter TTL when quiet, as etcd's do when asked.
-        let start = Start { origin: Instant::now(), nonce, watch_progress_every: Some(config.ttl / 4) };
+        let start = Start {
+            origin: Instant::now(),
+            nonce,
+            watch_progress_every: Some(config.ttl / 4),
+            plan_nanos_per_partition: config.plan_nanos_per_partition,
+        };
         let (instance, effects) = Instance::new(handoff, start, now);
         (Self(instance), effects)
     }

@@ -58,6 +58,7 @@ pub(crate) mod events;
 mod instance;
 pub mod lease;
 mod rng;
+pub mod scenario;
 mod schedule;
 mod store_side;
 mod trace;
@@ -68,6 +69,7 @@ use std::{fmt, time::Duration};
 pub use crate::coordinator::machine::io::LeaseState;
 pub use crate::store::StoreModel;
 pub use rng::Rng;
+pub use scenario::Scenario;
 pub use schedule::Kind;
 pub use trace::{Trace, TraceHasher};
 
@@ -78,8 +80,11 @@ pub struct SimConfig {
     pub instances: usize,
     /// Consumers (names; each may have many incarnations).
     pub consumers: usize,
-    /// Partitions of the one topic.
+    /// Partitions of each topic.
     pub partitions: u32,
+    /// Topics (1: the one topic `events`; more: `t0`, `t1`, ...). Consumer `c` reads topic
+    /// `c mod topics`, so each topic has `consumers / topics` of them.
+    pub topics: u32,
     /// Faults and consumer actions drawn per schedule.
     pub actions: usize,
     /// The session TTL of instances (and so of registrations).
@@ -109,6 +114,18 @@ pub struct SimConfig {
     /// its group's leader, campaigned for by the preferred instance and handed over as
     /// instances come and go (`leader_groups.rs`).
     pub leader_groups: u32,
+    /// The checks that read the whole cluster (exclusive ownership, orphans, handoffs in
+    /// time, convergence) run after every `check_every`-th step; those the truth makes as it
+    /// follows each revision (legal moves, epochs, the leader's fence, no comeback) run on
+    /// every revision whatever this says. 1 but for the fleet-size scenario, where one
+    /// whole-cluster check reads 100,000 partitions.
+    pub check_every: u64,
+    /// A scripted run instead of a schedule drawn from the seed ([`scenario`]).
+    pub scenario: Option<Scenario>,
+    /// What the instances' leaders pay to plan one partition, in ns
+    /// (`Start::plan_nanos_per_partition`): with more than 0 they plan at most one part in
+    /// five of the time, as the running leader does (`PLAN_PACE`).
+    pub plan_nanos_per_partition: u64,
 }
 
 impl Default for SimConfig {
@@ -129,7 +146,18 @@ impl Default for SimConfig {
             lost_answers_vanish: false,
             answers_reorder: false,
             leader_groups: 1,
+            topics: 1,
+            check_every: 1,
+            scenario: None,
+            plan_nanos_per_partition: 0,
         }
+    }
+}
+
+impl SimConfig {
+    /// The run's topics.
+    pub(crate) fn topic_set(&self) -> events::Topics {
+        events::Topics { count: self.topics.max(1), partitions: self.partitions }
     }
 }
 
@@ -234,6 +262,8 @@ pub struct Outcome {
     pub epoch_checks: u64,
     /// Virtual time from the faults' end to convergence, in µs.
     pub converged_after: u64,
+    /// A scenario's phases, measured (`None` for a drawn schedule).
+    pub scenario: Option<scenario::Report>,
 }
 
 /// Runs the schedule of `seed` (its kind drawn from the seed); `Err` names the first

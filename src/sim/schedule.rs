@@ -14,6 +14,8 @@ pub enum Kind {
     /// The cluster settles, then the store is out for less than the settle period while
     /// consumers come straight back: nothing may move.
     Outage,
+    /// A scripted scenario ([`SimConfig::scenario`]): no faults but its own.
+    Scenario,
 }
 
 impl Kind {
@@ -85,6 +87,7 @@ impl Schedule {
         match kind {
             Kind::Mixed => Self::mixed(config, rng),
             Kind::Outage => Self::outage(config, rng),
+            Kind::Scenario => Self::scenario(config, rng),
         }
     }
 
@@ -120,6 +123,16 @@ impl Schedule {
         }
         actions.sort_by_key(|(t, _)| *t);
         Self { actions, quiet_at: t + 1, outage: None }
+    }
+
+    /// A scenario's schedule: the consumers start, spread over a window that grows with
+    /// their number (a fleet does not start in one instant); the scenario does the rest.
+    fn scenario(config: &SimConfig, rng: &mut Rng) -> Self {
+        let window = 300_000 + 10 * config.consumers as u64;
+        let mut actions: Vec<(u64, Action)> =
+            (0..config.consumers).map(|c| (rng.below(window), Action::Start(c))).collect();
+        actions.sort_by_key(|(t, _)| *t);
+        Self { actions, quiet_at: u64::MAX, outage: None }
     }
 
     fn outage(config: &SimConfig, rng: &mut Rng) -> Self {

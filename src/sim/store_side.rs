@@ -27,12 +27,19 @@ impl Cluster {
             self.sync_truth(None)?;
             let now = self.store_now();
             let answer = match op {
-                StoreRequest::Txn(txn) => self.store.txn(now, &txn).map(StoreReply::Txn),
+                StoreRequest::Txn(txn) => {
+                    self.counts.txns += 1;
+                    self.store.txn(now, &txn).map(StoreReply::Txn)
+                }
                 StoreRequest::Get(keys) => {
+                    self.counts.gets += 1;
                     Ok(StoreReply::Values(keys.iter().map(|key| self.store.get(now, key)).collect()))
                 }
                 StoreRequest::GetPrefix(prefix) => {
-                    Ok(StoreReply::Prefix(self.store.get_prefix(now, &prefix)))
+                    let read = self.store.get_prefix(now, &prefix);
+                    self.counts.prefix_reads += 1;
+                    self.counts.prefix_read_keys += read.kvs.len() as u64;
+                    Ok(StoreReply::Prefix(read))
                 }
                 StoreRequest::Watch { prefix, from } => match self.store.watch(&prefix, from) {
                     Ok(cursor) => {
@@ -83,9 +90,16 @@ impl Cluster {
             Violation::new(super::Invariant::LegalMove, format!("the truth's own watch failed: {error}"))
         })?;
         let id = writer.map(|w| self.nodes[w].id.clone());
+        let (moves, keys) = (self.truth.plan_moves, self.truth.keys_changed);
         for batch in &batches {
             self.trace.mix(&[batch.revision as u64, batch.events.len() as u64]);
             self.truth.apply(&self.keys, batch, id.as_deref(), self.now)?;
+        }
+        let counts = &mut self.counts;
+        counts.keys_changed += self.truth.keys_changed - keys;
+        counts.owner_changes = self.truth.owner_changes;
+        if let Some(by) = writer.and_then(|w| counts.plan_moves_by_node.get_mut(w)) {
+            *by += self.truth.plan_moves - moves;
         }
         self.wake_watches();
         Ok(())
@@ -136,6 +150,8 @@ impl Cluster {
         match self.store.poll(cursor) {
             Ok(batches) => {
                 for batch in batches {
+                    self.counts.watch_events += batch.events.len() as u64;
+                    self.counts.watch_bytes += batch.events.iter().map(event_bytes).sum::<u64>();
                     self.step(node, Input::Watched { watch, batch })?;
                     if self.nodes[node].watch.as_ref().is_none_or(|(id, _)| *id != watch) {
                         break; // the instance replaced its watch meanwhile
@@ -225,6 +241,7 @@ impl Cluster {
             // Expiries first, so the truth sees them as the store's own revisions.
             self.sync_truth(None)?;
         }
+        self.counts.keeper_requests += 1;
         let answer = if !self.keeper_reachable(node) {
             Err(StoreError::Unavailable(InjectedFault::CutOff { what: "request" }.into()))
         } else {
@@ -245,4 +262,13 @@ impl Cluster {
     pub fn revision(&self) -> Revision {
         self.store.revision()
     }
+}
+
+/// The key and value bytes of a watch event.
+fn event_bytes(event: &crate::store::WatchEvent) -> u64 {
+    let value = match &event.kind {
+        crate::store::WatchEventKind::Put(kv) => kv.value.len(),
+        crate::store::WatchEventKind::Delete => 0,
+    };
+    (event.key.len() + value) as u64
 }

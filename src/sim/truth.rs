@@ -1,4 +1,4 @@
-//! What the store really holds: the one topic's records, followed through every revision
+//! What the store really holds: the topics' records, followed through every revision
 //! by a watch no fault touches, and the history the invariants need (who became owner
 //! when, which flip released whom, which instance wrote which revision).
 //!
@@ -8,15 +8,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::events::TOPIC;
+use super::events::Topics;
 use super::{Invariant, Violation};
+use crate::coordinator::handoff_backend::leader_groups::LeaderGroup;
 use crate::coordinator::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, decode};
 use crate::handoff::{ConsumerStatus, Handoff, Phase};
 use crate::store::{Revision, WatchBatch, WatchEventKind};
 
-/// The topic's records as the store holds them, and their history.
-#[derive(Debug, Default)]
+/// The topics' records as the store holds them, and their history. Partitions are known
+/// by their global number ([`Topics`]).
+#[derive(Debug)]
 pub struct Truth {
+    /// The run's topics.
+    topics: Topics,
     /// The last revision followed.
     pub revision: Revision,
     /// Each owned partition's owner.
@@ -25,8 +29,8 @@ pub struct Truth {
     pub handoffs: BTreeMap<u32, Handoff>,
     /// Registrations.
     pub consumers: BTreeMap<String, ConsumerRecord>,
-    /// The instance named by the leader key of the topic's group.
-    pub leader: Option<String>,
+    /// The instance named by each group's leader key.
+    leaders: BTreeMap<LeaderGroup, String>,
     /// (partition, consumer) → revision at which it last became the owner.
     owner_since: BTreeMap<(u32, String), Revision>,
     /// (partition, consumer) → last revision with a `Releasing` handoff from it.
@@ -48,9 +52,45 @@ pub struct Truth {
     pub plan_moves: u64,
     /// Owner changes whose epochs were compared.
     pub epoch_checks: u64,
+    /// Keys changed so far (events followed).
+    pub keys_changed: u64,
 }
 
 impl Truth {
+    /// Nothing followed yet, of a run with `topics`.
+    pub fn new(topics: Topics) -> Self {
+        Truth {
+            topics,
+            revision: 0,
+            owners: BTreeMap::new(),
+            handoffs: BTreeMap::new(),
+            consumers: BTreeMap::new(),
+            leaders: BTreeMap::new(),
+            owner_since: BTreeMap::new(),
+            released_from: BTreeMap::new(),
+            release_ended: BTreeMap::new(),
+            registrations_seen: BTreeSet::new(),
+            epochs: BTreeMap::new(),
+            owner_changes: 0,
+            registrations_deleted: 0,
+            direct_moves: 0,
+            plan_moves: 0,
+            epoch_checks: 0,
+            keys_changed: 0,
+        }
+    }
+
+    /// The instance named by the leader key of the group that plans the topic of global
+    /// partition `g`.
+    fn leader_of(&self, g: u32) -> Option<&str> {
+        let topic = self.topics.name(self.topics.split(g).0);
+        self.leaders.iter().find(|(group, _)| group.plans(&topic)).map(|(_, id)| id.as_str())
+    }
+
+    /// The global number of a partition key's partition (`None`: not one of the run's topics).
+    fn global(&self, topic: &str, p: u32) -> Option<u32> {
+        self.topics.index(topic).filter(|_| p < self.topics.partitions).map(|t| self.topics.global(t, p))
+    }
     /// Follows one revision; `writer` is the instance whose transaction made it (`None`:
     /// the store itself, a session's expiry).
     pub fn apply(
@@ -61,16 +101,19 @@ impl Truth {
         now: u64,
     ) -> Result<(), Violation> {
         self.revision = batch.revision;
+        self.keys_changed += batch.events.len() as u64;
         let at = batch.revision;
-        let leader = self.leader.clone();
         let partitions: BTreeSet<u32> = batch
             .events
             .iter()
             .filter_map(|e| match keys.parse(&e.key) {
-                Some(Key::Assignment(_, p) | Key::Handoff(_, p)) => Some(p),
+                Some(Key::Assignment(t, p) | Key::Handoff(t, p)) => self.global(&t, p),
                 _ => None,
             })
             .collect();
+        // The leaders before this revision: a move is checked against who held the key.
+        let leaders: BTreeMap<u32, Option<String>> =
+            partitions.iter().map(|g| (*g, self.leader_of(*g).map(str::to_string))).collect();
         let before: BTreeMap<u32, Cell> = partitions
             .iter()
             .map(|p| (*p, (self.owners.get(p).cloned(), self.handoffs.get(p).cloned())))
@@ -83,6 +126,18 @@ impl Truth {
             };
             let undecodable = |e| {
                 Violation::new(Invariant::LegalMove, format!("revision {at}: undecodable {}: {e}", event.key))
+            };
+            // Partitions by their global number from here on; other topics' are not the run's.
+            let key = match key {
+                Key::Assignment(t, p) => match self.global(&t, p) {
+                    Some(g) => Key::Assignment(t, g),
+                    None => continue,
+                },
+                Key::Handoff(t, p) => match self.global(&t, p) {
+                    Some(g) => Key::Handoff(t, g),
+                    None => continue,
+                },
+                other => other,
             };
             match (key, value) {
                 (Key::Assignment(_, p), Some(v)) => {
@@ -124,11 +179,12 @@ impl Truth {
                         self.registrations_deleted += 1;
                     }
                 }
-                // The leader that plans the topic: its group's.
-                (Key::Leader(group), v) if group.plans(TOPIC) => {
-                    self.leader = v.map(|v| String::from_utf8_lossy(v).into_owned())
+                (Key::Leader(group), Some(v)) => {
+                    self.leaders.insert(group, String::from_utf8_lossy(v).into_owned());
                 }
-                (Key::Leader(_), _) => {}
+                (Key::Leader(group), None) => {
+                    self.leaders.remove(&group);
+                }
                 (Key::Topic(_) | Key::Instance(_), _) => {}
             }
         }
@@ -139,6 +195,7 @@ impl Truth {
                 .map_err(|d| Violation::new(Invariant::LegalMove, format!("{what}: {d}")))?;
             if plan_move(&cell, &after) {
                 self.plan_moves += 1;
+                let leader = leaders.get(&p).cloned().flatten();
                 if writer.is_none() || writer != leader.as_deref() {
                     return Err(Violation::new(
                         Invariant::LeaderOnly,

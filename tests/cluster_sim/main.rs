@@ -204,3 +204,5 @@ fn leader_groups_keep_every_invariant_and_their_fence_is_needed() {
         None => panic!("LeaderUnfenced under leader groups: no schedule of {seeds:?} broke an invariant"),
     }
 }
+
+mod scenario;

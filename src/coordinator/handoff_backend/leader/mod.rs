@@ -61,7 +61,7 @@ use crate::store::{Compare, KeyValue, Revision, SessionId, StoreError, Txn, TxnO
 /// revisions (a scale-out of 10,000 partitions writes thousands) a big topic is then
 /// planned every few milliseconds instead of after every revision, leaving the CPU to the
 /// relay and the store; a small topic's plan (well under a millisecond) is barely delayed.
-const PLAN_PACE: u32 = 4;
+pub(in crate::coordinator::handoff_backend) const PLAN_PACE: u32 = 4;
 
 /// Proof of leadership: the create revision of our leader key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tokio::time::Instant;
 
 use super::{Instance, Waiting, expect};
-use crate::coordinator::handoff_backend::leader::Fence;
+use crate::coordinator::handoff_backend::leader::{Fence, PLAN_PACE};
 use crate::coordinator::handoff_backend::leader::election::resignation_txn;
 use crate::coordinator::handoff_backend::leader::election::{
     adopted, campaign_reason, campaign_txn, deposed, steps_down,
@@ -59,6 +59,44 @@ struct Writing {
 enum Step {
     Topic(Writing),
     StillLeading(Fence),
+}
+
+/// The instance's planning budget, shared by its groups (the running leader's
+/// [`PLAN_PACE`] over the cost its driver states, [`Start::plan_nanos_per_partition`]):
+/// after a look that planned `n` partitions no group looks again before
+/// `PLAN_PACE × n × cost` has passed, and the groups take their looks in turn.
+///
+/// [`Start::plan_nanos_per_partition`]: super::Start::plan_nanos_per_partition
+#[derive(Debug)]
+pub(super) struct Pacing {
+    nanos_per_partition: u64,
+    /// No look before this.
+    until: Micros,
+    /// The group whose look comes first in the next round.
+    turn: usize,
+}
+
+impl Pacing {
+    /// A budget for planning at `nanos_per_partition` (0: free, never waits).
+    pub fn new(nanos_per_partition: u64) -> Self {
+        Pacing { nanos_per_partition, until: 0, turn: 0 }
+    }
+
+    /// When a paced look is due (`None` when none waits on the budget).
+    pub fn wake_at(&self, now: Micros) -> Option<Micros> {
+        (self.until > now).then_some(self.until)
+    }
+
+    /// Group `g`'s look planned `partitions` at `now`: the next waits, and the next
+    /// round starts after `g` (when planning costs anything: a free one changes nothing).
+    fn spent(&mut self, now: Micros, partitions: u64, g: usize) {
+        if self.nanos_per_partition == 0 || partitions == 0 {
+            return;
+        }
+        let cost = partitions.saturating_mul(self.nanos_per_partition) / 1_000;
+        self.until = now + cost * Micros::from(PLAN_PACE);
+        self.turn = g + 1;
+    }
 }
 
 /// One leader group's leader state (see the module docs).
@@ -146,16 +184,18 @@ impl Instance {
     /// due, and sends its next store call.
     pub(super) fn lead(&mut self) {
         let Some(revision) = self.cache.as_ref().map(|c| c.revision) else { return };
-        let now = self.now;
-        for g in 0..self.leaders.len() {
+        let (now, groups) = (self.now, self.leaders.len());
+        let first = self.pacing.turn % groups.max(1);
+        for g in (first..groups).chain(0..first) {
             let me = &self.leaders[g];
             if me.busy {
                 continue;
             }
             let due_arrivals = me.arrivals_due.is_some_and(|at| now >= at);
-            if me.queue.is_empty() && (me.dirty || now >= me.next_look || revision != me.seen || due_arrivals)
-            {
-                self.look(g, revision);
+            let wants = me.dirty || now >= me.next_look || revision != me.seen || due_arrivals;
+            if me.queue.is_empty() && wants && now >= self.pacing.until {
+                let planned = self.look(g, revision);
+                self.pacing.spent(now, planned, g);
             }
             self.take_step(g);
         }
@@ -167,8 +207,8 @@ impl Instance {
     }
 
     /// A look of group `g`'s leader: settle after an interruption, check, win or hand over
-    /// leadership, plan.
-    fn look(&mut self, g: usize, revision: Revision) {
+    /// leadership, plan. Returns how many partitions it planned.
+    fn look(&mut self, g: usize, revision: Revision) -> u64 {
         let now = self.now;
         let me = &mut self.leaders[g];
         me.dirty = false;
@@ -180,16 +220,16 @@ impl Instance {
             self.settle(g);
         }
         let group = self.leaders[g].group;
-        let Some(cache) = self.cache.as_ref() else { return };
+        let Some(cache) = self.cache.as_ref() else { return 0 };
         if let Some(fence) = self.leaders[g].fence
             && steps_down(group, fence, self.lease, cache).is_some()
         {
             self.step_down(g);
         }
-        let Some(cache) = self.cache.as_ref() else { return };
+        let Some(cache) = self.cache.as_ref() else { return 0 };
         let Some(fence) = self.leaders[g].fence else {
             self.campaign(g);
-            return;
+            return 0;
         };
         let kept = self.leaders[g].keep_until.is_some_and(|until| now < until);
         let hands_over = !kept
@@ -203,10 +243,10 @@ impl Instance {
             self.leaders[g].busy = true;
             let txn = resignation_txn(&self.keys, group, fence);
             self.request(StoreRequest::Txn(txn), Waiting::Leader(g, Why::Resign));
-            return;
+            return 0;
         }
         if cache.revision < self.leaders[g].written {
-            return;
+            return 0;
         }
         let mut settling = self.leaders[g].settle_until.is_some_and(|until| now < until);
         if cache.instance_losses != self.leaders[g].instance_losses {
@@ -214,10 +254,11 @@ impl Instance {
             self.settle(g);
             settling = true;
         }
-        let Some(cache) = self.cache.as_ref() else { return };
+        let Some(cache) = self.cache.as_ref() else { return 0 };
         let (at, delay) = (self.origin + std::time::Duration::from_micros(now), self.config.rebalance_delay);
         let clock = PlanClock { revision: cache.revision, now: now / 1000, now_micros: now };
         let me = &mut self.leaders[g];
+        let mut planned = 0;
         let topics = cache.topics.iter().filter(|(topic, _)| group.plans(topic));
         for (topic, entry) in topics.filter(|(_, e)| may_plan(e, settling)) {
             let wait = me.arrivals.entry(topic.clone()).or_default().wait_until(active(entry), at, delay);
@@ -229,6 +270,7 @@ impl Instance {
             let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
             let memory = me.placement.entry(topic.clone()).or_default();
             let plan = plan_topic(&self.config, &self.keys, fence, (topic, entry), clock, cooldowns, memory);
+            planned += u64::from(entry.config.as_ref().map_or(0, |c| c.value.partition_count));
             if plan.writes > 0 {
                 me.queue.push_back(Step::Topic(Writing {
                     topic: topic.clone(),
@@ -240,6 +282,7 @@ impl Instance {
                 }));
             }
         }
+        planned
     }
 
     /// Group `g`'s leader campaigns for its key when the rules say so: always with one

@@ -91,6 +91,13 @@ pub struct Start {
     /// ([`crate::store::LeaseStore::watch_progress_every`]); `None`: they send none, and a
     /// silent watch cannot be told from a quiet store, so none is detected.
     pub watch_progress_every: Option<Duration>,
+    /// What planning one partition costs, in ns, for the planning budget: after a look
+    /// that planned `n` partitions, the instance's leaders plan again only once
+    /// `PLAN_PACE × n × cost` has passed, as the running leader does after a pass that took
+    /// that long. The running leader measures the pass; the step reads no clock, so its
+    /// driver says what a partition costs (a simulation models it). 0: planning is free
+    /// and never waits.
+    pub plan_nanos_per_partition: u64,
 }
 
 /// What a store request of the instance is for: where its answer goes.
@@ -180,6 +187,8 @@ pub struct Instance {
     sweeper: Upkeep,
     /// One leader state per leader group (one unless `leader_groups` > 1).
     leaders: Vec<LeaderState>,
+    /// The leaders' planning budget ([`Start::plan_nanos_per_partition`]).
+    pacing: leader::Pacing,
     /// What was last said of readiness and of the timer (said again only when it changes).
     ready: Option<bool>,
     wake: Option<Micros>,
@@ -191,7 +200,7 @@ impl Instance {
     /// A new instance of `config` at `now` (wall-clock µs), in the life `start`, and its
     /// first effects (the read of the prefix).
     pub fn new(config: HandoffConfig, start: Start, now: Micros) -> (Self, Vec<Effect>) {
-        let Start { origin, nonce, watch_progress_every } = start;
+        let Start { origin, nonce, watch_progress_every, plan_nanos_per_partition } = start;
         let keys = Keys::new(&config.prefix);
         let departures = Departures::new(config.lease_ttl);
         let sweeper = Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now));
@@ -225,6 +234,7 @@ impl Instance {
             sweeper,
             unregistering: BTreeMap::new(),
             leaders: LeaderState::all(config.leader_groups, now),
+            pacing: leader::Pacing::new(plan_nanos_per_partition),
             ready: None,
             wake: None,
             out: Vec::new(),

@@ -107,7 +107,7 @@ impl Harness {
         };
         let keys = Keys::new(&config.prefix);
         let start =
-            Start { origin: tokio::time::Instant::now(), nonce, watch_progress_every: progress_every };
+            Start { origin: tokio::time::Instant::now(), nonce, watch_progress_every: progress_every, plan_nanos_per_partition: 0 };
         let (instance, effects) = Instance::new(config, start, START);
         let mut harness = Harness { instance, store, now: START, seen: Vec::new(), keys };
         harness.run(effects);
