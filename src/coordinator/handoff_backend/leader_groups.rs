@@ -58,9 +58,15 @@ pub fn group_of(topic: &str, groups: u32) -> u32 {
 
 /// FNV-1a, 64 bits.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(FNV_OFFSET, |hash, byte| fnv_step(hash, *byte))
+}
+
+/// FNV-1a's starting value.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// One byte of FNV-1a.
+fn fnv_step(hash: u64, byte: u8) -> u64 {
+    (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
 }
 
 /// The instance preferred to lead each group of `groups`, given the live `instances`
@@ -100,18 +106,17 @@ pub enum Campaign {
     AfterGrace,
 }
 
-/// Whether instance `me` campaigns for `group` now, and why, given the live `instances` and
-/// how long the group has been without a leader key (pure; `None`: it leaves the group to
-/// the preferred instance).
-pub fn campaigns<'a>(
+/// Whether instance `me` campaigns for `group` now, and why, given the live instances'
+/// `preferences` ([`preferred`] of their count) and how long the group has been without a
+/// leader key (pure; `None`: it leaves the group to the preferred instance).
+pub fn campaigns(
     group: LeaderGroup,
     me: &str,
-    instances: impl IntoIterator<Item = &'a str>,
+    preferences: Option<&BTreeMap<u32, String>>,
     vacant_for: Duration,
     grace: Duration,
 ) -> Option<Campaign> {
-    let preferred = group.groups <= 1
-        || preferred(group.groups, instances).get(&group.group).is_some_and(|chosen| chosen == me);
+    let preferred = group.groups <= 1 || chosen(preferences, group).is_some_and(|chosen| chosen == me);
     match (preferred, vacant_for >= grace) {
         (true, _) => Some(Campaign::Preferred),
         (false, true) => Some(Campaign::AfterGrace),
@@ -120,19 +125,22 @@ pub fn campaigns<'a>(
 }
 
 /// Whether `me`, leading `group`, hands it over: another live instance is preferred for it
-/// (pure; never with one group).
-pub fn hands_over<'a>(group: LeaderGroup, me: &str, instances: impl IntoIterator<Item = &'a str>) -> bool {
-    group.groups > 1
-        && preferred(group.groups, instances).get(&group.group).is_some_and(|chosen| chosen != me)
+/// in `preferences` (pure; never with one group).
+pub fn hands_over(group: LeaderGroup, me: &str, preferences: Option<&BTreeMap<u32, String>>) -> bool {
+    group.groups > 1 && chosen(preferences, group).is_some_and(|chosen| chosen != me)
+}
+
+/// The instance `preferences` choose for `group`.
+fn chosen(preferences: Option<&BTreeMap<u32, String>>, group: LeaderGroup) -> Option<&str> {
+    preferences.and_then(|p| p.get(&group.group)).map(String::as_str)
 }
 
 /// How much `instance` wants `group` (rendezvous weight).
 fn rank(instance: &str, group: u32) -> u64 {
-    let mut bytes = instance.as_bytes().to_vec();
-    bytes.push(0);
-    bytes.extend_from_slice(&group.to_be_bytes());
+    let group = group.to_be_bytes();
+    let bytes = instance.as_bytes().iter().chain(&[0]).chain(&group);
     // One more round of mixing: FNV alone leaves close inputs with close hashes.
-    let hash = fnv1a(&bytes);
+    let hash = bytes.fold(FNV_OFFSET, |hash, byte| fnv_step(hash, *byte));
     (hash ^ (hash >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9)
 }
 
@@ -202,17 +210,19 @@ mod tests {
         let chosen = preferred(6, live())[&4].clone();
         let other = instances.iter().find(|i| **i != chosen).expect("three instances");
         let grace = Duration::from_secs(10);
-        assert_eq!(campaigns(group, &chosen, live(), Duration::ZERO, grace), Some(Campaign::Preferred));
-        assert_eq!(campaigns(group, other, live(), Duration::from_secs(9), grace), None);
-        assert_eq!(campaigns(group, other, live(), grace, grace), Some(Campaign::AfterGrace));
-        assert!(hands_over(group, other, live()));
-        assert!(!hands_over(group, &chosen, live()));
+        let preferences = preferred(6, live());
+        let prefer = Some(&preferences);
+        assert_eq!(campaigns(group, &chosen, prefer, Duration::ZERO, grace), Some(Campaign::Preferred));
+        assert_eq!(campaigns(group, other, prefer, Duration::from_secs(9), grace), None);
+        assert_eq!(campaigns(group, other, prefer, grace, grace), Some(Campaign::AfterGrace));
+        assert!(hands_over(group, other, prefer));
+        assert!(!hands_over(group, &chosen, prefer));
         // One group: everyone campaigns, nobody hands over.
         assert_eq!(
-            campaigns(LeaderGroup::ONLY, other, live(), Duration::ZERO, grace),
+            campaigns(LeaderGroup::ONLY, other, prefer, Duration::ZERO, grace),
             Some(Campaign::Preferred)
         );
-        assert!(!hands_over(LeaderGroup::ONLY, other, live()));
+        assert!(!hands_over(LeaderGroup::ONLY, other, prefer));
     }
 
     #[test]

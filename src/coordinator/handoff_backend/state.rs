@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::leader_groups::LeaderGroup;
+use super::leader_groups::{self, LeaderGroup};
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Key, Keys, TopicRecord, decode};
 use crate::coordinator::shared::instance_record::leader_groups_of;
 use crate::coordinator::shared::mirror::{Changes, MirrorCache, Versioned};
@@ -216,6 +216,10 @@ pub struct Cache {
     /// The leader group count each present instance record says (`leader_groups.rs`: an
     /// instance hands a group over only to one campaigning under the same count).
     pub instance_groups: BTreeMap<String, u32>,
+    /// Per group count present, which instance each group prefers
+    /// ([`leader_groups::preferred`] over [`Cache::instances_under`]): kept with the
+    /// instance records, since every leader's look asks and the records rarely change.
+    preferences: BTreeMap<u32, BTreeMap<u32, String>>,
 }
 
 impl Cache {
@@ -230,6 +234,19 @@ impl Cache {
         let names: BTreeSet<String> =
             self.leaders.values().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()).collect();
         names.into_iter().collect()
+    }
+
+    /// Which instance each of `groups` groups prefers, among those campaigning under that
+    /// count (`None`: no instance record says `groups`).
+    pub fn preferences(&self, groups: u32) -> Option<&BTreeMap<u32, String>> {
+        self.preferences.get(&groups)
+    }
+
+    /// The instance records changed: the preferences again, for every count present.
+    fn instances_changed(&mut self) {
+        let counts: BTreeSet<u32> = self.instance_groups.values().copied().collect();
+        self.preferences =
+            counts.into_iter().map(|g| (g, leader_groups::preferred(g, self.instances_under(g)))).collect();
     }
 
     /// The instances present that campaign under `groups` (who leader groups are shared
@@ -260,7 +277,10 @@ impl MirrorCache for Cache {
             }
             Key::Instance(instance) => {
                 self.instances.insert(instance.clone(), kv.create_revision);
-                self.instance_groups.insert(instance.clone(), leader_groups_of(&kv.value));
+                let groups = leader_groups_of(&kv.value);
+                if self.instance_groups.insert(instance.clone(), groups) != Some(groups) {
+                    self.instances_changed();
+                }
                 Ok(())
             }
             Key::Topic(t) => decode::<TopicRecord>(&kv.key, &kv.value).map(|value| {
@@ -301,7 +321,9 @@ impl MirrorCache for Cache {
             }
             Key::Instance(instance) => {
                 self.instances.remove(instance);
-                self.instance_groups.remove(instance);
+                if self.instance_groups.remove(instance).is_some() {
+                    self.instances_changed();
+                }
                 self.instance_losses += 1;
             }
             Key::Topic(t) => {

@@ -124,7 +124,7 @@ pub(in crate::coordinator::handoff_backend) fn campaign_reason(
     if another_count_leads(group, cache) {
         return None;
     }
-    leader_groups::campaigns(group, instance, cache.instances_under(group.groups), vacant_for, grace)
+    leader_groups::campaigns(group, instance, cache.preferences(group.groups), vacant_for, grace)
 }
 
 /// The campaign of `instance` (pure): the transaction that creates the leader key bound to
@@ -256,8 +256,8 @@ pub(super) fn hand_over(inner: &Handoff, me: &mut Leadership) -> bool {
         return false;
     }
     let cache = inner.core.mirror().read();
-    let instances = cache.instances_under(me.group.groups);
-    if !leader_groups::hands_over(me.group, &inner.config.instance_id, instances) {
+    let preferences = cache.preferences(me.group.groups);
+    if !leader_groups::hands_over(me.group, &inner.config.instance_id, preferences) {
         return false;
     }
     drop(cache);

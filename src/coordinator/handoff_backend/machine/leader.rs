@@ -233,11 +233,7 @@ impl Instance {
         };
         let kept = self.leaders[g].keep_until.is_some_and(|until| now < until);
         let hands_over = !kept
-            && leader_groups::hands_over(
-                group,
-                &self.config.instance_id,
-                cache.instances_under(group.groups),
-            );
+            && leader_groups::hands_over(group, &self.config.instance_id, cache.preferences(group.groups));
         if hands_over {
             self.step_down(g);
             self.leaders[g].busy = true;

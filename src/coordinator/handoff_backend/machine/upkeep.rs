@@ -262,8 +262,10 @@ impl Instance {
         let lost: Vec<(StreamKey, Micros, bool)> = self
             .streams
             .iter()
+            // Only the lost ones' names are cloned: this runs at every step.
             .filter_map(|((t, c), s)| {
-                Some(((t.clone(), c.clone(), s.registration), s.lost_since?, s.rebinding))
+                let since = s.lost_since?;
+                Some(((t.clone(), c.clone(), s.registration), since, s.rebinding))
             })
             .collect();
         for (key, since, rebinding) in lost {
