@@ -217,10 +217,15 @@ impl Cluster {
         if run.step == Step::ZoneDown && run.live_owners_at.is_none() && self.owners_live() {
             run.live_owners_at = Some(self.now);
         }
-        if !self.truth.handoffs.is_empty() && self.now <= run.began + bound {
+        let waiting = !self.truth.handoffs.is_empty() || self.someone_away();
+        if waiting && self.now <= run.began + bound {
             return Ok(());
         }
-        match self.settled() {
+        let settled = match self.someone_away() {
+            true => Err("a consumer that wants a stream is not online".to_string()),
+            false => self.settled(),
+        };
+        match settled {
             Ok(()) => {
                 run.report.phases.push(PhaseReport {
                     name: run.step.name(),
@@ -237,6 +242,12 @@ impl Cluster {
             )),
             Err(_) => Ok(()),
         }
+    }
+
+    /// Whether a consumer that wants a stream is not online yet (one of a wave coming back):
+    /// the cluster may look settled without it, but the phase is not over.
+    fn someone_away(&self) -> bool {
+        self.consumers.iter().any(|c| c.wants && !matches!(c.phase, ConsumerPhase::Online { draining: false, .. }))
     }
 
     /// Whether every owned partition's owner is a live consumer (one that has not died).
