@@ -86,7 +86,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// The phases' table, the whole restart's sums and ratios, and how the run was made.
-fn table(config: &SimConfig, phases: &[PhaseReport], seed: u64, events: u64, steps: u64, wall: Duration) -> String {
+fn table(
+    config: &SimConfig,
+    phases: &[PhaseReport],
+    seed: u64,
+    events: u64,
+    steps: u64,
+    wall: Duration,
+) -> String {
     let mut md = String::new();
     let _ = writeln!(
         md,

@@ -242,7 +242,10 @@ impl Cluster {
     /// not so (the first few of each).
     pub(super) fn settled(&self) -> Result<(), String> {
         if let Some((p, handoff)) = self.truth.handoffs.iter().next() {
-            return Err(format!("{} handoff(s) left, first of partition {p}: {handoff:?}", self.truth.handoffs.len()));
+            return Err(format!(
+                "{} handoff(s) left, first of partition {p}: {handoff:?}",
+                self.truth.handoffs.len()
+            ));
         }
         let topics = self.config.topic_set();
         // Online consumers by name: (topic, belief).
@@ -274,10 +277,16 @@ impl Cluster {
             if per_topic[t as usize] == 0 {
                 continue;
             }
-            let owner = self.truth.owners.get(&g).ok_or(format!("partition {}/{p} has no owner", topics.name(t)))?;
+            let owner =
+                self.truth.owners.get(&g).ok_or(format!("partition {}/{p} has no owner", topics.name(t)))?;
             match (owned.get_mut(owner.as_str()), online.get(owner.as_str())) {
                 (Some(list), Some((topic, _))) if *topic == t => list.push(p),
-                _ => return Err(format!("partition {}/{p} is owned by {owner}, not online for it", topics.name(t))),
+                _ => {
+                    return Err(format!(
+                        "partition {}/{p} is owned by {owner}, not online for it",
+                        topics.name(t)
+                    ));
+                }
             }
         }
         for (name, (t, belief)) in &online {

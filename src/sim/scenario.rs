@@ -247,17 +247,15 @@ impl Cluster {
     /// Whether a consumer that wants a stream is not online yet (one of a wave coming back):
     /// the cluster may look settled without it, but the phase is not over.
     fn someone_away(&self) -> bool {
-        self.consumers.iter().any(|c| c.wants && !matches!(c.phase, ConsumerPhase::Online { draining: false, .. }))
+        self.consumers
+            .iter()
+            .any(|c| c.wants && !matches!(c.phase, ConsumerPhase::Online { draining: false, .. }))
     }
 
     /// Whether every owned partition's owner is a live consumer (one that has not died).
     fn owners_live(&self) -> bool {
-        let dead: std::collections::BTreeSet<&str> = self
-            .consumers
-            .iter()
-            .filter(|c| !c.wants)
-            .map(|c| c.name.as_str())
-            .collect();
+        let dead: std::collections::BTreeSet<&str> =
+            self.consumers.iter().filter(|c| !c.wants).map(|c| c.name.as_str()).collect();
         self.truth.owners.values().all(|owner| !dead.contains(owner.as_str()))
     }
 

@@ -30,8 +30,8 @@ fn many_topics_keep_every_invariant() {
         }
     }
     assert!(plan_moves > 0, "no move by plan was checked");
-    let caught =
-        seeds(2_500).find_map(|seed| with_mutation(Mutation::LeaderUnfenced, || sim::run(seed, &config)).err());
+    let caught = seeds(2_500)
+        .find_map(|seed| with_mutation(Mutation::LeaderUnfenced, || sim::run(seed, &config)).err());
     assert!(caught.is_some(), "LeaderUnfenced over many topics broke no invariant");
 }
 

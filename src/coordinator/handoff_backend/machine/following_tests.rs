@@ -138,7 +138,12 @@ fn a_first_read_that_fails_is_tried_again() {
     use crate::coordinator::handoff_backend::HandoffConfig;
     use crate::coordinator::machine::io::LeaseState;
 
-    let start = Start { origin: tokio::time::Instant::now(), nonce: 1, watch_progress_every: None, plan_nanos_per_partition: 0 };
+    let start = Start {
+        origin: tokio::time::Instant::now(),
+        nonce: 1,
+        watch_progress_every: None,
+        plan_nanos_per_partition: 0,
+    };
     let now = 1_700_000_000_000_000;
     let (mut instance, effects) = Instance::new(HandoffConfig::default(), start, now);
     let Some(first) = prefix_read(&effects) else { panic!("the first read: {effects:?}") };

@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tokio::time::Instant;
 
 use super::{Instance, Waiting, expect};
-use crate::coordinator::handoff_backend::leader::{Fence, PLAN_PACE};
 use crate::coordinator::handoff_backend::leader::election::resignation_txn;
 use crate::coordinator::handoff_backend::leader::election::{
     adopted, campaign_reason, campaign_txn, deposed, steps_down,
@@ -23,6 +22,7 @@ use crate::coordinator::handoff_backend::leader::election::{
 use crate::coordinator::handoff_backend::leader::reconcile::{
     Arrivals, PlanClock, active, may_plan, plan_topic,
 };
+use crate::coordinator::handoff_backend::leader::{Fence, PLAN_PACE};
 use crate::coordinator::handoff_backend::leader_groups::{self, LeaderGroup};
 use crate::coordinator::machine::io::{Effect, Micros, StoreReply, StoreRequest};
 use crate::handoff::{Cooldowns, Millis, MoveReason, PlacementMemory};

@@ -106,8 +106,12 @@ impl Harness {
             ..HandoffConfig::default()
         };
         let keys = Keys::new(&config.prefix);
-        let start =
-            Start { origin: tokio::time::Instant::now(), nonce, watch_progress_every: progress_every, plan_nanos_per_partition: 0 };
+        let start = Start {
+            origin: tokio::time::Instant::now(),
+            nonce,
+            watch_progress_every: progress_every,
+            plan_nanos_per_partition: 0,
+        };
         let (instance, effects) = Instance::new(config, start, START);
         let mut harness = Harness { instance, store, now: START, seen: Vec::new(), keys };
         harness.run(effects);
