@@ -87,9 +87,9 @@ pub(super) struct Cluster {
     /// Bookkeeping of the checks (`checks.rs`).
     pub checks: super::check_state::CheckState,
     /// What the store, the watches and the consumers did so far (`scenario.rs`).
-    pub counts: super::scenario::Counts,
+    pub counts: super::scenario_state::Counts,
     /// The scenario under way, if the run is one.
-    pub scenario: Option<super::scenario::ScenarioRun>,
+    pub scenario: Option<super::scenario_state::ScenarioRun>,
 }
 
 impl Cluster {
@@ -145,11 +145,11 @@ impl Cluster {
             quiet: false,
             store_tick_at: None,
             checks: Default::default(),
-            counts: super::scenario::Counts {
+            counts: super::scenario_state::Counts {
                 plan_moves_by_node: vec![0; config.instances],
                 ..Default::default()
             },
-            scenario: config.scenario.clone().map(super::scenario::ScenarioRun::new),
+            scenario: config.scenario.clone().map(super::scenario_state::ScenarioRun::new),
         };
         for node in 0..config.instances {
             cluster.start_instance(node);

@@ -59,6 +59,7 @@ mod instance;
 pub mod lease;
 mod rng;
 pub mod scenario;
+mod scenario_state;
 mod schedule;
 mod store_side;
 mod trace;
