@@ -172,7 +172,7 @@ impl Cluster {
         while let Some(Reverse(Queued { at, event, .. })) = self.queue.pop() {
             self.now = at;
             self.outcome.steps += 1;
-            let checks_now = self.outcome.steps % self.config.check_every.max(1) == 0;
+            let checks_now = self.outcome.steps.is_multiple_of(self.config.check_every.max(1));
             let result = self.handle(*event).and_then(|()| if checks_now { self.check() } else { Ok(()) });
             if let Err(violation) = result {
                 return Err(self.failure(violation));

@@ -110,7 +110,7 @@ impl Cluster {
                 }
             }
             Step::ZoneDown => {
-                for i in (0..self.nodes.len()).filter(|i| *i as u32 % scenario.zones == 0) {
+                for i in (0..self.nodes.len()).filter(|i| (*i as u32).is_multiple_of(scenario.zones)) {
                     self.crash_instance(i);
                 }
                 for c in (0..self.consumers.len()).filter(|c| zone(*c) == 0) {
@@ -124,7 +124,7 @@ impl Cluster {
                 self.checks.last_disruption = self.checks.last_disruption.max(now + ttl);
             }
             Step::ZoneBack => {
-                for i in (0..self.nodes.len()).filter(|i| *i as u32 % scenario.zones == 0) {
+                for i in (0..self.nodes.len()).filter(|i| (*i as u32).is_multiple_of(scenario.zones)) {
                     self.start_instance(i);
                 }
                 for c in (0..self.consumers.len()).filter(|c| zone(*c) == 0) {
