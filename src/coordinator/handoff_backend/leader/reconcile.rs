@@ -105,18 +105,22 @@ impl<At> Default for Arrivals<At> {
 impl<At: Copy + Ord + std::ops::Add<std::time::Duration, Output = At>> Arrivals<At> {
     /// Notes the active consumers now; returns until when planning should wait (joins
     /// still arriving), if it should. Pure: the time is any clock's.
-    pub(in crate::coordinator::handoff_backend) fn wait_until(
+    /// `active` yields the names in order ([`active`]); the leader looks at every topic of
+    /// its groups on every look, so an unchanged set is compared, not copied.
+    pub(in crate::coordinator::handoff_backend) fn wait_until<'a>(
         &mut self,
-        active: BTreeSet<String>,
+        active: impl Iterator<Item = &'a str> + Clone,
         now: At,
         delay: std::time::Duration,
     ) -> Option<At> {
-        if active.difference(&self.members).next().is_some() {
-            let recent = self.last_join.is_some_and(|at| now < at + delay);
-            self.arriving = recent || self.members.is_empty();
-            self.last_join = Some(now);
+        if !active.clone().eq(self.members.iter().map(String::as_str)) {
+            if active.clone().any(|name| !self.members.contains(name)) {
+                let recent = self.last_join.is_some_and(|at| now < at + delay);
+                self.arriving = recent || self.members.is_empty();
+                self.last_join = Some(now);
+            }
+            self.members = active.map(str::to_owned).collect();
         }
-        self.members = active;
         let due = self.last_join? + delay;
         (self.arriving && now < due).then_some(due)
     }
@@ -237,13 +241,14 @@ pub(in crate::coordinator::handoff_backend) fn may_plan(entry: &TopicEntry, sett
 }
 
 /// The active consumers of a topic, whose joins [`Arrivals`] follows.
-pub(in crate::coordinator::handoff_backend) fn active(entry: &TopicEntry) -> BTreeSet<String> {
+pub(in crate::coordinator::handoff_backend) fn active(
+    entry: &TopicEntry,
+) -> impl Iterator<Item = &str> + Clone {
     entry
         .consumers
         .iter()
         .filter(|(_, r)| r.value.status == crate::handoff::ConsumerStatus::Active)
-        .map(|(name, _)| name.clone())
-        .collect()
+        .map(|(name, _)| name.as_str())
 }
 
 /// When a plan is made: the cache's revision, and the wall clock in ms (deadlines) and in
