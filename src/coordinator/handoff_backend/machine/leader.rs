@@ -130,6 +130,9 @@ pub(super) struct LeaderState {
     /// The revision its last write produced: it plans again once the cache has it.
     written: Revision,
     arrivals: BTreeMap<String, Arrivals<Instant>>,
+    /// The topics of its group, in order, and the cache (its load, its topic count) they
+    /// were listed from: a look visits only these, not every topic's hash.
+    topics: (u64, usize, Vec<String>),
     cooldowns: BTreeMap<String, Cooldowns>,
     placement: BTreeMap<String, PlacementMemory>,
     queue: VecDeque<Step>,
@@ -159,6 +162,7 @@ impl LeaderState {
             instance_losses: 0,
             written: 0,
             arrivals: BTreeMap::new(),
+            topics: (0, 0, Vec::new()),
             cooldowns: BTreeMap::new(),
             placement: BTreeMap::new(),
             queue: VecDeque::new(),
@@ -254,8 +258,13 @@ impl Instance {
         let (at, delay) = (self.origin + std::time::Duration::from_micros(now), self.config.rebalance_delay);
         let clock = PlanClock { revision: cache.revision, now: now / 1000, now_micros: now };
         let me = &mut self.leaders[g];
+        let listed = (self.cache_loads, cache.topics.len());
+        if (me.topics.0, me.topics.1) != listed {
+            me.topics =
+                (listed.0, listed.1, cache.topics.keys().filter(|t| group.plans(t)).cloned().collect());
+        }
         let mut planned = 0;
-        let topics = cache.topics.iter().filter(|(topic, _)| group.plans(topic));
+        let topics = me.topics.2.iter().filter_map(|topic| cache.topics.get_key_value(topic));
         for (topic, entry) in topics.filter(|(_, e)| may_plan(e, settling)) {
             let wait = me.arrivals.entry(topic.clone()).or_default().wait_until(active(entry), at, delay);
             if let Some(due) = wait {

@@ -135,6 +135,9 @@ pub struct Instance {
     now: Micros,
     /// The store's state as followed (`None` until the first read answered).
     cache: Option<Cache>,
+    /// How many times `cache` was loaded anew (a cache only ever gains topics between
+    /// loads: the leaders' lists of their groups' topics follow it by this and its size).
+    cache_loads: u64,
     /// The newest own write applied ahead of revisions the cache has not seen (0: none).
     ahead: crate::store::Revision,
     /// The watch in use, and whether the mirror follows the store.
@@ -209,6 +212,7 @@ impl Instance {
             origin,
             now,
             cache: None,
+            cache_loads: 0,
             ahead: 0,
             watch: None,
             stale_since: None,

@@ -74,6 +74,7 @@ impl Instance {
             None => Changes::default(),
         };
         self.cache = Some(fresh);
+        self.cache_loads += 1;
         if !self.unproven {
             self.follow_again();
         }
