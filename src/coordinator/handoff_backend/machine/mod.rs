@@ -54,7 +54,7 @@ mod test_harness;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -175,6 +175,9 @@ pub struct Instance {
     waiting: BTreeMap<RequestId, Waiting>,
     /// Command streams by (topic, consumer).
     streams: BTreeMap<(String, String), Stream>,
+    /// The streams whose registration the store lost (`Stream::lost_since` set): looked at
+    /// on every step, so kept apart from the thousands that are not.
+    lost: BTreeSet<(String, String)>,
     /// Streams that closed before their `Register` admitted them: their caller went away
     /// (a registration whose caller is gone never replaces another, docs/design.md §6).
     closed: std::collections::BTreeSet<crate::coordinator::machine::io::StreamId>,
@@ -232,6 +235,7 @@ impl Instance {
             progress_every: watch_progress_every,
             waiting: BTreeMap::new(),
             streams: BTreeMap::new(),
+            lost: BTreeSet::new(),
             closed: Default::default(),
             epoch_streams: BTreeMap::new(),
             departures,

@@ -69,7 +69,11 @@ impl Instance {
         let mut concerned: Vec<(String, String)> = Vec::new();
         for (topic, touched) in changes.iter() {
             match touched {
-                Touched::All => concerned.extend(self.streams.keys().filter(|(t, _)| t == topic).cloned()),
+                Touched::All => {
+                    let from = (topic.clone(), String::new());
+                    let of_topic = self.streams.range(from..).take_while(|((t, _), _)| t == topic);
+                    concerned.extend(of_topic.map(|(name, _)| name.clone()))
+                }
                 Touched::Consumers(names) => {
                     concerned.extend(names.keys().map(|consumer| (topic.clone(), consumer.clone())))
                 }
@@ -90,6 +94,7 @@ impl Instance {
             let said = stream.book.apply(topic, consumer, step);
             if said.lost && stream.lost_since.is_none() {
                 stream.lost_since = Some(self.now);
+                self.lost.insert(name.clone());
             }
             let id = stream.id;
             self.out.extend(said.now.into_iter().map(|command| Effect::Command { stream: id, command }));
@@ -121,6 +126,7 @@ impl Instance {
             return;
         }
         let Some(stream) = self.streams.remove(&name) else { return };
+        self.lost.remove(&name);
         self.out.push(Effect::EndStream { stream: stream.id, reason, error });
         self.end_epoch_streams(key);
         let at = self.instant(self.now);
@@ -255,6 +261,7 @@ impl Instance {
         };
         let name = (key.0.clone(), key.1.clone());
         if let Some(stream) = self.streams.remove(&name) {
+            self.lost.remove(&name);
             self.end_epoch_streams(&key);
             let at = self.instant(self.now);
             self.departures.add(Departed { key, registered_at: stream.registered_at, at, left: false });

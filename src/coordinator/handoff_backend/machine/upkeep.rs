@@ -261,12 +261,11 @@ impl Instance {
     fn rebind_lost(&mut self) {
         let ttl = self.config.lease_ttl_micros();
         let lost: Vec<(StreamKey, Micros, bool)> = self
-            .streams
+            .lost
             .iter()
-            // Only the lost ones' names are cloned: this runs at every step.
-            .filter_map(|((t, c), s)| {
-                let since = s.lost_since?;
-                Some(((t.clone(), c.clone(), s.registration), since, s.rebinding))
+            .filter_map(|name| {
+                let s = self.streams.get(name)?;
+                Some(((name.0.clone(), name.1.clone(), s.registration), s.lost_since?, s.rebinding))
             })
             .collect();
         for (key, since, rebinding) in lost {
@@ -302,6 +301,7 @@ impl Instance {
         let rebound = |me: &mut Self, revision| {
             if let Some(stream) = me.streams.get_mut(&name).filter(|s| s.registration == key.2) {
                 stream.lost_since = None;
+                me.lost.remove(&name);
                 stream.rebinding = false;
                 stream.registered_at = revision;
             }
@@ -372,7 +372,8 @@ impl Instance {
             .stale_since
             .filter(|_| !self.stale_fenced)
             .map(|since| since + fence_after(Duration::from_micros(ttl)).as_micros() as Micros);
-        let lost = self.streams.values().filter_map(|s| s.lost_since.map(|since| since + ttl));
+        let lost =
+            self.lost.iter().filter_map(|name| self.streams.get(name)?.lost_since.map(|since| since + ttl));
         let sweep = Some(micros(self.sweeper.next_sweep()));
         let retries = self.unregistering.values().map(|(at, _)| *at).filter(|at| *at != Micros::MAX);
         let watchdog = self.watchdog_wake();
