@@ -79,7 +79,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if docs::wanted() {
         let command = docs::command("fleet_model", &["FLEET_MODEL"]);
-        let path = docs::write("fleet_model", "The fleet at model level: 100,000 consumers", &command, &md)?;
+        let title = format!("The fleet at model level: {} consumers", config.consumers);
+        let path = docs::write("fleet_model", &title, &command, &md)?;
         println!("wrote {}", path.display());
     }
     Ok(())

@@ -117,8 +117,14 @@ async fn leader_crash_mid_handoff_fails_over_and_completes() {
         tokio::time::sleep(crate::support::POLL_INTERVAL).await;
     }
     eprintln!("[etcd] leader crash → new leader after {:?}", crashed.elapsed());
-    let status = cluster.status_of(survivor).await;
-    assert_eq!(status.leader.as_deref(), Some(cluster.instance(survivor).id.as_str()));
+    // The instance leads once its campaign commits; its status names the leader from the
+    // mirror, which sees the key when the watch delivers it (later on a loaded machine).
+    let survivor_id = cluster.instance(survivor).id.clone();
+    let status = cluster
+        .wait_status_of(survivor, PROMPT, "the status names the new leader", |s| {
+            s.leader.as_deref() == Some(survivor_id.as_str())
+        })
+        .await;
     let t = topic(&status, TOPIC);
     let h = t.handoffs.iter().find(|h| h.partition == p).unwrap_or_else(|| panic!("handoff {p} kept: {t:?}"));
     assert_eq!((h.from.as_str(), h.to.as_str(), h.phase), ("a", "b", Phase::Warming));
