@@ -144,7 +144,16 @@ async fn deploy_manifests_fit_the_binary_and_each_other() {
     for path in
         [ready.path.clone().unwrap_or_default(), live.path.clone().unwrap_or_default(), metrics_path.clone()]
     {
-        let (code, body) = http_get(server.admin_addr, &path).await;
+        // The probes' paths answer 200 once the server is up: readiness turns on a moment
+        // after the listeners do, as a kubelet's retried probe allows.
+        let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let (code, body) = loop {
+            let (code, body) = http_get(server.admin_addr, &path).await;
+            if code == 200 || tokio::time::Instant::now() >= give_up {
+                break (code, body);
+            }
+            tokio::time::sleep(crate::support::POLL_INTERVAL).await;
+        };
         assert_eq!(code, 200, "GET {path}: {body}");
         if path == metrics_path {
             assert!(body.contains("kafka_assigner_"), "{body}");
