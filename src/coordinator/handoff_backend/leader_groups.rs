@@ -56,17 +56,11 @@ pub fn group_of(topic: &str, groups: u32) -> u32 {
     (fnv1a(topic.as_bytes()) % u64::from(groups)) as u32
 }
 
-/// FNV-1a, 64 bits.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(FNV_OFFSET, |hash, byte| fnv_step(hash, *byte))
-}
-
-/// FNV-1a's starting value.
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// One byte of FNV-1a.
-fn fnv_step(hash: u64, byte: u8) -> u64 {
-    (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+/// FNV-1a, 64 bits, over bytes from anywhere (a rank hashes three pieces without joining them).
+fn fnv1a<'a>(bytes: impl IntoIterator<Item = &'a u8>) -> u64 {
+    bytes
+        .into_iter()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// The instance preferred to lead each group of `groups`, given the live `instances`
@@ -138,9 +132,8 @@ fn chosen(preferences: Option<&BTreeMap<u32, String>>, group: LeaderGroup) -> Op
 /// How much `instance` wants `group` (rendezvous weight).
 fn rank(instance: &str, group: u32) -> u64 {
     let group = group.to_be_bytes();
-    let bytes = instance.as_bytes().iter().chain(&[0]).chain(&group);
     // One more round of mixing: FNV alone leaves close inputs with close hashes.
-    let hash = bytes.fold(FNV_OFFSET, |hash, byte| fnv_step(hash, *byte));
+    let hash = fnv1a(instance.as_bytes().iter().chain(&[0]).chain(&group));
     (hash ^ (hash >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9)
 }
 
