@@ -111,7 +111,7 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
         }
         tokio::select! {
             changes = follower.next() => {
-                let Some(changes) = changes else { return };
+                let Some(changes) = changes else { break };
                 let cache = inner.core.mirror().read();
                 relay::relay(&inner, &cache, &changes);
                 inner.core.mirror().announce(&cache);
@@ -172,6 +172,8 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
             }));
         }
     }
+    // Their transports end the streams (`Core::begin_shutdown`, `crash`); no more relay.
+    inner.core.streams().drop_all();
 }
 
 #[cfg(test)]

@@ -192,6 +192,8 @@ pub(super) async fn run(inner: Arc<Handoff>) {
         }
     }
     leader.stop();
+    // Their transports end the streams (`Core::begin_shutdown`, `crash`); no more relay.
+    inner.core.streams().drop_all();
     // A graceful stop resigns leadership, beside what is still in flight; a crash, like a
     // dead process, leaves the key to expire with the lease.
     if !inner.core.crashed() {

@@ -22,10 +22,11 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{Answer, Batches, KeyWrite, Queued, commit};
-use super::outgoing::{CommandSender, command_channel, command_stream};
+use super::outgoing::{CommandSender, command_channel};
 use super::registrar::{Caller, Registrar};
 use super::registration::{Written, is_same_process};
 use super::streams::{EndReason, LocalStream, StreamKey};
+use super::transport::command_stream;
 use crate::coordinator::{CommandStream, CoordinatorError};
 use crate::store::{Compare, Op, Revision, SessionId};
 
@@ -310,14 +311,14 @@ fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, written: Written)
         // The process's own epochs, none of them an earlier incarnation's.
         stream.incarnation_at = 0;
     }
-    {
+    let ends = {
         // Relay and admit under one read of the cache: this loop relays the next
         // revision only after, and its relay then finds the stream.
         let cache = core.mirror.read();
         let step = backend.relay_step(&cache, topic, consumer, stream.seen());
         let ended = stream.apply(topic, consumer, step);
         stream.flush();
-        if core.admit(lease, topic, consumer, stream).is_err() {
+        let Some(ends) = core.admit(lease, topic, consumer, stream) else {
             // Fenced (or the relay stopped) since the write: the consumer never sees the
             // snapshot, which may already be stale.
             drop(cache);
@@ -335,18 +336,19 @@ fn admit<R: Registrar>(backend: &Arc<R>, enrolment: Enrolment, written: Written)
             core.depart(key, registered_at);
             let _ = reply.send(Err(error));
             return;
-        }
+        };
         if let Some((reason, last)) = ended {
             core.streams.end(&key, reason, last);
         }
-    }
+        ends
+    };
     tracing::info!(topic, consumer, %registration, "consumer registered");
     let done = CancellationToken::new();
     backend.spawn_companion(key.clone(), registered_at, done.clone());
     tokio::spawn(stream_task(backend.clone(), key, registered_at, tx, end_rx, done));
     // A caller gone by now drops the stream: its task sees it closed, as after a
     // disconnect.
-    let _ = reply.send(Ok(command_stream(rx)));
+    let _ = reply.send(Ok(command_stream(rx, ends)));
 }
 
 /// The stream's task: waits for the stream to end, cancels `done`, then hands its

@@ -4,9 +4,11 @@
 //! [`keep_lease`] grants the session, keeps it alive every third of the TTL, and retries a
 //! failed keep-alive at once with backoff. **Self-fencing:** when the session has not been
 //! renewed for [`fence_after`] (three quarters of the TTL), the instance stops acting on
-//! it *before* the store can expire it: every consumer stream is told `unassigned` for
-//! everything and ended with `UNAVAILABLE`, the instance is not ready, and the leader steps
-//! down (it watches the same value). The quarter of the TTL left is the safety margin: it
+//! it *before* the store can expire it: the keeper reports the fenced state and rings the
+//! streams' bell (`transport.rs`), and each stream's transport then tells its consumer
+//! `unassigned` for everything it was sent and ends with `UNAVAILABLE`; the instance is not
+//! ready, and the leader steps down (it watches the same value). The keeper writes nothing
+//! else: the loop lets the fenced streams go when it wakes. The quarter of the TTL left is the safety margin: it
 //! covers the keep-alive's own round trip (renewal is timed from when it was *sent*), clock
 //! rate differences between this host and the store, and the delivery of the last commands.
 //! A keep-alive that succeeds again before the session expired lifts the fence; a session
@@ -80,7 +82,8 @@ pub trait LeaseHolder: Send + Sync {
     fn ttl(&self) -> Duration;
     /// The lease's state channel.
     fn lease(&self) -> &watch::Sender<LeaseState>;
-    /// Called when the lease becomes fenced: end every stream.
+    /// Called when the lease becomes fenced: rings the bell every stream's transport reads
+    /// (`transport.rs`), which ends them; it writes no stream.
     fn fence(&self);
     /// Notified when the lease should be kept alive at once, not at the next period.
     fn check_now(&self) -> &tokio::sync::Notify;

@@ -48,6 +48,7 @@ pub mod streams;
 #[cfg(test)]
 mod test_backend;
 pub mod topics;
+pub mod transport;
 pub mod upkeep;
 pub mod validate;
 
@@ -365,7 +366,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
     }
 
     /// Admits `stream`, registered on the instance lease `lease`, while that lease is still
-    /// the live one and the relay follows the store; hands it back otherwise. Checked under
+    /// the live one and the relay follows the store; drops it otherwise (`None`). Checked under
     /// the lock the fence takes ([`Streams::admit`]): no stream is admitted after a fence.
     pub fn admit(
         &self,
@@ -373,7 +374,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         topic: &str,
         consumer: &str,
         stream: LocalStream<T>,
-    ) -> Result<(), LocalStream<T>> {
+    ) -> Option<transport::EndWatch> {
         use std::sync::atomic::Ordering;
         self.streams.admit(topic, consumer, stream, || {
             admits(
@@ -455,7 +456,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         }
         self.readiness.set(false);
         self.shutdown.cancel();
-        self.streams.end_all(&self.instance_id);
+        self.streams.stop(transport::Stop::Shutdown { instance: self.instance_id.to_string() });
         true
     }
 
@@ -471,7 +472,7 @@ impl<C: MirrorCache, T: streams::Told> Core<C, T> {
         self.crashed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.readiness.set(false);
         self.shutdown.cancel();
-        self.streams.crash_all();
+        self.streams.stop(transport::Stop::Crashed);
     }
 }
 
@@ -492,9 +493,8 @@ impl<C: MirrorCache + Send + Sync, T: streams::Told> LeaseHolder for Core<C, T> 
         if !lease::fences_streams() {
             return;
         }
-        self.streams.fence_all(crate::coordinator::causes::Fence::SessionLost {
-            instance: self.instance_id.to_string(),
-        });
+        self.streams
+            .fence(crate::coordinator::causes::Fence::SessionLost { instance: self.instance_id.to_string() });
     }
 
     fn check_now(&self) -> &tokio::sync::Notify {

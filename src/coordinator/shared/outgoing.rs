@@ -23,13 +23,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::coordinator::{CommandStream, CoordinatorError};
+use crate::coordinator::CoordinatorError;
 use crate::handoff::Command;
 use crate::proto::v1::{
     AssignmentCommand, AssignmentUpdate, ReleasePartition, TopicPartition, WarmPartition, assignment_command,
@@ -97,6 +95,22 @@ impl Outgoing {
     /// An item with no place in any pass (snapshots, errors, the static backend).
     pub fn free(item: Result<AssignmentCommand, CoordinatorError>) -> Self {
         Self { item, order: Order::Free }
+    }
+
+    /// The item, once its turn came: a gain gives up its share of its pass's gate, a
+    /// loss waits until its pass's gains were taken or [`GAINS_FIRST_WAIT`] passed.
+    pub async fn in_turn(self) -> Result<AssignmentCommand, CoordinatorError> {
+        match self.order {
+            Order::Free => {}
+            Order::Gain(share) => drop(share),
+            Order::Loss(taken, deadline, waited_out) => {
+                let waited = tokio::time::timeout_at(deadline, taken.cancelled()).await;
+                if let (Err(_), Some(counter)) = (waited, waited_out) {
+                    counter.inc();
+                }
+            }
+        }
+        self.item
     }
 }
 
@@ -170,30 +184,13 @@ pub fn command_channel() -> (CommandSender, CommandReceiver) {
     mpsc::channel(STREAM_BUFFER + 2)
 }
 
-/// The stream the gRPC layer sends: the channel's items in order, each loss held until
-/// its pass's gains were taken, each gain giving up its share as it is taken.
-pub fn command_stream(rx: CommandReceiver) -> CommandStream {
-    Box::pin(ReceiverStream::new(rx).then(|Outgoing { item, order }| async move {
-        match order {
-            Order::Free => {}
-            Order::Gain(share) => drop(share),
-            Order::Loss(taken, deadline, waited_out) => {
-                let waited = tokio::time::timeout_at(deadline, taken.cancelled()).await;
-                if let (Err(_), Some(counter)) = (waited, waited_out) {
-                    counter.inc();
-                }
-            }
-        }
-        item
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use futures::{FutureExt, StreamExt};
 
-    use super::{Outgoing, PassGate, command_channel, command_stream};
+    use super::{Outgoing, PassGate, command_channel};
     use crate::coordinator::shared::outgoing::update;
+    use crate::coordinator::shared::transport::unbelled_stream as command_stream;
 
     #[tokio::test(start_paused = true)]
     async fn a_loss_waits_until_the_gains_of_its_pass_are_taken() {

@@ -13,10 +13,12 @@ use std::{collections::BTreeSet, sync::Arc};
 use super::outgoing::{CommandSender, Outgoing, PassGate};
 
 use dashmap::DashMap;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
+
+use super::transport::{EndWatch, Ends, Stop};
 
 use crate::coordinator::CoordinatorError;
-use crate::coordinator::causes::{EndOfStream, Fence, NotReadingStream};
+use crate::coordinator::causes::{Fence, NotReadingStream};
 use crate::metrics::Metrics;
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};
@@ -101,6 +103,9 @@ pub struct LocalStream<T> {
     pub incarnation_at: Revision,
     /// Whether the snapshot (always the first message) has been sent.
     pub activated: bool,
+    /// How many fences had rung when the stream was admitted ([`Streams::fence`]): a later
+    /// one ends it.
+    pub fences_at: u64,
     /// Since when the store has lost this stream's registration while the stream is open
     /// (the instance lease expired before this instance fenced itself). The stream stays
     /// open and relayed while [`super::rebind`] writes the registration again.
@@ -143,6 +148,7 @@ impl<T: Told> LocalStream<T> {
             registered_at,
             incarnation_at: registered_at,
             activated: false,
+            fences_at: 0,
             lost_since: None,
             kept: None,
             told: T::default(),
@@ -278,9 +284,12 @@ pub struct Streams<S> {
     pub(super) metrics: Arc<Metrics>,
     /// Woken when a relay pass found a stream whose registration the store lost.
     pub(super) lost: tokio::sync::Notify,
-    /// Held while a stream is admitted ([`Streams::admit`]) and while every stream is
-    /// fenced ([`Streams::fence_all`]): a registration answered late (a slow store answer,
-    /// a busy runtime) can then never slip its stream in after the fence ran.
+    /// The bell every stream's transport reads ([`super::transport`]): rung by a fence or
+    /// a stop, from any thread; the one thing here not written by the loop.
+    ends: watch::Sender<Ends>,
+    /// Held while a stream is admitted ([`Streams::admit`]) and while a fence rings
+    /// ([`Streams::fence`]): a registration answered late (a slow store answer, a busy
+    /// runtime) can then never slip its stream in after the fence rang.
     gate: std::sync::Mutex<()>,
     /// Registrations whose consumer left, not yet deleted: their stream's last commands
     /// are still on their way (`register.rs`), or the loop is deleting them
@@ -295,6 +304,7 @@ impl<T: Told> Streams<LocalStream<T>> {
             map: DashMap::new(),
             metrics,
             lost: tokio::sync::Notify::new(),
+            ends: watch::Sender::new(Ends::default()),
             gate: std::sync::Mutex::new(()),
             departing: Default::default(),
         }
@@ -321,22 +331,37 @@ impl<T: Told> Streams<LocalStream<T>> {
     }
 
     /// Adds a stream if `open()` says the instance may still serve it, checked under the
-    /// same lock [`fence_all`](Self::fence_all) takes: either the stream is in before a
-    /// fence removes every stream, or `open()` already sees the fence and the stream is
-    /// handed back, never relayed. `open()` must not block.
+    /// same lock [`fence`](Self::fence) takes: either the stream is in before a fence
+    /// rings, and the fence ends it, or `open()` already sees the fence and the stream is
+    /// dropped, never relayed (`None`). `open()` must not block. Returns what the stream's
+    /// transport watches to end ([`super::transport`]).
     pub fn admit(
         &self,
         topic: &str,
         consumer: &str,
-        stream: LocalStream<T>,
+        mut stream: LocalStream<T>,
         open: impl FnOnce() -> bool,
-    ) -> Result<(), LocalStream<T>> {
+    ) -> Option<EndWatch> {
         let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !open() {
-            return Err(stream);
+            return None;
         }
+        let watch = self.end_watch();
+        stream.fences_at = watch.admitted_at();
         self.insert(topic, consumer, stream);
-        Ok(())
+        Some(watch)
+    }
+
+    /// A receiver of the bell, for the loop to let the fenced streams go when it rings.
+    pub fn bell(&self) -> watch::Receiver<Ends> {
+        self.ends.subscribe()
+    }
+
+    /// What a stream admitted now watches to end: the fences rung after now, and a stop.
+    pub fn end_watch(&self) -> EndWatch {
+        let bell = self.ends.subscribe();
+        let fences = bell.borrow().fences;
+        EndWatch::new(bell, fences)
     }
 
     /// Adds a stream. Of two streams of one (topic, consumer), the one registered later
@@ -425,46 +450,53 @@ impl<T: Told> Streams<LocalStream<T>> {
         names
     }
 
-    /// Drops every stream as a dead process would: each consumer gets an `UNAVAILABLE`
-    /// error (a broken connection, never a clean end of stream, which would mean
-    /// "drained"), and no task is told a reason, so no session is revoked.
-    pub fn crash_all(&self) {
+    /// Fences every stream admitted so far (the instance lost its store session, see
+    /// `lease.rs`, or cannot relay, see `upkeep.rs`): rings the bell their transports read,
+    /// from any thread. Each transport sends what was queued, tells its consumer it owns
+    /// nothing, and ends with `UNAVAILABLE` saying `why`; the loop removes them
+    /// ([`reap_fenced`](Self::reap_fenced)); registrations are kept for the TTL.
+    pub fn fence(&self, why: Fence) {
+        let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.ends.send_modify(|ends| {
+            ends.fences += 1;
+            ends.fence = Some(why);
+        });
+    }
+
+    /// Removes the streams a fence ended ([`fence`](Self::fence)); their transports tell
+    /// the consumers, their tasks hear `Disconnected` (the registration is kept for the TTL).
+    pub fn reap_fenced(&self) {
+        let fences = self.ends.borrow().fences;
+        for (topic, consumer) in self.names() {
+            let key = (topic, consumer);
+            if let Some((_, stream)) = self.map.remove_if(&key, |_, s| s.fences_at < fences) {
+                tracing::info!(topic = %key.0, consumer = %key.1, "fenced consumer stream removed");
+                stream.finish(EndReason::Disconnected, None);
+            }
+        }
+        self.gauge();
+    }
+
+    /// Lets every stream go, once the loop ended (the instance stopped): their transports
+    /// end them ([`stop`](Self::stop)); their tasks are told nothing more to do.
+    pub fn drop_all(&self) {
         for name in self.names() {
             if let Some((_, stream)) = self.map.remove(&name) {
-                let crashed = CoordinatorError::StreamEnded(EndOfStream::Crashed);
-                let _ = stream.tx.try_send(Outgoing::free(Err(crashed)));
+                stream.finish(EndReason::Shutdown, None);
             }
         }
         self.gauge();
     }
 
-    /// Fences every stream: each consumer is told it owns nothing, then its stream ends
-    /// with `UNAVAILABLE` saying `why` (the instance lost its store session, see
-    /// `lease.rs`, or cannot relay, see `upkeep.rs`); registrations are kept for the
-    /// TTL.
-    pub fn fence_all(&self, why: Fence) {
-        let _gate = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (topic, consumer) in self.names() {
-            if let Some((_, mut stream)) = self.map.remove(&(topic.clone(), consumer)) {
-                stream.farewell(&topic);
-                let error = CoordinatorError::StreamEnded(EndOfStream::Fenced(why.clone()));
-                stream.finish(EndReason::Disconnected, Some(error));
+    /// Ends every stream for good (the instance stops): their transports send what was
+    /// queued and end with `UNAVAILABLE`. A crash wins over a graceful stop: the stream of a
+    /// dead process just breaks.
+    pub fn stop(&self, stop: Stop) {
+        self.ends.send_modify(|ends| {
+            if ends.stop.is_none() || stop == Stop::Crashed {
+                ends.stop = Some(stop);
             }
-        }
-        self.gauge();
-    }
-
-    /// Ends every stream with `UNAVAILABLE` (instance shutdown).
-    pub fn end_all(&self, instance_id: &str) {
-        for (topic, consumer) in self.names() {
-            if let Some((_, stream)) = self.map.remove(&(topic, consumer)) {
-                let error = CoordinatorError::StreamEnded(EndOfStream::Shutdown {
-                    instance: instance_id.to_string(),
-                });
-                stream.finish(EndReason::Shutdown, Some(error));
-            }
-        }
-        self.gauge();
+        });
     }
 }
 

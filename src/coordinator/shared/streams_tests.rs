@@ -8,11 +8,12 @@ use tokio::sync::{mpsc::error::TryRecvError, oneshot};
 use super::super::outgoing::STREAM_BUFFER;
 use super::{EndReason, LocalStream, Streams};
 use crate::coordinator::CoordinatorError;
-use crate::coordinator::causes::{EndOfStream, Fence};
+use crate::coordinator::causes::Fence;
 use crate::coordinator::shared::mirror::Changes;
 use crate::coordinator::shared::outgoing::update;
-use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel, command_stream};
+use crate::coordinator::shared::outgoing::{CommandReceiver, command_channel};
 use crate::coordinator::shared::relay::{RelayStep, StreamSeen, Tell};
+use crate::coordinator::shared::transport::unbelled_stream as command_stream;
 use crate::metrics::Metrics;
 use crate::proto::v1::AssignmentCommand;
 use crate::store::SessionId;
@@ -134,23 +135,22 @@ async fn in_one_pass_the_old_owner_hears_its_release_only_after_the_new_owner_to
 }
 
 #[test]
-fn crash_breaks_every_stream_without_telling_any_task_and_shutdown_tells_them() {
+fn a_fence_only_rings_and_the_loop_lets_the_fenced_streams_go() {
     let (streams, metrics) = registry();
     let (a, mut a_rx, mut a_end) = stream(1, 1);
-    streams.insert("t", "a", a);
-    streams.crash_all();
-    assert!(matches!(error_item(&mut a_rx), Some(CoordinatorError::StreamEnded(EndOfStream::Crashed))));
-    assert!(a_end.try_recv().is_err(), "no reason: the session is left to expire");
+    assert!(streams.admit("t", "a", a, || true).is_some());
+    streams.fence(Fence::SessionLost { instance: "i1".into() });
+    assert!(a_rx.try_recv().is_err(), "the ringer puts nothing in any channel (the transport speaks)");
+    assert_eq!(metrics.streams.get(), 1, "nor removes any stream");
+    let (b, _b_rx, mut b_end) = stream(2, 2);
+    assert!(streams.admit("t", "b", b, || true).is_some());
+    streams.reap_fenced();
+    assert_eq!(a_end.try_recv(), Ok(EndReason::Disconnected), "the registration is kept for the TTL");
+    assert_eq!(streams.names(), vec![("t".to_string(), "b".to_string())], "admitted after the fence");
+    assert_eq!(metrics.streams.get(), 1);
+    streams.drop_all();
+    assert_eq!(b_end.try_recv(), Ok(EndReason::Shutdown), "the instance stopped: nothing to settle");
     assert_eq!(metrics.streams.get(), 0);
-    let (b, mut b_rx, mut b_end) = stream(2, 2);
-    streams.insert("t", "b", b);
-    streams.end_all("i-1");
-    assert!(matches!(
-        error_item(&mut b_rx),
-        Some(CoordinatorError::StreamEnded(EndOfStream::Shutdown { .. }))
-    ));
-    assert_eq!(b_end.try_recv(), Ok(EndReason::Shutdown));
-    assert!(streams.names().is_empty());
 }
 
 #[test]
@@ -185,64 +185,6 @@ fn a_consumer_that_stops_reading_is_ended_resource_exhausted() {
     };
     assert_eq!(items, STREAM_BUFFER, "the buffer is bounded");
     assert!(matches!(last, CoordinatorError::NotReading(_)), "{last}");
-}
-
-/// What a test stream was told: whether it owns partition 0 (its farewell unassigns it).
-#[derive(Default)]
-struct OwnsZero(bool);
-
-impl super::Told for OwnsZero {
-    fn farewell(&self, topic: &str) -> Vec<AssignmentCommand> {
-        if self.0 { vec![update(topic, [], [0])] } else { Vec::new() }
-    }
-
-    fn patch(&mut self, partitions: &std::collections::BTreeSet<u32>, part: Self) {
-        if partitions.contains(&0) {
-            *self = part;
-        }
-    }
-}
-
-#[test]
-fn a_fenced_consumer_with_a_full_buffer_still_hears_its_farewell_before_the_end() {
-    let streams: Streams<LocalStream<OwnsZero>> = Streams::new(Arc::new(Metrics::new()));
-    let (tx, mut rx) = command_channel();
-    let (mut a, _end) = LocalStream::new(SessionId(1), 1, tx);
-    a.activated = true;
-    a.told = OwnsZero(true);
-    streams.insert("t", "a", a);
-    let key = ("t".to_string(), "a".to_string(), SessionId(1));
-    // The consumer is a whole buffer behind: every command fits, none was dropped.
-    for _ in 0..STREAM_BUFFER {
-        streams.with(&key, |s| s.send([update("t", [0], [])]));
-    }
-    streams.fence_all(Fence::SessionLost { instance: "i1".into() });
-    let mut items = Vec::new();
-    while let Ok(outgoing) = rx.try_recv() {
-        items.push(outgoing.item);
-    }
-    let n = items.len();
-    assert!(n >= 2, "{n} items");
-    assert!(
-        matches!(&items[n - 2], Ok(c) if *c == update("t", [], [0])),
-        "the farewell (unassigned 0) comes right before the end, got {:?}",
-        items[n - 2]
-    );
-    assert!(items[..n - 2].iter().all(|i| matches!(i, Ok(c) if *c == update("t", [0], []))));
-    assert_eq!(n - 2, STREAM_BUFFER, "the backlog is kept whole");
-    let fenced = matches!(items[n - 1], Err(CoordinatorError::StreamEnded(EndOfStream::Fenced(_))));
-    assert!(fenced, "then the stream ends as fenced: {:?}", items[n - 1]);
-}
-
-#[test]
-fn fencing_ends_streams_saying_so_for_the_metric() {
-    let (streams, _metrics) = registry();
-    let (a, mut a_rx, mut a_end) = stream(1, 1);
-    streams.insert("t", "a", a);
-    streams.fence_all(Fence::CannotFollow { instance: "i1".into() });
-    let ended = matches!(a_rx.try_recv(), Ok(Err(CoordinatorError::StreamEnded(EndOfStream::Fenced(_)))));
-    assert!(ended, "the stream ends as fenced");
-    assert_eq!(a_end.try_recv(), Ok(EndReason::Disconnected), "the registration is kept for the TTL");
 }
 
 #[test]

@@ -276,6 +276,7 @@ pub fn run_due<R: Registrar>(upkeep: &mut Upkeep, backend: &Arc<R>, now: Instant
 pub struct Inputs {
     health: watch::Receiver<MirrorHealth>,
     lease: watch::Receiver<LeaseState>,
+    bell: watch::Receiver<super::transport::Ends>,
     departures: Option<UnboundedReceiver<Departed>>,
     enrolments: Option<UnboundedReceiver<Enrolment>>,
 }
@@ -299,6 +300,7 @@ impl Inputs {
         Self {
             health: core.mirror.health(),
             lease: core.lease.subscribe(),
+            bell: core.streams.bell(),
             departures: core.departures(),
             enrolments: core.enrolments(),
         }
@@ -337,6 +339,12 @@ impl Inputs {
                 (Woke::Health, None)
             }
             Ok(()) = self.lease.changed() => (Woke::Lease, None),
+            // A fence rang (on the lease keeper's thread, or in this loop): the fenced
+            // streams' transports end them; the registry lets them go here.
+            Ok(()) = self.bell.changed() => {
+                core.streams.reap_fenced();
+                (Woke::Other, None)
+            }
             Some(departed) = departed => {
                 // A consumer that went away: its stream ends here, in the loop, which
                 // keeps it held (`Streams::holds`) until its departure waits in its place.
@@ -405,9 +413,9 @@ fn fence<C: MirrorCache, T: Told>(core: &Core<C, T>) {
         "this instance cannot follow its store: fencing its consumers (they are told to stop)"
     );
     core.relay_fenced.store(true, Ordering::SeqCst);
-    core.streams.fence_all(crate::coordinator::causes::Fence::CannotFollow {
-        instance: core.instance_id.to_string(),
-    });
+    core.streams
+        .fence(crate::coordinator::causes::Fence::CannotFollow { instance: core.instance_id.to_string() });
+    core.streams.reap_fenced();
 }
 
 /// Admits streams again: the relay follows the store again.

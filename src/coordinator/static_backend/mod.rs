@@ -169,6 +169,8 @@ impl ConsumerGroupCoordinator for StaticCoordinator {
         }
         self.inner.readiness.set(false);
         self.inner.shutdown.cancel();
-        self.inner.streams.end_all(&self.inner.config.instance_id);
+        let instance = self.inner.config.instance_id.clone();
+        self.inner.streams.stop(crate::coordinator::shared::transport::Stop::Shutdown { instance });
+        self.inner.streams.drop_all();
     }
 }

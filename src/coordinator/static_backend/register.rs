@@ -8,9 +8,10 @@ use futures::StreamExt;
 use super::Static;
 use crate::coordinator::causes::{ConsumerUnknown, TopicUnknown};
 use crate::coordinator::shared::{
+    outgoing::command_channel,
     outgoing::update,
-    outgoing::{command_channel, command_stream},
     streams::{EndReason, LocalStream},
+    transport::command_stream,
 };
 use crate::coordinator::{
     CommandStream, CoordinatorError, EpochStream, EpochsAt, PartitionEpoch, validate_consumer_name,
@@ -41,6 +42,7 @@ pub(super) fn register(
     let (mut stream, _end) = LocalStream::<()>::new(SessionId(id), id, tx.clone());
     stream.activated = true;
     stream.send([update(topic, partitions, [])]);
+    let ends = inner.streams.end_watch();
     inner.streams.insert(topic, consumer, stream);
     tracing::info!(topic, consumer, "consumer registered (static)");
     // Forget the stream once the consumer goes away (unless a newer one replaced it).
@@ -54,7 +56,7 @@ pub(super) fn register(
         tracing::info!(topic = %key.0, consumer = %key.1, "consumer disconnected (static)");
         inner.streams.end(&key, EndReason::Shutdown, None);
     });
-    Ok(command_stream(rx))
+    Ok(command_stream(rx, ends))
 }
 
 /// The static backend's epoch of every ownership without `--state-dir` (docs/design.md
