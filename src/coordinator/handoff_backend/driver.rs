@@ -332,6 +332,18 @@ fn go_leave(inner: &Handoff, pending: &mut Pending, leave: LeaveInFlight, step: 
     }
 }
 
+/// Keeps what a `Deregister` wrote at `revision` in the streams held here it belongs to
+/// ([`Left::kept`]), unless they keep a later record already.
+fn keep_left(inner: &Handoff, left: &Left, consumer: &str, revision: crate::store::Revision) {
+    for (key, record) in left.kept(consumer) {
+        inner.core.streams().with(&key, |stream| {
+            if stream.kept.as_ref().is_none_or(|kept| kept.0 < revision) {
+                stream.kept = Some(Box::new((revision, record.to_vec())));
+            }
+        });
+    }
+}
+
 /// The slice of `topic` that a call of `consumer` about `partition` reads, from the store
 /// (`NOT_FOUND` for a topic nobody registered for).
 async fn from_store(
@@ -420,7 +432,10 @@ fn finish(inner: &Arc<Handoff>, pending: &mut Pending, done: Done, running: bool
                 }
                 Writer::Leave(mut leave, left) => {
                     let step = match outcome {
-                        Ok(o) if o.succeeded => LeaveStep::Answer(Ok(left)),
+                        Ok(o) if o.succeeded => {
+                            keep_left(inner, &left, &leave.consumer, o.revision);
+                            LeaveStep::Answer(Ok(left))
+                        }
                         Ok(_) if !running => LeaveStep::ReadStore,
                         Ok(_) => leave.retry(),
                         Err(error) => LeaveStep::Answer(Err(error.into())),

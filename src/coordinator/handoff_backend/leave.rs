@@ -18,9 +18,10 @@ use super::state::Cache;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::shared::cas::CAS_ATTEMPTS;
 use crate::coordinator::shared::records::{decode, encode};
+use crate::coordinator::shared::streams::StreamKey;
 use crate::handoff::{ConsumerStatus, Millis};
 use crate::proto::v1::DeregisterAction;
-use crate::store::{Compare, KeyValue, Op, Txn};
+use crate::store::{Compare, KeyValue, Op, SessionId, Txn};
 
 /// One registration of the leaving consumer, as the call first found it in the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +72,21 @@ pub(super) enum Leaving {
 pub(super) struct Left {
     /// The topics whose registration changed.
     pub topics: Vec<(String, Leaving)>,
+    /// Each registration written, with its topic and registration id.
+    pub written: Vec<(String, i64, Vec<u8>)>,
+}
+
+impl Left {
+    /// The registrations written, as the streams they belong to keep them
+    /// (`LocalStream::kept`): a registration the store loses afterwards is written again
+    /// as this, so a draining consumer still drains. Kept from the write itself, not from
+    /// the mirror, which may not follow the store when the loss comes (a watch being
+    /// replaced, then a session the store revoked: the cache never saw the drain).
+    pub fn kept<'a>(&'a self, consumer: &'a str) -> impl Iterator<Item = (StreamKey, &'a [u8])> + 'a {
+        self.written.iter().map(move |(topic, session, record)| {
+            ((topic.clone(), consumer.to_string(), SessionId(*session)), record.as_slice())
+        })
+    }
 }
 
 impl Left {
@@ -162,9 +178,11 @@ pub(super) fn decide_leave<R>(
             record.hold_until = Some(now + restart_grace.as_millis() as Millis);
             Leaving::Held
         };
+        let value = encode(&record);
+        left.written.push((found.topic.clone(), record.session, value.clone()));
         let op = match kv.session {
-            Some(session) => Op::put_in(&kv.key, encode(&record), session),
-            None => Op::put(&kv.key, encode(&record)),
+            Some(session) => Op::put_in(&kv.key, value, session),
+            None => Op::put(&kv.key, value),
         };
         txn = txn.when(Compare::ModRevision(kv.key.clone(), kv.mod_revision)).then(op);
         left.topics.push((found.topic.clone(), leaving));

@@ -115,6 +115,35 @@ async fn a_draining_consumer_whose_registration_the_store_lost_still_drains() {
     b_readies.abort();
 }
 
+/// A `Deregister` answered while the mirror is behind the store (its watch hung, and
+/// another write came first, so the call's own write cannot be applied in turn): the drain
+/// is kept from the write itself, so a registration the store loses before the mirror
+/// caught up is written again draining (the whole-cluster simulation's seed 19,891: a
+/// session revoked meanwhile, then a re-read that never showed the drain).
+#[tokio::test(start_paused = true)]
+async fn a_drain_written_while_the_mirror_is_behind_is_kept_from_the_write() {
+    use crate::coordinator::shared::registrar::Registrar;
+    use crate::store::{Op, Txn};
+    let memory = MemoryStore::new();
+    let faulty = FaultyStore::new(Arc::new(memory.clone()), 1);
+    let (coordinator, _a, _b) = a_owns_all(Arc::new(faulty.clone())).await;
+    faulty.hush_watches();
+    let elsewhere = format!("{}unrelated", HandoffConfig::default().prefix);
+    memory.txn(Txn::new().then(Op::put(&elsewhere, b"x".to_vec()))).await.expect("a write");
+    assert_eq!(coordinator.deregister("a").await.expect("deregisters"), DeregisterAction::WaitForDrain);
+
+    let kv = stored(&memory, "a").await.expect("registered");
+    let written: ConsumerRecord = decode(&kv.key, &kv.value).expect("decodes");
+    assert_eq!(written.status, ConsumerStatus::Draining);
+    let key = ("t".to_string(), "a".to_string(), SessionId(written.session));
+    let kept =
+        coordinator.backend().core().streams().with(&key, |s| s.kept.as_ref().map(|k| (k.0, k.1.clone())));
+    let Some(Some((at, record))) = kept else { panic!("a's stream keeps no record: {kept:?}") };
+    assert_eq!(at, kv.mod_revision);
+    let kept: ConsumerRecord = decode(&kv.key, &record).expect("decodes");
+    assert_eq!(kept.status, ConsumerStatus::Draining, "{kept:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn calls_while_a_lost_registration_is_written_again_are_refused_as_passing() {
     let memory = MemoryStore::new();

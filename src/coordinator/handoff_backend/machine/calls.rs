@@ -193,7 +193,10 @@ impl Instance {
                 StoreReply::Txn(o) => Some(o),
                 _ => None,
             }) {
-                Ok(outcome) if outcome.succeeded => LeaveStep::Answer(Ok(left)),
+                Ok(outcome) if outcome.succeeded => {
+                    self.keep_left(&left, &leave.consumer, outcome.revision);
+                    LeaveStep::Answer(Ok(left))
+                }
                 Ok(_) => leave.retry(),
                 Err(error) => LeaveStep::Answer(Err(error.into())),
             },
@@ -209,6 +212,17 @@ impl Instance {
             },
         };
         self.go_leave(leave, step);
+    }
+
+    /// Keeps what a `Deregister` wrote at `revision` in the streams it belongs to
+    /// ([`leave::Left::kept`]), unless they keep a later record already.
+    fn keep_left(&mut self, left: &leave::Left, consumer: &str, revision: Revision) {
+        for (key, record) in left.kept(consumer) {
+            let Some(stream) = self.streams.get_mut(&(key.0, key.1)) else { continue };
+            if stream.registration == key.2 && stream.kept.as_ref().is_none_or(|(at, _)| *at < revision) {
+                stream.kept = Some((revision, record.to_vec()));
+            }
+        }
     }
 
     /// `WatchEpochs`: the epoch stream `stream` of the consumer's command stream here.
