@@ -71,14 +71,14 @@ impl Cluster {
                 }
             }
             Action::Cut(i, length) => {
-                self.nodes[i].cut_until = self.nodes[i].cut_until.max(self.now + length);
+                self.cut_main(i, length);
                 self.nodes[i].keeper_cut_until = self.nodes[i].keeper_cut_until.max(self.now + length);
                 self.disrupted(length);
             }
             Action::MainCut(i, length) => {
                 // The connection resets: the watch ends with an error, and a new one cannot
                 // be started until the cut heals.
-                self.nodes[i].cut_until = self.nodes[i].cut_until.max(self.now + length);
+                self.cut_main(i, length);
                 self.cut_watch(i);
                 self.disrupted(length);
             }
@@ -147,6 +147,16 @@ impl Cluster {
 
     /// The faults stop: the store is back, cut-offs heal, pauses end, every instance runs
     /// and every consumer comes back and answers what it was asked.
+    /// Cuts instance `i`'s own connection off the store for `length`, noting when a cut
+    /// began.
+    fn cut_main(&mut self, i: usize, length: u64) {
+        let node = &mut self.nodes[i];
+        if self.now >= node.cut_until {
+            node.cut_from = self.now;
+        }
+        node.cut_until = node.cut_until.max(self.now + length);
+    }
+
     pub(super) fn go_quiet(&mut self) -> Result<(), Violation> {
         self.quiet = true;
         self.checks.quiet_at = Some(self.now);
@@ -156,7 +166,8 @@ impl Cluster {
         }
         self.lossy_until = 0;
         for node in 0..self.nodes.len() {
-            self.nodes[node].cut_until = 0;
+            // Healed now (the orphan check counts from when a cut healed).
+            self.nodes[node].cut_until = self.nodes[node].cut_until.min(self.now);
             self.nodes[node].keeper_cut_until = 0;
             if self.nodes[node].machine.is_none() {
                 self.start_instance(node);

@@ -120,7 +120,18 @@ impl Cluster {
             };
             let since = *self.checks.orphan_since[c].get_or_insert(self.now);
             let held = record.hold_until.map_or(0, |ms| (ms * 1_000).saturating_sub(BASE));
-            let limit = (since + ttl * 3 / 2).max(held + ttl * 3 / 2);
+            let mut limit = (since + ttl * 3 / 2).max(held + ttl * 3 / 2);
+            // Its instance could not write the store meanwhile (its node's connection cut):
+            // it deletes the registration once the cut heals, or its session lapses first
+            // (¾ TTL to notice it cannot follow, then the TTL: `LeaseHolder::renews`), also
+            // when it crashed meanwhile (its last renewal came before the cut).
+            if let Some(node) = Cluster::node_of(&record.instance).and_then(|n| self.nodes.get(n))
+                && node.cut_until > since
+            {
+                let healed = node.cut_until + ttl * 3 / 2;
+                let lapsed = node.cut_from + ttl * 5 / 2;
+                limit = limit.max(healed.min(lapsed));
+            }
             if self.now > limit {
                 return Err(Violation::new(
                     Invariant::Orphan,

@@ -42,6 +42,8 @@ pub(super) struct Node {
     pub pump_pending: bool,
     /// The instance's connection is cut off from the store until then (virtual µs).
     pub cut_until: u64,
+    /// When its last cut began.
+    pub cut_from: u64,
     /// The lease keeper's own connection is cut off until then.
     pub keeper_cut_until: u64,
     /// When its last store answer arrives (answers keep the order the store served them
@@ -110,6 +112,7 @@ impl Cluster {
                 watch: None,
                 pump_pending: false,
                 cut_until: 0,
+                cut_from: 0,
                 keeper_cut_until: 0,
                 answer_clock: 0,
                 skew: 0,
@@ -336,6 +339,11 @@ impl Cluster {
             Ev::Answer { consumer, node, stream, todo } => self.answer(consumer, node, stream, todo),
             _ => Ok(()),
         }
+    }
+
+    /// The node an instance id names (`i2`, `i2.3`: node 2), whichever life it was.
+    pub fn node_of(instance: &str) -> Option<usize> {
+        instance.strip_prefix('i')?.split('.').next()?.parse().ok()
     }
 
     /// Starts instance `node` as a fresh state.

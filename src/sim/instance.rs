@@ -57,6 +57,11 @@ impl Machine {
         self.0.cache().is_some()
     }
 
+    /// Whether its keeper may keep its lease alive now.
+    pub fn renews(&self) -> bool {
+        self.0.renews()
+    }
+
     /// One step.
     pub fn step(&mut self, now: Micros, input: Input) -> Vec<Effect> {
         self.0.step(now, input)

@@ -85,9 +85,10 @@ impl Keeper {
     }
 
     /// Time passed: fences when due, gives up on a request that took too long, and sends
-    /// the next request when one is due. Returns a new state to report and a request to send
+    /// the next request when one is due and the instance `renews` (`LeaseHolder::renews`:
+    /// otherwise the session lapses). Returns a new state to report and a request to send
     /// (with its token).
-    pub fn wake(&mut self, now: Micros) -> (Option<LeaseState>, Option<(u64, KeeperAsk)>) {
+    pub fn wake(&mut self, now: Micros, renews: bool) -> (Option<LeaseState>, Option<(u64, KeeperAsk)>) {
         let mut report = None;
         if let LeaseState::Live(session) = self.state
             && now >= self.renewed_at + self.fence_after
@@ -114,6 +115,18 @@ impl Keeper {
             self.next_at = now;
         }
         if now < self.next_at {
+            return (report, None);
+        }
+        if !renews {
+            let lapses_at = self.renewed_at + self.ttl;
+            if self.session.is_some() && now >= lapses_at {
+                self.session = None;
+                report = self.set(LeaseState::Pending).or(report);
+            }
+            self.next_at = match self.session {
+                Some(_) => (now + self.period).min(lapses_at),
+                None => now + self.period,
+            };
             return (report, None);
         }
         let ask = match self.session {
@@ -191,29 +204,45 @@ mod tests {
     #[test]
     fn grants_keeps_alive_fences_and_lifts_the_fence() {
         let mut keeper = Keeper::new(TTL, 0);
-        let (_, Some((t, KeeperAsk::Grant))) = keeper.wake(0) else { panic!("no grant asked") };
+        let (_, Some((t, KeeperAsk::Grant))) = keeper.wake(0, true) else { panic!("no grant asked") };
         assert_eq!(keeper.answered(5, t, Ok(Some(SessionId(1)))), Some(LeaseState::Live(SessionId(1))));
         assert_eq!(keeper.next_wake(), 1_000_000, "a third of the TTL after the grant was sent");
-        let (_, Some((t, KeeperAsk::KeepAlive(_)))) = keeper.wake(1_000_000) else { panic!("no keep-alive") };
+        let (_, Some((t, KeeperAsk::KeepAlive(_)))) = keeper.wake(1_000_000, true) else {
+            panic!("no keep-alive")
+        };
         // The answer is lost: at ¾ TTL after the last renewal (sent at 0) it fences.
         assert_eq!(keeper.next_wake(), 2_250_000);
-        let (fenced, Some((t2, _))) = keeper.wake(2_250_000) else { panic!("no retry") };
+        let (fenced, Some((t2, _))) = keeper.wake(2_250_000, true) else { panic!("no retry") };
         assert_eq!(fenced, Some(LeaseState::Fenced(SessionId(1))));
         assert_ne!(t, t2);
-        assert_eq!(keeper.wake(2_250_001), (None, None), "one request at a time");
+        assert_eq!(keeper.wake(2_250_001, true), (None, None), "one request at a time");
         assert_eq!(keeper.answered(2_300_000, t2, Ok(None)), Some(LeaseState::Live(SessionId(1))));
     }
 
     #[test]
     fn a_session_the_store_expired_is_replaced_and_fenced_if_late() {
         let mut keeper = Keeper::new(TTL, 0);
-        let (_, Some((t, _))) = keeper.wake(0) else { panic!() };
+        let (_, Some((t, _))) = keeper.wake(0, true) else { panic!() };
         keeper.answered(0, t, Ok(Some(SessionId(1))));
-        let (_, Some((t, _))) = keeper.wake(1_000_000) else { panic!() };
+        let (_, Some((t, _))) = keeper.wake(1_000_000, true) else { panic!() };
         let expired = Err(StoreError::SessionExpired(SessionId(1)));
         assert_eq!(keeper.answered(1_000_100, t, expired), Some(LeaseState::Pending));
-        let (_, Some((_, KeeperAsk::Grant))) = keeper.wake(1_000_100) else { panic!("no new grant") };
+        let (_, Some((_, KeeperAsk::Grant))) = keeper.wake(1_000_100, true) else { panic!("no new grant") };
         // No new session by the old fence time: fenced.
-        assert_eq!(keeper.wake(2_250_000).0, Some(LeaseState::Fenced(SessionId(1))));
+        assert_eq!(keeper.wake(2_250_000, true).0, Some(LeaseState::Fenced(SessionId(1))));
+    }
+
+    #[test]
+    fn an_instance_that_cannot_follow_lets_its_session_lapse_and_takes_no_new_one() {
+        let mut keeper = Keeper::new(TTL, 0);
+        let (_, Some((t, _))) = keeper.wake(0, true) else { panic!() };
+        keeper.answered(0, t, Ok(Some(SessionId(1))));
+        assert_eq!(keeper.wake(1_000_000, false), (None, None), "no keep-alive");
+        assert_eq!(keeper.wake(2_250_000, false).0, Some(LeaseState::Fenced(SessionId(1))));
+        assert_eq!(keeper.wake(3_000_000, false), (Some(LeaseState::Pending), None), "gone at its TTL");
+        assert_eq!(keeper.wake(4_000_000, false), (None, None), "no new grant");
+        let (_, Some((_, KeeperAsk::Grant))) = keeper.wake(5_000_000, true) else {
+            panic!("a grant once it follows")
+        };
     }
 }

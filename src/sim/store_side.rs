@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::Violation;
 use super::cluster::{CALL_BUDGET, Cluster};
 use super::events::Ev;
+use super::instance::Machine;
 use super::lease::KeeperAsk;
 use crate::coordinator::machine::io::{Input, RequestId, StoreReply, StoreRequest};
 use crate::store::{InjectedFault, Revision, StoreError, Unreachable, WatchBatch};
@@ -200,7 +201,8 @@ impl Cluster {
             return Ok(());
         }
         let wall = self.wall(node);
-        let (report, send) = self.nodes[node].keeper.wake(wall);
+        let renews = self.nodes[node].machine.as_ref().is_none_or(Machine::renews);
+        let (report, send) = self.nodes[node].keeper.wake(wall, renews);
         if let Some(state) = report {
             self.step(node, Input::Lease(state))?;
         }

@@ -144,6 +144,50 @@ async fn a_drain_written_while_the_mirror_is_behind_is_kept_from_the_write() {
     assert_eq!(kept.status, ConsumerStatus::Draining, "{kept:?}");
 }
 
+/// An instance that cannot follow its store (its watch breaks and re-reads fail, while its
+/// lease keeper still reaches the store) fences its streams and lets
+/// its session lapse: the registrations bound to it do not outlive what it can act on (the
+/// whole-cluster simulation's seed 28,483: a crashed consumer's registration, on an instance
+/// whose own connection was cut while its lease keeper's was not, stayed for the whole cut).
+/// Once it follows again it takes a new session and admits consumers.
+#[tokio::test(start_paused = true)]
+async fn an_instance_that_cannot_follow_its_store_lets_its_session_lapse() {
+    use crate::coordinator::causes::{EndOfStream, Fence};
+    let memory = MemoryStore::new();
+    let faulty = FaultyStore::new(Arc::new(memory.clone()), 1);
+    let (coordinator, mut a, _b) = a_owns_all(Arc::new(faulty.clone())).await;
+    let lost = stored(&memory, "a").await.expect("registered").session.expect("bound to the instance lease");
+    faulty.cut_reads();
+    let ended = loop {
+        match tokio::time::timeout(WITHIN, a.next()).await.expect("a's stream ends in time") {
+            Some(Ok(_)) => continue,
+            other => break other,
+        }
+    };
+    let fenced = matches!(
+        ended,
+        Some(Err(CoordinatorError::StreamEnded(EndOfStream::Fenced(Fence::CannotFollow { .. }))))
+    );
+    assert!(fenced, "{ended:?}");
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while stored(&memory, "a").await.is_some_and(|kv| kv.session == Some(lost)) {
+        assert!(tokio::time::Instant::now() < deadline, "a's registration outlives what its instance can do");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    faulty.restore_reads();
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let mut c = loop {
+        match coordinator.register("c", "t").await {
+            Ok(stream) => break stream,
+            Err(error) => assert!(tokio::time::Instant::now() < deadline, "not serving again: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    next(&mut c).await.expect("c's snapshot");
+    let session = stored(&memory, "c").await.expect("registered").session;
+    assert!(session.is_some_and(|s| s != lost), "on a new session: {session:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn calls_while_a_lost_registration_is_written_again_are_refused_as_passing() {
     let memory = MemoryStore::new();

@@ -12,7 +12,9 @@
 //! covers the keep-alive's own round trip (renewal is timed from when it was *sent*), clock
 //! rate differences between this host and the store, and the delivery of the last commands.
 //! A keep-alive that succeeds again before the session expired lifts the fence; a session
-//! the store reports expired is replaced by a new one.
+//! the store reports expired is replaced by a new one. While the instance cannot follow its
+//! store ([`LeaseHolder::renews`]) nothing is renewed or granted: the session lapses rather
+//! than keep registrations and leadership the instance cannot act on.
 //!
 //! **A session the store expired early** (the store reports it gone while it is still
 //! live here: revoked by an operator, the store's clock ahead of ours) does not end the
@@ -85,6 +87,11 @@ pub trait LeaseHolder: Send + Sync {
     /// Called when the lease becomes fenced: rings the bell every stream's transport reads
     /// (`transport.rs`), which ends them; it writes no stream.
     fn fence(&self);
+    /// Whether the session may be kept alive (or a new one granted) now: not while the
+    /// instance cannot follow its store. Its streams are fenced then, and its session must
+    /// lapse rather than keep, for as long as the store stays out of its reach, the
+    /// registrations of consumers that are gone and a leadership it cannot act on.
+    fn renews(&self) -> bool;
     /// Notified when the lease should be kept alive at once, not at the next period.
     fn check_now(&self) -> &tokio::sync::Notify;
     /// Cancelled when the instance stops.
@@ -168,6 +175,11 @@ pub async fn keep_lease(holder: &impl LeaseHolder, store: &dyn LeaseStore) {
     // fenced if no new session is granted by the time the old one would have been fenced.
     let mut fence_due: Option<Instant> = None;
     'grant: loop {
+        while !holder.renews() {
+            if sleep_or_stop(holder, period).await {
+                return;
+            }
+        }
         let asked_at = Instant::now();
         let session = tokio::select! {
             _ = holder.stop_token().cancelled() => return,
@@ -210,6 +222,16 @@ pub async fn keep_lease(holder: &impl LeaseHolder, store: &dyn LeaseStore) {
                 continue;
             }
             if Instant::now() < next_at {
+                continue;
+            }
+            if !holder.renews() {
+                // Not renewed: fenced at ¾ TTL as any session, then gone at its TTL.
+                next_at = (Instant::now() + period).min(renewed_at + ttl);
+                if Instant::now() >= renewed_at + ttl {
+                    tracing::warn!(%session, "instance session let lapse while this instance cannot follow its store");
+                    set(holder, LeaseState::Pending);
+                    continue 'grant;
+                }
                 continue;
             }
             // A keep-alive may hang: it is bounded by the moment the session must be

@@ -497,6 +497,10 @@ impl<C: MirrorCache + Send + Sync, T: streams::Told> LeaseHolder for Core<C, T> 
             .fence(crate::coordinator::causes::Fence::SessionLost { instance: self.instance_id.to_string() });
     }
 
+    fn renews(&self) -> bool {
+        !self.relay_fenced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn check_now(&self) -> &tokio::sync::Notify {
         &self.lease_check
     }

@@ -421,6 +421,8 @@ fn fence<C: MirrorCache, T: Told>(core: &Core<C, T>) {
 /// Admits streams again: the relay follows the store again.
 fn unfence<C: MirrorCache, T: Told>(core: &Core<C, T>) {
     core.relay_fenced.store(false, Ordering::SeqCst);
+    // The lease keeper renews again, at once (`LeaseHolder::renews`).
+    core.lease_check.notify_one();
     tracing::info!("this instance follows its store again: it admits streams again");
 }
 

@@ -8,6 +8,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
+    time::Duration,
 };
 
 use kafka_assigner::coordinator::{ConsumerGroupCoordinator, HandoffCoordinator};
@@ -59,7 +60,26 @@ impl Secured {
         let server = AssignerServer::start_with(Arc::new(coordinator.clone()), metrics, any, any, options)
             .await
             .unwrap_or_else(|e| panic!("serve: {e}"));
-        Secured { server, coordinator, store, prefix }
+        let secured = Secured { server, coordinator, store, prefix };
+        secured.settled().await;
+        secured
+    }
+
+    /// Waits (at most 10 s) until the instance has done what it does once at start: it is
+    /// ready, leads, and its instance record is stored. A fingerprint taken before would
+    /// change without any call.
+    async fn settled(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = self.coordinator.status().await;
+            let stored = self.store.get_prefix(&format!("{}instances/", self.prefix)).await;
+            let recorded = stored.is_ok_and(|s| !s.kvs.is_empty());
+            if status.ready && status.leader.is_some() && recorded {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the instance did not settle: {status:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// What a refused call must not change: every stored record (and the revision) and

@@ -285,6 +285,12 @@ impl Instance {
         std::mem::take(&mut self.out)
     }
 
+    /// Whether its lease may be kept alive now (the flag its keeper reads,
+    /// `LeaseHolder::renews`): not while it cannot follow its store.
+    pub fn renews(&self) -> bool {
+        !self.stale_fenced
+    }
+
     /// Whether this instance leads now (some leader group).
     pub fn is_leader(&self) -> bool {
         self.leaders.iter().any(|me| me.fence.is_some())

@@ -72,7 +72,10 @@ impl Instance {
     pub(super) fn follow_again(&mut self) {
         let _ = self.sweeper.health(true, self.instant(self.now));
         self.stale_since = None;
-        self.stale_fenced = false;
+        if std::mem::take(&mut self.stale_fenced) {
+            // Its keeper renews again, at once.
+            self.out.push(crate::coordinator::machine::io::Effect::KeepLeaseAliveNow);
+        }
     }
 
     /// When the watchdog has something to do next: the first deadline, or the silence
