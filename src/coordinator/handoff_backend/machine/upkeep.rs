@@ -304,6 +304,10 @@ impl Instance {
                 me.lost.remove(&name);
                 stream.rebinding = false;
                 stream.registered_at = revision;
+            } else {
+                // Its consumer went away meanwhile: the record written again is settled as
+                // after any disconnect (`shared/rebind.rs::rebound`), not left behind.
+                me.depart(key.clone(), revision);
             }
         };
         match answer {
