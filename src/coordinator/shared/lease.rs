@@ -176,8 +176,11 @@ pub async fn keep_lease(holder: &impl LeaseHolder, store: &dyn LeaseStore) {
     let mut fence_due: Option<Instant> = None;
     'grant: loop {
         while !holder.renews() {
-            if sleep_or_stop(holder, period).await {
-                return;
+            // Asked again when the instance follows its store again (`check_now`).
+            tokio::select! {
+                _ = holder.stop_token().cancelled() => return,
+                _ = holder.check_now().notified() => {}
+                _ = tokio::time::sleep(period) => {}
             }
         }
         let asked_at = Instant::now();
