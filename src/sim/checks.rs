@@ -125,12 +125,20 @@ impl Cluster {
             // it deletes the registration once the cut heals, or its session lapses first
             // (¾ TTL to notice it cannot follow, then the TTL: `LeaseHolder::renews`), also
             // when it crashed meanwhile (its last renewal came before the cut).
-            if let Some(node) = Cluster::node_of(&record.instance).and_then(|n| self.nodes.get(n))
+            let holder = Cluster::node_of(&record.instance).and_then(|n| self.nodes.get(n));
+            if let Some(node) = holder
                 && node.cut_until > since
             {
                 let healed = node.cut_until + ttl * 3 / 2;
                 let lapsed = node.cut_from + ttl * 5 / 2;
                 limit = limit.max(healed.min(lapsed));
+            }
+            // Its instance crashed meanwhile, before it deleted the registration: the
+            // registration goes with that instance's session, within a TTL of the crash.
+            if let Some(node) = holder
+                && node.crashed_at > since
+            {
+                limit = limit.max(node.crashed_at + ttl * 3 / 2);
             }
             if self.now > limit {
                 return Err(Violation::new(

@@ -44,6 +44,8 @@ pub(super) struct Node {
     pub cut_until: u64,
     /// When its last cut began.
     pub cut_from: u64,
+    /// When its instance last crashed.
+    pub crashed_at: u64,
     /// The lease keeper's own connection is cut off until then.
     pub keeper_cut_until: u64,
     /// When its last store answer arrives (answers keep the order the store served them
@@ -113,6 +115,7 @@ impl Cluster {
                 pump_pending: false,
                 cut_until: 0,
                 cut_from: 0,
+                crashed_at: 0,
                 keeper_cut_until: 0,
                 answer_clock: 0,
                 skew: 0,
@@ -386,6 +389,7 @@ impl Cluster {
         let wall = self.wall(node);
         let _ = machine.step(wall, Input::Stop(crate::coordinator::machine::io::Stop::Crash));
         let n = &mut self.nodes[node];
+        n.crashed_at = self.now;
         n.life += 1;
         n.watch = None;
         n.wake = None;

@@ -87,7 +87,7 @@ fn random_schedules_keep_every_invariant() {
 
 /// Seeds the million-schedule run (`CLUSTER_SIM_LONG=1`) found breaking an invariant, each
 /// fixed since: replayed on every run (docs/simulation.md).
-const FOUND_BY_THE_LONG_RUN: [u64; 4] = [19_891, 28_483, 35_320, 99_075];
+const FOUND_BY_THE_LONG_RUN: [u64; 6] = [19_891, 28_483, 35_320, 99_075, 299_699, 323_108];
 
 #[test]
 fn seeds_the_long_run_found_keep_every_invariant() {

@@ -99,9 +99,20 @@ fn expire_the_oldest<C: MirrorCache, T: super::streams::Told>(core: &Core<C, T>)
     left
 }
 
-/// The lost stream `key` has its registration again, written at `revision`.
+/// The lost stream `key` has its registration again, written at `revision`, unless the
+/// mirror already saw that record deleted (the new session revoked too, its watch events
+/// ahead of this answer): then it stays lost and is written again on the next turn.
 fn rebound<R: Registrar>(backend: &Arc<R>, key: StreamKey, revision: crate::store::Revision) {
     let core = backend.core();
+    let record_key = backend.registration_key(&key.0, &key.1);
+    let gone_again = {
+        let cache = core.mirror.read();
+        cache.revision() >= revision && cache.mod_revision(&core.keys, &record_key).is_none()
+    };
+    if gone_again && core.streams.contains(&key) {
+        tracing::info!(topic = %key.0, consumer = %key.1, revision, "lost registration written again, and lost again");
+        return;
+    }
     let held = core.streams.with(&key, |s| {
         s.lost_since = None;
         s.registered_at = revision;

@@ -299,6 +299,16 @@ impl Instance {
     pub(super) fn rebind_answered(&mut self, key: StreamKey, answer: Result<StoreReply, StoreError>) {
         let name = (key.0.clone(), key.1.clone());
         let rebound = |me: &mut Self, revision| {
+            // The mirror already saw the record written and deleted again (the new session
+            // revoked too): still lost, written again at the next upkeep.
+            let gone_again = me.cache.as_ref().is_some_and(|cache| {
+                cache.revision >= revision
+                    && cache.topics.get(&name.0).is_none_or(|entry| !entry.consumers.contains_key(&name.1))
+            });
+            if gone_again && me.streams.get(&name).is_some_and(|s| s.registration == key.2) {
+                me.unmark_rebinding(&name);
+                return;
+            }
             if let Some(stream) = me.streams.get_mut(&name).filter(|s| s.registration == key.2) {
                 stream.lost_since = None;
                 me.lost.remove(&name);
