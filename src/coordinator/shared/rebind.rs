@@ -104,10 +104,9 @@ fn expire_the_oldest<C: MirrorCache, T: super::streams::Told>(core: &Core<C, T>)
 /// ahead of this answer): then it stays lost and is written again on the next turn.
 fn rebound<R: Registrar>(backend: &Arc<R>, key: StreamKey, revision: crate::store::Revision) {
     let core = backend.core();
-    let record_key = backend.registration_key(&key.0, &key.1);
     let gone_again = {
         let cache = core.mirror.read();
-        cache.revision() >= revision && cache.mod_revision(&core.keys, &record_key).is_none()
+        cache.revision() >= revision && backend.cached_registration(&cache, &key.0, &key.1) == Some(0)
     };
     if gone_again && core.streams.contains(&key) {
         tracing::info!(topic = %key.0, consumer = %key.1, revision, "lost registration written again, and lost again");
