@@ -15,7 +15,9 @@ use super::{Instance, Waiting, expect};
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::handoff_backend::leader::election::resignation_txn;
 use crate::coordinator::handoff_backend::records::{ConsumerRecord, decode, encode};
-use crate::coordinator::handoff_backend::register::{active_record, held, registrations_of};
+use crate::coordinator::handoff_backend::register::{
+    active_record, cached_registration, held, registrations_of,
+};
 use crate::coordinator::handoff_backend::state::Cache;
 use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply, StoreRequest};
 use crate::coordinator::shared::cas::create_bound_txn;
@@ -302,8 +304,7 @@ impl Instance {
             // The mirror already saw the record written and deleted again (the new session
             // revoked too): still lost, written again at the next upkeep.
             let gone_again = me.cache.as_ref().is_some_and(|cache| {
-                cache.revision >= revision
-                    && cache.topics.get(&name.0).is_none_or(|entry| !entry.consumers.contains_key(&name.1))
+                cache.revision >= revision && cached_registration(cache, &name.0, &name.1) == 0
             });
             if gone_again && me.streams.get(&name).is_some_and(|s| s.registration == key.2) {
                 me.unmark_rebinding(&name);
