@@ -32,6 +32,7 @@ mod calls;
 mod claim;
 mod claim_decide;
 mod driver;
+pub mod machine;
 pub mod records;
 mod register;
 mod registrar;

@@ -7,3 +7,29 @@
 //! to the same step next, so what the simulation checks is what runs.
 
 pub mod io;
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// What a driver supplies for one life of an instance beside its config.
+#[derive(Clone, Copy, Debug)]
+pub struct Start {
+    /// Anchors the monotonic time of the shared pieces: any fixed instant (module docs).
+    pub origin: Instant,
+    /// Random bits of this life, drawn by the driver (a simulation passes seeded ones):
+    /// registration ids are derived from them, so a restart under the same instance id
+    /// never hands out its previous life's ids again. The step reads no randomness itself.
+    pub nonce: u64,
+    /// How often the store's watches send a progress mark on a quiet watch
+    /// ([`crate::store::LeaseStore::watch_progress_every`]); `None`: they send none, and a
+    /// silent watch cannot be told from a quiet store, so none is detected.
+    pub watch_progress_every: Option<Duration>,
+    /// What planning one partition costs, in ns, for the planning budget: after a look
+    /// that planned `n` partitions, the instance's leaders plan again only once
+    /// `PLAN_PACE × n × cost` has passed, as the running leader does after a pass that took
+    /// that long. The running leader measures the pass; the step reads no clock, so its
+    /// driver says what a partition costs (a simulation models it). 0: planning is free
+    /// and never waits.
+    pub plan_nanos_per_partition: u64,
+}
