@@ -8,7 +8,7 @@ use super::events::{CallKind, Ev};
 use super::schedule::{Action, Kind};
 use super::{Invariant, Violation};
 use crate::coordinator::machine::io::{Call, Input, StreamId};
-use crate::proto::v1::AssignmentCommand;
+use crate::proto::v1::{AssignmentCommand, assignment_command::Command};
 
 impl Cluster {
     /// A scheduled action.
@@ -88,7 +88,8 @@ impl Cluster {
             }
             Action::Outage(length) => {
                 if self.kind == Kind::Outage {
-                    self.checks.outage_started(self.truth.direct_moves);
+                    let moves = self.fleet.as_ref().map_or(self.truth.direct_moves, |fleet| fleet.moves);
+                    self.checks.outage_started(moves);
                 }
                 self.outage_until = self.outage_until.max(self.now + length);
                 for node in 0..self.nodes.len() {
@@ -112,9 +113,16 @@ impl Cluster {
                     .any(|c| self.draining(c) && self.consumers[c].stream().is_some_and(|(n, _)| n == i));
                 let session = self.nodes[i].keeper.state().live();
                 if let Some(session) = session.filter(|_| !draining && self.reachable(i)) {
+                    if self.fleet.is_some() {
+                        // Expiries due now first: they are not the early revocation.
+                        self.sync_truth(None)?;
+                    }
                     let now = std::time::Duration::from_micros(self.now);
                     self.store.revoke_session(now, session);
-                    self.sync_truth(None)?;
+                    self.revoking = true;
+                    let followed = self.sync_truth(None);
+                    self.revoking = false;
+                    followed?;
                     self.disrupted(ttl);
                 }
             }
@@ -309,6 +317,14 @@ impl Cluster {
         if deferred {
             let _ = self.deferred(c, || Ev::Told { consumer: c, node, stream, command });
             return Ok(());
+        }
+        if self.fleet.is_some() {
+            self.checks.unassigned_delivered(node, stream, super::cluster::unassigned(&command));
+            if !matches!(command.command, Some(Command::Assignment(_))) {
+                let name = &self.consumers[c].name;
+                let detail = format!("{name} (stream {stream} on i{node}): the fleet sent {command:?}");
+                return Err(Violation::new(Invariant::Contradiction, detail));
+            }
         }
         if self.consumers[c].stream() != Some((node, stream)) {
             return Ok(()); // a stream it no longer reads

@@ -16,13 +16,16 @@ impl Cluster {
         self.exclusive()?;
         self.orphans()?;
         self.outage_moved_nothing()?;
-        self.handoffs_end_in_time()?;
+        if self.fleet.is_none() {
+            // The fleet has no handoffs.
+            self.handoffs_end_in_time()?;
+        }
         self.converging()
     }
 
     /// Whether consumer `c` acts now (a paused one processes nothing until its pause ends
     /// and it has read what came meanwhile).
-    fn acting(&self, c: usize) -> bool {
+    pub(super) fn acting(&self, c: usize) -> bool {
         self.consumers[c].paused_until < self.now
     }
 
@@ -51,7 +54,11 @@ impl Cluster {
         contested.sort_unstable();
         contested.dedup();
         for p in contested {
-            self.claims_of(p)?;
+            if self.fleet.is_some() {
+                self.fleet_claims_of(p)?;
+            } else {
+                self.claims_of(p)?;
+            }
         }
         Ok(())
     }
@@ -113,19 +120,19 @@ impl Cluster {
                 self.checks.orphan_since[c] = None;
                 continue;
             }
-            let record = self.truth.consumers.get(&self.consumers[c].name);
-            let Some(record) = record.filter(|_| !streaming && self.now >= self.outage_until) else {
+            let record = self.registration_of(c);
+            let Some((holder, _)) = record.filter(|_| !streaming && self.now >= self.outage_until) else {
                 self.checks.orphan_since[c] = None;
                 continue;
             };
             let since = *self.checks.orphan_since[c].get_or_insert(self.now);
-            let held = record.hold_until.map_or(0, |ms| (ms * 1_000).saturating_sub(BASE));
+            let held = record.map_or(0, |(_, held)| held);
             let mut limit = (since + ttl * 3 / 2).max(held + ttl * 3 / 2);
             // Its instance could not write the store meanwhile (its node's connection cut):
             // it deletes the registration once the cut heals, or its session lapses first
             // (¾ TTL to notice it cannot follow, then the TTL: `LeaseHolder::renews`), also
             // when it crashed meanwhile (its last renewal came before the cut).
-            let holder = Cluster::node_of(&record.instance).and_then(|n| self.nodes.get(n));
+            let holder = holder.and_then(|n| self.nodes.get(n));
             if let Some(node) = holder
                 && node.cut_until > since
             {
@@ -144,10 +151,9 @@ impl Cluster {
                 return Err(Violation::new(
                     Invariant::Orphan,
                     format!(
-                        "{}'s registration (instance {}, session {}) has had no stream for {:.3}s",
+                        "{}'s registration ({}) has had no stream for {:.3}s",
                         self.consumers[c].name,
-                        record.instance,
-                        record.session,
+                        self.describe_registration(c),
                         (self.now - since) as f64 / 1e6
                     ),
                 ));
@@ -165,14 +171,15 @@ impl Cluster {
             return Ok(());
         };
         let settle = self.config.settle.unwrap_or(self.config.ttl).as_micros() as u64;
-        if self.now <= end + settle && self.truth.direct_moves > before {
+        let moves = self.fleet.as_ref().map_or(self.truth.direct_moves, |fleet| fleet.moves);
+        if self.now <= end + settle && moves > before {
             return Err(Violation::new(
                 Invariant::OutageMoved,
                 format!(
                     "an outage of {:.3}s (settle period {:.3}s) moved {} partition(s) directly",
                     (end - start) as f64 / 1e6,
                     settle as f64 / 1e6,
-                    self.truth.direct_moves - before
+                    moves - before
                 ),
             ));
         }
@@ -219,7 +226,8 @@ impl Cluster {
         if !overdue && !self.truth.handoffs.is_empty() {
             return Ok(());
         }
-        match self.settled() {
+        let settled = if self.fleet.is_some() { self.fleet_settled() } else { self.settled() };
+        match settled {
             Ok(()) => {
                 self.checks.converged_at = Some(self.now);
                 self.outcome.converged_after = self.now - quiet_at;
@@ -237,8 +245,32 @@ impl Cluster {
         }
     }
 
+    /// Consumer `c`'s registration in the store, if it has one: the node of the instance
+    /// holding it, and until when (virtual µs) a restart hold keeps it (0: none).
+    fn registration_of(&self, c: usize) -> Option<(Option<usize>, u64)> {
+        let name = &self.consumers[c].name;
+        if let Some(fleet) = &self.fleet {
+            let member = fleet.members.get(name)?;
+            return Some((Cluster::node_of(&member.record.instance), 0));
+        }
+        let record = self.truth.consumers.get(name)?;
+        let held = record.hold_until.map_or(0, |ms| (ms * 1_000).saturating_sub(BASE));
+        Some((Cluster::node_of(&record.instance), held))
+    }
+
+    /// Consumer `c`'s registration, for a failure's message.
+    fn describe_registration(&self, c: usize) -> String {
+        let name = &self.consumers[c].name;
+        let fleet = self.fleet.as_ref().and_then(|fleet| fleet.members.get(name));
+        match (fleet, self.truth.consumers.get(name)) {
+            (Some(m), _) => format!("instance {}, session {}", m.record.instance, m.record.session),
+            (None, Some(r)) => format!("instance {}, session {}", r.instance, r.session),
+            (None, None) => "gone".into(),
+        }
+    }
+
     /// Each instance's lease, leadership, cache and watch, for a failure's message.
-    fn describe_nodes(&self) -> String {
+    pub(super) fn describe_nodes(&self) -> String {
         let nodes = self.nodes.iter().map(|n| {
             let loaded = n.machine.as_ref().is_some_and(|m| m.loaded());
             format!(

@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use super::consumer::ConsumerModel;
 use super::events::{BASE, CallKind, Ev, PREFIX, Queued, tag};
+use super::fleet_truth::FleetTruth;
 use super::instance::Machine;
 use super::lease::Keeper;
 use super::schedule::{Kind, Schedule};
 use super::truth::Truth;
-use super::{Failure, Outcome, Rng, SimConfig, Trace, Violation};
+use super::{Failure, Outcome, Rng, SimBackend, SimConfig, Trace, Violation};
 use crate::coordinator::machine::io::{CallId, Effect, Input, Micros, RequestId, StreamId};
 use crate::coordinator::records::Keys;
+use crate::proto::v1::{AssignmentCommand, assignment_command::Command};
 use crate::store::{StoreModel, WatchCursor};
 
 /// How long the driver waits for a store answer before it reports a timeout (µs).
@@ -78,6 +80,11 @@ pub(super) struct Cluster {
     pub store: StoreModel,
     pub keys: Keys,
     pub truth: Truth,
+    /// The fleet's records and their history (fleet runs only).
+    pub fleet: Option<FleetTruth>,
+    /// Set while the store revokes a session early (`Action::Revoke`): the revisions the
+    /// truth follows meanwhile are that revocation.
+    pub revoking: bool,
     pub truth_cursor: WatchCursor,
     pub nodes: Vec<Node>,
     pub consumers: Vec<ConsumerModel>,
@@ -140,6 +147,8 @@ impl Cluster {
             store,
             keys: Keys::new(PREFIX),
             truth: Truth::new(config.topic_set()),
+            fleet: (config.backend == SimBackend::Fleet).then(|| FleetTruth::new(PREFIX, config.topic_set())),
+            revoking: false,
             truth_cursor,
             nodes,
             consumers,
@@ -199,6 +208,10 @@ impl Cluster {
         self.outcome.revisions = self.store.revision();
         self.outcome.plan_moves = self.truth.plan_moves;
         self.outcome.epoch_checks = self.truth.epoch_checks;
+        if let Some(fleet) = &self.fleet {
+            self.outcome.epoch_checks = fleet.epoch_checks;
+            self.outcome.lease_writes = fleet.lease_writes;
+        }
         self.outcome.scenario = self.scenario_report();
         Ok(self.outcome)
     }
@@ -434,6 +447,9 @@ impl Cluster {
             Effect::Command { stream, command } => {
                 self.trace.mix(&[2, stream]);
                 let Some(&consumer) = self.nodes[node].streams.get(&stream) else { return Ok(()) };
+                if self.fleet.is_some() {
+                    self.checks.unassigned_sent(node, stream, unassigned(&command));
+                }
                 let delay = self.delay();
                 let at = self.in_order(node, stream, delay);
                 self.push(at, Ev::Told { consumer, node, stream, command });
@@ -448,7 +464,13 @@ impl Cluster {
                 };
                 let ok = match &reply {
                     Ok(crate::coordinator::machine::io::Replied::Deregistered(action)) => {
-                        Ok(*action == crate::proto::v1::DeregisterAction::WaitForDrain)
+                        let drain = *action == crate::proto::v1::DeregisterAction::WaitForDrain;
+                        if drain && self.fleet.is_some() {
+                            let detail =
+                                format!("i{node} answered a Deregister with a drain: the fleet has none");
+                            return Err(Violation::new(super::Invariant::Contradiction, detail));
+                        }
+                        Ok(drain)
                     }
                     Ok(_) => Ok(true),
                     Err(_) => Err(()),
@@ -507,4 +529,13 @@ impl Cluster {
         *clock = (*clock).max(at);
         *clock
     }
+}
+
+/// The partitions an `AssignmentUpdate` unassigns (none for other commands).
+pub(super) fn unassigned(command: &AssignmentCommand) -> impl Iterator<Item = u32> + '_ {
+    let update = match &command.command {
+        Some(Command::Assignment(update)) => Some(update),
+        _ => None,
+    };
+    update.into_iter().flat_map(|u| u.unassigned.iter().map(|tp| tp.partition))
 }

@@ -55,6 +55,8 @@ mod checks;
 pub(crate) mod cluster;
 pub mod consumer;
 pub(crate) mod events;
+mod fleet_checks;
+mod fleet_truth;
 mod instance;
 pub mod lease;
 mod rng;
@@ -127,6 +129,20 @@ pub struct SimConfig {
     /// (`Start::plan_nanos_per_partition`): with more than 0 they plan at most one part in
     /// five of the time, as the running leader does (`PLAN_PACE`).
     pub plan_nanos_per_partition: u64,
+    /// Which backend's instances run (handoff by default: every trace hash and mutation
+    /// seed of the handoff was measured so).
+    pub backend: SimBackend,
+}
+
+/// The store-backed backend whose instances a run drives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SimBackend {
+    /// `coordinator::handoff_backend::machine`: a leader plans, warm handoffs move.
+    #[default]
+    Handoff,
+    /// `coordinator::fleet_backend::machine`: no leader, per-partition leases claimed up
+    /// to a fair share, no warm handoffs (module docs of `fleet_backend`).
+    Fleet,
 }
 
 impl Default for SimConfig {
@@ -151,6 +167,7 @@ impl Default for SimConfig {
             check_every: 1,
             scenario: None,
             plan_nanos_per_partition: 0,
+            backend: SimBackend::Handoff,
         }
     }
 }
@@ -261,6 +278,8 @@ pub struct Outcome {
     pub plan_moves: u64,
     /// Owner changes whose epochs were compared.
     pub epoch_checks: u64,
+    /// Fleet leases written (claims, raises, reconnects moving them); 0 in handoff runs.
+    pub lease_writes: u64,
     /// Virtual time from the faults' end to convergence, in µs.
     pub converged_after: u64,
     /// A scenario's phases, measured (`None` for a drawn schedule).

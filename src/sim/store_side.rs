@@ -95,6 +95,9 @@ impl Cluster {
         for batch in &batches {
             self.trace.mix(&[batch.revision as u64, batch.events.len() as u64]);
             self.truth.apply(&self.keys, batch, id.as_deref(), self.now)?;
+            if let Some(fleet) = &mut self.fleet {
+                fleet.apply(batch, self.revoking, self.now)?;
+            }
         }
         let counts = &mut self.counts;
         counts.keys_changed += self.truth.keys_changed - keys;
