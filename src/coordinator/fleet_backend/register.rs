@@ -21,12 +21,24 @@ pub(super) fn member_record(
     registration: SessionId,
     incarnation: u64,
 ) -> MemberRecord {
+    let info = inner.config.view.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default();
+    member_record_of(inner.core.instance_id(), registration, incarnation, info)
+}
+
+/// The member record of the registration `registration` held by `instance`, sent by the
+/// client process `incarnation`, with what placement knows of the consumer (pure).
+pub(super) fn member_record_of(
+    instance: &str,
+    registration: SessionId,
+    incarnation: u64,
+    info: crate::assignment::ConsumerInfo,
+) -> MemberRecord {
     MemberRecord {
         v: RECORD_VERSION,
         session: registration.0,
-        instance: inner.core.instance_id().to_string(),
+        instance: instance.to_string(),
         leaving: false,
-        info: inner.config.view.as_ref().and_then(|view| view.info(consumer)).unwrap_or_default(),
+        info,
         incarnation,
     }
 }

@@ -89,24 +89,35 @@ impl Registrar for Fleet {
     }
 
     fn held(&self, cache: &FleetCache, key: &StreamKey) -> Held {
-        let (topic, consumer, registration) = key;
-        match cache.topics.get(topic).and_then(|t| t.members.get(consumer)) {
-            Some(r) if r.value.session == registration.0 => Held::ForTtl,
-            _ => Held::NotOurs,
-        }
+        held(cache, key)
     }
 
     fn registrations_of(&self, cache: &FleetCache, instance: &str) -> Vec<StreamKey> {
-        let mut found = Vec::new();
-        for (topic, entry) in &cache.topics {
-            for (consumer, record) in entry.members.iter().filter(|(_, r)| r.value.instance == instance) {
-                found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
-            }
-        }
-        found
+        registrations_of(cache, instance)
     }
 
     fn spawn_companion(self: &Arc<Self>, key: StreamKey, registered_at: Revision, done: CancellationToken) {
         self.claims.start(key, registered_at, done);
     }
+}
+
+/// How long the fleet registration `key` is kept after its stream ended: for the TTL
+/// while the cache holds it as that registration (pure).
+pub(super) fn held(cache: &FleetCache, key: &StreamKey) -> Held {
+    let (topic, consumer, registration) = key;
+    match cache.topics.get(topic).and_then(|t| t.members.get(consumer)) {
+        Some(r) if r.value.session == registration.0 => Held::ForTtl,
+        _ => Held::NotOurs,
+    }
+}
+
+/// Every member record in `cache` that names `instance` as the one holding its stream.
+pub(super) fn registrations_of(cache: &FleetCache, instance: &str) -> Vec<StreamKey> {
+    let mut found = Vec::new();
+    for (topic, entry) in &cache.topics {
+        for (consumer, record) in entry.members.iter().filter(|(_, r)| r.value.instance == instance) {
+            found.push((topic.clone(), consumer.clone(), SessionId(record.value.session)));
+        }
+    }
+    found
 }
