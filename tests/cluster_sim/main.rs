@@ -17,7 +17,7 @@
 #![forbid(unsafe_code)]
 
 use kafka_assigner::mutation::{Mutation, with_mutation};
-use kafka_assigner::sim::{self, Failure, Outcome, SimConfig};
+use kafka_assigner::sim::{self, Failure, Outcome, SimBackend, SimConfig};
 
 /// Schedules of the invariants test in CI.
 const DEFAULT_SCHEDULES: u64 = 500;
@@ -124,9 +124,14 @@ fn failure_hash(failure: &Failure) -> u64 {
 /// Runs schedules with `mutation` on until one breaks an invariant; panics if none does
 /// within CI's count.
 fn finds(mutation: Mutation) -> Box<Failure> {
+    finds_in(mutation, SimBackend::Handoff)
+}
+
+/// [`finds`], with `backend`'s instances.
+fn finds_in(mutation: Mutation, backend: SimBackend) -> Box<Failure> {
     let actions =
         env_u64("CLUSTER_SIM_MUTATION_ACTIONS").map_or(SimConfig::default().actions, |n| n as usize);
-    let config = SimConfig { actions, ..SimConfig::default() };
+    let config = SimConfig { actions, backend, ..SimConfig::default() };
     let seeds = seeds(DEFAULT_MUTATION_SCHEDULES);
     for seed in seeds.clone() {
         if let Err(failure) = with_mutation(mutation, || sim::run(seed, &config)) {
@@ -219,4 +224,5 @@ fn leader_groups_keep_every_invariant_and_their_fence_is_needed() {
     }
 }
 
+mod fleet;
 mod scenario;
