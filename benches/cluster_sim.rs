@@ -1,7 +1,8 @@
 //! The deterministic whole-cluster simulation's speed (issue 40): whole schedules per
-//! second on one core, with the default cluster (3 handoff instances, 6 consumers, 12
-//! partitions, 300 faults and consumer actions per schedule, then the faults stop and the
-//! cluster converges), every invariant checked after every step.
+//! second on one core, with the default cluster (3 instances, 6 consumers, 12 partitions,
+//! 300 faults and consumer actions per schedule, then the faults stop and the cluster
+//! converges), every invariant checked after every step: the handoff's instances, then the
+//! fleet's (`SimBackend::Fleet`) on the same seeds.
 //!
 //! In the same run, a fixed reference workload is timed (the store model applying 10,000
 //! compare-and-swap transactions and reading its prefix every 100): the machine is shared
@@ -23,63 +24,83 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kafka_assigner::sim::{self, SimConfig, StoreModel};
+use kafka_assigner::sim::{self, SimBackend, SimConfig, StoreModel};
 use kafka_assigner::store::{Compare, Op, Txn};
 
 const ROUNDS: usize = 5;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let per_round: u64 =
-        std::env::var("CLUSTER_SIM_BENCH_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    let config = SimConfig::default();
-    let mut rates = Vec::new();
-    let mut references = Vec::new();
-    let mut ratios = Vec::new();
-    let (mut events, mut steps, mut failures) = (0u64, 0u64, 0u64);
+/// What the rounds of one backend measured.
+#[derive(Default)]
+struct Measured {
+    rates: Vec<f64>,
+    references: Vec<f64>,
+    ratios: Vec<f64>,
+    events: u64,
+    steps: u64,
+    failures: u64,
+}
+
+/// `ROUNDS` rounds of `per_round` schedules of `config`, each beside the reference.
+fn measure(config: &SimConfig, per_round: u64) -> Measured {
+    let mut m = Measured::default();
     for round in 0..ROUNDS {
         let reference = reference_workload();
         let started = Instant::now();
         for seed in (round as u64 * per_round)..((round as u64 + 1) * per_round) {
-            match sim::run(seed, &config) {
+            match sim::run(seed, config) {
                 Ok(outcome) => {
-                    events += outcome.steps;
-                    steps += outcome.machine_steps;
+                    m.events += outcome.steps;
+                    m.steps += outcome.machine_steps;
                 }
                 Err(failure) => {
-                    failures += 1;
+                    m.failures += 1;
                     eprintln!("{failure}");
                 }
             }
         }
         let elapsed = started.elapsed();
         let per_schedule = elapsed / per_round as u32;
-        rates.push(per_round as f64 / elapsed.as_secs_f64());
-        references.push(reference.as_secs_f64() * 1e3);
-        ratios.push(per_schedule.as_secs_f64() / reference.as_secs_f64());
+        m.rates.push(per_round as f64 / elapsed.as_secs_f64());
+        m.references.push(reference.as_secs_f64() * 1e3);
+        m.ratios.push(per_schedule.as_secs_f64() / reference.as_secs_f64());
     }
+    m
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let per_round: u64 =
+        std::env::var("CLUSTER_SIM_BENCH_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let config = SimConfig::default();
+    // The handoff's rows first, as before; then the fleet's instances on the same schedules.
+    let handoff = measure(&config, per_round);
+    let fleet = measure(&SimConfig { backend: SimBackend::Fleet, ..config.clone() }, per_round);
     let schedules = per_round * ROUNDS as u64;
-    let total_time: f64 = rates.iter().map(|r| per_round as f64 / r).sum();
     let mut md = String::new();
     let _ = writeln!(md, "| measure | median (min–max) of {ROUNDS} rounds of {per_round} schedules |");
     let _ = writeln!(md, "| --- | --- |");
-    let _ = writeln!(md, "| whole schedules per second, one core | {} |", spread(&rates, 0));
-    let _ = writeln!(md, "| reference workload (baseline), ms | {} |", spread(&references, 2));
-    let _ = writeln!(md, "| one schedule ÷ the reference | {} |", spread(&ratios, 2));
+    let _ = writeln!(md, "| whole schedules per second, one core | {} |", spread(&handoff.rates, 0));
+    let _ = writeln!(md, "| reference workload (baseline), ms | {} |", spread(&handoff.references, 2));
+    let _ = writeln!(md, "| one schedule ÷ the reference | {} |", spread(&handoff.ratios, 2));
+    let _ = writeln!(md, "| fleet: whole schedules per second, one core | {} |", spread(&fleet.rates, 0));
+    let _ = writeln!(md, "| fleet: one schedule ÷ the reference | {} |", spread(&fleet.ratios, 2));
+    for (name, m) in [("handoff", &handoff), ("fleet", &fleet)] {
+        let total_time: f64 = m.rates.iter().map(|r| per_round as f64 / r).sum();
+        let _ = writeln!(
+            md,
+            "\n{name}: {schedules} schedules ({} failed an invariant): {:.0} events and {:.0} instance steps \
+             per schedule on average, {:.2} µs per event.",
+            m.failures,
+            m.events as f64 / schedules as f64,
+            m.steps as f64 / schedules as f64,
+            total_time * 1e6 / m.events as f64,
+        );
+    }
     let _ = writeln!(
         md,
-        "\n{schedules} schedules ({} failed an invariant): {:.0} events and {:.0} instance steps per schedule \
-         on average, {:.2} µs per event. Cluster: {} instances, {} consumers, {} partitions, {} faults and \
-         consumer actions per schedule, TTL {:?}. The reference: the store model applying 10,000 \
-         compare-and-swap transactions, reading its prefix every 100.",
-        failures,
-        events as f64 / schedules as f64,
-        steps as f64 / schedules as f64,
-        total_time * 1e6 / events as f64,
-        config.instances,
-        config.consumers,
-        config.partitions,
-        config.actions,
-        config.ttl,
+        "\nCluster: {} instances, {} consumers, {} partitions, {} faults and consumer actions per schedule, \
+         TTL {:?}. The reference: the store model applying 10,000 compare-and-swap transactions, reading its \
+         prefix every 100.",
+        config.instances, config.consumers, config.partitions, config.actions, config.ttl,
     );
     println!("{md}");
     let dir = std::env::var_os("CARGO_TARGET_DIR")

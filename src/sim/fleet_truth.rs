@@ -8,8 +8,9 @@
 //!   durable floor never goes down.
 //! * [`Invariant::LegalMove`]: a lease is written only for a consumer whose member record
 //!   exists at that revision, is not leaving, and is bound to the same store session (the
-//!   lease goes with the registration); a lease is taken from another owner only if that
-//!   owner had no member record (a stale lease), never from a registered one.
+//!   lease goes with the registration); a registration written takes every lease of its
+//!   name to its session; a lease is taken from another owner only if that owner had no
+//!   member record (a stale lease), never from a registered one.
 //! * [`Invariant::NoComeback`]: a replaced registration never comes back.
 //!
 //! The truth keeps its own records rather than a `FleetCache`: it decodes every record
@@ -103,7 +104,7 @@ impl FleetTruth {
         // Who was registered before this revision: a lease may be taken only from an owner
         // that was not.
         let registered_before: BTreeSet<String> = self.members.keys().cloned().collect();
-        let mut written = Vec::new();
+        let (mut written, mut registered) = (Vec::new(), Vec::new());
         for event in &batch.events {
             let Some(key) = self.keys.parse(&event.key) else { continue };
             let undecodable = |e| {
@@ -113,6 +114,7 @@ impl FleetTruth {
                 (FleetKey::Member(_, name), WatchEventKind::Put(kv)) => {
                     let record = decode::<MemberRecord>(&kv.key, &kv.value).map_err(undecodable)?;
                     self.no_comeback(&name, &record)?;
+                    registered.push(name.clone());
                     self.members.insert(name, Bound { record, session: kv.session });
                 }
                 (FleetKey::Member(_, name), WatchEventKind::Delete) => {
@@ -177,7 +179,27 @@ impl FleetTruth {
                 Violation::new(Invariant::LegalMove, format!("revision {at}: partition {g}: {d}"))
             })?;
         }
+        for name in registered {
+            self.leases_follow(&name)
+                .map_err(|d| Violation::new(Invariant::LegalMove, format!("revision {at}: {d}")))?;
+        }
         Ok(())
+    }
+
+    /// A registration written at this revision took every lease of its name along: each is
+    /// bound to the member record's session (records.rs: the two vanish together), or the
+    /// name's leases outlive it under another session, and a new incarnation holds a lease
+    /// it did not raise.
+    fn leases_follow(&self, name: &str) -> Result<(), String> {
+        let Some(member) = self.members.get(name) else { return Ok(()) };
+        let behind = self.leases.iter().find(|(_, l)| l.record.owner == name && l.session != member.session);
+        match behind {
+            Some((g, lease)) => Err(format!(
+                "{name} registered under session {:?}, its lease of partition {g} left under {:?}",
+                member.session, lease.session
+            )),
+            None => Ok(()),
+        }
     }
 
     /// A lease written at this revision is its owner's: a member record exists, is not

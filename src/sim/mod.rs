@@ -1,6 +1,9 @@
 //! The deterministic whole-cluster simulation (issue 40): N handoff instances, each a state
 //! and a step (`coordinator::machine`), over one model of etcd ([`StoreModel`]), with
-//! consumer models, a virtual clock and faults, in one thread, from a seed.
+//! consumer models, a virtual clock and faults, in one thread, from a seed. With
+//! [`SimConfig::backend`] = [`SimBackend::Fleet`], N fleet instances instead
+//! (`coordinator::fleet_backend::machine`), checked against the fleet's invariants
+//! (`fleet_truth.rs`, `fleet_checks.rs`; docs/simulation.md).
 //!
 //! # A run ([`run`])
 //!

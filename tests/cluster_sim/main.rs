@@ -1,7 +1,7 @@
 //! The deterministic whole-cluster simulation (`kafka_assigner::sim`, issue 40): handoff
-//! instances as states with one step, over a model of etcd, with consumer models and
-//! faults, in one thread on a virtual clock. See the module docs of `sim` for what a run
-//! does and the invariants it checks after every step.
+//! instances (or fleet instances: `fleet.rs`) as states with one step, over a model of
+//! etcd, with consumer models and faults, in one thread on a virtual clock. See the module
+//! docs of `sim` for what a run does and the invariants it checks after every step.
 //!
 //! * `CLUSTER_SIM_SCHEDULES=N`: schedules per test (default [`DEFAULT_SCHEDULES`] for the
 //!   invariants, [`DEFAULT_MUTATION_SCHEDULES`] searched by each mutation row);
