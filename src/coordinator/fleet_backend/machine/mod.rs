@@ -33,6 +33,9 @@ mod register;
 mod settle;
 mod streams;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
