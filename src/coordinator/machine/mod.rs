@@ -7,6 +7,7 @@
 //! to the same step next, so what the simulation checks is what runs.
 
 pub mod io;
+pub mod watchdog;
 
 use std::time::Duration;
 
@@ -32,4 +33,23 @@ pub struct Start {
     /// driver says what a partition costs (a simulation models it). 0: planning is free
     /// and never waits.
     pub plan_nanos_per_partition: u64,
+}
+
+/// A fresh registration id for an instance's `count`-th registration: from the instance's
+/// id and the life's random bits, so a replay gives the same ids, and another instance, or
+/// another life of the same one, different ones. Positive, as etcd lease ids are.
+pub fn registration_id(instance: &str, nonce: u64, count: u64) -> crate::store::SessionId {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    (instance, nonce, count).hash(&mut hasher);
+    crate::store::SessionId((hasher.finish() >> 1) as i64)
+}
+
+/// The `Result` of a store answer of the kind `want` picks, or the error it carried (an
+/// answer of another kind is the driver's bug, reported as invalid).
+pub fn expect<T>(
+    answer: Result<io::StoreReply, crate::store::StoreError>,
+    want: impl FnOnce(io::StoreReply) -> Option<T>,
+) -> Result<T, crate::store::StoreError> {
+    want(answer?).ok_or(crate::store::StoreError::Invalid(crate::store::Malformed::WrongAnswerKind))
 }

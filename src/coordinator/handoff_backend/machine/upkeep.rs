@@ -77,7 +77,7 @@ impl Instance {
         };
         self.cache = Some(fresh);
         self.cache_loads += 1;
-        if !self.unproven {
+        if !self.watchdog.unproven() {
             self.follow_again();
         }
         self.poke_leaders();
@@ -85,15 +85,14 @@ impl Instance {
         let watch = self
             .request(StoreRequest::Watch { prefix: self.keys.prefix().to_string(), from }, Waiting::Watch);
         self.watch = Some(watch);
-        // Its silence counts from now (until it is opened it cannot speak).
-        self.heard = self.now;
+        self.watchdog.opened(self.now);
     }
 
     /// The answer to starting the watch: an error ends it.
     pub(super) fn watch_answered(&mut self, request: u64, answer: Result<StoreReply, StoreError>) {
         match answer {
             Err(error) => self.watch_ended(request, error),
-            Ok(_) if self.watch == Some(request) => self.heard = self.now,
+            Ok(_) if self.watch == Some(request) => self.watchdog.opened(self.now),
             Ok(_) => {}
         }
     }
