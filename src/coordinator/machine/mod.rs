@@ -53,3 +53,37 @@ pub fn expect<T>(
 ) -> Result<T, crate::store::StoreError> {
     want(answer?).ok_or(crate::store::StoreError::Invalid(crate::store::Malformed::WrongAnswerKind))
 }
+
+/// What the store's answer to a lost registration's rewrite (a create where no record is,
+/// then, if that found a record, a read of it) says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rebind {
+    /// Written, or found written by this registration (a lost answer), at this revision.
+    Rebound(crate::store::Revision),
+    /// A record is there: read it, to know whose.
+    ReadBack,
+    /// Another registration of the name has it: that one wins.
+    Taken,
+    /// No answer, or no record any more: tried again at the next upkeep.
+    Again,
+}
+
+impl Rebind {
+    /// Classifies `answer`; `ours` says whether a stored record is the rewritten
+    /// registration's.
+    pub fn of(
+        answer: Result<io::StoreReply, crate::store::StoreError>,
+        ours: impl Fn(&crate::store::KeyValue) -> bool,
+    ) -> Self {
+        match answer {
+            Ok(io::StoreReply::Txn(outcome)) if outcome.succeeded => Rebind::Rebound(outcome.revision),
+            Ok(io::StoreReply::Txn(_)) => Rebind::ReadBack,
+            Ok(io::StoreReply::Values(mut records)) => match records.pop().flatten() {
+                Some(kv) if ours(&kv) => Rebind::Rebound(kv.mod_revision),
+                Some(_) => Rebind::Taken,
+                None => Rebind::Again,
+            },
+            _ => Rebind::Again,
+        }
+    }
+}

@@ -19,6 +19,7 @@ use crate::coordinator::handoff_backend::register::{
     active_record, cached_registration, held, registrations_of,
 };
 use crate::coordinator::handoff_backend::state::Cache;
+use crate::coordinator::machine::Rebind;
 use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply, StoreRequest};
 use crate::coordinator::shared::cas::create_bound_txn;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
@@ -320,31 +321,21 @@ impl Instance {
                 me.depart(key.clone(), revision);
             }
         };
-        match answer {
-            Ok(StoreReply::Txn(outcome)) if outcome.succeeded => rebound(self, outcome.revision),
-            Ok(StoreReply::Txn(_)) => {
+        let ours = |kv: &crate::store::KeyValue| {
+            decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
+        };
+        match Rebind::of(answer, ours) {
+            Rebind::Rebound(revision) => rebound(self, revision),
+            Rebind::ReadBack => {
                 let record_key = self.keys.consumer(&key.0, &key.1);
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Rebind(key));
             }
-            Ok(StoreReply::Values(mut records)) => {
-                let found = records.pop().flatten();
-                let ours = found.as_ref().filter(|kv| {
-                    decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
-                });
-                match ours {
-                    Some(kv) => {
-                        let revision = kv.mod_revision;
-                        rebound(self, revision)
-                    }
-                    None if found.is_some() => {
-                        let error = replaced_error(&key.0, &key.1);
-                        self.farewell_and_end(&key, (EndReason::Replaced, Some(error)));
-                    }
-                    // Gone again meanwhile: the next upkeep writes it again.
-                    None => self.unmark_rebinding(&name),
-                }
+            Rebind::Taken => {
+                let error = replaced_error(&key.0, &key.1);
+                self.farewell_and_end(&key, (EndReason::Replaced, Some(error)));
             }
-            _ => self.unmark_rebinding(&name),
+            // Gone again meanwhile, or no answer: the next upkeep writes it again.
+            Rebind::Again => self.unmark_rebinding(&name),
         }
     }
 
