@@ -314,7 +314,9 @@ impl Instance {
                     stream.lost_since = None;
                     stream.rebinding = false;
                     stream.registered_at = revision;
-                    stream.claimer = super::claim::Claimer::new(revision);
+                    // Its leases went with the lost session: it claims again once the
+                    // cache holds the record written again.
+                    stream.claimer.rebound(revision);
                     me.lost.remove(&name);
                 }
                 // Its consumer went away meanwhile: settled as after any disconnect.
