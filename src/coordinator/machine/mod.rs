@@ -7,6 +7,7 @@
 //! to the same step next, so what the simulation checks is what runs.
 
 pub mod io;
+pub mod watchdog;
 
 use std::time::Duration;
 
@@ -32,4 +33,57 @@ pub struct Start {
     /// driver says what a partition costs (a simulation models it). 0: planning is free
     /// and never waits.
     pub plan_nanos_per_partition: u64,
+}
+
+/// A fresh registration id for an instance's `count`-th registration: from the instance's
+/// id and the life's random bits, so a replay gives the same ids, and another instance, or
+/// another life of the same one, different ones. Positive, as etcd lease ids are.
+pub fn registration_id(instance: &str, nonce: u64, count: u64) -> crate::store::SessionId {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    (instance, nonce, count).hash(&mut hasher);
+    crate::store::SessionId((hasher.finish() >> 1) as i64)
+}
+
+/// The `Result` of a store answer of the kind `want` picks, or the error it carried (an
+/// answer of another kind is the driver's bug, reported as invalid).
+pub fn expect<T>(
+    answer: Result<io::StoreReply, crate::store::StoreError>,
+    want: impl FnOnce(io::StoreReply) -> Option<T>,
+) -> Result<T, crate::store::StoreError> {
+    want(answer?).ok_or(crate::store::StoreError::Invalid(crate::store::Malformed::WrongAnswerKind))
+}
+
+/// What the store's answer to a lost registration's rewrite (a create where no record is,
+/// then, if that found a record, a read of it) says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rebind {
+    /// Written, or found written by this registration (a lost answer), at this revision.
+    Rebound(crate::store::Revision),
+    /// A record is there: read it, to know whose.
+    ReadBack,
+    /// Another registration of the name has it: that one wins.
+    Taken,
+    /// No answer, or no record any more: tried again at the next upkeep.
+    Again,
+}
+
+impl Rebind {
+    /// Classifies `answer`; `ours` says whether a stored record is the rewritten
+    /// registration's.
+    pub fn of(
+        answer: Result<io::StoreReply, crate::store::StoreError>,
+        ours: impl Fn(&crate::store::KeyValue) -> bool,
+    ) -> Self {
+        match answer {
+            Ok(io::StoreReply::Txn(outcome)) if outcome.succeeded => Rebind::Rebound(outcome.revision),
+            Ok(io::StoreReply::Txn(_)) => Rebind::ReadBack,
+            Ok(io::StoreReply::Values(mut records)) => match records.pop().flatten() {
+                Some(kv) if ours(&kv) => Rebind::Rebound(kv.mod_revision),
+                Some(_) => Rebind::Taken,
+                None => Rebind::Again,
+            },
+            _ => Rebind::Again,
+        }
+    }
 }

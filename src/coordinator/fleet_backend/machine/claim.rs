@@ -31,6 +31,13 @@ impl Claimer {
     pub fn new(registered_at: Revision) -> Self {
         Claimer { seen: registered_at, running: false, due: true }
     }
+
+    /// Its registration was written again at `revision`: it steps once the cache holds it
+    /// (a step under way goes on: one step at a time).
+    pub fn rebound(&mut self, revision: Revision) {
+        self.seen = self.seen.max(revision);
+        self.due = true;
+    }
 }
 
 /// A claim step between its store calls.

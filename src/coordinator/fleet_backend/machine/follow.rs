@@ -11,15 +11,13 @@ use std::time::Duration;
 use super::{Instance, Waiting, expect};
 use crate::coordinator::causes::Fence;
 use crate::coordinator::fleet_backend::state::FleetCache;
-use crate::coordinator::handoff_backend::machine::STORE_ANSWER_WITHIN;
 use crate::coordinator::machine::io::{Effect, LeaseState, Micros, RequestId, StoreReply, StoreRequest};
+use crate::coordinator::machine::watchdog::no_answer;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
-use crate::coordinator::shared::mirror::{
-    Changes, MirrorCache, apply_watched, silence_bound, snapshot_regresses,
-};
+use crate::coordinator::shared::mirror::{Changes, MirrorCache, apply_watched, snapshot_regresses};
 use crate::coordinator::shared::upkeep::stale_fence_due;
-use crate::store::{StoreError, Unreachable, WatchBatch};
+use crate::store::{StoreError, WatchBatch};
 
 /// How long a failed re-read waits before it is tried again.
 const REREAD_AFTER: Micros = 100_000;
@@ -59,15 +57,14 @@ impl Instance {
             None => Changes::default(),
         };
         self.cache = Some(fresh);
-        if !self.unproven {
+        if !self.watchdog.unproven() {
             self.follow_again();
         }
         self.relay(&changes);
         let watch =
             self.request(StoreRequest::Watch { prefix: self.keys.root().to_string(), from }, Waiting::Watch);
         self.watch = Some(watch);
-        // Its silence counts from now (until it is opened it cannot speak).
-        self.heard = self.now;
+        self.watchdog.opened(self.now);
         self.all_claims_due();
     }
 
@@ -75,7 +72,7 @@ impl Instance {
     pub(super) fn watch_answered(&mut self, request: RequestId, answer: Result<StoreReply, StoreError>) {
         match answer {
             Err(error) => self.watch_ended(request, error),
-            Ok(_) if self.watch == Some(request) => self.heard = self.now,
+            Ok(_) if self.watch == Some(request) => self.watchdog.opened(self.now),
             Ok(_) => {}
         }
     }
@@ -153,34 +150,20 @@ impl Instance {
     /// Fails the requests whose deadline has passed, as the store failing them: the answer
     /// was lost, whether or not the request took effect. A later answer is ignored.
     pub(super) fn expire_requests(&mut self) {
-        let now = self.now;
-        let expired: Vec<RequestId> =
-            self.deadlines.iter().filter(|(_, at)| now >= **at).map(|(request, _)| *request).collect();
-        for request in expired {
-            let error = StoreError::Unavailable(Unreachable::NoAnswer { within: STORE_ANSWER_WITHIN });
-            self.answered(request, Err(error));
+        for request in self.watchdog.expired(self.now) {
+            self.answered(request, Err(no_answer()));
         }
-    }
-
-    /// How long the open watch may say nothing (`None`: the store sends no progress marks).
-    fn silence(&self) -> Option<Micros> {
-        let every = self.progress_every?;
-        Some(silence_bound(fence_after(self.config.lease_ttl), every).as_micros() as Micros)
     }
 
     /// A watch that has said nothing for its bound went silent: the mirror does not follow
     /// as of when it was last heard from, and it reads and watches again, following again
     /// only once the new watch speaks.
     pub(super) fn check_silence(&mut self) {
-        let (Some(watch), Some(bound)) = (self.watch, self.silence()) else { return };
-        if self.now < self.heard + bound {
-            return;
-        }
-        let heard = self.heard;
+        let Some(watch) = self.watch else { return };
+        let Some(heard) = self.watchdog.silent(self.now, true) else { return };
         self.waiting.remove(&watch);
-        self.deadlines.remove(&watch);
+        self.watchdog.settled(watch);
         self.watch = None;
-        self.unproven = true;
         if self.stale_since.is_none_or(|since| since > heard) {
             self.stale_since = Some(heard);
         }
@@ -191,8 +174,7 @@ impl Instance {
     /// The watch in use said something: it is alive, and after a silence it proves the new
     /// watch.
     fn heard_from_watch(&mut self) {
-        self.heard = self.now;
-        if std::mem::take(&mut self.unproven) && self.cache.is_some() {
+        if self.watchdog.heard(self.now) && self.cache.is_some() {
             self.follow_again();
         }
     }
@@ -207,12 +189,9 @@ impl Instance {
         }
     }
 
-    /// When the watchdog has something to do next: the first deadline, or the silence
-    /// bound of the watch in use.
+    /// When the watchdog has something to do next.
     pub(super) fn watchdog_wake(&self) -> Option<Micros> {
-        let deadline = self.deadlines.values().min().copied();
-        let silent = self.watch.zip(self.silence()).map(|(_, bound)| self.heard + bound);
-        deadline.into_iter().chain(silent).min()
+        self.watchdog.wake(self.watch.is_some())
     }
 
     /// The instant `micros` of the shared pieces, back as µs of `now`.

@@ -33,10 +33,15 @@ mod register;
 mod settle;
 mod streams;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::coordinator::machine::expect;
 
 use super::FleetConfig;
 use super::records::FleetKeys;
@@ -46,6 +51,7 @@ use crate::coordinator::machine::Start;
 use crate::coordinator::machine::io::{
     CallId, Effect, Input, LeaseState, Micros, Replied, RequestId, Stop, StoreReply, StoreRequest, StreamId,
 };
+use crate::coordinator::machine::watchdog::Watchdog;
 use crate::coordinator::shared::departures::Departures;
 use crate::coordinator::shared::streams::StreamKey;
 use crate::coordinator::shared::upkeep::Upkeep;
@@ -108,14 +114,8 @@ pub struct Instance {
     registrations: u64,
     /// This life's random bits ([`Start::nonce`]).
     nonce: u64,
-    /// When each store request in flight counts as failed without an answer.
-    deadlines: BTreeMap<RequestId, Micros>,
-    /// When the watch in use was last heard from.
-    heard: Micros,
-    /// A watch went silent: the mirror follows again only once a new watch speaks.
-    unproven: bool,
-    /// The stores' progress period ([`Start::watch_progress_every`]).
-    progress_every: Option<Duration>,
+    /// The requests' deadlines and the watch's silence.
+    watchdog: Watchdog,
     waiting: BTreeMap<RequestId, Waiting>,
     /// Command streams by (topic, consumer).
     streams: BTreeMap<(String, String), Stream>,
@@ -161,10 +161,7 @@ impl Instance {
             next_request: 1,
             registrations: 0,
             nonce,
-            deadlines: BTreeMap::new(),
-            heard: now,
-            unproven: false,
-            progress_every: watch_progress_every,
+            watchdog: Watchdog::new(now, config.lease_ttl, watch_progress_every),
             waiting: BTreeMap::new(),
             streams: BTreeMap::new(),
             lost: BTreeSet::new(),
@@ -246,8 +243,7 @@ impl Instance {
         let request = self.next_request;
         self.next_request += 1;
         self.waiting.insert(request, waiting);
-        let within = crate::coordinator::handoff_backend::machine::STORE_ANSWER_WITHIN;
-        self.deadlines.insert(request, self.now + within.as_micros() as Micros);
+        self.watchdog.sent(request, self.now);
         self.out.push(Effect::Store { request, op });
         request
     }
@@ -288,7 +284,7 @@ impl Instance {
 
     /// What the store answered `request`.
     fn answered(&mut self, request: RequestId, answer: Result<StoreReply, StoreError>) {
-        self.deadlines.remove(&request);
+        self.watchdog.settled(request);
         // Gone: answered already, or past its deadline (then failed already).
         let Some(waiting) = self.waiting.remove(&request) else { return };
         if let Err(StoreError::SessionExpired(_)) = &answer {
@@ -331,14 +327,6 @@ impl Instance {
     fn follows(&self) -> bool {
         self.cache.is_some() && self.stale_since.is_none()
     }
-}
-
-/// The `Result` of a store answer of the kind `want` picks, or the error it carried.
-fn expect<T>(
-    answer: Result<StoreReply, StoreError>,
-    want: impl FnOnce(StoreReply) -> Option<T>,
-) -> Result<T, StoreError> {
-    want(answer?).ok_or_else(|| StoreError::Invalid(crate::store::Malformed::WrongAnswerKind))
 }
 
 /// A transaction's outcome from a store answer.

@@ -8,7 +8,6 @@
 //! lost its compare is decided again on a fresh read.
 
 use std::collections::HashSet;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::{Instance, Waiting, expect, txn_outcome};
 use crate::coordinator::CoordinatorError;
@@ -20,6 +19,7 @@ use crate::coordinator::fleet_backend::state::FleetCache;
 use crate::coordinator::machine::io::{
     CallId, Effect, Replied, RequestId, StoreReply, StoreRequest, StreamId,
 };
+use crate::coordinator::machine::registration_id;
 use crate::coordinator::shared::admits;
 use crate::coordinator::shared::cas::CAS_ATTEMPTS;
 use crate::coordinator::shared::departures::Departed;
@@ -84,13 +84,10 @@ impl Instance {
         self.ensure_topic(enrolling, None);
     }
 
-    /// A fresh registration id: from the instance's id, the life's nonce and a count, so a
-    /// replay gives the same ids, and another instance or life different ones. Positive.
+    /// A fresh registration id ([`registration_id`]).
     fn registration_id(&mut self) -> SessionId {
         self.registrations += 1;
-        let mut hasher = DefaultHasher::new();
-        (self.config.instance_id.as_str(), self.nonce, self.registrations).hash(&mut hasher);
-        SessionId((hasher.finish() >> 1) as i64)
+        registration_id(&self.config.instance_id, self.nonce, self.registrations)
     }
 
     /// Makes sure the topic of `enrolling` has a stored count (`from_source`: the source's

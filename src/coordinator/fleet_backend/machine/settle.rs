@@ -14,6 +14,7 @@ use crate::coordinator::causes::{ConsumerUnknown, Contention, EndOfStream};
 use crate::coordinator::fleet_backend::records::{FleetKey, MemberRecord};
 use crate::coordinator::fleet_backend::register::member_record_of;
 use crate::coordinator::fleet_backend::registrar::{held, registrations_of};
+use crate::coordinator::machine::Rebind;
 use crate::coordinator::machine::io::{CallId, EndReason, Micros, Replied, StoreReply, StoreRequest};
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, create_bound_txn};
 use crate::coordinator::shared::records::{decode, encode};
@@ -313,38 +314,30 @@ impl Instance {
                     stream.lost_since = None;
                     stream.rebinding = false;
                     stream.registered_at = revision;
-                    stream.claimer = super::claim::Claimer::new(revision);
+                    // Its leases went with the lost session: it claims again once the
+                    // cache holds the record written again.
+                    stream.claimer.rebound(revision);
                     me.lost.remove(&name);
                 }
                 // Its consumer went away meanwhile: settled as after any disconnect.
                 None => me.depart(key.clone(), revision),
             }
         };
-        match answer {
-            Ok(StoreReply::Txn(outcome)) if outcome.succeeded => rebound(self, outcome.revision),
-            Ok(StoreReply::Txn(_)) => {
+        let ours = |kv: &crate::store::KeyValue| {
+            decode::<MemberRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
+        };
+        match Rebind::of(answer, ours) {
+            Rebind::Rebound(revision) => rebound(self, revision),
+            Rebind::ReadBack => {
                 let record_key = self.keys.member(&key.0, &key.1);
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Rebind(key));
             }
-            Ok(StoreReply::Values(mut records)) => {
-                let found = records.pop().flatten();
-                let ours = found.as_ref().filter(|kv| {
-                    decode::<MemberRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
-                });
-                match ours {
-                    Some(kv) => {
-                        let revision = kv.mod_revision;
-                        rebound(self, revision)
-                    }
-                    None if found.is_some() => {
-                        let error = replaced_error(&key.0, &key.1);
-                        self.farewell_and_end(&key, (EndReason::Replaced, Some(error)));
-                    }
-                    // Gone again meanwhile: the next upkeep writes it again.
-                    None => self.unmark_rebinding(&name),
-                }
+            Rebind::Taken => {
+                let error = replaced_error(&key.0, &key.1);
+                self.farewell_and_end(&key, (EndReason::Replaced, Some(error)));
             }
-            _ => self.unmark_rebinding(&name),
+            // Gone again meanwhile, or no answer: the next upkeep writes it again.
+            Rebind::Again => self.unmark_rebinding(&name),
         }
     }
 

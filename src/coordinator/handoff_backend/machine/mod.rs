@@ -59,12 +59,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub(super) use crate::coordinator::machine::expect;
+
 use super::HandoffConfig;
 use super::records::Keys;
 use super::state::Cache;
 use crate::coordinator::machine::io::{
     CallId, Effect, Input, LeaseState, Micros, Replied, RequestId, Stop, StoreReply, StoreRequest,
 };
+use crate::coordinator::machine::watchdog::Watchdog;
 use crate::coordinator::shared::departures::Departures;
 use crate::coordinator::shared::upkeep::Upkeep;
 use crate::coordinator::{CoordinatorError, PartitionEpoch};
@@ -77,7 +80,7 @@ use register::Enrolling;
 use streams::{EpochWatch, Stream};
 
 pub use crate::coordinator::machine::Start;
-pub use watchdog::STORE_ANSWER_WITHIN;
+pub use crate::coordinator::machine::watchdog::STORE_ANSWER_WITHIN;
 
 /// What a store request of the instance is for: where its answer goes.
 #[derive(Debug)]
@@ -143,14 +146,8 @@ pub struct Instance {
     registrations: u64,
     /// This life's random bits ([`Start::nonce`]).
     nonce: u64,
-    /// When each store request in flight counts as failed without an answer.
-    deadlines: BTreeMap<RequestId, Micros>,
-    /// When the watch in use was last heard from (started, a batch, a progress mark).
-    heard: Micros,
-    /// A watch went silent: the mirror follows again only once a new watch speaks.
-    unproven: bool,
-    /// The stores' progress period ([`Start::watch_progress_every`]).
-    progress_every: Option<Duration>,
+    /// The requests' deadlines and the watch's silence.
+    watchdog: Watchdog,
     waiting: BTreeMap<RequestId, Waiting>,
     /// Command streams by (topic, consumer).
     streams: BTreeMap<(String, String), Stream>,
@@ -208,10 +205,7 @@ impl Instance {
             next_request: 1,
             registrations: 0,
             nonce,
-            deadlines: BTreeMap::new(),
-            heard: now,
-            unproven: false,
-            progress_every: watch_progress_every,
+            watchdog: Watchdog::new(now, config.lease_ttl, watch_progress_every),
             waiting: BTreeMap::new(),
             streams: BTreeMap::new(),
             lost: BTreeSet::new(),
@@ -300,7 +294,7 @@ impl Instance {
         let request = self.next_request;
         self.next_request += 1;
         self.waiting.insert(request, waiting);
-        self.deadlines.insert(request, self.now + watchdog::STORE_ANSWER_WITHIN.as_micros() as Micros);
+        self.watchdog.sent(request, self.now);
         self.out.push(Effect::Store { request, op });
         request
     }
@@ -325,7 +319,7 @@ impl Instance {
 
     /// What the store answered `request`.
     fn answered(&mut self, request: RequestId, answer: Result<StoreReply, StoreError>) {
-        self.deadlines.remove(&request);
+        self.watchdog.settled(request);
         // Gone: answered already, or past its deadline (then failed already).
         let Some(waiting) = self.waiting.remove(&request) else { return };
         if let Err(StoreError::SessionExpired(_)) = &answer {
@@ -377,13 +371,4 @@ impl Instance {
         let entry = self.cache.as_ref().and_then(|c| c.topics.get(topic));
         entry.map(|e| e.epochs_of(consumer, since)).unwrap_or_default()
     }
-}
-
-/// The `Result` of a store answer of the kind `want` picks, or the error it carried (an
-/// answer of another kind is the driver's bug, reported as invalid).
-fn expect<T>(
-    answer: Result<StoreReply, StoreError>,
-    want: impl FnOnce(StoreReply) -> Option<T>,
-) -> Result<T, StoreError> {
-    want(answer?).ok_or_else(|| StoreError::Invalid(crate::store::Malformed::WrongAnswerKind))
 }

@@ -7,7 +7,6 @@
 //! on the record as the store holds it.
 
 use crate::coordinator::causes::{Contention, SessionMissing};
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::{Instance, Waiting, expect};
 use crate::coordinator::CoordinatorError;
@@ -17,6 +16,7 @@ use crate::coordinator::handoff_backend::register::{active_record, cached_incarn
 use crate::coordinator::machine::io::{
     CallId, Effect, Replied, RequestId, StoreReply, StoreRequest, StreamId,
 };
+use crate::coordinator::machine::registration_id;
 use crate::coordinator::shared::admits;
 use crate::coordinator::shared::cas::CAS_ATTEMPTS;
 use crate::coordinator::shared::departures::Departed;
@@ -75,14 +75,10 @@ impl Instance {
         self.ensure_topic(enrolling, None);
     }
 
-    /// A fresh registration id: from the instance's id, the life's nonce and a count, so a
-    /// replay gives the same ids, and different instances, or another life of the same
-    /// one, different ones. Positive, as etcd lease ids are.
+    /// A fresh registration id ([`registration_id`]).
     fn registration_id(&mut self) -> SessionId {
         self.registrations += 1;
-        let mut hasher = DefaultHasher::new();
-        (self.config.instance_id.as_str(), self.nonce, self.registrations).hash(&mut hasher);
-        SessionId((hasher.finish() >> 1) as i64)
+        registration_id(&self.config.instance_id, self.nonce, self.registrations)
     }
 
     /// Makes sure the topic of `enrolling` has a stored count (`from_source`: the source's

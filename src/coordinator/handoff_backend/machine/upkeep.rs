@@ -19,6 +19,7 @@ use crate::coordinator::handoff_backend::register::{
     active_record, cached_registration, held, registrations_of,
 };
 use crate::coordinator::handoff_backend::state::Cache;
+use crate::coordinator::machine::Rebind;
 use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply, StoreRequest};
 use crate::coordinator::shared::cas::create_bound_txn;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
@@ -77,7 +78,7 @@ impl Instance {
         };
         self.cache = Some(fresh);
         self.cache_loads += 1;
-        if !self.unproven {
+        if !self.watchdog.unproven() {
             self.follow_again();
         }
         self.poke_leaders();
@@ -85,15 +86,14 @@ impl Instance {
         let watch = self
             .request(StoreRequest::Watch { prefix: self.keys.prefix().to_string(), from }, Waiting::Watch);
         self.watch = Some(watch);
-        // Its silence counts from now (until it is opened it cannot speak).
-        self.heard = self.now;
+        self.watchdog.opened(self.now);
     }
 
     /// The answer to starting the watch: an error ends it.
     pub(super) fn watch_answered(&mut self, request: u64, answer: Result<StoreReply, StoreError>) {
         match answer {
             Err(error) => self.watch_ended(request, error),
-            Ok(_) if self.watch == Some(request) => self.heard = self.now,
+            Ok(_) if self.watch == Some(request) => self.watchdog.opened(self.now),
             Ok(_) => {}
         }
     }
@@ -321,31 +321,21 @@ impl Instance {
                 me.depart(key.clone(), revision);
             }
         };
-        match answer {
-            Ok(StoreReply::Txn(outcome)) if outcome.succeeded => rebound(self, outcome.revision),
-            Ok(StoreReply::Txn(_)) => {
+        let ours = |kv: &crate::store::KeyValue| {
+            decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
+        };
+        match Rebind::of(answer, ours) {
+            Rebind::Rebound(revision) => rebound(self, revision),
+            Rebind::ReadBack => {
                 let record_key = self.keys.consumer(&key.0, &key.1);
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Rebind(key));
             }
-            Ok(StoreReply::Values(mut records)) => {
-                let found = records.pop().flatten();
-                let ours = found.as_ref().filter(|kv| {
-                    decode::<ConsumerRecord>(&kv.key, &kv.value).is_ok_and(|r| r.session == key.2.0)
-                });
-                match ours {
-                    Some(kv) => {
-                        let revision = kv.mod_revision;
-                        rebound(self, revision)
-                    }
-                    None if found.is_some() => {
-                        let error = replaced_error(&key.0, &key.1);
-                        self.farewell_and_end(&key, (EndReason::Replaced, Some(error)));
-                    }
-                    // Gone again meanwhile: the next upkeep writes it again.
-                    None => self.unmark_rebinding(&name),
-                }
+            Rebind::Taken => {
+                let error = replaced_error(&key.0, &key.1);
+                self.farewell_and_end(&key, (EndReason::Replaced, Some(error)));
             }
-            _ => self.unmark_rebinding(&name),
+            // Gone again meanwhile, or no answer: the next upkeep writes it again.
+            Rebind::Again => self.unmark_rebinding(&name),
         }
     }
 
