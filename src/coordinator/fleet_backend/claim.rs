@@ -23,11 +23,10 @@ use crate::store::{Revision, StoreError};
 pub(super) async fn step(
     inner: Arc<Fleet>,
     key: StreamKey,
-    registered_at: Revision,
     mut seen: Revision,
     done: CancellationToken,
 ) -> (StreamKey, Revision) {
-    match claim_step(&inner, &key, registered_at, &mut seen, &done).await {
+    match claim_step(&inner, &key, &mut seen, &done).await {
         Ok(()) => {}
         // The instance lease ended: the lease task starts a new one (and the stream's
         // registration is written again, `shared/rebind.rs`); the next step claims.
@@ -46,7 +45,6 @@ pub(super) async fn step(
 async fn claim_step(
     inner: &Arc<Fleet>,
     key: &StreamKey,
-    registered_at: Revision,
     seen: &mut Revision,
     done: &CancellationToken,
 ) -> Result<(), StoreError> {
@@ -100,8 +98,8 @@ async fn claim_step(
 
     if !decision.claim.is_empty() {
         let now_micros = crate::coordinator::shared::records::now_micros();
-        let claim =
-            claim_decide::Claim { topic, consumer, registered_at, instance_lease, decided_at, now_micros };
+        let member = &decision.member;
+        let claim = claim_decide::Claim { topic, consumer, member, instance_lease, decided_at, now_micros };
         let txn = |partitions: &[LeaseAt]| claim_decide::claim_txn(keys, claim, partitions);
         let mut claimed = Vec::new();
         let outcome = inner.core.store().txn(txn(&decision.claim)).await?;

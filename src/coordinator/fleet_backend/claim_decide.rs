@@ -7,11 +7,12 @@
 
 use std::collections::BTreeSet;
 
-use super::records::{EpochRecord, FleetKeys, LeaseRecord};
+use super::records::{EpochRecord, FleetKeys, LeaseRecord, MemberRecord};
 use super::share;
 use super::state::FleetTopic;
 use crate::assignment::Balanced;
 use crate::coordinator::shared::batch::KeyWrite;
+use crate::coordinator::shared::mirror::Versioned;
 use crate::coordinator::shared::records::{RECORD_VERSION, encode, next_epoch};
 use crate::mutation::{Mutation, is_active};
 use crate::store::{Compare, Op, Revision, SessionId, Txn};
@@ -43,8 +44,11 @@ impl LeaseAt {
 }
 
 /// What one claim step does for one consumer (see the module docs).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimDecision {
+    /// The consumer's member record as cached, with its mod revision: a claim is written
+    /// only while the record is still that one, and writes it again (see [`claim_txn`]).
+    pub member: Versioned<MemberRecord>,
     /// The consumer's quota.
     pub quota: usize,
     /// Hidden partitions the cache still shows leased to the consumer and the plan no
@@ -67,10 +71,7 @@ pub fn decide(
     session: SessionId,
     hidden: &BTreeSet<u32>,
 ) -> Option<ClaimDecision> {
-    let ours = entry.members.get(consumer).is_some_and(|r| r.value.session == session.0 && !r.value.leaving);
-    if !ours {
-        return None;
-    }
+    let member = entry.members.get(consumer).filter(|r| r.value.session == session.0 && !r.value.leaving)?;
     let owners = entry.leases.iter().map(|(p, o)| (*p, o.value.as_str())).collect();
     let registered = |name: &str| entry.members.contains_key(name);
     let plan =
@@ -83,6 +84,7 @@ pub fn decide(
         .map(at)
         .collect();
     Some(ClaimDecision {
+        member: member.clone(),
         quota: plan.quota,
         show,
         give_back: plan.give_back.iter().map(at).collect(),
@@ -105,8 +107,9 @@ pub struct Claim<'a> {
     pub topic: &'a str,
     /// The claiming consumer.
     pub consumer: &'a str,
-    /// The mod revision of its registration: the claim holds only while it is that one.
-    pub registered_at: Revision,
+    /// Its member record as the claim was decided on it (`ClaimDecision::member`): the
+    /// claim holds only while the record is still that one, and writes it again.
+    pub member: &'a Versioned<MemberRecord>,
     /// The instance lease the leases are bound to.
     pub instance_lease: SessionId,
     /// The revision of the cache the claim was decided from.
@@ -117,15 +120,23 @@ pub struct Claim<'a> {
 
 /// Writes the consumer's leases of `partitions` under the instance lease, each only if it
 /// is still at its revision (0: still absent) and its epoch floor too, and all only while
-/// the consumer's registration is the one written at `registered_at`. Each lease's epoch is
+/// the consumer's member record is still the one the claim was decided on; that record is
+/// written again in the same transaction. That write is what keeps a registration of the
+/// same name decided on the store's state from missing the claim: it moves the leases of
+/// the name it read to its own session with a compare on the member record as read, so a
+/// claim between its read and its write makes it fail and read again, instead of leaving
+/// the claimed lease bound to the session it replaces (a lease and its owner's member
+/// record must go together). Each lease's epoch is
 /// above its floor, the cache's revision and the clock ([`next_epoch`], docs/design.md
 /// §10), and is written as the partition's new floor, a record no session takes away: a
 /// claim from a cache that missed another consumer's claim (and give-back) of the
 /// partition fails on the floor's compare instead of repeating or lowering that epoch.
 pub fn claim_txn(keys: &FleetKeys, claim: Claim<'_>, partitions: &[LeaseAt]) -> Txn {
-    let Claim { topic, consumer, registered_at, instance_lease, decided_at, now_micros } = claim;
-    let member = Compare::ModRevision(keys.member(topic, consumer), registered_at);
-    partitions.iter().fold(Txn::new().when(member), |mut txn, free| {
+    let Claim { topic, consumer, member, instance_lease, decided_at, now_micros } = claim;
+    let member_key = keys.member(topic, consumer);
+    let still = Compare::ModRevision(member_key.clone(), member.mod_revision);
+    let again = Op::put_in(member_key, encode(&member.value), instance_lease);
+    partitions.iter().fold(Txn::new().when(still).then(again), |mut txn, free| {
         let write = lease_above_floor(keys, topic, consumer, *free, instance_lease, decided_at, now_micros);
         txn.compares.extend(write.compares);
         txn.ops.extend(write.ops);
@@ -194,17 +205,21 @@ mod tests {
         Versioned { value, mod_revision }
     }
 
-    /// Four partitions; `a` (session 1) holds all four at revisions 11..=14, `b` (session
-    /// 2) has just registered.
-    fn topic() -> FleetTopic {
-        let member = |session| MemberRecord {
+    /// The member record of registration `session` on instance `i`.
+    fn member(session: i64) -> MemberRecord {
+        MemberRecord {
             v: RECORD_VERSION,
             session,
             instance: "i".into(),
             leaving: false,
             info: Default::default(),
             incarnation: 0,
-        };
+        }
+    }
+
+    /// Four partitions; `a` (session 1) holds all four at revisions 11..=14, `b` (session
+    /// 2) has just registered.
+    fn topic() -> FleetTopic {
         let mut entry = FleetTopic { count: Some(versioned(4, 1)), ..FleetTopic::default() };
         entry.members.insert("a".into(), versioned(member(1), 2));
         entry.members.insert("b".into(), versioned(member(2), 3));
@@ -260,10 +275,11 @@ mod tests {
         let txn = give_back_txn(&keys, "t", &[(3, 14)]);
         assert_eq!(txn.compares, vec![Compare::ModRevision(keys.lease("t", 3), 14)]);
         assert_eq!(txn.ops, vec![Op::delete(keys.lease("t", 3))]);
+        let b = versioned(member(2), 3);
         let claim = Claim {
             topic: "t",
             consumer: "b",
-            registered_at: 3,
+            member: &b,
             instance_lease: SessionId(7),
             decided_at: 20,
             now_micros: 5,
@@ -279,23 +295,31 @@ mod tests {
             ]
         );
         let [
+            Op::Put { key: member_key, session: Some(SessionId(7)), value: member_again },
             Op::Put { session: Some(SessionId(7)), value, .. },
             Op::Put { key, session: None, value: floor },
         ] = &txn.ops[..]
         else {
             panic!("{:?}", txn.ops)
         };
+        let again: MemberRecord =
+            crate::coordinator::shared::records::decode("member", member_again).expect("member");
+        assert_eq!(
+            (member_key.as_str(), again),
+            (keys.member("t", "b").as_str(), member(2)),
+            "written again"
+        );
         let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
         assert_eq!((record.owner.as_str(), record.epoch), ("b", 31), "above the floor");
         let floor: EpochRecord = crate::coordinator::shared::records::decode("floor", floor).expect("floor");
         assert_eq!((key.as_str(), floor.epoch), (keys.epoch("t", 2).as_str(), 31), "the new floor");
         // Above the clock when it is ahead, and above the cache's revision.
         let txn = claim_txn(&keys, Claim { now_micros: 1_000, ..claim }, &[free]);
-        let Op::Put { value, .. } = &txn.ops[0] else { panic!("{:?}", txn.ops) };
+        let Op::Put { value, .. } = &txn.ops[1] else { panic!("{:?}", txn.ops) };
         let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
         assert_eq!(record.epoch, 1_000);
         let txn = claim_txn(&keys, claim, &[LeaseAt { floor: 0, ..free }]);
-        let Op::Put { value, .. } = &txn.ops[0] else { panic!("{:?}", txn.ops) };
+        let Op::Put { value, .. } = &txn.ops[1] else { panic!("{:?}", txn.ops) };
         let record: LeaseRecord = crate::coordinator::shared::records::decode("lease", value).expect("lease");
         assert_eq!(record.epoch, 21, "one above the cache it was decided from");
     }
@@ -311,19 +335,20 @@ mod tests {
         let store = MemoryStore::starting_at(1);
         let keys = FleetKeys::new("/p/");
         let lease = store.grant_session(std::time::Duration::from_secs(10)).await.expect("session");
-        let a_at = store.put(&keys.member("t", "a"), b"a".to_vec(), Some(lease)).await.expect("a");
-        let b_at = store.put(&keys.member("t", "b"), b"b".to_vec(), Some(lease)).await.expect("b");
+        let a_at = store.put(&keys.member("t", "a"), encode(&member(1)), Some(lease)).await.expect("a");
+        let b_at = store.put(&keys.member("t", "b"), encode(&member(2)), Some(lease)).await.expect("b");
+        let (a_member, b_member) = (versioned(member(1), a_at), versioned(member(2), b_at));
         // `a`'s cache: partition 0 free, no floor, at revision `b_at`.
         let stale = LeaseAt { partition: 0, lease_at: 0, floor: 0, floor_at: 0 };
-        let claim = |consumer, registered_at| Claim {
+        let claim = |consumer, member| Claim {
             topic: "t",
             consumer,
-            registered_at,
+            member,
             instance_lease: lease,
             decided_at: b_at,
             now_micros: 0,
         };
-        let b = store.txn(claim_txn(&keys, claim("b", b_at), &[stale])).await.expect("b claims");
+        let b = store.txn(claim_txn(&keys, claim("b", &b_member), &[stale])).await.expect("b claims");
         assert!(b.succeeded);
         let b_epoch = store.get(&keys.lease("t", 0)).await.expect("read").map(|kv| {
             crate::coordinator::shared::records::decode::<LeaseRecord>("lease", &kv.value)
@@ -333,7 +358,7 @@ mod tests {
         let gave_back = store.txn(give_back_txn(&keys, "t", &[(0, b.revision)])).await.expect("gives back");
         assert!(gave_back.succeeded);
 
-        let a = store.txn(claim_txn(&keys, claim("a", a_at), &[stale])).await.expect("answered");
+        let a = store.txn(claim_txn(&keys, claim("a", &a_member), &[stale])).await.expect("answered");
         assert!(
             !a.succeeded,
             "a claimed partition 0 from a cache older than b's claim (b's epoch {b_epoch:?})"
@@ -343,7 +368,7 @@ mod tests {
         let seen: EpochRecord =
             crate::coordinator::shared::records::decode("floor", &floor.value).expect("floor");
         let fresh = LeaseAt { floor: seen.epoch, floor_at: floor.mod_revision, ..stale };
-        let a = store.txn(claim_txn(&keys, claim("a", a_at), &[fresh])).await.expect("answered");
+        let a = store.txn(claim_txn(&keys, claim("a", &a_member), &[fresh])).await.expect("answered");
         assert!(a.succeeded);
         let a_epoch = store.get(&keys.lease("t", 0)).await.expect("read").map(|kv| {
             crate::coordinator::shared::records::decode::<LeaseRecord>("lease", &kv.value)
@@ -351,5 +376,45 @@ mod tests {
                 .epoch
         });
         assert!(a_epoch > b_epoch, "a's epoch {a_epoch:?} is above b's {b_epoch:?}");
+    }
+
+    /// A registration of the same name decided on the store's state (`registration::write`:
+    /// the member record read, then the leases of the name, then one transaction that moves
+    /// them to the new session with a compare on the member record as read) must not miss
+    /// a claim made between its read and its write: the claim writes the member record
+    /// again, so the registration's compare fails and it reads again. Before, it succeeded
+    /// and left the claimed lease bound to the replaced session (the simulation's fleet
+    /// seed 259).
+    #[tokio::test]
+    async fn a_claim_between_a_registrations_read_and_write_makes_the_registration_read_again() {
+        use crate::store::{LeaseStore, MemoryStore};
+        let store = MemoryStore::starting_at(1);
+        let keys = FleetKeys::new("/p/");
+        let ttl = std::time::Duration::from_secs(10);
+        let (old, new) =
+            (store.grant_session(ttl).await.expect("a"), store.grant_session(ttl).await.expect("b"));
+        let at = store.put(&keys.member("t", "c"), encode(&member(1)), Some(old)).await.expect("c");
+        // The new registration's read of the member record.
+        let read = store.get(&keys.member("t", "c")).await.expect("read").expect("c is registered");
+        // The old registration's claim step claims partition 0 meanwhile.
+        let cached = versioned(member(1), at);
+        let claim = Claim {
+            topic: "t",
+            consumer: "c",
+            member: &cached,
+            instance_lease: old,
+            decided_at: at,
+            now_micros: 0,
+        };
+        let free = LeaseAt { partition: 0, lease_at: 0, floor: 0, floor_at: 0 };
+        assert!(store.txn(claim_txn(&keys, claim, &[free])).await.expect("claims").succeeded);
+        // The registration's write, decided on what it read (no lease of the name then).
+        let register = Txn::new()
+            .when(Compare::ModRevision(keys.member("t", "c"), read.mod_revision))
+            .then(Op::put_in(keys.member("t", "c"), encode(&member(2)), new));
+        let written = store.txn(register).await.expect("answered");
+        assert!(!written.succeeded, "the registration missed the claim of partition 0");
+        let lease = store.get(&keys.lease("t", 0)).await.expect("read").expect("leased");
+        assert_eq!(lease.session, Some(old), "the lease and its owner's member record go together");
     }
 }

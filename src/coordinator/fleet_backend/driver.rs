@@ -67,7 +67,6 @@ impl Claims {
 
 /// What the loop keeps of one local consumer.
 struct Claimer {
-    registered_at: Revision,
     /// The revision of its last write: a step waits for the cache to reach it.
     seen: Revision,
     done: CancellationToken,
@@ -118,7 +117,8 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
                 claimers.values_mut().for_each(|c| c.due = true);
             }
             Some(Opened { key, registered_at, done }) = openings.recv() => {
-                let claimer = Claimer { registered_at, seen: registered_at, done, running: false, due: true };
+                // Its first step waits for the cache to hold its registration.
+                let claimer = Claimer { seen: registered_at, done, running: false, due: true };
                 claimers.insert(key, claimer);
             }
             Some(call) = inbox.recv() => match call {
@@ -159,13 +159,7 @@ pub(super) async fn run(inner: Arc<Fleet>, Openings(mut openings): Openings) {
         for (key, claimer) in claimers.iter_mut().filter(|(_, c)| c.due && !c.running) {
             claimer.due = false;
             claimer.running = true;
-            let step = claim::step(
-                inner.clone(),
-                key.clone(),
-                claimer.registered_at,
-                claimer.seen,
-                claimer.done.clone(),
-            );
+            let step = claim::step(inner.clone(), key.clone(), claimer.seen, claimer.done.clone());
             steps.push(Box::pin(async move {
                 let (key, seen) = step.await;
                 Ended::Step(key, seen)

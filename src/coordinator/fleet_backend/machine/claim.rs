@@ -45,9 +45,8 @@ impl Claimer {
 pub(in crate::coordinator::fleet_backend) struct ClaimWait {
     /// (topic, consumer) of the stream.
     name: (String, String),
-    /// Its registration id and revision.
+    /// Its registration id.
     registration: SessionId,
-    registered_at: Revision,
     /// What the step decided, and on which revision of the cache.
     decision: ClaimDecision,
     decided_at: Revision,
@@ -116,7 +115,6 @@ impl Instance {
         };
         let wait = ClaimWait {
             registration: stream.registration,
-            registered_at: stream.registered_at,
             seen: stream.claimer.seen,
             decided_at: cache.revision,
             decision,
@@ -196,7 +194,7 @@ impl Instance {
         let claim = Claim {
             topic: &wait.name.0,
             consumer: &wait.name.1,
-            registered_at: wait.registered_at,
+            member: &wait.decision.member,
             instance_lease: self.lease.live().unwrap_or(SessionId(0)),
             decided_at: wait.decided_at,
             now_micros: self.now,
