@@ -183,6 +183,12 @@ impl Cluster {
         }
         for c in 0..self.consumers.len() {
             self.consumers[c].paused_until = 0;
+            if !self.consumers[c].inbox.is_empty() {
+                // What reached it while paused is handled now, in order, before anything
+                // new: a consumer acting again acts on all it was told (a stream that
+                // ended while it was paused ends now, not when the pause would have).
+                self.resume(c)?;
+            }
             self.consumers[c].wants = true;
             match &self.consumers[c].phase {
                 Phase::Offline => {
@@ -332,6 +338,7 @@ impl Cluster {
         if let Phase::Registering { instance, stream } = self.consumers[c].phase {
             self.consumers[c].phase =
                 Phase::Online { instance, stream, belief: Belief::default(), draining: false };
+            self.checks.online_since.insert((instance, stream), self.now);
         }
         let (partitions, topic) = (self.config.partitions, self.topic_of(c));
         let name = self.consumers[c].name.clone();
@@ -414,6 +421,7 @@ impl Cluster {
                 if let Phase::Registering { instance, stream } = self.consumers[c].phase {
                     let belief = Belief::default();
                     self.consumers[c].phase = Phase::Online { instance, stream, belief, draining: false };
+                    self.checks.online_since.insert((instance, stream), self.now);
                 }
             }
             (CallKind::Register, Err(())) => {

@@ -26,6 +26,8 @@ pub(super) struct CheckState {
     /// stream and not delivered yet (the fleet's promise: a giver was sent `unassigned`
     /// before its lease is deleted).
     pub unassigned_in_flight: BTreeMap<(usize, StreamId, u32), u32>,
+    /// Fleet runs: (node, stream) → when its consumer started reading it as registered.
+    pub online_since: BTreeMap<(usize, StreamId), u64>,
 }
 
 impl CheckState {

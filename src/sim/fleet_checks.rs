@@ -15,7 +15,11 @@ impl Cluster {
     /// all but one must have been sent an `unassigned` of it that has not reached them yet,
     /// or have lost its lease to an early revocation of their session within a TTL (a fault
     /// beyond what a keeper can fence ahead of: their instance tells them once its watch
-    /// shows the revocation, or fences).
+    /// shows the revocation, or fences), or have had the registration of the stream they
+    /// read replaced by another of their name within a TTL (a `Register` of theirs that
+    /// reached an instance after they had gone on, which no instance can tell from a
+    /// reconnect: the stream they read is told it was replaced once its instance's watch
+    /// shows it, or its instance fences).
     pub(super) fn fleet_claims_of(&mut self, p: u32) -> Result<(), Violation> {
         let Some(fleet) = &self.fleet else { return Ok(()) };
         let topics = self.config.topic_set();
@@ -31,7 +35,9 @@ impl Cluster {
                 continue;
             }
             let told_to_stop = self.checks.unassigned_pending(node, stream, local);
-            if !told_to_stop && !fleet.revoked_lately(p, &consumer.name, now, grace) {
+            let since = self.checks.online_since.get(&(node, stream)).copied().unwrap_or(now);
+            let replaced = fleet.replaced_lately(&consumer.name, since, now, grace);
+            if !told_to_stop && !replaced && !fleet.revoked_lately(p, &consumer.name, now, grace) {
                 claims.push(consumer.name.as_str());
             }
         }

@@ -57,6 +57,9 @@ pub struct FleetTruth {
     /// its session early (a fault no keeper can fence ahead of): cleared when it gets the
     /// lease again.
     revoked: BTreeMap<(u32, String), u64>,
+    /// Consumer name → when (virtual µs) its member record was last replaced by another
+    /// registration of the name.
+    replaced: BTreeMap<String, u64>,
     /// Lease owner changes (a lease taken by another owner, or deleted), for the outage
     /// check.
     pub moves: u64,
@@ -79,6 +82,7 @@ impl FleetTruth {
             epochs: BTreeMap::new(),
             registrations_seen: BTreeSet::new(),
             revoked: BTreeMap::new(),
+            replaced: BTreeMap::new(),
             moves: 0,
             lease_writes: 0,
             epoch_checks: 0,
@@ -88,6 +92,12 @@ impl FleetTruth {
     /// The global number of a partition key's partition (`None`: not one of the run's).
     fn global(&self, topic: &str, p: u32) -> Option<u32> {
         self.topics.index(topic).filter(|_| p < self.topics.partitions).map(|t| self.topics.global(t, p))
+    }
+
+    /// Whether `consumer`'s registration was replaced by another registration of its name
+    /// after `since` and at most `grace` µs before `now`.
+    pub fn replaced_lately(&self, consumer: &str, since: u64, now: u64, grace: u64) -> bool {
+        self.replaced.get(consumer).is_some_and(|at| *at > since && now <= at + grace)
     }
 
     /// Whether `consumer` lost its lease of `p` to an early revocation of its session at
@@ -114,6 +124,9 @@ impl FleetTruth {
                 (FleetKey::Member(_, name), WatchEventKind::Put(kv)) => {
                     let record = decode::<MemberRecord>(&kv.key, &kv.value).map_err(undecodable)?;
                     self.no_comeback(&name, &record)?;
+                    if self.members.get(&name).is_some_and(|m| m.record.session != record.session) {
+                        self.replaced.insert(name.clone(), now);
+                    }
                     registered.push(name.clone());
                     self.members.insert(name, Bound { record, session: kv.session });
                 }

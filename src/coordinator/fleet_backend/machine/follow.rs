@@ -15,7 +15,9 @@ use crate::coordinator::machine::io::{Effect, LeaseState, Micros, RequestId, Sto
 use crate::coordinator::machine::watchdog::no_answer;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
-use crate::coordinator::shared::mirror::{Changes, MirrorCache, apply_watched, snapshot_regresses};
+use crate::coordinator::shared::mirror::{
+    Changes, MirrorCache, apply_watched, reread_changes, snapshot_regresses,
+};
 use crate::coordinator::shared::upkeep::stale_fence_due;
 use crate::store::{StoreError, WatchBatch};
 
@@ -53,7 +55,7 @@ impl Instance {
         let from = snapshot.revision + 1;
         let fresh = FleetCache::from_snapshot(&self.keys, snapshot);
         let changes = match self.cache.take() {
-            Some(old) => old.differing(&fresh),
+            Some(old) => reread_changes(&old, &fresh),
             None => Changes::default(),
         };
         self.cache = Some(fresh);

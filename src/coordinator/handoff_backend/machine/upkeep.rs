@@ -24,7 +24,9 @@ use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply,
 use crate::coordinator::shared::cas::create_bound_txn;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
-use crate::coordinator::shared::mirror::{Changes, MirrorCache, apply_watched, snapshot_regresses};
+use crate::coordinator::shared::mirror::{
+    Changes, MirrorCache, apply_watched, reread_changes, snapshot_regresses,
+};
 use crate::coordinator::shared::registrar::Held;
 use crate::coordinator::shared::streams::{StreamKey, replaced_error};
 use crate::coordinator::shared::upkeep::Chore;
@@ -72,7 +74,7 @@ impl Instance {
         let changes = match self.cache.take() {
             Some(old) => {
                 old.carry_over(&mut fresh);
-                old.differing(&fresh)
+                reread_changes(&old, &fresh)
             }
             None => Changes::default(),
         };

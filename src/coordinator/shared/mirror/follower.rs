@@ -233,7 +233,7 @@ impl<'a, C: MirrorCache> Follower<'a, C> {
                                 continue;
                             }
                             self.phase = Phase::Watch(fresh.revision() + 1, None);
-                            let changes = cache.differing(&fresh);
+                            let changes = super::reread_changes(&*cache, &fresh);
                             cache.carry_over(&mut fresh);
                             *cache = fresh;
                             drop(cache);

@@ -205,6 +205,20 @@ pub trait MirrorCache: Sized + Default {
     fn stored_topics(&self) -> Vec<(String, u32)>;
 }
 
+/// What a re-read changed for the streams, `old` being the cache it replaces: every topic
+/// the snapshot stores, as a whole, not only those whose records differ. A registration
+/// written and lost again between the two views (its session revoked before the watch
+/// delivered it) leaves no trace in either, yet its stream was admitted before its record
+/// was seen and waits for it: relayed, it is found lost and written again, where a relay of
+/// the differing topics alone would leave it waiting for good.
+pub fn reread_changes<C: MirrorCache>(old: &C, fresh: &C) -> Changes {
+    let mut changes = old.differing(fresh);
+    for (topic, _) in fresh.stored_topics() {
+        changes.topic(&topic);
+    }
+    changes
+}
+
 /// Where a [`Mirror`] follows the store from, and when it stops.
 pub struct Source<'a, K> {
     /// The store.
