@@ -69,3 +69,35 @@ fn a_fleet_seed_replays_exactly_and_seeds_differ() {
 fn mutation_fleet_claim_compare_dropped() {
     finds_in(Mutation::FleetClaimCompareDropped, SimBackend::Fleet);
 }
+
+/// Seeds the fleet runs found breaking an invariant, each kept by what fixed it (see "Bugs
+/// the fleet simulation found" in docs/simulation.md): 259, a registration that left a lease
+/// of its name behind; 26,876, a stale `Register` that replaced the registration its
+/// consumer was reading; 33,686, a registration written and lost between two views of a
+/// re-read; 51,237, 83,190 and 160,874, consumers whose pause was cleared at the faults'
+/// end acting before what reached them while paused.
+const FOUND_BY_THE_FLEET_RUNS: [u64; 6] = [259, 26_876, 33_686, 51_237, 83_190, 160_874];
+
+#[test]
+fn seeds_the_fleet_runs_found_keep_every_invariant() {
+    for seed in FOUND_BY_THE_FLEET_RUNS {
+        if let Err(failure) = sim::run_keeping(seed, &fleet(), keep()) {
+            panic!("{failure}");
+        }
+    }
+}
+
+/// The rows of the mutation table whose safety decision the fleet shares (the rebind's
+/// compare on absence, the epoch floor, the relay's stale fence, self-fencing) are caught
+/// in fleet runs too.
+#[test]
+fn the_shared_mutation_rows_are_caught_in_fleet_runs() {
+    for mutation in [
+        Mutation::RebindCompareDropped,
+        Mutation::EpochFloorDropped,
+        Mutation::StaleRelayNotFenced,
+        Mutation::SelfFenceSkipped,
+    ] {
+        finds_in(mutation, SimBackend::Fleet);
+    }
+}
