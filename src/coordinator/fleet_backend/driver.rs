@@ -283,4 +283,55 @@ mod tests {
             tokio::time::sleep(TTL / 10).await;
         }
     }
+
+    /// A registration written and lost again before the instance's cache saw it (its
+    /// session revoked while the watch lagged), and then a re-read whose snapshot holds the
+    /// same of the topic as the cache before it: the stream, admitted before its record was
+    /// seen, must still be relayed, found lost and its registration written again. (Relaying
+    /// only the topics whose records differ left it waiting for good, with no snapshot and no
+    /// registration: the simulation's fleet seed 33,686.)
+    #[tokio::test(start_paused = true)]
+    async fn a_registration_lost_before_the_cache_saw_it_is_written_again_after_a_reread() {
+        let memory = MemoryStore::new();
+        let faulty = crate::store::FaultyStore::new(Arc::new(memory.clone()), 3);
+        let config = |id: &str| {
+            let mut config = FleetConfig { instance_id: id.into(), lease_ttl: TTL, ..FleetConfig::default() };
+            config.topic_partitions.insert("t".to_string(), 1);
+            config
+        };
+        let other = FleetCoordinator::start(Arc::new(memory.clone()), config("y"), Arc::new(Metrics::new()))
+            .await
+            .expect("y starts");
+        let here = FleetCoordinator::start(Arc::new(faulty.clone()), config("x"), Arc::new(Metrics::new()))
+            .await
+            .expect("x starts");
+        // `a`, on the other instance, holds the one partition; this instance's cache has seen
+        // it (and `a` keeps it: the extra share goes to the first name).
+        let mut a = other.register("a", "t").await.expect("a registers");
+        assert_eq!(a.next().await.expect("snapshot").expect("not an error"), update("t", [], []));
+        assert_eq!(a.next().await.expect("a command").expect("not an error"), update("t", [0], []));
+        let lease = here.backend().core.keys().lease("t", 0);
+        while here.backend().core.mirror().read().topics.get("t").is_none_or(|t| t.leases.is_empty()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(memory.get(&lease).await.expect("read").is_some());
+        // From now on this instance's watch shows nothing for far longer than the test.
+        faulty.lag_watch(TTL * 10);
+        let member = here.backend().core.keys().member("t", "z");
+        let mut z = here.register("z", "t").await.expect("z registers");
+        let session = here.backend().core.lease().borrow().live().expect("a live session");
+        faulty.expire_session(session).await.expect("revoked");
+        assert!(memory.get(&member).await.expect("read").is_none(), "gone with the session");
+        // The watch breaks and the instance reads the whole prefix again: as before, `a`
+        // holds the partition and `z` has no registration.
+        faulty.cut_reads();
+        tokio::time::sleep(TTL / 20).await;
+        faulty.lag_watch(Duration::ZERO);
+        faulty.restore_reads();
+
+        let told = tokio::time::timeout(TTL * 2, z.next()).await;
+        let snapshot = told.expect("z is told its snapshot").expect("a command").expect("not an error");
+        assert_eq!(snapshot, update("t", [], []));
+        assert!(memory.get(&member).await.expect("read").is_some(), "z's registration is written again");
+    }
 }
