@@ -18,7 +18,7 @@ use crate::coordinator::shared::{
     mirror::{Changes, Touched},
     outgoing::update,
     relay::{Registration, RelayStep, StreamSeen, Tell},
-    streams::Told,
+    streams::{StreamKey, Told},
 };
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};
@@ -109,6 +109,23 @@ pub(super) fn relay(inner: &Fleet, cache: &FleetCache, changes: &Changes) {
     // over twice).
     //
     // [`Core::leave`]: crate::coordinator::shared::Core::leave
+    for (key, registered_at) in leaving_here(cache, changes, core.instance_id()) {
+        if !core.streams().holds(&key) {
+            core.leave(key, registered_at);
+        }
+    }
+}
+
+/// The registrations among those `changes` concerns that are marked leaving and name
+/// `instance` as the one holding their stream, with their mod revisions (pure): the ones
+/// this instance settles itself if it holds no stream of theirs (its consumer deregistered
+/// after its stream had dropped).
+pub(super) fn leaving_here(
+    cache: &FleetCache,
+    changes: &Changes,
+    instance: &str,
+) -> Vec<(StreamKey, Revision)> {
+    let mut found = Vec::new();
     for (topic, touched) in changes.iter() {
         let Some(entry) = cache.topics.get(topic) else { continue };
         let names: Vec<&String> = match touched {
@@ -117,13 +134,11 @@ pub(super) fn relay(inner: &Fleet, cache: &FleetCache, changes: &Changes) {
         };
         for consumer in names {
             let Some(record) = entry.members.get(consumer) else { continue };
-            let key = (topic.clone(), consumer.clone(), SessionId(record.value.session));
-            if record.value.leaving
-                && record.value.instance == core.instance_id()
-                && !core.streams().holds(&key)
-            {
-                core.leave(key, record.mod_revision);
+            if record.value.leaving && record.value.instance == instance {
+                let key = (topic.clone(), consumer.clone(), SessionId(record.value.session));
+                found.push((key, record.mod_revision));
             }
         }
     }
+    found
 }

@@ -7,7 +7,7 @@
 use super::Instance;
 use super::claim::Claimer;
 use crate::coordinator::causes::{ConsumerUnknown, EndOfStream, Fence};
-use crate::coordinator::fleet_backend::relay::{FleetTold, relay_step};
+use crate::coordinator::fleet_backend::relay::{FleetTold, leaving_here, relay_step};
 use crate::coordinator::machine::io::{CallId, Effect, EndReason, Micros, Replied, StreamId};
 use crate::coordinator::shared::departures::Departed;
 use crate::coordinator::shared::mirror::{Changes, Touched};
@@ -105,32 +105,13 @@ impl Instance {
     /// after the TTL).
     fn settle_left(&mut self, changes: &Changes) {
         let Some(cache) = self.cache.as_ref() else { return };
-        let mut left = Vec::new();
-        for (topic, touched) in changes.iter() {
-            let Some(entry) = cache.topics.get(topic) else { continue };
-            let names: Vec<&String> = match touched {
-                Touched::All => entry.members.keys().collect(),
-                Touched::Consumers(names) => names.keys().collect(),
-            };
-            for consumer in names {
-                let Some(record) = entry.members.get(consumer) else { continue };
-                let key = (topic.clone(), consumer.clone(), SessionId(record.value.session));
-                let held = self
-                    .streams
-                    .get(&(key.0.clone(), key.1.clone()))
-                    .is_some_and(|s| s.registration == key.2);
-                if record.value.leaving
-                    && record.value.instance == self.config.instance_id
-                    && !held
-                    && !self.departures.contains(&key)
-                {
-                    left.push((key, record.mod_revision));
-                }
-            }
-        }
         let at = self.instant(self.now);
-        for (key, registered_at) in left {
-            self.departures.add(Departed { key, registered_at, at, left: true });
+        for (key, registered_at) in leaving_here(cache, changes, &self.config.instance_id) {
+            let name = (key.0.clone(), key.1.clone());
+            let held = self.streams.get(&name).is_some_and(|s| s.registration == key.2);
+            if !held && !self.departures.contains(&key) {
+                self.departures.add(Departed { key, registered_at, at, left: true });
+            }
         }
     }
 
