@@ -139,34 +139,34 @@ impl Instance {
         self.streams.get(&wait.name).is_some_and(|s| s.registration == wait.registration)
     }
 
-    /// Goes on with `wait` from its stage: what is left to show, give back and claim.
+    /// Goes on with `wait` from its stage: what is left to show, give back and claim. A
+    /// step whose stream ended (or was replaced) ends: in particular nothing is given back
+    /// that its consumer was not told to stop first.
     fn next_stage(&mut self, mut wait: ClaimWait) {
         if !self.still_open(&wait) {
             return;
         }
-        if wait.stage == Stage::Show {
-            if !wait.decision.show.is_empty() {
-                let leases = self.keys.leases(&wait.name.0);
-                return self.claim_request(StoreRequest::GetPrefix(leases), wait);
+        loop {
+            let (show, give_back, claim) =
+                (wait.decision.show.len(), wait.decision.give_back.len(), wait.decision.claim.len());
+            match wait.stage {
+                Stage::Show if show > 0 => {
+                    let leases = self.keys.leases(&wait.name.0);
+                    return self.claim_request(StoreRequest::GetPrefix(leases), wait);
+                }
+                Stage::Show => wait.stage = Stage::GiveBack(None),
+                Stage::GiveBack(None) if give_back > 0 => return self.give_back(wait),
+                Stage::GiveBack(_) => wait.stage = Stage::Claim(None),
+                Stage::Claim(None) if claim > 0 => {
+                    let txn = self.claim_txn_of(&wait, &wait.decision.claim);
+                    return self.claim_request(StoreRequest::Txn(txn), wait);
+                }
+                Stage::Claim(Some(i)) if i < claim => {
+                    let txn = self.claim_txn_of(&wait, &wait.decision.claim[i..=i]);
+                    return self.claim_request(StoreRequest::Txn(txn), wait);
+                }
+                Stage::Claim(_) => return self.set_running(&wait, false),
             }
-            wait.stage = Stage::GiveBack(None);
-            if !wait.decision.give_back.is_empty() {
-                return self.give_back(wait);
-            }
-        }
-        if let Stage::GiveBack(_) = wait.stage {
-            wait.stage = Stage::Claim(None);
-        }
-        match wait.stage {
-            Stage::Claim(None) if !wait.decision.claim.is_empty() => {
-                let txn = self.claim_txn_of(&wait, &wait.decision.claim);
-                self.claim_request(StoreRequest::Txn(txn), wait)
-            }
-            Stage::Claim(Some(i)) if i < wait.decision.claim.len() => {
-                let txn = self.claim_txn_of(&wait, &wait.decision.claim[i..=i]);
-                self.claim_request(StoreRequest::Txn(txn), wait)
-            }
-            _ => self.set_running(&wait, false),
         }
     }
 
@@ -234,10 +234,7 @@ impl Instance {
                     self.relay_whole(&topic, &consumer);
                 }
                 wait.stage = Stage::GiveBack(None);
-                if wait.decision.give_back.is_empty() {
-                    return self.next_stage(wait);
-                }
-                self.give_back(wait)
+                self.next_stage(wait)
             }
             Stage::GiveBack(at) => {
                 let Ok(outcome) = txn_outcome(answer) else { return self.set_running(&wait, false) };
