@@ -9,7 +9,7 @@
 //! Pure: the loop hands it the time (monotonic and wall clock) and the cache, and deletes
 //! what [`Departures::due`] returns.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use tokio::time::Instant;
 
@@ -37,7 +37,9 @@ pub struct Departed {
 #[derive(Debug)]
 pub struct Departures {
     ttl: Duration,
-    waiting: HashMap<StreamKey, Waiting>,
+    /// Ordered, so that what falls due at one look is settled in one order on every run
+    /// (the whole-cluster simulation replays a seed exactly).
+    waiting: BTreeMap<StreamKey, Waiting>,
     /// The cache's revision at the last look; a change since means a look.
     looked_at: Option<Revision>,
     /// A registration arrived since the last look.
@@ -57,7 +59,7 @@ struct Waiting {
 impl Departures {
     /// No registration waits; each that comes is kept for `ttl` (or its hold).
     pub fn new(ttl: Duration) -> Self {
-        Self { ttl, waiting: HashMap::new(), looked_at: None, arrived: false }
+        Self { ttl, waiting: BTreeMap::new(), looked_at: None, arrived: false }
     }
 
     /// `departed`'s registration waits from now on.

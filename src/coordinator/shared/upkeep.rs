@@ -26,7 +26,7 @@
 //! `kafka_assigner_registrations_swept_total`. A restart hold (`SHUTDOWN_NOW`) is left to
 //! its own timer, and nothing is swept while the cache does not follow the store.
 
-use std::{collections::HashMap, sync::Arc, sync::atomic::Ordering, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, sync::atomic::Ordering, time::Duration};
 
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc::UnboundedReceiver, watch};
@@ -86,7 +86,9 @@ pub struct Upkeep {
     /// When the sweep looks next.
     next_sweep: Instant,
     /// Registrations no stream held at the last looks, since when.
-    orphans: HashMap<StreamKey, Instant>,
+    /// Ordered, so that a sweep finds them in one order on every run (the simulation
+    /// replays a seed exactly).
+    orphans: BTreeMap<StreamKey, Instant>,
     /// Registrations whose streams ended, kept for their consumers' return.
     departures: Departures,
     /// A pass writing lost registrations again is under way.
@@ -108,7 +110,7 @@ impl Upkeep {
             stale_since: None,
             fenced: false,
             next_sweep: now + ttl / 2,
-            orphans: HashMap::new(),
+            orphans: BTreeMap::new(),
             departures: Departures::new(ttl),
             rebinding: false,
             recorded: None,
