@@ -260,21 +260,8 @@ impl FleetTruth {
 
     /// A registration the store held once may come back only where the name is free.
     fn no_comeback(&mut self, name: &str, record: &MemberRecord) -> Result<(), Violation> {
-        let id = record.session;
-        let over = self.members.get(name).map(|m| m.record.session).filter(|held| *held != id);
-        if let Some(held) = over
-            && self.registrations_seen.contains(&(name.to_string(), id))
-        {
-            return Err(Violation::new(
-                Invariant::NoComeback,
-                format!(
-                    "revision {}: registration {id} of {name} came back over {held}, which replaced it",
-                    self.revision
-                ),
-            ));
-        }
-        self.registrations_seen.insert((name.to_string(), id));
-        Ok(())
+        let held = self.members.get(name).map(|m| m.record.session);
+        super::truth::no_comeback(&mut self.registrations_seen, name, held, record.session, self.revision)
     }
 
     /// The owner of global partition `g`'s lease.

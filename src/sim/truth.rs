@@ -303,24 +303,10 @@ impl Truth {
         }
     }
 
-    /// A registration the store held once may come back only where the name is free: over
-    /// another registration it would take the name back from a newer one.
+    /// A registration the store held once may come back only where the name is free.
     fn no_comeback(&mut self, name: &str, record: &ConsumerRecord) -> Result<(), Violation> {
-        let id = record.session;
-        let over = self.consumers.get(name).map(|r| r.session).filter(|held| *held != id);
-        if let Some(held) = over
-            && self.registrations_seen.contains(&(name.to_string(), id))
-        {
-            return Err(Violation::new(
-                Invariant::NoComeback,
-                format!(
-                    "revision {}: registration {id} of {name} came back over {held}, which replaced it",
-                    self.revision
-                ),
-            ));
-        }
-        self.registrations_seen.insert((name.to_string(), id));
-        Ok(())
+        let held = self.consumers.get(name).map(|r| r.session);
+        no_comeback(&mut self.registrations_seen, name, held, record.session, self.revision)
     }
 }
 
@@ -352,4 +338,29 @@ fn plan_move((o0, h0): &Cell, (o1, h1): &Cell) -> bool {
     let releasing = matches!((h0, h1), (Some(a), Some(b))
         if a.phase == Phase::Releasing && b.phase == Phase::Releasing && a.from == b.from && a.to == b.to);
     !(flip || released || (o0 == o1 && releasing))
+}
+
+/// A registration the store held once may come back only where the name is free: over
+/// another registration (`held`) it would take the name back from a newer one. `seen` keeps
+/// every (name, registration) the store has held; `id` is the one written at `revision`.
+/// The one rule for both backends' truths.
+pub(super) fn no_comeback(
+    seen: &mut BTreeSet<(String, i64)>,
+    name: &str,
+    held: Option<i64>,
+    id: i64,
+    revision: Revision,
+) -> Result<(), Violation> {
+    if let Some(held) = held.filter(|held| *held != id)
+        && seen.contains(&(name.to_string(), id))
+    {
+        return Err(Violation::new(
+            Invariant::NoComeback,
+            format!(
+                "revision {revision}: registration {id} of {name} came back over {held}, which replaced it"
+            ),
+        ));
+    }
+    seen.insert((name.to_string(), id));
+    Ok(())
 }
