@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{Backend, DrainPolicy, PlacementArg, ServeArgs, StoreKind};
+use crate::config::{Backend, DrainPolicy, Engine, PlacementArg, ServeArgs, StoreKind};
 use crate::coordinator::{
     ConsumerGroupCoordinator, CoordinatorError, FleetConfig, FleetCoordinator, HandoffConfig,
     HandoffCoordinator, PartitionCounts, StaticConfig, StaticCoordinator,
@@ -112,6 +112,11 @@ pub async fn coordinator_from_args(
             view: drain.and_then(|d| d.rollout),
             ..FleetConfig::default()
         };
+        if args.engine == Engine::Machine {
+            return Ok(Arc::new(
+                crate::coordinator::fleet_backend::machine::start_driven(store, config, metrics).await?,
+            ));
+        }
         return Ok(Arc::new(FleetCoordinator::start(store, config, metrics).await?));
     }
     let config = HandoffConfig {
@@ -139,6 +144,11 @@ pub async fn coordinator_from_args(
         leader_groups: args.leader_groups,
         ..HandoffConfig::default()
     };
+    if args.engine == Engine::Machine {
+        return Ok(Arc::new(
+            crate::coordinator::handoff_backend::machine::start_driven(store, config, metrics).await?,
+        ));
+    }
     Ok(Arc::new(HandoffCoordinator::start(store, config, metrics).await?))
 }
 

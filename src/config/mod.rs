@@ -92,6 +92,17 @@ pub enum PlacementArg {
     Shadow,
 }
 
+/// What runs an instance of a store-backed backend (docs/design.md §3, "one state, one
+/// step").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    /// The instance's loop (`handoff_backend/driver.rs`, `fleet_backend/driver.rs`).
+    Loop,
+    /// The instance's state machine, stepped by one driver task
+    /// (`coordinator/machine/driver/`): the step the whole-cluster simulation checks.
+    Machine,
+}
+
 /// `kafka-assigner serve` flags.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServeArgs {
@@ -192,6 +203,12 @@ pub struct ServeArgs {
     /// campaign. 1: one leader plans every topic.
     #[arg(long, env = "KAFKA_ASSIGNER_LEADER_GROUPS", default_value = "1", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub leader_groups: u32,
+
+    /// What runs the instance (memory, etcd and fleet backends): its loop, or its state
+    /// machine stepped by one driver task. The machine does not yet keep metrics beyond
+    /// the leader gauge, nor refresh weights or Kafka's counts of stored topics.
+    #[arg(long, env = "KAFKA_ASSIGNER_ENGINE", value_enum, default_value = "loop")]
+    pub engine: Engine,
 
     /// Partitions one consumer may warm at once (like Kafka Streams' max.warmup.replicas).
     #[arg(long, env = "KAFKA_ASSIGNER_MAX_WARMING", default_value = "4", value_parser = clap::value_parser!(u32).range(1..))]

@@ -1,12 +1,19 @@
 //! The status view of the fleet backend.
 
 use super::Fleet;
+use super::state::FleetCache;
 use crate::coordinator::{ConsumerStatusView, StatusView, TopicStatus};
 use crate::handoff::ConsumerStatus;
 
 /// The read-only status view.
 pub(super) fn status(inner: &Fleet) -> StatusView {
     let cache = inner.core.mirror().read();
+    view(&cache, &inner.config.instance_id, &inner.config.backend, inner.core.readiness().get())
+}
+
+/// The status view of `cache`, as instance `instance` of backend `backend` sees it (the
+/// running loop's and the state machine's driver's alike).
+pub(crate) fn view(cache: &FleetCache, instance: &str, backend: &str, ready: bool) -> StatusView {
     let topics = cache
         .topics
         .iter()
@@ -37,11 +44,5 @@ pub(super) fn status(inner: &Fleet) -> StatusView {
             }
         })
         .collect();
-    StatusView {
-        instance: inner.config.instance_id.clone(),
-        backend: inner.config.backend.clone(),
-        leader: None,
-        ready: inner.core.readiness().get(),
-        topics,
-    }
+    StatusView { instance: instance.to_string(), backend: backend.to_string(), leader: None, ready, topics }
 }

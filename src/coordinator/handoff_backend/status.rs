@@ -1,11 +1,18 @@
 //! The status view of the handoff backend.
 
 use super::Handoff;
+use super::state::Cache;
 use crate::coordinator::{ConsumerStatusView, HandoffStatusView, StatusView, TopicStatus};
 
 /// The read-only status view.
 pub(super) fn status(inner: &Handoff) -> StatusView {
     let cache = inner.core.mirror().read();
+    view(&cache, &inner.config.instance_id, &inner.config.backend, inner.core.readiness().get())
+}
+
+/// The status view of `cache`, as instance `instance` of backend `backend` sees it (the
+/// running loop's and the state machine's driver's alike).
+pub(crate) fn view(cache: &Cache, instance: &str, backend: &str, ready: bool) -> StatusView {
     let topics = cache
         .topics
         .iter()
@@ -43,11 +50,11 @@ pub(super) fn status(inner: &Handoff) -> StatusView {
         })
         .collect();
     StatusView {
-        instance: inner.config.instance_id.clone(),
-        backend: inner.config.backend.clone(),
+        instance: instance.to_string(),
+        backend: backend.to_string(),
         // With leader groups, every instance leading one (there is no single leader).
         leader: Some(cache.leader_names().join(", ")).filter(|names| !names.is_empty()),
-        ready: inner.core.readiness().get(),
+        ready,
         topics,
     }
 }

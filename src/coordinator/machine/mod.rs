@@ -6,6 +6,7 @@
 //! simulation drives instances through them today; the production driver switches over
 //! to the same step next, so what the simulation checks is what runs.
 
+pub mod driver;
 pub mod io;
 pub mod watchdog;
 

@@ -136,7 +136,7 @@ impl Topics {
         Err(CoordinatorError::Contended(Contention::TopicConfig { topic: topic.to_string() }))
     }
 
-    async fn ask_source(&self, topic: &str) -> Result<u32, CoordinatorError> {
+    pub(crate) async fn ask_source(&self, topic: &str) -> Result<u32, CoordinatorError> {
         let Some(source) = &self.source else { return Err(no_count(topic)) };
         source.partition_count(topic).await.map_err(|error| match error {
             error @ KafkaError::UnknownTopic(_) => CoordinatorError::UnknownTopic(TopicUnknown::NotInKafka {

@@ -25,6 +25,7 @@ use std::{
     time::Duration,
 };
 
+use kafka_assigner::coordinator::machine::driver::front::MachineCoordinator;
 use kafka_assigner::coordinator::{
     ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, StatusView, TopicStatus,
 };
@@ -170,7 +171,7 @@ pub struct Instance {
     /// Its instance id.
     pub id: String,
     /// The concrete coordinator (for `crash()`, `is_leader()`, `status()`).
-    pub coordinator: HandoffCoordinator,
+    pub coordinator: TestCoordinator,
     server: Option<AssignerServer>,
     /// `http://127.0.0.1:port` of its gRPC server.
     pub grpc_url: String,
@@ -238,12 +239,12 @@ impl TestCluster {
         let mut config = self.config.clone();
         config.instance_id = id.clone();
         let metrics = Arc::new(Metrics::new());
-        let coordinator = HandoffCoordinator::start(store, config, metrics.clone())
+        let coordinator = TestCoordinator::start(store, config, metrics.clone())
             .await
             .unwrap_or_else(|e| panic!("instance {id} did not start: {e}"));
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         // `crash()` makes the server's later graceful stop a no-op for the coordinator.
-        let server = AssignerServer::start(Arc::new(coordinator.clone()), metrics, any, any)
+        let server = AssignerServer::start(coordinator.served(), metrics, any, any)
             .await
             .unwrap_or_else(|e| panic!("instance {id} cannot serve: {e}"));
         let grpc_url = server.grpc_url();
@@ -925,4 +926,70 @@ pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
     }
     let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
+}
+
+/// A test instance's coordinator: the instance's loop, or, with `KAFKA_ASSIGNER_ENGINE=machine`
+/// in the test's environment, its state machine stepped by the production driver.
+#[derive(Clone)]
+pub enum TestCoordinator {
+    /// The loop (`HandoffCoordinator`).
+    Loop(HandoffCoordinator),
+    /// The state machine and its driver.
+    Machine(Arc<MachineCoordinator>),
+}
+
+impl TestCoordinator {
+    /// Starts an instance of `config` over `store`, run by the engine the environment asks for.
+    pub async fn start(
+        store: Arc<dyn LeaseStore>,
+        config: HandoffConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, kafka_assigner::coordinator::CoordinatorError> {
+        if std::env::var("KAFKA_ASSIGNER_ENGINE").is_ok_and(|engine| engine == "machine") {
+            let driven =
+                kafka_assigner::coordinator::handoff_backend::machine::start_driven(store, config, metrics)
+                    .await?;
+            return Ok(Self::Machine(Arc::new(driven)));
+        }
+        Ok(Self::Loop(HandoffCoordinator::start(store, config, metrics).await?))
+    }
+
+    /// What the servers serve.
+    pub fn served(&self) -> Arc<dyn ConsumerGroupCoordinator> {
+        match self {
+            Self::Loop(c) => Arc::new(c.clone()),
+            Self::Machine(c) => c.clone(),
+        }
+    }
+
+    /// Stops the instance as if its process died.
+    pub fn crash(&self) {
+        match self {
+            Self::Loop(c) => c.crash(),
+            Self::Machine(c) => c.crash(),
+        }
+    }
+
+    /// Whether the instance leads now.
+    pub fn is_leader(&self) -> bool {
+        match self {
+            Self::Loop(c) => c.is_leader(),
+            Self::Machine(c) => c.is_leader(),
+        }
+    }
+
+    /// Its status view.
+    pub async fn status(&self) -> StatusView {
+        self.served().status().await
+    }
+
+    /// Registers `consumer` for `topic` directly (no gRPC).
+    pub async fn register(
+        &self,
+        consumer: &str,
+        topic: &str,
+    ) -> Result<kafka_assigner::coordinator::CommandStream, kafka_assigner::coordinator::CoordinatorError>
+    {
+        self.served().register(consumer, topic).await
+    }
 }

@@ -372,3 +372,52 @@ impl Instance {
         entry.map(|e| e.epochs_of(consumer, since)).unwrap_or_default()
     }
 }
+
+impl crate::coordinator::machine::driver::Machine for Instance {
+    fn step(&mut self, now: Micros, input: Input) -> Vec<Effect> {
+        Instance::step(self, now, input)
+    }
+
+    fn renews(&self) -> bool {
+        Instance::renews(self)
+    }
+
+    fn status(&self, ready: bool) -> crate::coordinator::StatusView {
+        let empty = Cache::default();
+        let cache = self.cache.as_ref().unwrap_or(&empty);
+        super::status::view(cache, &self.config.instance_id, &self.config.backend, ready)
+    }
+}
+
+/// Starts an instance of `config` over `store` as one state machine stepped by the
+/// production driver (`coordinator/machine/driver/`); returns once it is ready, or fails
+/// if its store cannot be read or its session is not granted in time.
+pub async fn start_driven(
+    store: std::sync::Arc<dyn crate::store::LeaseStore>,
+    config: HandoffConfig,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+) -> Result<
+    crate::coordinator::machine::driver::front::MachineCoordinator,
+    crate::coordinator::CoordinatorError,
+> {
+    use crate::coordinator::machine::driver::front::{DrainAsk, DriverSetup, MachineCoordinator};
+    let setup = DriverSetup {
+        instance_id: config.instance_id.clone(),
+        store,
+        ttl: config.lease_ttl,
+        topics: crate::coordinator::shared::topics::Topics {
+            configured: config.topic_partitions.clone(),
+            source: config.kafka.clone(),
+        },
+        drain: Some(DrainAsk { policy: config.drain_policy, decider: config.drain_decider.clone() }),
+        metrics,
+        plan_nanos_per_partition: PLAN_NANOS_PER_PARTITION,
+    };
+    tracing::info!(instance = %config.instance_id, backend = %config.backend, "coordinator started (state machine)");
+    MachineCoordinator::start(setup, |start, now| Instance::new(config, start, now)).await
+}
+
+/// What planning one partition costs the running leader, in ns, as the planning budget
+/// counts it ([`Start::plan_nanos_per_partition`]): of the order `cargo bench --bench
+/// plan` measures for a plan over a few thousand partitions.
+const PLAN_NANOS_PER_PARTITION: u64 = 2_000;

@@ -1,0 +1,404 @@
+//! The production driver of an instance's state machine: one task owns the machine and is
+//! the only one that steps it; everything else only forwards inputs to it and carries its
+//! effects out.
+//!
+//! * **Inputs** come on one channel ([`Message`]): consumer calls from the gRPC layer
+//!   ([`front`]), store answers and watch batches from the tasks that run the store
+//!   requests ([`store_io`]), streams that closed (a forwarder per stream that only waits
+//!   for its receiver to go), and the lease's state from its keeper. The timer is the
+//!   driver's own: the machine's last [`Effect::WakeAt`].
+//! * **Effects** are applied in the order of the step's list ([`apply`](Driver::apply)).
+//!   Commands go into the streams' channels through one [`PassGate`] per step, so a
+//!   consumer's gain (`assigned`, a warm) is taken off its channel before any loss of the
+//!   same step (`unassigned`, a release) is sent: the new owner hears first, whatever order
+//!   the runtime runs the streams' tasks in (`shared/outgoing.rs`).
+//! * **The lease** is kept by the shared keeper on a thread of its own
+//!   (`shared/lease.rs`): it reports its state here and, when it must fence, rings the bell
+//!   the streams' transports read (`shared/transport.rs`), so a stalled runtime or a busy
+//!   driver cannot delay a fence. It writes nothing else.
+//! * **Stopping.** A graceful stop is a step (the machine ends its streams `UNAVAILABLE`
+//!   and resigns), then the driver waits for the store requests still out, for at most
+//!   [`STORE_ANSWER_WITHIN`], and ends; a crash rings the bell and ends at once.
+//!
+//! The driver decides nothing: every decision is the machine's, so what the whole-cluster
+//! simulation checks (`src/sim/`) is what runs here.
+
+pub mod front;
+mod store_io;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::io::{Call, CallId, Effect, Input, Micros, Replied, Stop, StreamId};
+use super::watchdog::STORE_ANSWER_WITHIN;
+use crate::coordinator::causes::NotReadingStream;
+use crate::coordinator::shared::Readiness;
+use crate::coordinator::shared::lease::{LeaseHolder, LeaseState};
+use crate::coordinator::shared::outgoing::{CommandSender, Outgoing, PassGate};
+use crate::coordinator::shared::topics::Topics;
+use crate::coordinator::shared::transport::{self, Ends};
+use crate::coordinator::{CoordinatorError, EpochsAt, StatusView};
+use crate::metrics::Metrics;
+use crate::proto::v1::{AssignmentCommand, assignment_command::Command};
+use crate::store::LeaseStore;
+
+/// An instance's state and step, as the driver runs it: either backend's `Instance`.
+pub trait Machine: Send + 'static {
+    /// Takes `input` in at `now` (wall-clock µs) and returns what to do, in order.
+    fn step(&mut self, now: Micros, input: Input) -> Vec<Effect>;
+    /// Whether its lease may be kept alive now (not while it cannot follow its store).
+    fn renews(&self) -> bool;
+    /// The status view of its state, `ready` as last said.
+    fn status(&self, ready: bool) -> StatusView;
+}
+
+/// Where a call's answer goes, and the stream a `Register` or `WatchEpochs` opens.
+pub(crate) enum Outlet {
+    /// A `Register`'s command stream.
+    Commands(CommandSender),
+    /// A `WatchEpochs`' epoch stream.
+    Epochs(mpsc::UnboundedSender<EpochsAt>),
+}
+
+/// What reaches the driver.
+pub(crate) enum Message {
+    /// An input for the machine, as it is.
+    Input(Input),
+    /// A consumer call, with where its answer goes and the stream it opens, if any.
+    Call {
+        call: CallId,
+        body: Call,
+        reply: oneshot::Sender<Result<Replied, CoordinatorError>>,
+        outlet: Option<(StreamId, Outlet)>,
+    },
+    /// A question about the state (`status()`), answered between steps.
+    Status(oneshot::Sender<StatusView>),
+    /// A graceful stop; `done` is told when the driver ended.
+    Shutdown { done: oneshot::Sender<()> },
+}
+
+/// What the driver, the front and the lease keeper share: flags and channels, no state of
+/// the machine's.
+pub(crate) struct Shared {
+    pub(crate) instance_id: String,
+    pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) ttl: Duration,
+    /// The lease's state as the keeper reports it (the driver hands it to the machine).
+    pub(crate) lease: watch::Sender<LeaseState>,
+    /// The bell every stream's transport reads (fences, stop).
+    pub(crate) bell: watch::Sender<Ends>,
+    /// The machine's [`Machine::renews`], as of its last step (the keeper reads it).
+    pub(crate) renews: AtomicBool,
+    pub(crate) check_now: tokio::sync::Notify,
+    /// Cancelled when the instance stops (the keeper ends; the driver ends on a crash).
+    pub(crate) stop: CancellationToken,
+    pub(crate) readiness: Readiness,
+    /// Whether the machine leads some leader group, as of its last step.
+    pub(crate) leading: AtomicBool,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl LeaseHolder for Shared {
+    fn store(&self) -> &dyn LeaseStore {
+        &*self.store
+    }
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+    fn lease(&self) -> &watch::Sender<LeaseState> {
+        &self.lease
+    }
+    fn fence(&self) {
+        if !crate::coordinator::shared::lease::fences_streams() {
+            return;
+        }
+        let why = crate::coordinator::causes::Fence::SessionLost { instance: self.instance_id.clone() };
+        self.bell.send_modify(|ends| {
+            ends.fences += 1;
+            ends.fence = Some(why);
+        });
+    }
+    fn renews(&self) -> bool {
+        self.renews.load(Ordering::Relaxed)
+    }
+    fn check_now(&self) -> &tokio::sync::Notify {
+        &self.check_now
+    }
+    fn stop_token(&self) -> &CancellationToken {
+        &self.stop
+    }
+}
+
+/// Wall-clock µs since the Unix epoch: the `now` of every step.
+fn now_micros() -> Micros {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as Micros)
+}
+
+/// A command stream the driver sends on.
+struct Open {
+    tx: CommandSender,
+    topic: String,
+    consumer: String,
+    /// Dropped when the stream ends here: its closing is no longer forwarded.
+    _ended: tokio_util::sync::DropGuard,
+}
+
+/// The one task that owns an instance's machine.
+pub(crate) struct Driver<M> {
+    machine: M,
+    shared: Arc<Shared>,
+    topics: Topics,
+    inbox: mpsc::UnboundedReceiver<Message>,
+    /// Where store answers and closed streams come back (the inbox's sender).
+    to_self: mpsc::UnboundedSender<Message>,
+    commands: HashMap<StreamId, Open>,
+    epochs: HashMap<StreamId, (mpsc::UnboundedSender<EpochsAt>, tokio_util::sync::DropGuard)>,
+    calls: HashMap<CallId, oneshot::Sender<Result<Replied, CoordinatorError>>>,
+    store: store_io::StoreIo,
+    wake: Option<Micros>,
+}
+
+impl<M: Machine> Driver<M> {
+    /// A driver of `machine`, whose first effects are `first`, started as a task.
+    pub(crate) fn spawn(
+        machine: M,
+        first: Vec<Effect>,
+        shared: Arc<Shared>,
+        topics: Topics,
+        inbox: mpsc::UnboundedReceiver<Message>,
+        to_self: mpsc::UnboundedSender<Message>,
+    ) {
+        let store = store_io::StoreIo::new(shared.store.clone(), to_self.clone());
+        let mut driver = Driver {
+            machine,
+            shared,
+            topics,
+            inbox,
+            to_self,
+            commands: HashMap::new(),
+            epochs: HashMap::new(),
+            calls: HashMap::new(),
+            store,
+            wake: None,
+        };
+        driver.apply_all(first);
+        tokio::spawn(driver.run());
+    }
+
+    async fn run(mut self) {
+        let mut lease = self.shared.lease.subscribe();
+        // The keeper may have reported before this task first ran: hand over what it said.
+        lease.mark_changed();
+        loop {
+            let wake = self.wake.map(|at| {
+                let left = Duration::from_micros(at.saturating_sub(now_micros()));
+                tokio::time::Instant::now() + left
+            });
+            let message = tokio::select! {
+                biased;
+                () = self.shared.stop.cancelled() => return self.crashed(),
+                changed = lease.changed() => match changed {
+                    Ok(()) => Message::Input(Input::Lease(*lease.borrow_and_update())),
+                    Err(_) => return,
+                },
+                message = self.inbox.recv() => match message {
+                    Some(message) => message,
+                    None => return,
+                },
+                () = sleep_until(wake) => {
+                    self.wake = None;
+                    Message::Input(Input::TimerFired)
+                }
+            };
+            match message {
+                Message::Input(Input::StreamClosed { stream }) => {
+                    // Its receiver is gone: nothing more is sent on it.
+                    self.commands.remove(&stream);
+                    self.epochs.remove(&stream);
+                    self.step(Input::StreamClosed { stream });
+                }
+                Message::Input(input) => self.step(input),
+                Message::Call { call, body, reply, outlet } => {
+                    self.calls.insert(call, reply);
+                    if let Some((stream, outlet)) = outlet {
+                        self.open(stream, &body, outlet);
+                    }
+                    self.step(Input::Call { call, body });
+                }
+                Message::Status(answer) => {
+                    let _ = answer.send(self.machine.status(self.shared.readiness.get()));
+                }
+                Message::Shutdown { done } => {
+                    self.step(Input::Stop(Stop::Graceful));
+                    self.shared.bell.send_modify(|ends| {
+                        ends.stop =
+                            Some(transport::Stop::Shutdown { instance: self.shared.instance_id.clone() })
+                    });
+                    self.finish_requests().await;
+                    self.shared.readiness.set(false);
+                    self.shared.stop.cancel();
+                    let _ = done.send(());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One step, its effects applied.
+    fn step(&mut self, input: Input) {
+        let effects = self.machine.step(now_micros(), input);
+        self.shared.renews.store(self.machine.renews(), Ordering::Relaxed);
+        self.apply_all(effects);
+        self.shared.metrics.streams.set(self.commands.len() as i64);
+    }
+
+    /// Applies one step's effects in their order (module docs).
+    fn apply_all(&mut self, effects: Vec<Effect>) {
+        let gate = PassGate::new();
+        for effect in effects {
+            self.apply(effect, &gate);
+        }
+    }
+
+    fn apply(&mut self, effect: Effect, gate: &PassGate) {
+        match effect {
+            Effect::Store { request, op } => self.store.send(request, op),
+            Effect::Command { stream, command } => self.command(stream, command, gate),
+            Effect::Epochs { stream, epochs } => {
+                if let Some((tx, _)) = self.epochs.get(&stream)
+                    && tx.send(epochs).is_err()
+                {
+                    self.epochs.remove(&stream);
+                }
+            }
+            Effect::Reply { call, reply } => {
+                if let Some(answer) = self.calls.remove(&call) {
+                    let _ = answer.send(reply);
+                }
+            }
+            Effect::EndStream { stream, reason: _, error } => {
+                self.epochs.remove(&stream);
+                if let Some(open) = self.commands.remove(&stream)
+                    && let Some(error) = error
+                {
+                    // The channel keeps two slots beyond its buffer for this.
+                    let _ = open.tx.try_send(Outgoing::free(Err(error)));
+                }
+            }
+            Effect::WakeAt(at) => self.wake = Some(at),
+            Effect::Ready(ready) => self.shared.readiness.set(ready),
+            Effect::Leading(leading) => {
+                self.shared.leading.store(leading, Ordering::Relaxed);
+                self.shared.metrics.is_leader.set(i64::from(leading));
+            }
+            Effect::KeepLeaseAliveNow => self.shared.check_now.notify_one(),
+            Effect::LookUpPartitions { request, topic } => {
+                let (topics, to_self) = (self.topics.clone(), self.to_self.clone());
+                tokio::spawn(async move {
+                    let answer = topics.ask_source(&topic).await;
+                    let _ = to_self.send(Message::Input(Input::PartitionCount { request, answer }));
+                });
+            }
+        }
+    }
+
+    /// Puts `command` into `stream`'s channel in its place in the step's order; a consumer
+    /// whose channel is full is not reading: its stream ends, and the machine hears so.
+    fn command(&mut self, stream: StreamId, command: AssignmentCommand, gate: &PassGate) {
+        let Some(open) = self.commands.get(&stream) else { return };
+        let outgoing = if is_loss(&command) { gate.loss(command) } else { gate.gain(command) };
+        if open.tx.capacity() > 2 && open.tx.try_send(outgoing).is_ok() {
+            return;
+        }
+        let error = CoordinatorError::NotReading(NotReadingStream::BufferFull {
+            consumer: open.consumer.clone(),
+            topic: open.topic.clone(),
+        });
+        let _ = open.tx.try_send(Outgoing::free(Err(error)));
+        self.commands.remove(&stream);
+        self.step(Input::StreamClosed { stream });
+    }
+
+    /// Keeps the sending half of the stream a call opens, and forwards its closing: a task
+    /// that waits for the receiver to go, or for the driver to end the stream (it then
+    /// lets its clone of the sender go, so the stream can end).
+    fn open(&mut self, stream: StreamId, body: &Call, outlet: Outlet) {
+        let to_self = self.to_self.clone();
+        let ended = CancellationToken::new();
+        let guard = ended.clone().drop_guard();
+        let closed: futures::future::BoxFuture<'static, ()> = match outlet {
+            Outlet::Commands(tx) => {
+                let (topic, consumer) = match body {
+                    Call::Register { topic, consumer, .. } => (topic.clone(), consumer.clone()),
+                    _ => Default::default(),
+                };
+                let watched = tx.clone();
+                self.commands.insert(stream, Open { tx, topic, consumer, _ended: guard });
+                Box::pin(async move { watched.closed().await })
+            }
+            Outlet::Epochs(tx) => {
+                let watched = tx.clone();
+                self.epochs.insert(stream, (tx, guard));
+                Box::pin(async move { watched.closed().await })
+            }
+        };
+        tokio::spawn(async move {
+            tokio::select! {
+                () = closed => {
+                    let _ = to_self.send(Message::Input(Input::StreamClosed { stream }));
+                }
+                () = ended.cancelled() => {}
+            }
+        });
+    }
+
+    /// After a graceful stop's step: the answers still out (the resignation) are taken in
+    /// for at most [`STORE_ANSWER_WITHIN`].
+    async fn finish_requests(&mut self) {
+        let deadline = tokio::time::Instant::now() + STORE_ANSWER_WITHIN;
+        while self.store.outstanding() > 0 {
+            let message = tokio::select! {
+                message = self.inbox.recv() => message,
+                () = tokio::time::sleep_until(deadline) => None,
+            };
+            match message {
+                Some(Message::Input(input @ Input::StoreAnswer { .. })) => self.step(input),
+                Some(Message::Call { reply, .. }) => {
+                    let _ = reply.send(Err(crate::coordinator::shared::instance::stopping().into()));
+                }
+                Some(_) => {}
+                None => return,
+            }
+        }
+    }
+
+    /// A crash: nothing more is said; the streams break as a dead process's would.
+    fn crashed(mut self) {
+        let _ = self.machine.step(now_micros(), Input::Stop(Stop::Crash));
+        self.store.stop();
+    }
+}
+
+/// Resolves at `at`, or never.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether `command` takes something from its consumer (an `unassigned` alone, a release):
+/// it goes after the step's gains.
+fn is_loss(command: &AssignmentCommand) -> bool {
+    match &command.command {
+        Some(Command::Assignment(update)) => update.assigned.is_empty() && !update.unassigned.is_empty(),
+        Some(Command::Release(_)) => true,
+        _ => false,
+    }
+}
