@@ -142,8 +142,40 @@ pub struct Instance {
     _marker: tonic::Streaming<AssignmentCommand>,
     /// The instance that leads instead, when apart.
     leader: Option<Leader>,
-    handoff: HandoffCoordinator,
+    handoff: Engine,
     mode: Mode,
+}
+
+/// What runs the benched instance: its loop, or (`HANDOFF_ENGINE=machine`) its state
+/// machine stepped by the production driver.
+enum Engine {
+    Loop(HandoffCoordinator),
+    Machine(Arc<kafka_assigner::coordinator::machine::driver::front::MachineCoordinator>),
+}
+
+impl Engine {
+    async fn start(store: Arc<dyn LeaseStore>, config: HandoffConfig, metrics: Arc<Metrics>) -> Result<Self, BoxError> {
+        if std::env::var("HANDOFF_ENGINE").is_ok_and(|engine| engine == "machine") {
+            let driven =
+                kafka_assigner::coordinator::handoff_backend::machine::start_driven(store, config, metrics).await?;
+            return Ok(Self::Machine(Arc::new(driven)));
+        }
+        Ok(Self::Loop(HandoffCoordinator::start(store, config, metrics).await?))
+    }
+
+    fn served(&self) -> Arc<dyn ConsumerGroupCoordinator> {
+        match self {
+            Self::Loop(c) => Arc::new(c.clone()),
+            Self::Machine(c) => c.clone(),
+        }
+    }
+
+    fn is_leader(&self) -> bool {
+        match self {
+            Self::Loop(c) => c.is_leader(),
+            Self::Machine(c) => c.is_leader(),
+        }
+    }
 }
 
 impl Instance {
@@ -168,9 +200,9 @@ impl Instance {
         };
         let store: Arc<dyn LeaseStore> = Arc::new(ProbedStore::new(etcd(endpoints).await?, probe.clone()));
         let metrics = Arc::new(Metrics::new());
-        let handoff = HandoffCoordinator::start(store, config, metrics.clone()).await?;
+        let handoff = Engine::start(store, config, metrics.clone()).await?;
         let coordinator: Arc<dyn ConsumerGroupCoordinator> =
-            Arc::new(ProbedCoordinator::new(Arc::new(handoff.clone()), probe.clone()));
+            Arc::new(ProbedCoordinator::new(handoff.served(), probe.clone()));
         let any = "127.0.0.1:0".parse()?;
         let server = AssignerServer::start(coordinator, metrics, any, any).await?;
         let mut client = KafkaAssignerClient::connect(server.grpc_url()).await?;

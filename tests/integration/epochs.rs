@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use kafka_assigner::coordinator::{FleetConfig, FleetCoordinator, StaticConfig, StaticCoordinator};
+use kafka_assigner::coordinator::{FleetConfig, StaticConfig, StaticCoordinator};
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{
     EpochSnapshot, WatchEpochsRequest, kafka_assigner_client::KafkaAssignerClient,
@@ -236,10 +236,11 @@ impl FleetServer {
         config.topic_partitions.insert("events".into(), 4);
         let lease_store = connect(store.memory.as_ref(), store.etcd.as_ref()).await;
         let metrics = Arc::new(Metrics::new());
-        let fleet =
-            FleetCoordinator::start(lease_store, config, metrics.clone()).await.expect("fleet starts");
+        let fleet = crate::support::assigner::TestCoordinator::start_fleet(lease_store, config, metrics.clone())
+            .await
+            .expect("fleet starts");
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let server = AssignerServer::start(Arc::new(fleet), metrics, any, any).await.expect("serves");
+        let server = AssignerServer::start(fleet.served(), metrics, any, any).await.expect("serves");
         FleetServer { server, _store: store }
     }
 }

@@ -23,7 +23,7 @@ use std::{
 
 use futures::StreamExt;
 use kafka_assigner::coordinator::{
-    ConsumerGroupCoordinator, FleetConfig, FleetCoordinator,
+    FleetConfig,
     fleet_backend::{FleetKeys, LeaseRecord, MemberRecord},
 };
 use kafka_assigner::metrics::Metrics;
@@ -42,8 +42,8 @@ use tonic::{
 use crate::support::{
     EtcdServer,
     assigner::{
-        Backend, EXPIRY, PARTITIONS, PROMPT, TOPIC, TTL, TestConsumer, TestStore, WIDE, connect, describe,
-        on_both_backends,
+        Backend, EXPIRY, PARTITIONS, PROMPT, TOPIC, TTL, TestConsumer, TestCoordinator, TestStore, WIDE, connect,
+        describe, on_both_backends,
     },
     wait_until,
 };
@@ -68,9 +68,9 @@ const WIDE_PARTITIONS: u32 = 12;
 /// second between two claiming rounds.
 const TAKEOVER: Duration = Duration::from_secs(TTL.as_secs() + 1);
 
-/// One assigner instance serving a [`FleetCoordinator`].
+/// One assigner instance serving a fleet coordinator.
 struct Node {
-    coordinator: FleetCoordinator,
+    coordinator: TestCoordinator,
     server: Option<AssignerServer>,
     url: String,
 }
@@ -121,11 +121,11 @@ impl Fleet {
         config.instance_id = format!("fleet-instance-{index}");
         let store = connect(self.memory.as_ref(), self.etcd.as_ref()).await;
         let metrics = Arc::new(Metrics::new());
-        let coordinator = FleetCoordinator::start(store, config, metrics.clone())
+        let coordinator = TestCoordinator::start_fleet(store, config, metrics.clone())
             .await
             .unwrap_or_else(|e| panic!("fleet instance {index} did not start: {e}"));
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let server = AssignerServer::start(Arc::new(coordinator.clone()), metrics, any, any)
+        let server = AssignerServer::start(coordinator.served(), metrics, any, any)
             .await
             .unwrap_or_else(|e| panic!("fleet instance {index} cannot serve: {e}"));
         let url = server.grpc_url();

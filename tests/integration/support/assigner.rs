@@ -934,6 +934,8 @@ pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
 pub enum TestCoordinator {
     /// The loop (`HandoffCoordinator`).
     Loop(HandoffCoordinator),
+    /// The fleet backend's loop.
+    FleetLoop(kafka_assigner::coordinator::FleetCoordinator),
     /// The state machine and its driver.
     Machine(Arc<MachineCoordinator>),
 }
@@ -945,7 +947,7 @@ impl TestCoordinator {
         config: HandoffConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Self, kafka_assigner::coordinator::CoordinatorError> {
-        if std::env::var("KAFKA_ASSIGNER_ENGINE").is_ok_and(|engine| engine == "machine") {
+        if machine_engine() {
             let driven =
                 kafka_assigner::coordinator::handoff_backend::machine::start_driven(store, config, metrics)
                     .await?;
@@ -954,10 +956,25 @@ impl TestCoordinator {
         Ok(Self::Loop(HandoffCoordinator::start(store, config, metrics).await?))
     }
 
+    /// Starts a fleet instance of `config` over `store`, run by the engine the environment
+    /// asks for.
+    pub async fn start_fleet(
+        store: Arc<dyn LeaseStore>,
+        config: kafka_assigner::coordinator::FleetConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, kafka_assigner::coordinator::CoordinatorError> {
+        if machine_engine() {
+            let driven = kafka_assigner::coordinator::fleet_backend::machine::start_driven(store, config, metrics).await?;
+            return Ok(Self::Machine(Arc::new(driven)));
+        }
+        Ok(Self::FleetLoop(kafka_assigner::coordinator::FleetCoordinator::start(store, config, metrics).await?))
+    }
+
     /// What the servers serve.
     pub fn served(&self) -> Arc<dyn ConsumerGroupCoordinator> {
         match self {
             Self::Loop(c) => Arc::new(c.clone()),
+            Self::FleetLoop(c) => Arc::new(c.clone()),
             Self::Machine(c) => c.clone(),
         }
     }
@@ -966,6 +983,7 @@ impl TestCoordinator {
     pub fn crash(&self) {
         match self {
             Self::Loop(c) => c.crash(),
+            Self::FleetLoop(c) => c.crash(),
             Self::Machine(c) => c.crash(),
         }
     }
@@ -974,6 +992,7 @@ impl TestCoordinator {
     pub fn is_leader(&self) -> bool {
         match self {
             Self::Loop(c) => c.is_leader(),
+            Self::FleetLoop(_) => false,
             Self::Machine(c) => c.is_leader(),
         }
     }
@@ -992,4 +1011,10 @@ impl TestCoordinator {
     {
         self.served().register(consumer, topic).await
     }
+}
+
+/// Whether the test's environment asks for the state machine engine
+/// (`KAFKA_ASSIGNER_ENGINE=machine`, as `serve` reads it).
+pub fn machine_engine() -> bool {
+    std::env::var("KAFKA_ASSIGNER_ENGINE").is_ok_and(|engine| engine == "machine")
 }

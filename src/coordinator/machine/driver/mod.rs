@@ -140,6 +140,35 @@ fn now_micros() -> Micros {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as Micros)
 }
 
+/// A call waiting for its answer.
+struct Pending {
+    reply: oneshot::Sender<Result<Replied, CoordinatorError>>,
+    /// What it was, for the counters its answer moves.
+    kind: CallKind,
+    /// A `Register` whose caller went away before its answer (`registers_abandoned`).
+    abandoned: bool,
+}
+
+/// What a call was, for the counters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CallKind {
+    Register(StreamId),
+    Ready,
+    Released,
+    Other,
+}
+
+impl CallKind {
+    fn of(body: &Call) -> Self {
+        match body {
+            Call::Register { stream, .. } => CallKind::Register(*stream),
+            Call::PartitionReady { .. } => CallKind::Ready,
+            Call::PartitionReleased { .. } => CallKind::Released,
+            Call::Deregister { .. } | Call::WatchEpochs { .. } => CallKind::Other,
+        }
+    }
+}
+
 /// A command stream the driver sends on.
 struct Open {
     tx: CommandSender,
@@ -159,7 +188,9 @@ pub(crate) struct Driver<M> {
     to_self: mpsc::UnboundedSender<Message>,
     commands: HashMap<StreamId, Open>,
     epochs: HashMap<StreamId, (mpsc::UnboundedSender<EpochsAt>, tokio_util::sync::DropGuard)>,
-    calls: HashMap<CallId, oneshot::Sender<Result<Replied, CoordinatorError>>>,
+    calls: HashMap<CallId, Pending>,
+    /// The `Register` calls by the stream they open, until answered.
+    registering: HashMap<StreamId, CallId>,
     store: store_io::StoreIo,
     wake: Option<Micros>,
 }
@@ -184,6 +215,7 @@ impl<M: Machine> Driver<M> {
             commands: HashMap::new(),
             epochs: HashMap::new(),
             calls: HashMap::new(),
+            registering: HashMap::new(),
             store,
             wake: None,
         };
@@ -221,11 +253,22 @@ impl<M: Machine> Driver<M> {
                     // Its receiver is gone: nothing more is sent on it.
                     self.commands.remove(&stream);
                     self.epochs.remove(&stream);
+                    if let Some(call) = self.registering.get(&stream)
+                        && let Some(pending) = self.calls.get_mut(call)
+                        && !pending.abandoned
+                    {
+                        pending.abandoned = true;
+                        self.shared.metrics.registers_abandoned.inc();
+                    }
                     self.step(Input::StreamClosed { stream });
                 }
                 Message::Input(input) => self.step(input),
                 Message::Call { call, body, reply, outlet } => {
-                    self.calls.insert(call, reply);
+                    let kind = CallKind::of(&body);
+                    if let CallKind::Register(stream) = kind {
+                        self.registering.insert(stream, call);
+                    }
+                    self.calls.insert(call, Pending { reply, kind, abandoned: false });
                     if let Some((stream, outlet)) = outlet {
                         self.open(stream, &body, outlet);
                     }
@@ -260,7 +303,7 @@ impl<M: Machine> Driver<M> {
 
     /// Applies one step's effects in their order (module docs).
     fn apply_all(&mut self, effects: Vec<Effect>) {
-        let gate = PassGate::new();
+        let gate = PassGate::counting(self.shared.metrics.losses_waited_out.clone());
         for effect in effects {
             self.apply(effect, &gate);
         }
@@ -277,11 +320,7 @@ impl<M: Machine> Driver<M> {
                     self.epochs.remove(&stream);
                 }
             }
-            Effect::Reply { call, reply } => {
-                if let Some(answer) = self.calls.remove(&call) {
-                    let _ = answer.send(reply);
-                }
-            }
+            Effect::Reply { call, reply } => self.reply(call, reply),
             Effect::EndStream { stream, reason: _, error } => {
                 self.epochs.remove(&stream);
                 if let Some(open) = self.commands.remove(&stream)
@@ -306,6 +345,28 @@ impl<M: Machine> Driver<M> {
                 });
             }
         }
+    }
+
+    /// Answers `call`, and counts what its answer says.
+    fn reply(&mut self, call: CallId, reply: Result<Replied, CoordinatorError>) {
+        let Some(pending) = self.calls.remove(&call) else { return };
+        let metrics = &self.shared.metrics;
+        match (pending.kind, reply.is_ok()) {
+            (CallKind::Register(stream), _) => {
+                self.registering.remove(&stream);
+                if pending.abandoned {
+                    metrics.registers_abandoned.dec();
+                }
+            }
+            (CallKind::Ready, true) => {
+                metrics.handoffs_ready.inc();
+            }
+            (CallKind::Released, true) => {
+                metrics.handoffs_released.inc();
+            }
+            _ => {}
+        }
+        let _ = pending.reply.send(reply);
     }
 
     /// Puts `command` into `stream`'s channel in its place in the step's order; a consumer
@@ -371,6 +432,10 @@ impl<M: Machine> Driver<M> {
                 Some(Message::Input(input @ Input::StoreAnswer { .. })) => self.step(input),
                 Some(Message::Call { reply, .. }) => {
                     let _ = reply.send(Err(crate::coordinator::shared::instance::stopping().into()));
+                }
+                Some(Message::Input(Input::StreamClosed { stream })) => {
+                    self.commands.remove(&stream);
+                    self.epochs.remove(&stream);
                 }
                 Some(_) => {}
                 None => return,
