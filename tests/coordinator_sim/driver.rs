@@ -259,10 +259,10 @@ pub struct Sim {
 
 impl Sim {
     /// Sets up the store, the instances and the agenda of schedule `seed` of `kind`.
-    pub async fn new(seed: u64, kind: Kind, strict: bool) -> Result<Sim, String> {
+    pub async fn new(seed: u64, kind: Kind, strict: bool, trace: bool) -> Result<Sim, String> {
         let shape = Shape::draw(seed, kind);
         let store = MemoryStore::new();
-        let mut world = World::new(seed, TOPIC, &store, PREFIX, shape.pool, false).await?;
+        let mut world = World::new(seed, TOPIC, &store, PREFIX, shape.pool, trace).await?;
         for i in 0..shape.instances {
             let faulty = world.wrapper(&store, i);
             faulty.record_writes(true);

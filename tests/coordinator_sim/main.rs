@@ -81,6 +81,11 @@
 //! * **E**: a direct assignment does not guard the new owner's registration, so a stale
 //!   cache can give a partition to a consumer that just went away (a gap until the next
 //!   reconcile). Fixed: the leader's batch compares the new owner's registration.
+//! * **H**: two consumers that deregister at once, each decided while its instance's cache
+//!   still saw the other `Active`, both drain with nobody left to drain to: neither drain
+//!   ever ends (`mixed`, seed 707, about 1 run in 25). Fixed: whether someone can take
+//!   over is decided on the candidates' records in the store, and the drain is guarded by
+//!   the one it counts on. (Not steered around.)
 //!
 //! # Open bugs it found, steered around until fixed (`COORD_SIM_OPEN=1` runs into them)
 //!
@@ -103,7 +108,9 @@
 //! kind and the family it belongs to), `COORD_SIM_BASE=B` starts the seeds at B,
 //! `COORD_SIM_STRICT=0` steers around the fixed bugs above, `COORD_SIM_OPEN=1` runs into
 //! the open ones, `COORD_SIM_SCHEDULE_BUDGET_SECS` bounds one schedule's wall time (120 s;
-//! a schedule that spins past it fails the run, naming its seed), `COORD_SIM_SURVEY=1` runs every seed and lists the failures at the end. A
+//! a schedule that spins past it fails the run, naming its seed), `COORD_SIM_SURVEY=1` runs every seed and lists the failures at the end,
+//! `COORD_SIM_TRACE=1` prints every step as it happens (run with `--nocapture`: a failing
+//! replay and a passing one compare), `COORD_SIM_LOG=<filter>` the coordinator's own logs. A
 //! failure prints the seed, the fleet's shape, the last steps and every instance's status.
 //! Replays are deterministic up to the coordinator's own randomness (`tokio::select!`
 //! branch order, hash seeds): the schedule and the consumers' draws are fixed by the seed.
@@ -152,7 +159,7 @@ const DEFAULT_SCHEDULE_BUDGET_SECS: u64 = 120;
 
 /// Runs one schedule on its own paused runtime, under a [`Watchdog`] of
 /// `COORD_SIM_SCHEDULE_BUDGET_SECS`.
-fn run_one(seed: u64, kind: Kind, strict: bool) -> Result<Outcome, String> {
+fn run_one(seed: u64, kind: Kind, strict: bool, trace: bool) -> Result<Outcome, String> {
     let budget =
         Duration::from_secs(KNOBS.u64("SCHEDULE_BUDGET_SECS").unwrap_or(DEFAULT_SCHEDULE_BUDGET_SECS));
     let watchdog = Watchdog::start(
@@ -163,8 +170,9 @@ fn run_one(seed: u64, kind: Kind, strict: bool) -> Result<Outcome, String> {
         ),
     );
     runner::run_paused(watchdog, async move {
-        let mut sim =
-            Sim::new(seed, kind, strict).await.map_err(|e| format!("seed {seed}: setup failed: {e}"))?;
+        let mut sim = Sim::new(seed, kind, strict, trace)
+            .await
+            .map_err(|e| format!("seed {seed}: setup failed: {e}"))?;
         let Err(why) = sim.run().await else { return Ok(sim.outcome.clone()) };
         let shape = &sim.shape;
         let mut report = runner::report(
@@ -222,6 +230,10 @@ fn run_kind(kind: Kind) {
         return;
     }
     let strict = KNOBS.u64("STRICT").is_none_or(|v| v != 0);
+    if let Ok(filter) = std::env::var("COORD_SIM_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    }
+    let trace = KNOBS.on("TRACE");
     let started = std::time::Instant::now();
     let mut total = Outcome::default();
     let label = format!("{kind:?}");
@@ -229,7 +241,7 @@ fn run_kind(kind: Kind) {
         &label,
         &seeds,
         KNOBS.on("SURVEY"),
-        |seed| run_one(seed, kind, strict),
+        |seed| run_one(seed, kind, strict, trace),
         |_, outcome| total.add(&outcome),
     );
     eprintln!(

@@ -104,6 +104,75 @@ async fn a_deregister_changes_every_topic_in_one_transaction_and_refuses_an_unkn
     assert_eq!((record.status, record.hold_until.is_some()), (crate::handoff::ConsumerStatus::Active, true));
 }
 
+/// `a` and `b` leave at once, each through an instance whose cache has not seen the other
+/// leave: the second must not drain too (its cache still counts `a` as able to take over),
+/// or both drain with nobody to drain to, and neither drain ever ends. "Someone can take
+/// over" is decided on the store, like the rest of a Deregister.
+#[tokio::test(start_paused = true)]
+async fn two_consumers_leaving_at_once_never_both_drain_with_nobody_left() {
+    let store = MemoryStore::new();
+    let config = |i: usize| HandoffConfig {
+        instance_id: format!("i{i}"),
+        topic_partitions: [("t".to_string(), 2)].into(),
+        lease_ttl: Duration::from_secs(3),
+        reconcile_interval: Duration::from_millis(100),
+        drain_policy: crate::drain::DrainPolicy::Drain,
+        ..HandoffConfig::default()
+    };
+    let mut instances = Vec::new();
+    for i in 0..2 {
+        let faulty = crate::store::FaultyStore::new(Arc::new(store.clone()), i as u64);
+        let coordinator =
+            HandoffCoordinator::start(Arc::new(faulty.clone()), config(i), Arc::new(Metrics::new()))
+                .await
+                .expect("starts");
+        instances.push((coordinator, faulty));
+    }
+    let (i0, i1) = (&instances[0].0, &instances[1].0);
+    let _a = i0.register("a", "t").await.expect("a registers");
+    let _b = i1.register("b", "t").await.expect("b registers");
+    // Both instances' caches see both consumers (owning a partition each).
+    let both = |owners: &[Option<String>]| {
+        owners.iter().any(|o| o.as_deref() == Some("a")) && owners.iter().any(|o| o.as_deref() == Some("b"))
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let (s0, s1) = (i0.status().await, i1.status().await);
+            if [s0, s1].iter().all(|s| s.topics.iter().any(|t| both(&t.owners))) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("both instances see both consumers in time");
+    // From now on neither cache hears of the other instance's writes.
+    for (_, faulty) in &instances {
+        faulty.hush_watches();
+    }
+    let action = i0.deregister("a").await.expect("a deregisters");
+    assert_eq!(action, crate::proto::v1::DeregisterAction::WaitForDrain, "b can take a's partitions over");
+    let action = i1.deregister("b").await.expect("b deregisters");
+    assert_eq!(
+        action,
+        crate::proto::v1::DeregisterAction::ShutdownNow,
+        "a drains already: nobody can take b's partitions over"
+    );
+    let keys = super::super::records::Keys::new(&HandoffConfig::default().prefix);
+    let status = |name: &str| {
+        let (store, key) = (store.clone(), keys.consumer("t", name));
+        async move {
+            let kv = store.get(&key).await.expect("read").expect("still registered");
+            let record: super::super::records::ConsumerRecord =
+                crate::coordinator::shared::records::decode(&key, &kv.value).expect("decodes");
+            (record.status, record.hold_until.is_some())
+        }
+    };
+    use crate::handoff::ConsumerStatus::{Active, Draining};
+    assert_eq!(status("a").await, (Draining, false));
+    assert_eq!(status("b").await, (Active, true), "b's partitions are held for its return");
+}
+
 #[tokio::test(start_paused = true)]
 async fn calls_that_arrive_together_share_transactions() {
     let (coordinator, store, mut a) = owning_all(40, 20).await;

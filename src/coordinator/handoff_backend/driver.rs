@@ -318,14 +318,9 @@ fn go_leave(inner: &Handoff, pending: &mut Pending, leave: LeaveInFlight, step: 
             let store = pending.store.clone();
             let keys = leave::keys_to_read(inner.core.keys(), &leave);
             pending.in_flight.push(Box::pin(async move {
-                let mut records = Vec::with_capacity(keys.len());
-                for key in &keys {
-                    match store.get(key).await {
-                        Ok(kv) => records.push(kv),
-                        Err(error) => return Done::Records(leave, Err(error)),
-                    }
-                }
-                Done::Records(leave, Ok(records))
+                // The leaver's records and those of the candidates to take over, at once.
+                let records = futures::future::try_join_all(keys.iter().map(|key| store.get(key))).await;
+                Done::Records(leave, records)
             }));
         }
         LeaveStep::Write(txn, left) => commit_alone(pending, txn, Writer::Leave(leave, left)),

@@ -1,5 +1,5 @@
-//! What a `Deregister` decides, as a pure function of the leaving consumer's records: in
-//! each topic it is registered for, drain it (when the drain policy asks for it and
+//! What a `Deregister` decides, as a pure function of the records it read: in each topic
+//! the leaving consumer is registered for, drain it (when the drain policy asks for it and
 //! another active consumer can take its partitions over) or hold its partitions for its
 //! return until `now + restart_grace`. The instance's loop (`driver.rs`) reads the
 //! records from the store, commits what this decides in one transaction guarded by each
@@ -7,7 +7,12 @@
 //!
 //! A Deregister is rare and a consumer's record may be bound to another instance's lease,
 //! which the cache does not keep, so it is always decided on the store's records, never on
-//! the cache.
+//! the cache. That includes "another active consumer can take over": the cache only names
+//! the candidates; their records are read with the leaver's, and a drain is guarded by the
+//! record of the one it counts on, still `Active` as read. Otherwise two consumers leaving
+//! at once, each through a cache that has not seen the other leave (or each decided before
+//! the other's write), would both drain with nobody left to drain to: their drains would
+//! never end.
 
 use std::time::Duration;
 
@@ -31,8 +36,10 @@ pub(super) struct Found {
     /// Its registration id: only this registration is changed, a newer one (a restart
     /// that raced the call) is left alone.
     pub session: i64,
-    /// Whether another active consumer of the topic can take its partitions over.
-    pub others: bool,
+    /// The other consumers of the topic the cache saw active, in name order: those that
+    /// may take its partitions over. Only candidates: whether one can is decided on their
+    /// records in the store ([`decide_leave`]).
+    pub others: Vec<String>,
 }
 
 /// The leaving consumer's registrations in `cache`, in topic order.
@@ -45,10 +52,17 @@ pub(super) fn registrations(cache: &Cache, consumer: &str) -> Vec<Found> {
             let others = entry
                 .consumers
                 .iter()
-                .any(|(name, r)| name != consumer && r.value.status == ConsumerStatus::Active);
+                .filter(|(name, r)| *name != consumer && can_take_over(&r.value))
+                .map(|(name, _)| name.clone())
+                .collect();
             Some(Found { topic: topic.clone(), session, others })
         })
         .collect()
+}
+
+/// Whether the consumer of `record` can take a leaving consumer's partitions over.
+fn can_take_over(record: &ConsumerRecord) -> bool {
+    record.status == ConsumerStatus::Active
 }
 
 /// The answer to a Deregister of a consumer with no registration.
@@ -145,15 +159,26 @@ impl<R> LeaveInFlight<R> {
     }
 }
 
-/// The keys a Deregister reads, one per registration found, in order.
+/// The keys a Deregister reads, in order: per registration found, the leaver's record,
+/// then (when the policy asks to drain) the records of the candidates to take over
+/// ([`Found::others`]).
 pub(super) fn keys_to_read<R>(keys: &Keys, leave: &LeaveInFlight<R>) -> Vec<String> {
-    leave.found.iter().map(|found| keys.consumer(&found.topic, &leave.consumer)).collect()
+    let mut read = Vec::new();
+    for found in &leave.found {
+        read.push(keys.consumer(&found.topic, &leave.consumer));
+        if leave.wants_drain {
+            read.extend(found.others.iter().map(|other| keys.consumer(&found.topic, other)));
+        }
+    }
+    read
 }
 
-/// What `leave` does at `now` given its records as the store holds them (`records`: one
-/// per [`Found`], in order; `None` where the record is gone). One transaction changes
-/// every registration still the one found, keeping each record's lease binding, guarded
-/// by each record's mod revision; with nothing to change the answer is at once.
+/// What `leave` does at `now` given the records of [`keys_to_read`] as the store holds
+/// them (`records`: in its order; `None` where the record is gone). One transaction
+/// changes every registration still the one found, keeping each record's lease binding,
+/// guarded by each record's mod revision; a drain is guarded too by the mod revision of
+/// the first candidate whose record says it can take over (with none, the partitions are
+/// held instead). With nothing to change the answer is at once.
 pub(super) fn decide_leave<R>(
     leave: &LeaveInFlight<R>,
     records: &[Option<KeyValue>],
@@ -162,8 +187,12 @@ pub(super) fn decide_leave<R>(
 ) -> LeaveStep {
     let mut txn = Txn::new();
     let mut left = Left::default();
-    for (found, kv) in leave.found.iter().zip(records) {
-        let Some(kv) = kv else { continue };
+    let mut rest = records;
+    for found in &leave.found {
+        let candidates = if leave.wants_drain { found.others.len() } else { 0 };
+        let (read, after) = rest.split_at(rest.len().min(1 + candidates));
+        rest = after;
+        let Some((Some(kv), others)) = read.split_first() else { continue };
         let mut record: ConsumerRecord = match decode(&kv.key, &kv.value) {
             Ok(record) => record,
             Err(error) => return LeaveStep::Answer(Err(error.into())),
@@ -171,7 +200,13 @@ pub(super) fn decide_leave<R>(
         if record.session != found.session {
             continue;
         }
-        let leaving = if leave.wants_drain && found.others {
+        // The candidate counted on: active in the store, and guarded to stay so until the
+        // drain is written (one is enough: of consumers leaving at once, the last to
+        // commit finds the one it counts on still active).
+        let successor = others.iter().flatten().find(|other| {
+            decode::<ConsumerRecord>(&other.key, &other.value).is_ok_and(|r| can_take_over(&r))
+        });
+        let leaving = if successor.is_some() {
             record.status = ConsumerStatus::Draining;
             Leaving::Draining
         } else {
@@ -185,6 +220,9 @@ pub(super) fn decide_leave<R>(
             None => Op::put(&kv.key, value),
         };
         txn = txn.when(Compare::ModRevision(kv.key.clone(), kv.mod_revision)).then(op);
+        if let Some(successor) = successor {
+            txn = txn.when(Compare::ModRevision(successor.key.clone(), successor.mod_revision));
+        }
         left.topics.push((found.topic.clone(), leaving));
     }
     if txn.ops.is_empty() {
@@ -197,7 +235,7 @@ pub(super) fn decide_leave<R>(
 mod tests {
     use std::time::Duration;
 
-    use super::{Found, LeaveInFlight, LeaveStep, Leaving, decide_leave};
+    use super::{Found, LeaveInFlight, LeaveStep, Leaving, decide_leave, keys_to_read};
     use crate::coordinator::handoff_backend::records::ConsumerRecord;
     use crate::coordinator::shared::records::{decode, encode};
     use crate::handoff::ConsumerStatus;
@@ -226,21 +264,44 @@ mod tests {
         }
     }
 
-    /// `c` leaving topics `a` (someone else active) and `b` (alone), registration 5 in both.
+    /// `c` leaving topics `a` (where the cache saw `d` active) and `b` (alone), registration
+    /// 5 in both.
     fn leaving(wants_drain: bool) -> LeaveInFlight {
-        let found = |topic: &str, others| Found { topic: topic.into(), session: 5, others };
+        let found = |topic: &str, others: &[&str]| Found {
+            topic: topic.into(),
+            session: 5,
+            others: others.iter().map(|o| o.to_string()).collect(),
+        };
         LeaveInFlight {
             consumer: "c".into(),
             wants_drain,
-            found: vec![found("a", true), found("b", false)],
+            found: vec![found("a", &["d"]), found("b", &[])],
             attempt: 0,
             reply: tokio::sync::oneshot::channel().0,
         }
     }
 
+    fn draining(session: i64) -> ConsumerRecord {
+        ConsumerRecord { status: ConsumerStatus::Draining, ..record(session) }
+    }
+
+    #[test]
+    fn a_drain_reads_the_candidates_to_take_over_after_the_leavers_record() {
+        let keys = crate::coordinator::handoff_backend::records::Keys::new("/p/");
+        assert_eq!(
+            keys_to_read(&keys, &leaving(true)),
+            ["/p/consumers/a/c", "/p/consumers/a/d", "/p/consumers/b/c"],
+        );
+        assert_eq!(keys_to_read(&keys, &leaving(false)), ["/p/consumers/a/c", "/p/consumers/b/c"]);
+    }
+
     #[test]
     fn drains_where_someone_can_take_over_and_holds_elsewhere_in_one_guarded_transaction() {
-        let records = [Some(stored("/a/c", &record(5), 10)), Some(stored("/b/c", &record(5), 11))];
+        let records = [
+            Some(stored("/a/c", &record(5), 10)),
+            Some(stored("/a/d", &record(9), 7)),
+            Some(stored("/b/c", &record(5), 11)),
+        ];
         let LeaveStep::Write(txn, left) =
             decide_leave(&leaving(true), &records, 1_000, Duration::from_secs(30))
         else {
@@ -248,9 +309,14 @@ mod tests {
         };
         assert_eq!(left.topics, [("a".to_string(), Leaving::Draining), ("b".to_string(), Leaving::Held)]);
         assert_eq!(left.action(), DeregisterAction::WaitForDrain);
+        // The drain is guarded by the record of `d`, which it counts on to take over.
         assert_eq!(
             txn.compares,
-            [Compare::ModRevision("/a/c".into(), 10), Compare::ModRevision("/b/c".into(), 11)]
+            [
+                Compare::ModRevision("/a/c".into(), 10),
+                Compare::ModRevision("/a/d".into(), 7),
+                Compare::ModRevision("/b/c".into(), 11)
+            ]
         );
         let written: Vec<(ConsumerStatus, Option<u64>, Option<SessionId>)> = txn
             .ops
@@ -273,6 +339,32 @@ mod tests {
         );
     }
 
+    /// The cache saw `d` active, but `d` left meanwhile (it drains, or its registration is
+    /// gone): nobody can take over, so `c` does not drain, whatever the cache said. Two
+    /// consumers leaving at once would otherwise both drain, with nobody to drain to.
+    #[test]
+    fn a_candidate_the_store_shows_leaving_or_gone_takes_nothing_over() {
+        for d in [Some(stored("/a/d", &draining(9), 12)), None] {
+            let records =
+                [Some(stored("/a/c", &record(5), 10)), d.clone(), Some(stored("/b/c", &record(5), 11))];
+            let LeaveStep::Write(txn, left) =
+                decide_leave(&leaving(true), &records, 1_000, Duration::from_secs(30))
+            else {
+                panic!("a write");
+            };
+            assert_eq!(
+                left.topics,
+                [("a".to_string(), Leaving::Held), ("b".to_string(), Leaving::Held)],
+                "{d:?}"
+            );
+            assert_eq!(left.action(), DeregisterAction::ShutdownNow);
+            assert_eq!(
+                txn.compares,
+                [Compare::ModRevision("/a/c".into(), 10), Compare::ModRevision("/b/c".into(), 11)]
+            );
+        }
+    }
+
     #[test]
     fn without_a_drain_every_topic_is_held_and_the_answer_is_shutdown_now() {
         let records = [Some(stored("/a/c", &record(5), 10)), Some(stored("/b/c", &record(5), 11))];
@@ -287,7 +379,7 @@ mod tests {
     #[test]
     fn a_newer_or_missing_registration_is_left_alone() {
         // `a` was registered again meanwhile (registration 6), `b` is gone.
-        let records = [Some(stored("/a/c", &record(6), 12)), None];
+        let records = [Some(stored("/a/c", &record(6), 12)), Some(stored("/a/d", &record(9), 7)), None];
         let step = decide_leave(&leaving(true), &records, 0, Duration::from_secs(1));
         assert!(matches!(&step, LeaveStep::Answer(Ok(left)) if left.topics.is_empty()), "{step:?}");
     }
