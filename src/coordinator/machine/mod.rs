@@ -8,6 +8,7 @@
 
 pub mod driver;
 pub mod io;
+pub mod refresh;
 pub mod watchdog;
 
 use std::time::Duration;

@@ -186,13 +186,33 @@ impl Topics {
 /// Stores `count` for `topic` if it is larger than the stored one (compare-and-swap on
 /// the record). A smaller count is logged and ignored: Kafka cannot shrink a topic.
 async fn grow_one(store: &dyn LeaseStore, key: &str, topic: &str, count: u32, guard: Option<Compare>) {
-    let (stored_record, revision) = match store.get(key).await {
-        Ok(Some(kv)) => match decode::<TopicRecord>(key, &kv.value) {
-            Ok(record) => (record, kv.mod_revision),
-            Err(error) => return tracing::warn!(%error, topic, "topic refresh: unreadable topic record"),
-        },
-        Ok(None) => return,
+    let stored = match store.get(key).await {
+        Ok(stored) => stored,
         Err(error) => return tracing::warn!(%error, topic, "topic refresh: cannot read the topic record"),
+    };
+    let Some(txn) = grown_txn(key, topic, stored.as_ref(), count, guard) else { return };
+    grown(topic, count, store.txn(txn).await.map(|outcome| outcome.succeeded));
+}
+
+/// The transaction that grows `topic`'s record (`stored`, as read from `key`) to Kafka's
+/// `count`, guarded by `guard` too (the leader's fence, if any); `None` when there is
+/// nothing to grow (no record, an unreadable one, or a count not larger: a smaller one is
+/// logged, Kafka cannot shrink a topic). Pure: the running refresh and the state
+/// machines' refresh (`coordinator/machine/refresh.rs`) write the same transaction.
+pub fn grown_txn(
+    key: &str,
+    topic: &str,
+    stored: Option<&crate::store::KeyValue>,
+    count: u32,
+    guard: Option<Compare>,
+) -> Option<Txn> {
+    let stored_kv = stored?;
+    let stored_record = match decode::<TopicRecord>(key, &stored_kv.value) {
+        Ok(record) => record,
+        Err(error) => {
+            tracing::warn!(%error, topic, "topic refresh: unreadable topic record");
+            return None;
+        }
     };
     let stored = stored_record.partition_count;
     if count < stored {
@@ -202,27 +222,29 @@ async fn grow_one(store: &dyn LeaseStore, key: &str, topic: &str, count: u32, gu
             kafka = count,
             "Kafka reports fewer partitions than stored; ignored (Kafka cannot shrink a topic)"
         );
-        return;
+        return None;
     }
     if count == stored {
-        return;
+        return None;
     }
     let record = TopicRecord { partition_count: count, ..stored_record };
-    let mut txn =
-        Txn::new().when(Compare::ModRevision(key.to_string(), revision)).then(Op::put(key, encode(&record)));
+    let mut txn = Txn::new()
+        .when(Compare::ModRevision(key.to_string(), stored_kv.mod_revision))
+        .then(Op::put(key, encode(&record)));
     if let Some(guard) = guard {
         txn = txn.when(guard);
     }
-    match store.txn(txn).await {
-        Ok(outcome) if outcome.succeeded => {
-            tracing::info!(
-                topic,
-                from = stored,
-                to = count,
-                "topic grew in Kafka; its new partitions will be assigned"
-            );
+    Some(txn)
+}
+
+/// Logs what the write of a grown count (to `count`) came to: written, lost its compare,
+/// or failed.
+pub fn grown(topic: &str, count: u32, written: Result<bool, crate::store::StoreError>) {
+    match written {
+        Ok(true) => {
+            tracing::info!(topic, to = count, "topic grew in Kafka; its new partitions will be assigned")
         }
-        Ok(_) => tracing::debug!(
+        Ok(false) => tracing::debug!(
             topic,
             "topic refresh raced a change (or leadership was lost); next refresh retries"
         ),

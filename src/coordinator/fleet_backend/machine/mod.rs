@@ -32,6 +32,7 @@ mod follow;
 mod register;
 mod settle;
 mod streams;
+mod topic_refresh;
 
 #[cfg(test)]
 mod tests;
@@ -81,6 +82,8 @@ enum Waiting {
     Rebind(StreamKey),
     /// The instance record bound to this lease.
     Record(crate::store::SessionId),
+    /// The topic refresh, in its round.
+    Refresh(u64),
 }
 
 /// One instance of the fleet backend (see the module docs).
@@ -132,6 +135,8 @@ pub struct Instance {
     sweeper: Upkeep,
     /// When every stream's claim step runs again without a change (the safety net).
     claim_tick: Micros,
+    /// The Kafka topic refresh (with Kafka configured; every instance runs one).
+    refresh: crate::coordinator::machine::refresh::TopicRefresh,
     /// What was last said of readiness and of the timer.
     ready: Option<bool>,
     wake: Option<Micros>,
@@ -170,6 +175,10 @@ impl Instance {
             unregistering: BTreeMap::new(),
             sweeper: Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now)),
             claim_tick: now + config.claim_interval.as_micros() as Micros,
+            refresh: crate::coordinator::machine::refresh::TopicRefresh::new(
+                config.topic_refresh_interval,
+                now + config.topic_refresh_interval.as_micros() as Micros,
+            ),
             ready: None,
             wake: None,
             out: Vec::new(),
@@ -207,6 +216,7 @@ impl Instance {
         if !self.stopping {
             self.upkeep();
             self.run_claims();
+            self.refresh_topics();
         }
         self.settle_outputs();
         std::mem::take(&mut self.out)
@@ -299,6 +309,12 @@ impl Instance {
             Waiting::Leave(leave) => self.leave_answered(*leave, answer),
             Waiting::Unregister(key, txn) => self.unregister_answered(key, txn, answer),
             Waiting::Rebind(key) => self.rebind_answered(key, answer),
+            Waiting::Refresh(round) => {
+                if round == self.refresh.round() {
+                    let ask = self.refresh.stored(answer, None);
+                    self.refresh_ask(ask);
+                }
+            }
             Waiting::Record(session) => {
                 if matches!(answer, Ok(StoreReply::Txn(_))) {
                     self.recorded = Some(session);

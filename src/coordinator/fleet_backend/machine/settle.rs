@@ -375,6 +375,7 @@ impl Instance {
             .flatten()
             .chain(lost)
             .chain(retries)
+            .chain(self.refresh_wake())
             .min()
     }
 }

@@ -136,16 +136,18 @@ pub(super) struct LeaderState {
     cooldowns: BTreeMap<String, Cooldowns>,
     placement: BTreeMap<String, PlacementMemory>,
     queue: VecDeque<Step>,
+    /// The Kafka topic refresh of its group's topics, while it leads (`topic_refresh.rs`).
+    pub refresh: crate::coordinator::machine::refresh::TopicRefresh,
 }
 
 impl LeaderState {
     /// The leader of every group of `groups`, each looking at once.
-    pub fn all(groups: u32, now: Micros) -> Vec<Self> {
-        LeaderGroup::all(groups).map(|group| LeaderState::new(group, now)).collect()
+    pub fn all(groups: u32, now: Micros, refresh_every: std::time::Duration) -> Vec<Self> {
+        LeaderGroup::all(groups).map(|group| LeaderState::new(group, now, refresh_every)).collect()
     }
 
     /// The leader of `group`, looking at once.
-    fn new(group: LeaderGroup, now: Micros) -> Self {
+    fn new(group: LeaderGroup, now: Micros, refresh_every: std::time::Duration) -> Self {
         LeaderState {
             group,
             vacant_since: None,
@@ -166,6 +168,7 @@ impl LeaderState {
             cooldowns: BTreeMap::new(),
             placement: BTreeMap::new(),
             queue: VecDeque::new(),
+            refresh: crate::coordinator::machine::refresh::TopicRefresh::new(refresh_every, now),
         }
     }
 
@@ -202,6 +205,7 @@ impl Instance {
                 self.pacing.spent(now, planned, g);
             }
             self.take_step(g);
+            self.refresh_topics(g);
         }
     }
 
@@ -422,6 +426,7 @@ impl Instance {
         me.keep_until = me.after_grace.then_some(self.now + keep);
         me.written = me.written.max(revision);
         me.fence = Some(Fence { session, revision });
+        me.refresh.restart(self.now);
         self.settle(g);
         if !leading_before {
             self.out.push(Effect::Leading(true));
@@ -432,6 +437,7 @@ impl Instance {
     pub(super) fn step_down(&mut self, g: usize) {
         let me = &mut self.leaders[g];
         if me.fence.take().is_some() {
+            me.refresh.stop();
             me.cooldowns.clear();
             me.placement.clear();
             me.queue.clear();

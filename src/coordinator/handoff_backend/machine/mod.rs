@@ -44,6 +44,7 @@ mod calls;
 mod leader;
 mod register;
 mod streams;
+mod topic_refresh;
 mod upkeep;
 mod watchdog;
 
@@ -105,6 +106,8 @@ enum Waiting {
     Record(crate::store::SessionId),
     /// The resignation at a graceful stop.
     Resign,
+    /// A leader group's topic refresh, in its round (`topic_refresh.rs`).
+    Refresh(usize, u64),
 }
 
 /// One instance of the handoff backend (see the module docs).
@@ -214,7 +217,7 @@ impl Instance {
             departures,
             sweeper,
             unregistering: BTreeMap::new(),
-            leaders: LeaderState::all(config.leader_groups, now),
+            leaders: LeaderState::all(config.leader_groups, now, config.topic_refresh_interval),
             pacing: leader::Pacing::new(plan_nanos_per_partition),
             ready: None,
             wake: None,
@@ -341,6 +344,7 @@ impl Instance {
                 }
             }
             Waiting::Resign => {}
+            Waiting::Refresh(g, round) => self.refresh_stored(g, round, answer),
         }
     }
 

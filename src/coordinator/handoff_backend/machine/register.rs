@@ -116,7 +116,11 @@ impl Instance {
 
     /// The source's answer to a partition count asked for a `Register`.
     pub(super) fn partition_count(&mut self, request: RequestId, answer: Result<u32, CoordinatorError>) {
-        let Some(Waiting::Register(enrolling)) = self.waiting.remove(&request) else { return };
+        let enrolling = match self.waiting.remove(&request) {
+            Some(Waiting::Register(enrolling)) => enrolling,
+            Some(Waiting::Refresh(g, round)) => return self.refresh_counted(g, round, answer),
+            _ => return,
+        };
         match answer {
             Ok(count) => self.ensure_topic(*enrolling, Some(count)),
             Err(error) => self.reply(enrolling.call, Err(error)),
