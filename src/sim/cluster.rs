@@ -505,6 +505,8 @@ impl Cluster {
                 self.nodes[node].keeper.check_now(wall);
                 self.schedule_keeper(node);
             }
+            // The simulation configures no weight source: no instance asks.
+            Effect::LookUpWeights { .. } => {}
             Effect::LookUpPartitions { request, topic } => {
                 self.trace.mix(&[10, request]);
                 let answer = if self.config.topic_set().index(&topic).is_some() {

@@ -7,27 +7,41 @@
 use std::collections::BTreeMap;
 
 use super::Handoff;
+use super::state::Cache;
 use crate::assignment::assignor::DEFAULT_WEIGHT;
 use crate::assignment::{ConsumerInfo, Placement};
 use crate::handoff::{PlacementMode, PlacementSettings, TopicState, load_preview};
 use crate::status::{ConsumerLoad, LoadPlanView, MoveView, TopicPlacement};
+use crate::weights::WeightSource;
 
 /// The placement view of every stored topic.
 pub(super) fn placement(inner: &Handoff) -> Vec<TopicPlacement> {
-    let states: Vec<(String, TopicState)> = {
-        let cache = inner.core.mirror().read();
-        cache
-            .topics
-            .iter()
-            .filter(|(_, e)| e.config.is_some())
-            .map(|(topic, entry)| (topic.clone(), entry.state()))
-            .collect()
-    };
-    let settings = &inner.config.placement;
+    // Copied under the lock, planned after it.
+    let states = states_of(&inner.core.mirror().read());
+    placement_of(states, &inner.config.placement, inner.config.weights.as_deref())
+}
+
+/// Each configured topic's state in `cache`.
+pub(crate) fn states_of(cache: &Cache) -> Vec<(String, TopicState)> {
+    cache
+        .topics
+        .iter()
+        .filter(|(_, e)| e.config.is_some())
+        .map(|(topic, entry)| (topic.clone(), entry.state()))
+        .collect()
+}
+
+/// The placement of every topic of `states` under `settings`, the zones (under `shadow`)
+/// from `weights` (the running loop's and the state machine's driver's alike).
+pub(crate) fn placement_of(
+    states: Vec<(String, TopicState)>,
+    settings: &PlacementSettings,
+    weights: Option<&dyn WeightSource>,
+) -> Vec<TopicPlacement> {
     states
         .into_iter()
         .map(|(topic, state)| {
-            let zones = match (settings.mode, &inner.config.weights) {
+            let zones = match (settings.mode, weights) {
                 (PlacementMode::Shadow, Some(source)) => source.zones(&topic).unwrap_or_default(),
                 _ => BTreeMap::new(),
             };

@@ -98,6 +98,14 @@ pub enum Input {
         /// The count, or why there is none.
         answer: Result<u32, CoordinatorError>,
     },
+    /// The weights asked for with [`Effect::LookUpWeights`] (the weight source's answer):
+    /// by topic, those it knows.
+    Weights {
+        /// The request answered.
+        request: RequestId,
+        /// Partition → weight, by topic.
+        weights: std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u64>>,
+    },
     /// The instance stops.
     Stop(Stop),
 }
@@ -253,6 +261,14 @@ pub enum Effect {
         request: RequestId,
         /// The topic.
         topic: String,
+    },
+    /// Ask the weight source (`--placement load`: Kafka's learned rates) for the weights of
+    /// `topics`' partitions; answer with [`Input::Weights`] carrying `request`.
+    LookUpWeights {
+        /// Its id.
+        request: RequestId,
+        /// The topics.
+        topics: Vec<String>,
     },
 }
 

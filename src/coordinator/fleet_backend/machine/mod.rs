@@ -206,6 +206,8 @@ impl Instance {
             Input::TimerFired => {}
             Input::Lease(state) => self.lease_reported(state),
             Input::PartitionCount { request, answer } => self.partition_count(request, answer),
+            // The fleet places by count: it asks for no weights.
+            Input::Weights { .. } => {}
             Input::Stop(Stop::Crash) => {
                 self.crashed = true;
                 self.out.clear();
@@ -389,6 +391,7 @@ pub async fn start_driven(
             configured: config.topic_partitions.clone(),
             source: config.kafka.clone(),
         },
+        weights: None,
         drain: None,
         metrics,
         plan_nanos_per_partition: 0,

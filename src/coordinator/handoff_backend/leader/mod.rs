@@ -38,7 +38,7 @@ mod leaders;
 mod loop_tests;
 pub(super) mod reconcile;
 mod view;
-mod weights;
+pub(super) mod weights;
 
 pub(super) use election::resignation;
 pub(super) use leaders::{GroupIndex, Leaders};

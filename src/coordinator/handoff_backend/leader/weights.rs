@@ -68,7 +68,7 @@ pub(super) fn answered(
 /// The weights to store for a topic of `partition_count` partitions whose record holds
 /// `stored`, given what the source says now (`wanted`; partitions beyond the count are
 /// dropped); `None` when the change is not meaningful (module docs).
-pub(super) fn to_store(
+pub(in crate::coordinator::handoff_backend) fn to_store(
     stored: &BTreeMap<u32, u64>,
     wanted: &BTreeMap<u32, u64>,
     partition_count: u32,

@@ -41,11 +41,13 @@ pub(super) enum Why {
     StillLeading(Fence),
     /// Deleting the key of a group handed over.
     Resign,
+    /// Storing a topic's weights (`weights.rs`).
+    Weights(String, usize),
 }
 
 /// One topic's plan being written.
 #[derive(Debug)]
-struct Writing {
+pub(super) struct Writing {
     topic: String,
     planned_at: Millis,
     batches: VecDeque<(Txn, Vec<u32>)>,
@@ -56,9 +58,11 @@ struct Writing {
 
 /// What the leader still has to do in its pass.
 #[derive(Debug)]
-enum Step {
+pub(super) enum Step {
     Topic(Writing),
     StillLeading(Fence),
+    /// A topic's weights to store: its name, the write, how many partitions it weighs.
+    Weights(String, Txn, usize),
 }
 
 /// The instance's planning budget, shared by its groups (the running leader's
@@ -128,16 +132,19 @@ pub(super) struct LeaderState {
     interruptions: u64,
     instance_losses: u64,
     /// The revision its last write produced: it plans again once the cache has it.
-    written: Revision,
+    pub(super) written: Revision,
     arrivals: BTreeMap<String, Arrivals<Instant>>,
     /// The topics of its group, in order, and the cache (its load, its topic count) they
     /// were listed from: a look visits only these, not every topic's hash.
     topics: (u64, usize, Vec<String>),
     cooldowns: BTreeMap<String, Cooldowns>,
     placement: BTreeMap<String, PlacementMemory>,
-    queue: VecDeque<Step>,
     /// The Kafka topic refresh of its group's topics, while it leads (`topic_refresh.rs`).
     pub refresh: crate::coordinator::machine::refresh::TopicRefresh,
+    /// When the weights refresh is next due, while it leads (`weights.rs`).
+    pub next_weights: Micros,
+    /// Its steps still to take (plans, checks, weights).
+    pub(super) queue: VecDeque<Step>,
 }
 
 impl LeaderState {
@@ -169,6 +176,7 @@ impl LeaderState {
             placement: BTreeMap::new(),
             queue: VecDeque::new(),
             refresh: crate::coordinator::machine::refresh::TopicRefresh::new(refresh_every, now),
+            next_weights: now,
         }
     }
 
@@ -204,6 +212,7 @@ impl Instance {
                 let planned = self.look(g, revision);
                 self.pacing.spent(now, planned, g);
             }
+            self.ask_weights(g);
             self.take_step(g);
             self.refresh_topics(g);
         }
@@ -340,6 +349,11 @@ impl Instance {
                         }
                     }
                 },
+                Step::Weights(topic, txn, weighted) => {
+                    self.leaders[g].busy = true;
+                    self.request(StoreRequest::Txn(txn), Waiting::Leader(g, Why::Weights(topic, weighted)));
+                    return;
+                }
                 Step::StillLeading(fence) => {
                     self.leaders[g].busy = true;
                     let key = self.keys.leader(self.leaders[g].group);
@@ -390,6 +404,7 @@ impl Instance {
             }
             // Lost or refused: the key ends with the lease, or is no longer ours.
             Why::Resign => {}
+            Why::Weights(topic, weighted) => self.weights_answered(g, &topic, weighted, expect(answer, txn)),
         }
     }
 
@@ -427,6 +442,7 @@ impl Instance {
         me.written = me.written.max(revision);
         me.fence = Some(Fence { session, revision });
         me.refresh.restart(self.now);
+        me.next_weights = self.now;
         self.settle(g);
         if !leading_before {
             self.out.push(Effect::Leading(true));

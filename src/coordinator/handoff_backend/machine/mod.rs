@@ -47,6 +47,7 @@ mod streams;
 mod topic_refresh;
 mod upkeep;
 mod watchdog;
+mod weights;
 
 #[cfg(test)]
 mod following_tests;
@@ -108,6 +109,8 @@ enum Waiting {
     Resign,
     /// A leader group's topic refresh, in its round (`topic_refresh.rs`).
     Refresh(usize, u64),
+    /// A leader group's ask for weights, under its fence (`weights.rs`).
+    Weights(usize, crate::coordinator::handoff_backend::Fence),
 }
 
 /// One instance of the handoff backend (see the module docs).
@@ -246,6 +249,7 @@ impl Instance {
             Input::TimerFired => {}
             Input::Lease(state) => self.lease_reported(state),
             Input::PartitionCount { request, answer } => self.partition_count(request, answer),
+            Input::Weights { request, weights } => self.weights_given(request, weights),
             Input::Stop(Stop::Crash) => {
                 self.crashed = true;
                 self.out.clear();
@@ -345,6 +349,7 @@ impl Instance {
             }
             Waiting::Resign => {}
             Waiting::Refresh(g, round) => self.refresh_stored(g, round, answer),
+            Waiting::Weights(..) => {}
         }
     }
 
@@ -391,6 +396,14 @@ impl crate::coordinator::machine::driver::Machine for Instance {
         let cache = self.cache.as_ref().unwrap_or(&empty);
         super::status::view(cache, &self.config.instance_id, &self.config.backend, ready)
     }
+
+    fn placement(
+        &self,
+        weights: Option<&dyn crate::weights::WeightSource>,
+    ) -> Vec<crate::coordinator::TopicPlacement> {
+        let states = self.cache.as_ref().map(super::placement::states_of).unwrap_or_default();
+        super::placement::placement_of(states, &self.config.placement, weights)
+    }
 }
 
 /// Starts an instance of `config` over `store` as one state machine stepped by the
@@ -413,6 +426,7 @@ pub async fn start_driven(
             configured: config.topic_partitions.clone(),
             source: config.kafka.clone(),
         },
+        weights: config.weights.clone(),
         drain: Some(DrainAsk { policy: config.drain_policy, decider: config.drain_decider.clone() }),
         metrics,
         plan_nanos_per_partition: PLAN_NANOS_PER_PARTITION,

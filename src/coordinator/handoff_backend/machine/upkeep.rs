@@ -390,6 +390,7 @@ impl Instance {
             // The leaders look only once the cache is loaded: their timers wait for it.
             .chain(self.leaders.iter().filter(|_| self.cache.is_some()).filter_map(LeaderState::wake_at))
             .chain(self.refresh_wake())
+            .chain(self.weights_wake())
             .chain(self.pacing.wake_at(self.now))
             .chain(lost)
             .chain(retries)

@@ -49,6 +49,8 @@ pub struct DriverSetup {
     pub ttl: Duration,
     /// Where partition counts come from.
     pub topics: Topics,
+    /// Where partition weights come from (`--placement load`), if anywhere.
+    pub weights: Option<Arc<dyn crate::weights::WeightSource>>,
     /// The drain policy (`None`: the backend never drains).
     pub drain: Option<DrainAsk>,
     /// The metrics.
@@ -94,7 +96,16 @@ impl MachineCoordinator {
 
     /// Starts the driver and the keeper (see [`start`](Self::start)), ready or not.
     fn spawn<M: Machine>(setup: DriverSetup, make: impl FnOnce(Start, Micros) -> (M, Vec<Effect>)) -> Self {
-        let DriverSetup { instance_id, store, ttl, topics, drain, metrics, plan_nanos_per_partition } = setup;
+        let DriverSetup {
+            instance_id,
+            store,
+            ttl,
+            topics,
+            weights,
+            drain,
+            metrics,
+            plan_nanos_per_partition,
+        } = setup;
         let start = Start {
             origin: tokio::time::Instant::now(),
             nonce: fresh_nonce(),
@@ -116,7 +127,7 @@ impl MachineCoordinator {
         });
         let (machine, first) = make(start, super::now_micros());
         let (to_driver, inbox) = mpsc::unbounded_channel();
-        Driver::spawn(machine, first, shared.clone(), topics, inbox, to_driver.clone());
+        Driver::spawn(machine, first, shared.clone(), (topics, weights), inbox, to_driver.clone());
         crate::coordinator::shared::lease::spawn_keeper(shared.clone(), |shared: &Shared| shared);
         Self { to_driver, shared, drain, ids: AtomicU64::new(1) }
     }
@@ -251,6 +262,16 @@ impl ConsumerGroupCoordinator for MachineCoordinator {
             ready: false,
             topics: Vec::new(),
         }
+    }
+
+    async fn placement(&self) -> Vec<crate::coordinator::TopicPlacement> {
+        let (answer, placement) = oneshot::channel();
+        if self.to_driver.send(Message::Placement(answer)).is_ok()
+            && let Ok(placement) = placement.await
+        {
+            return placement;
+        }
+        Vec::new()
     }
 
     fn session_ttl(&self) -> Option<Duration> {

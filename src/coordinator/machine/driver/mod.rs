@@ -55,6 +55,15 @@ pub trait Machine: Send + 'static {
     fn renews(&self) -> bool;
     /// The status view of its state, `ready` as last said.
     fn status(&self, ready: bool) -> StatusView;
+    /// How each topic is placed (the handoff backend's loads and shadow plan), the zones
+    /// from `weights`; a backend that places by count alone shows nothing.
+    fn placement(
+        &self,
+        weights: Option<&dyn crate::weights::WeightSource>,
+    ) -> Vec<crate::coordinator::TopicPlacement> {
+        let _ = weights;
+        Vec::new()
+    }
 }
 
 /// Where a call's answer goes, and the stream a `Register` or `WatchEpochs` opens.
@@ -78,6 +87,8 @@ pub(crate) enum Message {
     },
     /// A question about the state (`status()`), answered between steps.
     Status(oneshot::Sender<StatusView>),
+    /// A question about the placement (`placement()`), answered between steps.
+    Placement(oneshot::Sender<Vec<crate::coordinator::TopicPlacement>>),
     /// A graceful stop; `done` is told when the driver ended.
     Shutdown { done: oneshot::Sender<()> },
 }
@@ -183,6 +194,8 @@ pub(crate) struct Driver<M> {
     machine: M,
     shared: Arc<Shared>,
     topics: Topics,
+    /// Where partition weights come from (`--placement load`), if anywhere.
+    weights: Option<Arc<dyn crate::weights::WeightSource>>,
     inbox: mpsc::UnboundedReceiver<Message>,
     /// Where store answers and closed streams come back (the inbox's sender).
     to_self: mpsc::UnboundedSender<Message>,
@@ -201,7 +214,7 @@ impl<M: Machine> Driver<M> {
         machine: M,
         first: Vec<Effect>,
         shared: Arc<Shared>,
-        topics: Topics,
+        (topics, weights): (Topics, Option<Arc<dyn crate::weights::WeightSource>>),
         inbox: mpsc::UnboundedReceiver<Message>,
         to_self: mpsc::UnboundedSender<Message>,
     ) {
@@ -210,6 +223,7 @@ impl<M: Machine> Driver<M> {
             machine,
             shared,
             topics,
+            weights,
             inbox,
             to_self,
             commands: HashMap::new(),
@@ -277,6 +291,9 @@ impl<M: Machine> Driver<M> {
                 Message::Status(answer) => {
                     let _ = answer.send(self.machine.status(self.shared.readiness.get()));
                 }
+                Message::Placement(answer) => {
+                    let _ = answer.send(self.machine.placement(self.weights.as_deref()));
+                }
                 Message::Shutdown { done } => {
                     self.step(Input::Stop(Stop::Graceful));
                     self.shared.bell.send_modify(|ends| {
@@ -337,6 +354,15 @@ impl<M: Machine> Driver<M> {
                 self.shared.metrics.is_leader.set(i64::from(leading));
             }
             Effect::KeepLeaseAliveNow => self.shared.check_now.notify_one(),
+            Effect::LookUpWeights { request, topics } => {
+                // The weight source answers from what it learned, at once.
+                let source = self.weights.as_ref();
+                let weights = topics
+                    .into_iter()
+                    .filter_map(|topic| Some((topic.clone(), source?.weights(&topic)?)))
+                    .collect();
+                let _ = self.to_self.send(Message::Input(Input::Weights { request, weights }));
+            }
             Effect::LookUpPartitions { request, topic } => {
                 let (topics, to_self) = (self.topics.clone(), self.to_self.clone());
                 tokio::spawn(async move {
