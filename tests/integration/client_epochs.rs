@@ -17,7 +17,7 @@ use kafka_assigner::client::{
     AssignerClient, EpochPolicy, Fence, Handler, Partition, ShutdownOutcome, WarmError,
     kafka_example::{KafkaHandler, KafkaSettings},
 };
-use kafka_assigner::coordinator::{FleetConfig, FleetCoordinator, StaticConfig, StaticCoordinator};
+use kafka_assigner::coordinator::{FleetConfig, StaticConfig, StaticCoordinator};
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::server::AssignerServer;
 use rdkafka::{
@@ -125,9 +125,11 @@ async fn fleet_backend_epochs_grow_with_every_new_owner(backend: Backend) {
     fleet_config.topic_partitions.insert(TOPIC.into(), 4);
     let store = connect(memory.as_ref(), etcd.as_ref()).await;
     let metrics = Arc::new(Metrics::new());
-    let fleet = FleetCoordinator::start(store, fleet_config, metrics.clone()).await.expect("fleet starts");
+    let fleet = crate::support::assigner::TestCoordinator::start_fleet(store, fleet_config, metrics.clone())
+        .await
+        .expect("fleet starts");
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let server = AssignerServer::start(Arc::new(fleet), metrics, any, any).await.expect("serves");
+    let server = AssignerServer::start(fleet.served(), metrics, any, any).await.expect("serves");
     let url = [server.grpc_url()];
 
     let (a, b) = (Arc::new(Epochs::default()), Arc::new(Epochs::default()));

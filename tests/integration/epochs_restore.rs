@@ -30,13 +30,12 @@ use std::{
 
 use async_trait::async_trait;
 use kafka_assigner::client::{AssignerClient, Backoff, ClientConfig, Handler, Partition, WarmError};
-use kafka_assigner::coordinator::{
-    ConsumerGroupCoordinator, FleetConfig, FleetCoordinator, HandoffCoordinator,
-};
+use kafka_assigner::coordinator::{ConsumerGroupCoordinator, FleetConfig};
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::server::AssignerServer;
 use kafka_assigner::store::{EtcdStore, EtcdStoreConfig, LeaseStore};
 
+use crate::support::assigner::TestCoordinator;
 use crate::support::{
     assigner::{Backend, TTL, is_stable, owned_by, test_config, try_topic},
     etcd_restore::{RestorableEtcd, loopback_port},
@@ -158,9 +157,7 @@ async fn start_nodes(kind: Kind, etcd: &RestorableEtcd, prefix: &str, ports: &Po
                 let mut config = test_config(Backend::Etcd, prefix);
                 config.instance_id = instance_id;
                 config.topic_partitions.insert(TOPIC.into(), PARTITIONS);
-                Arc::new(
-                    HandoffCoordinator::start(store, config, metrics.clone()).await.expect("handoff starts"),
-                )
+                TestCoordinator::start(store, config, metrics.clone()).await.expect("handoff starts").served()
             }
             Kind::Fleet => {
                 let mut config = FleetConfig {
@@ -172,7 +169,10 @@ async fn start_nodes(kind: Kind, etcd: &RestorableEtcd, prefix: &str, ports: &Po
                     ..FleetConfig::default()
                 };
                 config.topic_partitions.insert(TOPIC.into(), PARTITIONS);
-                Arc::new(FleetCoordinator::start(store, config, metrics.clone()).await.expect("fleet starts"))
+                TestCoordinator::start_fleet(store, config, metrics.clone())
+                    .await
+                    .expect("fleet starts")
+                    .served()
             }
         };
         let grpc_addr = SocketAddr::from(([127, 0, 0, 1], *grpc));

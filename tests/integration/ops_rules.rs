@@ -16,7 +16,7 @@ use std::{
 use std::{net::SocketAddr, sync::Arc};
 
 use kafka_assigner::{
-    coordinator::{HandoffConfig, HandoffCoordinator},
+    coordinator::HandoffConfig,
     metrics::{
         Metrics,
         labels::{ReasonLabels, StoreErrorLabels},
@@ -221,11 +221,11 @@ async fn exported_names() -> BTreeSet<String> {
     let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn LeaseStore> =
         Arc::new(MeteredStore::new(Arc::new(MemoryStore::new()), metrics.clone()));
-    let coordinator =
-        HandoffCoordinator::start(store, config, metrics.clone()).await.expect("memory backend");
+    let coordinator = crate::support::assigner::TestCoordinator::start(store, config, metrics.clone())
+        .await
+        .expect("memory backend");
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let server =
-        AssignerServer::start(Arc::new(coordinator), metrics.clone(), any, any).await.expect("serve");
+    let server = AssignerServer::start(coordinator.served(), metrics.clone(), any, any).await.expect("serve");
     let client = KafkaAssignerClient::connect(server.grpc_url()).await.expect("connect");
     let mut a = TestConsumer::register(client, "a", "events").await.expect("Register");
     a.wait_owned(4, PROMPT).await;

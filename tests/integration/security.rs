@@ -111,12 +111,11 @@ async fn identity_binding_needs_mtls_and_bad_files_name_the_flag() {
         let store = std::sync::Arc::new(kafka_assigner::store::MemoryStore::new());
         let metrics = std::sync::Arc::new(kafka_assigner::metrics::Metrics::new());
         let config = crate::support::assigner::test_config(crate::support::assigner::Backend::Memory, "/x/");
-        let coordinator =
-            kafka_assigner::coordinator::HandoffCoordinator::start(store, config, metrics.clone())
-                .await
-                .expect("coordinator");
+        let coordinator = crate::support::assigner::TestCoordinator::start(store, config, metrics.clone())
+            .await
+            .expect("coordinator");
         let result = kafka_assigner::server::AssignerServer::start_with(
-            std::sync::Arc::new(coordinator),
+            coordinator.served(),
             metrics,
             any,
             any,

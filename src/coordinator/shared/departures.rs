@@ -75,6 +75,11 @@ impl Departures {
         self.waiting.contains_key(key)
     }
 
+    /// Whether the registration `key` waits here as one whose consumer left (due at once).
+    pub fn is_left(&self, key: &StreamKey) -> bool {
+        self.waiting.get(key).is_some_and(|waiting| waiting.left)
+    }
+
     /// The earliest a waiting registration is due (`None` when none waits).
     pub fn wake_at(&self) -> Option<Instant> {
         self.waiting.values().map(|w| w.due).min()

@@ -364,6 +364,10 @@ impl crate::coordinator::machine::driver::Machine for Instance {
         Instance::renews(self)
     }
 
+    fn tells_before_freeing(&self) -> bool {
+        true
+    }
+
     fn status(&self, ready: bool) -> crate::coordinator::StatusView {
         let empty = FleetCache::default();
         let cache = self.cache.as_ref().unwrap_or(&empty);

@@ -109,7 +109,9 @@ impl Instance {
         for (key, registered_at) in leaving_here(cache, changes, &self.config.instance_id) {
             let name = (key.0.clone(), key.1.clone());
             let held = self.streams.get(&name).is_some_and(|s| s.registration == key.2);
-            if !held && !self.departures.contains(&key) {
+            // A registration already waiting out its TTL (its stream dropped) is due at
+            // once now: its consumer deregistered (as the running instance's `Core::leave`).
+            if !held && !self.departures.is_left(&key) {
                 self.departures.add(Departed { key, registered_at, at, left: true });
             }
         }

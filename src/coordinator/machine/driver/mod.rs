@@ -25,6 +25,7 @@
 
 pub mod front;
 mod store_io;
+mod told;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,6 +56,12 @@ pub trait Machine: Send + 'static {
     fn renews(&self) -> bool;
     /// The status view of its state, `ready` as last said.
     fn status(&self, ready: bool) -> StatusView;
+    /// Whether a store request that follows commands in a step must wait until their
+    /// transports took them (the fleet: a partition given back is freed only once its giver
+    /// heard); the handoff backend only orders commands among themselves (gains first).
+    fn tells_before_freeing(&self) -> bool {
+        false
+    }
     /// How each topic is placed (the handoff backend's loads and shadow plan), the zones
     /// from `weights`; a backend that places by count alone shows nothing.
     fn placement(
@@ -89,6 +96,9 @@ pub(crate) enum Message {
     Status(oneshot::Sender<StatusView>),
     /// A question about the placement (`placement()`), answered between steps.
     Placement(oneshot::Sender<Vec<crate::coordinator::TopicPlacement>>),
+    /// A store request held until the commands before it were taken ([`told`]), or the
+    /// streams that did not take them in time (then the request is not sent).
+    Told { request: super::io::RequestId, op: super::io::StoreRequest, stalled: Vec<told::Stalled> },
     /// A graceful stop; `done` is told when the driver ended.
     Shutdown { done: oneshot::Sender<()> },
 }
@@ -178,6 +188,19 @@ impl CallKind {
             Call::Deregister { .. } | Call::WatchEpochs { .. } => CallKind::Other,
         }
     }
+}
+
+/// How one step's effects are ordered as they are applied.
+struct Order {
+    /// The step's gains-first gate.
+    gate: PassGate,
+    /// For a machine that tells before it frees ([`Machine::tells_before_freeing`]): the
+    /// step's commands so far, each held until its transport takes it.
+    told: Option<Vec<told::Told>>,
+    /// Streams ended while applying (not reading): the machine hears after the step.
+    closed: Vec<StreamId>,
+    /// A command that must be heard before what follows could not be queued.
+    refused: bool,
 }
 
 /// A command stream the driver sends on.
@@ -291,6 +314,7 @@ impl<M: Machine> Driver<M> {
                 Message::Status(answer) => {
                     let _ = answer.send(self.machine.status(self.shared.readiness.get()));
                 }
+                Message::Told { request, op, stalled } => self.told(request, op, stalled),
                 Message::Placement(answer) => {
                     let _ = answer.send(self.machine.placement(self.weights.as_deref()));
                 }
@@ -320,16 +344,34 @@ impl<M: Machine> Driver<M> {
 
     /// Applies one step's effects in their order (module docs).
     fn apply_all(&mut self, effects: Vec<Effect>) {
-        let gate = PassGate::counting(self.shared.metrics.losses_waited_out.clone());
+        let mut order = Order {
+            gate: PassGate::counting(self.shared.metrics.losses_waited_out.clone()),
+            told: self.machine.tells_before_freeing().then(Vec::new),
+            closed: Vec::new(),
+            refused: false,
+        };
         for effect in effects {
-            self.apply(effect, &gate);
+            self.apply(effect, &mut order);
+        }
+        // Streams found not reading while the step was applied: the machine hears of them
+        // after the step's effects, in their order, were all applied.
+        for stream in order.closed {
+            self.step(Input::StreamClosed { stream });
         }
     }
 
-    fn apply(&mut self, effect: Effect, gate: &PassGate) {
+    fn apply(&mut self, effect: Effect, order: &mut Order) {
         match effect {
-            Effect::Store { request, op } => self.store.send(request, op),
-            Effect::Command { stream, command } => self.command(stream, command, gate),
+            // A command of the step could not be queued: what follows it is not sent (the
+            // machine's watchdog fails it; the consumer's registration keeps its leases).
+            Effect::Store { .. } if order.refused => {}
+            Effect::Store { request, op } => match order.told.as_ref().filter(|told| !told.is_empty()) {
+                Some(told) => {
+                    told::send_once_taken(told.clone(), request, op, self.shared.ttl, &self.to_self)
+                }
+                None => self.store.send(request, op),
+            },
+            Effect::Command { stream, command } => self.command(stream, command, order),
             Effect::Epochs { stream, epochs } => {
                 if let Some((tx, _)) = self.epochs.get(&stream)
                     && tx.send(epochs).is_err()
@@ -397,19 +439,48 @@ impl<M: Machine> Driver<M> {
 
     /// Puts `command` into `stream`'s channel in its place in the step's order; a consumer
     /// whose channel is full is not reading: its stream ends, and the machine hears so.
-    fn command(&mut self, stream: StreamId, command: AssignmentCommand, gate: &PassGate) {
+    fn command(&mut self, stream: StreamId, command: AssignmentCommand, order: &mut Order) {
         let Some(open) = self.commands.get(&stream) else { return };
-        let outgoing = if is_loss(&command) { gate.loss(command) } else { gate.gain(command) };
+        let unassigned = told::unassigned(&command);
+        let (outgoing, held) = match order.told.as_ref() {
+            // An `unassigned` is held until the transport takes it: what the step asks of the
+            // store after it waits (the partitions it gives back are freed then).
+            Some(_) if !unassigned.is_empty() => {
+                let gate = PassGate::new();
+                (gate.gain(command), Some(gate))
+            }
+            _ if is_loss(&command) => (order.gate.loss(command), None),
+            _ => (order.gate.gain(command), None),
+        };
         if open.tx.capacity() > 2 && open.tx.try_send(outgoing).is_ok() {
+            if let (Some(told), Some(gate)) = (order.told.as_mut(), held) {
+                told.push(told::Told { stream, gate, tx: open.tx.clone(), unassigned });
+            }
             return;
         }
-        let error = CoordinatorError::NotReading(NotReadingStream::BufferFull {
-            consumer: open.consumer.clone(),
-            topic: open.topic.clone(),
-        });
-        let _ = open.tx.try_send(Outgoing::free(Err(error)));
-        self.commands.remove(&stream);
-        self.step(Input::StreamClosed { stream });
+        let (consumer, topic) = (open.consumer.clone(), open.topic.clone());
+        let error = match held {
+            Some(_) => {
+                order.refused = true;
+                CoordinatorError::NotReading(NotReadingStream::GivingBack {
+                    consumer,
+                    topic,
+                    partitions: unassigned,
+                    stall: crate::coordinator::causes::GiveBackStall::BufferFull,
+                })
+            }
+            _ => CoordinatorError::NotReading(NotReadingStream::BufferFull { consumer, topic }),
+        };
+        self.end_not_reading(stream, error);
+        order.closed.push(stream);
+    }
+
+    /// Ends `stream` with `error` (its consumer does not read it).
+    fn end_not_reading(&mut self, stream: StreamId, error: CoordinatorError) {
+        if let Some(open) = self.commands.remove(&stream) {
+            tracing::warn!(topic = open.topic, consumer = open.consumer, %error, "ending a stream its consumer does not read");
+            let _ = open.tx.try_send(Outgoing::free(Err(error)));
+        }
     }
 
     /// Keeps the sending half of the stream a call opens, and forwards its closing: a task
