@@ -564,3 +564,29 @@ fn is_loss(command: &AssignmentCommand) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::is_loss;
+    use crate::coordinator::shared::outgoing::update;
+    use crate::proto::v1::{
+        AssignmentCommand, ReleasePartition, TopicPartition, WarmPartition, assignment_command::Command,
+    };
+
+    #[test]
+    fn only_what_takes_partitions_away_goes_after_the_gains() {
+        let tp = Some(TopicPartition { topic: "t".into(), partition: 1 });
+        assert!(!is_loss(&update("t", [1], [])), "assigned");
+        assert!(!is_loss(&update("t", [], [])), "a snapshot of nothing");
+        assert!(!is_loss(&update("t", [1], [2])), "a snapshot that also takes something back");
+        assert!(is_loss(&update("t", [], [2])), "unassigned");
+        let warm = AssignmentCommand {
+            command: Some(Command::Warm(WarmPartition { partition: tp.clone(), ..Default::default() })),
+        };
+        assert!(!is_loss(&warm));
+        let release = AssignmentCommand {
+            command: Some(Command::Release(ReleasePartition { partition: tp, ..Default::default() })),
+        };
+        assert!(is_loss(&release));
+    }
+}
