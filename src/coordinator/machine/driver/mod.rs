@@ -336,6 +336,9 @@ impl<M: Machine> Driver<M> {
 
     /// One step, its effects applied.
     fn step(&mut self, input: Input) {
+        if let Input::StoreAnswer { request, .. } = &input {
+            self.store.answered(*request);
+        }
         let effects = self.machine.step(now_micros(), input);
         self.shared.renews.store(self.machine.renews(), Ordering::Relaxed);
         self.apply_all(effects);

@@ -3,8 +3,8 @@
 //! as a task that forwards its revisions. These tasks write nothing of the instance's: a
 //! lost or late answer is the machine's to time out (`machine/watchdog.rs`).
 
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -20,18 +20,24 @@ pub(super) struct StoreIo {
     to_driver: mpsc::UnboundedSender<Message>,
     /// The watch in use: a new one replaces it.
     watch: Option<AbortHandle>,
-    /// Requests sent and not answered yet (a graceful stop waits for them).
-    outstanding: Arc<AtomicUsize>,
+    /// Requests sent and not answered yet (a graceful stop waits for them); kept by the
+    /// driver alone, as their answers reach it.
+    outstanding: HashSet<RequestId>,
 }
 
 impl StoreIo {
     pub(super) fn new(store: Arc<dyn LeaseStore>, to_driver: mpsc::UnboundedSender<Message>) -> Self {
-        Self { store, to_driver, watch: None, outstanding: Arc::new(AtomicUsize::new(0)) }
+        Self { store, to_driver, watch: None, outstanding: HashSet::new() }
     }
 
     /// How many requests are still out.
     pub(super) fn outstanding(&self) -> usize {
-        self.outstanding.load(Ordering::Relaxed)
+        self.outstanding.len()
+    }
+
+    /// The answer to `request` reached the driver.
+    pub(super) fn answered(&mut self, request: RequestId) {
+        self.outstanding.remove(&request);
     }
 
     /// Sends `op`; its answer comes back carrying `request`.
@@ -45,11 +51,9 @@ impl StoreIo {
             self.watch = Some(task.abort_handle());
             return;
         }
-        let outstanding = self.outstanding.clone();
-        outstanding.fetch_add(1, Ordering::Relaxed);
+        self.outstanding.insert(request);
         tokio::spawn(async move {
             let answer = run(&*store, op).await;
-            outstanding.fetch_sub(1, Ordering::Relaxed);
             let _ = to_driver.send(Message::Input(Input::StoreAnswer { request, answer }));
         });
     }
@@ -66,12 +70,9 @@ impl StoreIo {
 async fn run(store: &dyn LeaseStore, op: StoreRequest) -> Result<StoreReply, StoreError> {
     match op {
         StoreRequest::Txn(txn) => store.txn(txn).await.map(StoreReply::Txn),
+        // The keys at once (a `Deregister` reads the leaver's records and its candidates').
         StoreRequest::Get(keys) => {
-            let mut values = Vec::with_capacity(keys.len());
-            for key in keys {
-                values.push(store.get(&key).await?);
-            }
-            Ok(StoreReply::Values(values))
+            futures::future::try_join_all(keys.iter().map(|key| store.get(key))).await.map(StoreReply::Values)
         }
         StoreRequest::GetPrefix(prefix) => store.get_prefix(&prefix).await.map(StoreReply::Prefix),
         StoreRequest::Watch { .. } => Err(StoreError::Invalid(crate::store::Malformed::WrongAnswerKind)),
