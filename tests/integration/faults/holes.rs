@@ -123,7 +123,17 @@ async fn cancelled_registers_leave_no_ghost_consumers() {
         .check(ghosts.is_empty(), format!("ghost consumers after {:?}: {ghosts:?}", cancelled_at.elapsed()));
     findings.check(warms_to_ghosts.is_empty(), format!("warms towards ghosts: {warms_to_ghosts:?}"));
     let live = survivors.iter().filter(|c| c.ended.is_none()).count();
-    findings.check(live == 1, format!("{live} live streams of 'same'"));
+    // How the answered ones ended, by code, to tell a replacement from another end.
+    let mut ends: std::collections::BTreeMap<String, usize> = Default::default();
+    for c in &survivors {
+        *ends
+            .entry(format!("{:?}", c.ended.as_ref().map(|e| e.as_ref().err().map(|s| s.code()))))
+            .or_default() += 1;
+    }
+    findings.check(
+        live == 1,
+        format!("{live} live streams of 'same' ({} answered, ended: {ends:?})", survivors.len()),
+    );
     findings.extend("double ownership", fleet.double_ownership());
     let swept = [swept(&cluster, 0).await, swept(&cluster, 1).await];
     findings.check(swept == [0, 0], format!("registrations were left for the sweep to find: {swept:?}"));
