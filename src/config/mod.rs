@@ -205,8 +205,8 @@ pub struct ServeArgs {
     pub leader_groups: u32,
 
     /// What runs the instance (memory, etcd and fleet backends): its loop, or its state
-    /// machine stepped by one driver task. The machine does not yet keep metrics beyond
-    /// the leader gauge, nor refresh weights or Kafka's counts of stored topics.
+    /// machine stepped by one driver task. The machine does not yet refresh weights or
+    /// Kafka's counts of stored topics, nor export the placement gauges.
     #[arg(long, env = "KAFKA_ASSIGNER_ENGINE", value_enum, default_value = "loop")]
     pub engine: Engine,
 

@@ -46,15 +46,25 @@ fn now_ms() -> u64 {
 
 /// Seconds from `since_ms` to now (0 if the clock went backwards).
 fn secs_since(since_ms: u64) -> f64 {
-    now_ms().saturating_sub(since_ms) as f64 / 1000.0
+    secs_between(since_ms, now_ms())
+}
+
+/// Seconds from `since_ms` to `at_ms` (0 if the clock went backwards).
+fn secs_between(since_ms: u64, at_ms: u64) -> f64 {
+    at_ms.saturating_sub(since_ms) as f64 / 1000.0
 }
 
 impl Metrics {
     /// This instance applied `PartitionReady` for a handoff whose warm began at
     /// `warm_since_ms` (`None`: unknown, e.g. a repeated call).
     pub fn observe_warm_done(&self, topic: &str, partition: u32, warm_since_ms: Option<u64>) {
+        self.observe_warm_done_at(topic, partition, warm_since_ms, now_ms());
+    }
+
+    /// [`Metrics::observe_warm_done`], applied at `at_ms` (wall-clock ms).
+    pub fn observe_warm_done_at(&self, topic: &str, partition: u32, warm_since_ms: Option<u64>, at_ms: u64) {
         let Some(since) = warm_since_ms else { return };
-        self.warm_duration.observe(secs_since(since));
+        self.warm_duration.observe(secs_between(since, at_ms));
         let mut starts = self.warm_starts.lock();
         if starts.len() < MAX_REMEMBERED {
             starts.insert((topic.to_string(), partition), since);
@@ -63,9 +73,20 @@ impl Metrics {
 
     /// This instance applied `PartitionReleased`: the handoff is complete.
     pub fn observe_handoff_done(&self, topic: &str, partition: u32) {
+        self.observe_handoff_done_at(topic, partition, now_ms());
+    }
+
+    /// [`Metrics::observe_handoff_done`], applied at `at_ms` (wall-clock ms).
+    pub fn observe_handoff_done_at(&self, topic: &str, partition: u32, at_ms: u64) {
         if let Some(since) = self.warm_starts.lock().remove(&(topic.to_string(), partition)) {
-            self.handoff_duration.observe(secs_since(since));
+            self.handoff_duration.observe(secs_between(since, at_ms));
         }
+    }
+
+    /// A `ReleasePartition` whose releasing phase began at `ready_ms` was sent at `at_ms`
+    /// (wall-clock ms).
+    pub fn observe_release_sent_at(&self, ready_ms: u64, at_ms: u64) {
+        self.release_delivery.observe(secs_between(ready_ms, at_ms));
     }
 
     /// The relay brought a stream from releasing `before` to releasing `after`: each newly

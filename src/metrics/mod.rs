@@ -2,7 +2,8 @@
 //! `kafka_assigner_`).
 //!
 //! * Counters and histograms are updated where things happen: the coordinators (handoff
-//!   steps, rebalances), the store wrapper ([`crate::store::MeteredStore`]: latency and
+//!   steps, rebalances; on `--engine machine`, the driver, from what the state machine
+//!   observed: `coordinator/machine/observe.rs`), the store wrapper ([`crate::store::MeteredStore`]: latency and
 //!   errors by operation, watch re-reads), the gRPC layer (calls by method and code, streams
 //!   ended by reason) and the drain decider.
 //! * The fleet gauges (partitions owned per consumer and per topic, unowned partitions,
@@ -351,6 +352,17 @@ impl Metrics {
             self.rebalances.inc();
             self.partitions_moved.inc_by(moved as u64);
         }
+    }
+
+    /// A leader wrote a whole plan that did what `report` says: the rebalance, the handoffs
+    /// started, the direct assignments, the cancels and the timeouts.
+    pub fn observe_plan_written(&self, report: &crate::handoff::PlanReport) {
+        self.observe_rebalance(report.started.len() + report.assigned_directly.len());
+        self.handoffs_started.inc_by(report.started.len() as u64);
+        self.direct_assignments.inc_by(report.assigned_directly.len() as u64);
+        self.handoffs_cancelled.inc_by(report.cancelled.len() as u64);
+        self.warm_timeouts.inc_by(report.warm_timeouts.len() as u64);
+        self.release_timeouts.inc_by(report.release_timeouts.len() as u64);
     }
 
     /// A `Register` was refused by the stream limit `limit`; returns how many it has

@@ -425,7 +425,9 @@ impl Cluster {
         }
         let effects = machine.step(wall, input);
         self.outcome.machine_steps += 1;
-        self.trace.mix(&[node as u64, effects.len() as u64]);
+        // Observations are for metrics and logs: they are not part of the trace.
+        let said = effects.iter().filter(|e| !matches!(e, Effect::Observe(_))).count();
+        self.trace.mix(&[node as u64, said as u64]);
         for effect in effects {
             self.apply(node, effect)?;
         }
@@ -433,6 +435,10 @@ impl Cluster {
     }
 
     pub(super) fn apply(&mut self, node: usize, effect: Effect) -> Result<(), Violation> {
+        if let Effect::Observe(_) = effect {
+            // Metrics and logs only: nothing to model, and kept out of the trace.
+            return Ok(());
+        }
         if self.trace.recording() {
             let line = format!("  i{node} -> {effect:?}");
             self.trace.line(|| line);
@@ -507,6 +513,7 @@ impl Cluster {
             }
             // The simulation configures no weight source: no instance asks.
             Effect::LookUpWeights { .. } => {}
+            Effect::Observe(_) => {}
             Effect::LookUpPartitions { request, topic } => {
                 self.trace.mix(&[10, request]);
                 let answer = if self.config.topic_set().index(&topic).is_some() {

@@ -270,6 +270,9 @@ pub enum Effect {
         /// The topics.
         topics: Vec<String>,
     },
+    /// Something the instance decided or saw, for metrics and logs ([`super::observe`]):
+    /// changes nothing, and a simulation ignores it.
+    Observe(super::observe::Observation),
 }
 
 /// A call's successful answer.

@@ -12,6 +12,7 @@ use crate::coordinator::fleet_backend::claim_decide::{
     AtRevision, Claim, ClaimDecision, LeaseAt, claim_txn, decide, give_back_txn,
 };
 use crate::coordinator::machine::io::{Effect, Micros, StoreReply, StoreRequest};
+use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::outgoing::update;
 use crate::store::{Revision, SessionId, StoreError};
 
@@ -252,6 +253,11 @@ impl Instance {
                         self.claim_request(StoreRequest::Txn(txn), wait)
                     }
                     _ => {
+                        let (topic, consumer) = wait.name.clone();
+                        let partitions = wait.decision.give_back.iter().map(|(p, _)| *p).collect();
+                        let quota = wait.decision.quota;
+                        let gave = Observation::GaveBack { topic, consumer, partitions, quota };
+                        self.out.push(Effect::Observe(gave));
                         wait.stage = Stage::Claim(None);
                         self.next_stage(wait)
                     }
@@ -261,6 +267,15 @@ impl Instance {
                 let Ok(outcome) = txn_outcome(answer) else { return self.set_running(&wait, false) };
                 if outcome.succeeded {
                     wait.seen = wait.seen.max(outcome.revision);
+                    let claim = &wait.decision.claim;
+                    let claimed = match at {
+                        None => claim.iter().map(|free| free.partition).collect(),
+                        Some(i) => claim.get(i).map(|free| free.partition).into_iter().collect(),
+                    };
+                    let (topic, consumer) = wait.name.clone();
+                    let quota = wait.decision.quota;
+                    let claimed = Observation::Claimed { topic, consumer, partitions: claimed, quota };
+                    self.out.push(Effect::Observe(claimed));
                 }
                 wait.stage = match at {
                     None if outcome.succeeded => return self.set_running(&wait, false),

@@ -17,8 +17,13 @@
 //! the Kafka topic refresh (growth); a give-back waits for the giver's transport to take
 //! its `unassigned` in the running instance, here the `unassigned` is an effect listed
 //! before the delete's request, which a driver applies in order (a consumer that does
-//! not read, or whose buffer is full, is the driver's to end); the registration's
-//! raise goes in one transaction however many leases the name holds; metrics and logs.
+//! not read, or whose buffer is full, is the driver's to end, so no give-back times out
+//! and `give_backs_timed_out` is not counted); the registration's raise goes in one
+//! transaction however many leases the name holds.
+//!
+//! **Metrics and logs** are said, not recorded, as in the handoff machine: a swept
+//! registration, leases given back, leases claimed are [`Effect::Observe`]s
+//! (`coordinator/machine/observe.rs`) the production driver records and logs.
 //!
 //! Files: `follow.rs` (the first read, the watch, the lease, the watchdog), `streams.rs`
 //! (the streams and the relay pass), `register.rs` (`Register`), `claim.rs` (the claim
@@ -131,6 +136,8 @@ pub struct Instance {
     /// Deletes of ended streams' registrations that failed: when each is tried again, and
     /// its backoff.
     unregistering: BTreeMap<StreamKey, (Micros, Micros)>,
+    /// The registrations the sweep is deleting (counted once deleted).
+    sweeping: BTreeSet<StreamKey>,
     /// The sweep of registrations of this instance no stream holds (a safety net).
     sweeper: Upkeep,
     /// When every stream's claim step runs again without a change (the safety net).
@@ -173,6 +180,7 @@ impl Instance {
             closed: BTreeSet::new(),
             departures: Departures::new(config.lease_ttl),
             unregistering: BTreeMap::new(),
+            sweeping: BTreeSet::new(),
             sweeper: Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now)),
             claim_tick: now + config.claim_interval.as_micros() as Micros,
             refresh: crate::coordinator::machine::refresh::TopicRefresh::new(

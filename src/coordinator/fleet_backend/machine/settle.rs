@@ -15,7 +15,8 @@ use crate::coordinator::fleet_backend::records::{FleetKey, MemberRecord};
 use crate::coordinator::fleet_backend::register::member_record_of;
 use crate::coordinator::fleet_backend::registrar::{held, registrations_of};
 use crate::coordinator::machine::Rebind;
-use crate::coordinator::machine::io::{CallId, EndReason, Micros, Replied, StoreReply, StoreRequest};
+use crate::coordinator::machine::io::{CallId, Effect, EndReason, Micros, Replied, StoreReply, StoreRequest};
+use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, create_bound_txn};
 use crate::coordinator::shared::records::{decode, encode};
 use crate::coordinator::shared::registrar::Held;
@@ -202,6 +203,7 @@ impl Instance {
         };
         for chore in self.sweeper.sweep_due(at, found) {
             if let Chore::Sweep(key) = chore {
+                self.sweeping.insert(key.clone());
                 self.unregister(key);
             }
         }
@@ -224,6 +226,7 @@ impl Instance {
                 let Some(kv) = found else {
                     // Gone, or another registration's now: nothing of this one to delete.
                     self.unregistering.remove(&key);
+                    self.sweeping.remove(&key);
                     return;
                 };
                 let leases = self.keys.leases(&key.0);
@@ -249,6 +252,10 @@ impl Instance {
             }
             (Unregistering::Delete, Ok(StoreReply::Txn(_))) => {
                 self.unregistering.remove(&key);
+                if self.sweeping.remove(&key) {
+                    let (topic, consumer) = (key.0, key.1);
+                    self.out.push(Effect::Observe(Observation::Swept { topic, consumer }));
+                }
             }
             // Retried with backoff while the store is out of reach: a registration left
             // behind would keep its partitions.

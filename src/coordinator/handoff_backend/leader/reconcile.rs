@@ -416,13 +416,7 @@ fn observe_placement(
 }
 
 fn record(inner: &Handoff, topic: &str, report: &PlanReport, writes: usize, txns: usize, rollout: bool) {
-    let m = inner.core.metrics();
-    m.observe_rebalance(report.started.len() + report.assigned_directly.len());
-    m.handoffs_started.inc_by(report.started.len() as u64);
-    m.direct_assignments.inc_by(report.assigned_directly.len() as u64);
-    m.handoffs_cancelled.inc_by(report.cancelled.len() as u64);
-    m.warm_timeouts.inc_by(report.warm_timeouts.len() as u64);
-    m.release_timeouts.inc_by(report.release_timeouts.len() as u64);
+    inner.core.metrics().observe_plan_written(report);
     for (p, from, to) in &report.started {
         tracing::info!(topic, partition = p, from = %from, to = %to, rollout, "handoff started: warming");
     }

@@ -10,12 +10,13 @@ use crate::coordinator::CoordinatorError;
 use crate::coordinator::causes::ConsumerUnknown;
 use crate::coordinator::handoff_backend::calls::refusal_while_rewritten;
 use crate::coordinator::handoff_backend::decide::{
-    CallInFlight, CallStep, PartitionSlice, next_step, slice_from_records, slice_keys,
+    Applied, CallInFlight, CallStep, PartitionSlice, next_step, slice_from_records, slice_keys,
 };
 use crate::coordinator::handoff_backend::leave::{
-    self, LeaveInFlight, LeaveStep, decide_leave, keys_to_read,
+    self, LeaveInFlight, LeaveStep, Leaving, decide_leave, keys_to_read,
 };
-use crate::coordinator::machine::io::{Call, CallId, Replied, StoreReply, StoreRequest};
+use crate::coordinator::machine::io::{Call, CallId, Effect, Replied, StoreReply, StoreRequest};
+use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::instance::Report;
 use crate::coordinator::shared::mirror::{
     Changes, OwnFit, apply_ahead, apply_watched, own_batch, own_write_fits,
@@ -28,8 +29,9 @@ use super::streams::EpochWatch;
 #[derive(Debug)]
 pub(super) struct CallWait {
     call: CallInFlight<CallId>,
-    /// The transaction it is writing (`None`: its slice is being read).
-    writing: Option<Txn>,
+    /// The transaction it is writing, and what it answers once written (`None`: its slice
+    /// is being read).
+    writing: Option<(Txn, Applied)>,
 }
 
 /// A `Deregister` between its store calls.
@@ -80,6 +82,25 @@ impl Instance {
         match step {
             CallStep::Answer(result) => {
                 let (topic, consumer) = (&call.topic, &call.consumer);
+                let (partition, at) = (call.partition, self.now_ms());
+                // Counted as the running instance counts them (`calls.rs::answer`).
+                let seen = match (&result, call.report) {
+                    (Ok(Some(applied)), Report::Ready) => Some(Observation::Ready {
+                        topic: topic.clone(),
+                        partition,
+                        consumer: consumer.clone(),
+                        warm_since: applied.phase_since,
+                        at,
+                    }),
+                    (Ok(_), Report::Released) => Some(Observation::Released {
+                        topic: topic.clone(),
+                        partition,
+                        consumer: consumer.clone(),
+                        at,
+                    }),
+                    _ => None,
+                };
+                self.out.extend(seen.map(Effect::Observe));
                 let held = self.streams.contains_key(&(topic.clone(), consumer.clone()));
                 let reply = result
                     .map(|_| Replied::Applied)
@@ -91,8 +112,8 @@ impl Instance {
                 let wait = CallWait { call, writing: None };
                 self.request(StoreRequest::Get(keys.to_vec()), Waiting::Call(Box::new(wait)));
             }
-            CallStep::Write(txn, _) => {
-                let wait = CallWait { call, writing: Some(txn.clone()) };
+            CallStep::Write(txn, applied) => {
+                let wait = CallWait { call, writing: Some((txn.clone(), applied)) };
                 self.request(StoreRequest::Txn(txn), Waiting::Call(Box::new(wait)));
             }
         }
@@ -101,7 +122,7 @@ impl Instance {
     /// What the store answered a ready / released call.
     pub(super) fn call_answered(&mut self, wait: CallWait, answer: Result<StoreReply, StoreError>) {
         let CallWait { mut call, writing } = wait;
-        let step = if let Some(txn) = writing {
+        let step = if let Some((txn, applied)) = writing {
             let written = expect(answer, |r| match r {
                 StoreReply::Txn(o) => Some(o),
                 _ => None,
@@ -110,7 +131,7 @@ impl Instance {
                 Ok(outcome) if outcome.succeeded => {
                     // Applied and told at once, not when the watch brings it back.
                     self.applied(outcome.revision, &txn.ops, &txn.compares);
-                    CallStep::Answer(Ok(None))
+                    CallStep::Answer(Ok(Some(applied)))
                 }
                 Ok(_) => call.retry(),
                 Err(error) => CallStep::Answer(Err(error.into())),
@@ -169,6 +190,13 @@ impl Instance {
         };
         match step {
             LeaveStep::Answer(result) => {
+                if let Ok(left) = &result {
+                    for (topic, leaving) in &left.topics {
+                        let (consumer, topic) = (leave.consumer.clone(), topic.clone());
+                        let draining = *leaving == Leaving::Draining;
+                        self.out.push(Effect::Observe(Observation::Left { consumer, topic, draining }));
+                    }
+                }
                 self.reply(leave.reply, result.map(|left| Replied::Deregistered(left.action())))
             }
             LeaveStep::ReadStore => {

@@ -25,7 +25,8 @@ use crate::coordinator::handoff_backend::leader::reconcile::{
 use crate::coordinator::handoff_backend::leader::{Fence, PLAN_PACE};
 use crate::coordinator::handoff_backend::leader_groups::{self, LeaderGroup};
 use crate::coordinator::machine::io::{Effect, Micros, StoreReply, StoreRequest};
-use crate::handoff::{Cooldowns, Millis, MoveReason, PlacementMemory};
+use crate::coordinator::machine::observe::Observation;
+use crate::handoff::{Cooldowns, Millis, MoveReason, PlacementMemory, PlanReport};
 use crate::store::{KeyValue, Revision, SessionId, StoreError, Txn};
 
 /// Why the leader made a store call.
@@ -54,6 +55,11 @@ pub(super) struct Writing {
     sending: Vec<u32>,
     applied: BTreeSet<u32>,
     moves: Vec<(u32, MoveReason)>,
+    /// What the plan does (metrics and logs, once all of it is written).
+    report: Box<PlanReport>,
+    rollout: bool,
+    /// No batch failed so far.
+    all_applied: bool,
 }
 
 /// What the leader still has to do in its pass.
@@ -201,6 +207,7 @@ impl Instance {
         let Some(revision) = self.cache.as_ref().map(|c| c.revision) else { return };
         let (now, groups) = (self.now, self.leaders.len());
         let first = self.pacing.turn % groups.max(1);
+        let mut planned_here = 0;
         for g in (first..groups).chain(0..first) {
             let me = &self.leaders[g];
             if me.busy {
@@ -211,10 +218,14 @@ impl Instance {
             if me.queue.is_empty() && wants && now >= self.pacing.until {
                 let planned = self.look(g, revision);
                 self.pacing.spent(now, planned, g);
+                planned_here += planned;
             }
             self.ask_weights(g);
             self.take_step(g);
             self.refresh_topics(g);
+        }
+        if planned_here > 0 {
+            self.out.push(Effect::Observe(Observation::Planned { partitions: planned_here }));
         }
     }
 
@@ -289,6 +300,11 @@ impl Instance {
             let memory = me.placement.entry(topic.clone()).or_default();
             let plan = plan_topic(&self.config, &self.keys, fence, (topic, entry), clock, cooldowns, memory);
             planned += u64::from(entry.config.as_ref().map_or(0, |c| c.value.partition_count));
+            // Counted once when it starts being held back (the memory's note changes no plan).
+            for (partition, why) in memory.note_deferred(&plan.placed.deferred) {
+                let topic = topic.clone();
+                self.out.push(Effect::Observe(Observation::Deferred { topic, partition, why }));
+            }
             if plan.writes > 0 {
                 me.queue.push_back(Step::Topic(Writing {
                     topic: topic.clone(),
@@ -297,6 +313,9 @@ impl Instance {
                     sending: Vec::new(),
                     applied: BTreeSet::new(),
                     moves: plan.placed.moves,
+                    report: Box::new(plan.report),
+                    rollout: plan.rollout,
+                    all_applied: true,
                 }));
             }
         }
@@ -347,6 +366,13 @@ impl Instance {
                         if let Some(memory) = self.leaders[g].placement.get_mut(&topic.topic) {
                             memory.record(topic.planned_at, &made, &self.config.placement);
                         }
+                        let written = Observation::Written {
+                            topic: topic.topic,
+                            moves: made,
+                            report: topic.all_applied.then_some(*topic.report),
+                            rollout: topic.rollout,
+                        };
+                        self.out.push(Effect::Observe(written));
                     }
                 },
                 Step::Weights(topic, txn, weighted) => {
@@ -422,12 +448,16 @@ impl Instance {
             Ok(_) => {
                 // Planned from a stale view: nothing of this batch was written. Deposed?
                 topic.batches.clear();
+                topic.all_applied = false;
+                let conflict = Observation::Conflict { topic: topic.topic.clone() };
                 if let Some(fence) = fence {
                     me.queue.insert(1, Step::StillLeading(fence));
                 }
+                self.out.push(Effect::Observe(conflict));
             }
             Err(_) => {
                 topic.batches.clear();
+                topic.all_applied = false;
                 self.settle(g);
             }
         }
@@ -443,10 +473,18 @@ impl Instance {
         me.fence = Some(Fence { session, revision });
         me.refresh.restart(self.now);
         me.next_weights = self.now;
+        let group = me.group.group;
         self.settle(g);
         if !leading_before {
             self.out.push(Effect::Leading(true));
         }
+        self.observe_leadership(group, true);
+    }
+
+    /// Says group `group`'s leadership was won or given up, and how many groups it leads.
+    fn observe_leadership(&mut self, group: u32, won: bool) {
+        let led = self.leaders.iter().filter(|me| me.fence.is_some()).count() as u32;
+        self.out.push(Effect::Observe(Observation::Leadership { group, won, led }));
     }
 
     /// Gives up group `g`'s leadership and what only its leader keeps.
@@ -457,9 +495,11 @@ impl Instance {
             me.cooldowns.clear();
             me.placement.clear();
             me.queue.clear();
+            let group = me.group.group;
             if !self.is_leader() {
                 self.out.push(Effect::Leading(false));
             }
+            self.observe_leadership(group, false);
         }
     }
 

@@ -23,7 +23,16 @@
 //! decided on the store's state raises epochs from the cache, not from prefix reads; a
 //! consumer that left is handed to the departures when its stream's end is emitted, not
 //! when its transport took the last commands; a watch silence noticed late (a busy
-//! production loop) is not given the follower's extra grace; metrics and logs.
+//! production loop) is not given the follower's extra grace; the placement gauges (the
+//! placement view is not asked of it).
+//!
+//! **Metrics and logs** are said, not recorded: where the loop counts or logs a decision,
+//! the step emits an [`Effect::Observe`] naming it (a plan written with its moves and
+//! report, a deferral, a refused batch, leadership won or given up, a ready or released
+//! call with its phase's start, a release sent, a consumer leaving, a swept registration;
+//! `coordinator/machine/observe.rs`), which the production driver records into the
+//! metrics and logs, and a simulation drops. The planning time is the driver's measure of
+//! the steps that planned, as the step reads no clock.
 //!
 //! **What the step never waits for forever.** Every store request has a deadline on the
 //! instance's own timer ([`STORE_ANSWER_WITHIN`], the etcd client's per-call budget): past
@@ -170,6 +179,8 @@ pub struct Instance {
     /// Deletes of ended streams' registrations that failed: when each is tried again, and
     /// its backoff.
     unregistering: BTreeMap<crate::coordinator::shared::streams::StreamKey, (Micros, Micros)>,
+    /// The registrations the sweep is deleting (counted once deleted).
+    sweeping: BTreeSet<crate::coordinator::shared::streams::StreamKey>,
     /// The sweep of registrations of this instance no stream holds (a safety net), as the
     /// running instance's upkeep keeps it.
     sweeper: Upkeep,
@@ -220,6 +231,7 @@ impl Instance {
             departures,
             sweeper,
             unregistering: BTreeMap::new(),
+            sweeping: BTreeSet::new(),
             leaders: LeaderState::all(config.leader_groups, now, config.topic_refresh_interval),
             pacing: leader::Pacing::new(plan_nanos_per_partition),
             ready: None,
@@ -228,6 +240,9 @@ impl Instance {
             config,
         };
         instance.reread();
+        let groups = instance.config.leader_groups.max(1);
+        let groups = crate::coordinator::machine::observe::Observation::LeaderGroups { groups };
+        instance.out.push(Effect::Observe(groups));
         instance.settle_outputs();
         let effects = std::mem::take(&mut instance.out);
         (instance, effects)

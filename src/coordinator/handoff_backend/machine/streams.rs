@@ -8,9 +8,10 @@ use super::Instance;
 use crate::coordinator::causes::{EndOfStream, Fence};
 use crate::coordinator::handoff_backend::relay::{relay_step, to_keep};
 use crate::coordinator::machine::io::{Effect, EndReason, StreamId};
+use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::departures::Departed;
 use crate::coordinator::shared::mirror::{Changes, Touched};
-use crate::coordinator::shared::relay::StreamSeen;
+use crate::coordinator::shared::relay::{RelayStep, StreamSeen};
 use crate::coordinator::shared::streams::Book;
 use crate::coordinator::shared::streams::{Ending, StreamKey, replaced_error};
 use crate::coordinator::{CoordinatorError, EpochsAt, PartitionEpoch};
@@ -91,6 +92,19 @@ impl Instance {
             }
             let scope = changes.scope(topic, consumer);
             let step = relay_step(topic, consumer, stream.seen(), entry, scope, cache.revision);
+            if let RelayStep::Tell(tell) = &step {
+                // Each newly released partition's `ReleasePartition` goes out now; its
+                // releasing phase began when `PartitionReady` was applied.
+                let before = &stream.book.told.releasing;
+                for partition in tell.told.releasing.keys().filter(|p| !before.contains_key(p)) {
+                    let since = entry.and_then(|e| e.handoffs.get(partition)).map(|h| h.value.since);
+                    if let Some(ready_since) = since {
+                        let (topic, partition, at) = (topic.clone(), *partition, self.now / 1000);
+                        let sent = Observation::ReleaseSent { topic, partition, ready_since, at };
+                        self.out.push(Effect::Observe(sent));
+                    }
+                }
+            }
             let said = stream.book.apply(topic, consumer, step);
             if said.lost && stream.lost_since.is_none() {
                 stream.lost_since = Some(self.now);

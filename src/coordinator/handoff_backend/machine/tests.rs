@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::test_harness::{Harness, SESSION, commands, handoff_under_way, lose, reply, txn_rev};
 use crate::coordinator::handoff_backend::leader_groups::LeaderGroup;
 use crate::coordinator::machine::io::{Call, Effect, EndReason, Input, LeaseState, Replied};
+use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::{CoordinatorError, causes::EndOfStream};
 use crate::mutation::{Mutation, with_mutation};
 use crate::proto::v1::assignment_command::Command;
@@ -277,4 +278,68 @@ fn an_epoch_stream_gets_a_snapshot_then_another_when_ownership_changes() {
         "the moved partition is gone: {next:?}"
     );
     assert!(next[0].revision > first[0].revision);
+}
+
+/// What the step observed among `effects` (for metrics and logs).
+fn observed(effects: &[Effect]) -> Vec<Observation> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Observe(o) => Some(o.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_step_observes_what_the_loop_records() {
+    let mut h = Harness::new();
+    h.register(1, 11, "a");
+    h.advance(Duration::from_millis(400)); // the first joins settle, then the plan
+    h.register(2, 12, "b");
+    h.advance(Duration::from_millis(10));
+    let effects = h.take();
+    let partition = commands(&effects, 12)
+        .iter()
+        .find_map(|c| match c {
+            Command::Warm(w) => w.partition.as_ref().map(|p| p.partition),
+            _ => None,
+        })
+        .expect("b warms a partition");
+    let seen = observed(&effects);
+    assert!(seen.contains(&Observation::LeaderGroups { groups: 1 }), "{seen:?}");
+    assert!(seen.contains(&Observation::Leadership { group: 0, won: true, led: 1 }), "{seen:?}");
+    assert!(seen.iter().any(|o| matches!(o, Observation::Planned { partitions } if *partitions > 0)));
+    let reports: Vec<&crate::handoff::PlanReport> = seen
+        .iter()
+        .filter_map(|o| match o {
+            Observation::Written { report: Some(report), .. } => Some(report),
+            _ => None,
+        })
+        .collect();
+    let direct: usize = reports.iter().map(|r| r.assigned_directly.len()).sum();
+    let started: Vec<u32> = reports.iter().flat_map(|r| r.started.iter().map(|(p, _, _)| *p)).collect();
+    assert_eq!((direct, started), (2, vec![partition]), "{seen:?}");
+
+    let ready = Call::PartitionReady { consumer: "b".into(), topic: "t".into(), partition };
+    h.input(Input::Call { call: 3, body: ready });
+    let seen = observed(&h.take());
+    let flipped = seen.iter().find_map(|o| match o {
+        Observation::Ready { partition: p, consumer, warm_since, at, .. }
+            if *p == partition && consumer == "b" =>
+        {
+            Some((*warm_since, *at))
+        }
+        _ => None,
+    });
+    assert!(matches!(flipped, Some((Some(since), at)) if since <= at), "with its warm's start: {seen:?}");
+    let sent =
+        |o: &Observation| matches!(o, Observation::ReleaseSent { partition: p, .. } if *p == partition);
+    assert!(seen.iter().any(sent), "the old owner's release was sent: {seen:?}");
+
+    let released = Call::PartitionReleased { consumer: "a".into(), topic: "t".into(), partition };
+    h.input(Input::Call { call: 4, body: released });
+    let seen = observed(&h.take());
+    let done = |o: &Observation| matches!(o, Observation::Released { partition: p, consumer, .. } if *p == partition && consumer == "a");
+    assert!(seen.iter().any(done), "{seen:?}");
 }

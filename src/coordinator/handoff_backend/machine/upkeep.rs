@@ -20,7 +20,8 @@ use crate::coordinator::handoff_backend::register::{
 };
 use crate::coordinator::handoff_backend::state::Cache;
 use crate::coordinator::machine::Rebind;
-use crate::coordinator::machine::io::{EndReason, LeaseState, Micros, StoreReply, StoreRequest};
+use crate::coordinator::machine::io::{Effect, EndReason, LeaseState, Micros, StoreReply, StoreRequest};
+use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::cas::create_bound_txn;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
@@ -210,6 +211,7 @@ impl Instance {
         for chore in self.sweeper.sweep_due(at, found) {
             if let Chore::Sweep(key) = chore {
                 let record_key = self.keys.consumer(&key.0, &key.1);
+                self.sweeping.insert(key.clone());
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
             }
         }
@@ -240,6 +242,7 @@ impl Instance {
                 }) else {
                     // Gone, or another registration's now: nothing of this one to delete.
                     self.unregistering.remove(&key);
+                    self.sweeping.remove(&key);
                     return;
                 };
                 let txn = Txn::new()
@@ -254,6 +257,10 @@ impl Instance {
             }
             (Some(_), Ok(StoreReply::Txn(_))) => {
                 self.unregistering.remove(&key);
+                if self.sweeping.remove(&key) {
+                    let (topic, consumer) = (key.0, key.1);
+                    self.out.push(Effect::Observe(Observation::Swept { topic, consumer }));
+                }
             }
             (_, _) => retry_later(self, key),
         }

@@ -8,6 +8,8 @@
 //!   for its receiver to go), and the lease's state from its keeper. The timer is the
 //!   driver's own: the machine's last [`Effect::WakeAt`].
 //! * **Effects** are applied in the order of the step's list ([`apply`](Driver::apply)).
+//!   What the machine observed ([`Effect::Observe`]) is recorded into the metrics and
+//!   logged (`record.rs`): the machine's counters are its own, not derived from answers.
 //!   Commands go into the streams' channels through one [`PassGate`] per step, so a
 //!   consumer's gain (`assigned`, a warm) is taken off its channel before any loss of the
 //!   same step (`unassigned`, a release) is sent: the new owner hears first, whatever order
@@ -24,6 +26,7 @@
 //! simulation checks (`src/sim/`) is what runs here.
 
 pub mod front;
+mod record;
 mod store_io;
 mod told;
 
@@ -164,18 +167,16 @@ fn now_micros() -> Micros {
 /// A call waiting for its answer.
 struct Pending {
     reply: oneshot::Sender<Result<Replied, CoordinatorError>>,
-    /// What it was, for the counters its answer moves.
+    /// What it was, for the gauge its answer moves.
     kind: CallKind,
     /// A `Register` whose caller went away before its answer (`registers_abandoned`).
     abandoned: bool,
 }
 
-/// What a call was, for the counters.
+/// What a call was, for the gauge.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum CallKind {
     Register(StreamId),
-    Ready,
-    Released,
     Other,
 }
 
@@ -183,9 +184,7 @@ impl CallKind {
     fn of(body: &Call) -> Self {
         match body {
             Call::Register { stream, .. } => CallKind::Register(*stream),
-            Call::PartitionReady { .. } => CallKind::Ready,
-            Call::PartitionReleased { .. } => CallKind::Released,
-            Call::Deregister { .. } | Call::WatchEpochs { .. } => CallKind::Other,
+            _ => CallKind::Other,
         }
     }
 }
@@ -201,6 +200,8 @@ struct Order {
     closed: Vec<StreamId>,
     /// A command that must be heard before what follows could not be queued.
     refused: bool,
+    /// How long the step took (what planning costs, for `plan_seconds`).
+    took: Duration,
 }
 
 /// A command stream the driver sends on.
@@ -229,6 +230,8 @@ pub(crate) struct Driver<M> {
     registering: HashMap<StreamId, CallId>,
     store: store_io::StoreIo,
     wake: Option<Micros>,
+    /// How long the last step ran (what a step that planned counts as planning time).
+    step_took: Duration,
 }
 
 impl<M: Machine> Driver<M> {
@@ -255,6 +258,7 @@ impl<M: Machine> Driver<M> {
             registering: HashMap::new(),
             store,
             wake: None,
+            step_took: Duration::ZERO,
         };
         driver.apply_all(first);
         tokio::spawn(driver.run());
@@ -339,7 +343,9 @@ impl<M: Machine> Driver<M> {
         if let Input::StoreAnswer { request, .. } = &input {
             self.store.answered(*request);
         }
+        let started = std::time::Instant::now();
         let effects = self.machine.step(now_micros(), input);
+        self.step_took = started.elapsed();
         self.shared.renews.store(self.machine.renews(), Ordering::Relaxed);
         self.apply_all(effects);
         self.shared.metrics.streams.set(self.commands.len() as i64);
@@ -352,6 +358,9 @@ impl<M: Machine> Driver<M> {
             told: self.machine.tells_before_freeing().then(Vec::new),
             closed: Vec::new(),
             refused: false,
+            // This step's time (a step nested below, for a stream found not reading, sets
+            // its own).
+            took: self.step_took,
         };
         for effect in effects {
             self.apply(effect, &mut order);
@@ -383,13 +392,15 @@ impl<M: Machine> Driver<M> {
                 }
             }
             Effect::Reply { call, reply } => self.reply(call, reply),
-            Effect::EndStream { stream, reason: _, error } => {
+            Effect::EndStream { stream, reason, error } => {
                 self.epochs.remove(&stream);
-                if let Some(open) = self.commands.remove(&stream)
-                    && let Some(error) = error
-                {
-                    // The channel keeps two slots beyond its buffer for this.
-                    let _ = open.tx.try_send(Outgoing::free(Err(error)));
+                if let Some(open) = self.commands.remove(&stream) {
+                    let (topic, consumer) = (&open.topic, &open.consumer);
+                    tracing::info!(topic, consumer, ?reason, "consumer stream ended");
+                    if let Some(error) = error {
+                        // The channel keeps two slots beyond its buffer for this.
+                        let _ = open.tx.try_send(Outgoing::free(Err(error)));
+                    }
                 }
             }
             Effect::WakeAt(at) => self.wake = Some(at),
@@ -408,6 +419,7 @@ impl<M: Machine> Driver<M> {
                     .collect();
                 let _ = self.to_self.send(Message::Input(Input::Weights { request, weights }));
             }
+            Effect::Observe(observation) => record::record(&self.shared.metrics, observation, order.took),
             Effect::LookUpPartitions { request, topic } => {
                 let (topics, to_self) = (self.topics.clone(), self.to_self.clone());
                 tokio::spawn(async move {
@@ -418,24 +430,14 @@ impl<M: Machine> Driver<M> {
         }
     }
 
-    /// Answers `call`, and counts what its answer says.
+    /// Answers `call` (a `Register` whose caller went away is no longer counted as one).
     fn reply(&mut self, call: CallId, reply: Result<Replied, CoordinatorError>) {
         let Some(pending) = self.calls.remove(&call) else { return };
-        let metrics = &self.shared.metrics;
-        match (pending.kind, reply.is_ok()) {
-            (CallKind::Register(stream), _) => {
-                self.registering.remove(&stream);
-                if pending.abandoned {
-                    metrics.registers_abandoned.dec();
-                }
+        if let CallKind::Register(stream) = pending.kind {
+            self.registering.remove(&stream);
+            if pending.abandoned {
+                self.shared.metrics.registers_abandoned.dec();
             }
-            (CallKind::Ready, true) => {
-                metrics.handoffs_ready.inc();
-            }
-            (CallKind::Released, true) => {
-                metrics.handoffs_released.inc();
-            }
-            _ => {}
         }
         let _ = pending.reply.send(reply);
     }
