@@ -3,9 +3,10 @@
 //!
 //! [`io`] holds the inputs and effects, shared by both store-backed backends ([`observe`]:
 //! what an instance says it decided, for metrics and logs); the handoff backend's state and
-//! step are in `handoff_backend/machine/`. The whole-cluster
-//! simulation drives instances through them today; the production driver switches over
-//! to the same step next, so what the simulation checks is what runs.
+//! step are in `handoff_backend/machine/`, the fleet's in `fleet_backend/machine/`. The
+//! whole-cluster simulation drives instances through them, and so does the production
+//! [`driver`] (`--engine machine`), so what the simulation checks is what runs there.
+//! [`refresh`] is the Kafka topic refresh both machines keep as a part of their state.
 
 pub mod driver;
 pub mod io;

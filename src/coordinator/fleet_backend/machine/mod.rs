@@ -13,13 +13,12 @@
 //! and the sweep, the rebind's compare on absence, the mirror's stale-snapshot rule and
 //! the watch's silence bound. What the step adds is the bookkeeping between them.
 //!
-//! **Not in the state machine yet** (the running loop, `driver.rs`, still does them):
-//! the Kafka topic refresh (growth); a give-back waits for the giver's transport to take
-//! its `unassigned` in the running instance, here the `unassigned` is an effect listed
-//! before the delete's request, which a driver applies in order (a consumer that does
-//! not read, or whose buffer is full, is the driver's to end, so no give-back times out
-//! and `give_backs_timed_out` is not counted); the registration's raise goes in one
-//! transaction however many leases the name holds.
+//! **How it differs from the running loop** (`driver.rs`): a give-back's `unassigned` is an
+//! effect listed before the delete's request, and the driver holds the request until the
+//! giver's transport took it (`coordinator/machine/driver/told.rs`: a giver that does not
+//! take it within a TTL, or whose buffer is full, is ended and nothing is freed, as the loop
+//! does); the registration's raise goes in one transaction however many leases the name
+//! holds. The Kafka topic refresh is `topic_refresh.rs`.
 //!
 //! **Metrics and logs** are said, not recorded, as in the handoff machine: a swept
 //! registration, leases given back, leases claimed are [`Effect::Observe`]s

@@ -9,22 +9,23 @@
 //! decides with (`decide.rs`, `leave.rs`, `relay.rs`, `incarnation.rs`, the leader's
 //! election and plan, the departures, the mutation hooks), so the whole-cluster simulation
 //! that drives it checks production's decisions; what the step adds is only the
-//! bookkeeping between them. The running instance (`driver.rs`) switches over to it in the
-//! next stage.
+//! bookkeeping between them. The production driver (`coordinator/machine/driver/`) runs it
+//! under `--engine machine`; the loop (`driver.rs`) is still the default.
 //!
 //! The step reads no clock: `now` is wall-clock µs. The shared pieces that keep monotonic
 //! time ([`Departures`], the leader's arrivals) are given `origin + now`, with `origin`
 //! fixed when the instance is made, so their answers depend on `now` alone.
 //!
-//! **Not in the state machine yet** (the loop still does them, and the driver will in
-//! stage 2): batching calls and registrations into shared transactions; pacing plans by
-//! measured planning time; the weights and Kafka topic refreshes (a `Register` of a topic
-//! with no stored or configured count asks [`Effect::LookUpPartitions`]); a registration
-//! decided on the store's state raises epochs from the cache, not from prefix reads; a
-//! consumer that left is handed to the departures when its stream's end is emitted, not
-//! when its transport took the last commands; a watch silence noticed late (a busy
-//! production loop) is not given the follower's extra grace; the placement gauges (the
-//! placement view is not asked of it).
+//! **Not in the state machine yet** (the loop does them): batching calls and registrations
+//! into shared transactions; pacing plans by measured planning time (the driver states a
+//! cost per partition, [`Start::plan_nanos_per_partition`]); a registration decided on the
+//! store's state raises epochs from the cache, not from prefix reads; a consumer that left is
+//! handed to the departures when its stream's end is emitted, not when its transport took
+//! the last commands; a watch silence noticed late (a busy production loop) is not given the
+//! follower's extra grace. The Kafka topic refresh (`topic_refresh.rs`) and the weights
+//! refresh (`weights.rs`) are parts of each group's leader, as in the loop; the weight
+//! source and Kafka are asked through effects ([`Effect::LookUpWeights`],
+//! [`Effect::LookUpPartitions`]).
 //!
 //! **Metrics and logs** are said, not recorded: where the loop counts or logs a decision,
 //! the step emits an [`Effect::Observe`] naming it (a plan written with its moves and
