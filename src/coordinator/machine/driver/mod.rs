@@ -27,29 +27,27 @@
 
 pub mod front;
 mod record;
+mod shared;
 mod store_io;
+mod streams;
 mod told;
+
+pub(crate) use shared::Shared;
+use streams::Open;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{mpsc, oneshot};
 
 use super::io::{Call, CallId, Effect, Input, Micros, Replied, Stop, StreamId};
 use super::watchdog::STORE_ANSWER_WITHIN;
-use crate::coordinator::causes::NotReadingStream;
-use crate::coordinator::shared::Readiness;
-use crate::coordinator::shared::lease::{LeaseHolder, LeaseState};
 use crate::coordinator::shared::outgoing::{CommandSender, Outgoing, PassGate};
 use crate::coordinator::shared::topics::Topics;
-use crate::coordinator::shared::transport::{self, Ends};
+use crate::coordinator::shared::transport::{self};
 use crate::coordinator::{CoordinatorError, EpochsAt, StatusView};
-use crate::metrics::Metrics;
-use crate::proto::v1::{AssignmentCommand, assignment_command::Command};
-use crate::store::LeaseStore;
 
 /// An instance's state and step, as the driver runs it: either backend's `Instance`.
 pub trait Machine: Send + 'static {
@@ -106,58 +104,6 @@ pub(crate) enum Message {
     Shutdown { done: oneshot::Sender<()> },
 }
 
-/// What the driver, the front and the lease keeper share: flags and channels, no state of
-/// the machine's.
-pub(crate) struct Shared {
-    pub(crate) instance_id: String,
-    pub(crate) store: Arc<dyn LeaseStore>,
-    pub(crate) ttl: Duration,
-    /// The lease's state as the keeper reports it (the driver hands it to the machine).
-    pub(crate) lease: watch::Sender<LeaseState>,
-    /// The bell every stream's transport reads (fences, stop).
-    pub(crate) bell: watch::Sender<Ends>,
-    /// The machine's [`Machine::renews`], as of its last step (the keeper reads it).
-    pub(crate) renews: AtomicBool,
-    pub(crate) check_now: tokio::sync::Notify,
-    /// Cancelled when the instance stops (the keeper ends; the driver ends on a crash).
-    pub(crate) stop: CancellationToken,
-    pub(crate) readiness: Readiness,
-    /// Whether the machine leads some leader group, as of its last step.
-    pub(crate) leading: AtomicBool,
-    pub(crate) metrics: Arc<Metrics>,
-}
-
-impl LeaseHolder for Shared {
-    fn store(&self) -> &dyn LeaseStore {
-        &*self.store
-    }
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-    fn lease(&self) -> &watch::Sender<LeaseState> {
-        &self.lease
-    }
-    fn fence(&self) {
-        if !crate::coordinator::shared::lease::fences_streams() {
-            return;
-        }
-        let why = crate::coordinator::causes::Fence::SessionLost { instance: self.instance_id.clone() };
-        self.bell.send_modify(|ends| {
-            ends.fences += 1;
-            ends.fence = Some(why);
-        });
-    }
-    fn renews(&self) -> bool {
-        self.renews.load(Ordering::Relaxed)
-    }
-    fn check_now(&self) -> &tokio::sync::Notify {
-        &self.check_now
-    }
-    fn stop_token(&self) -> &CancellationToken {
-        &self.stop
-    }
-}
-
 /// Wall-clock µs since the Unix epoch: the `now` of every step.
 fn now_micros() -> Micros {
     use std::time::{SystemTime, UNIX_EPOCH};
@@ -202,15 +148,6 @@ struct Order {
     refused: bool,
     /// How long the step took (what planning costs, for `plan_seconds`).
     took: Duration,
-}
-
-/// A command stream the driver sends on.
-struct Open {
-    tx: CommandSender,
-    topic: String,
-    consumer: String,
-    /// Dropped when the stream ends here: its closing is no longer forwarded.
-    _ended: tokio_util::sync::DropGuard,
 }
 
 /// The one task that owns an instance's machine.
@@ -442,85 +379,6 @@ impl<M: Machine> Driver<M> {
         let _ = pending.reply.send(reply);
     }
 
-    /// Puts `command` into `stream`'s channel in its place in the step's order; a consumer
-    /// whose channel is full is not reading: its stream ends, and the machine hears so.
-    fn command(&mut self, stream: StreamId, command: AssignmentCommand, order: &mut Order) {
-        let Some(open) = self.commands.get(&stream) else { return };
-        let unassigned = told::unassigned(&command);
-        let (outgoing, held) = match order.told.as_ref() {
-            // An `unassigned` is held until the transport takes it: what the step asks of the
-            // store after it waits (the partitions it gives back are freed then).
-            Some(_) if !unassigned.is_empty() => {
-                let gate = PassGate::new();
-                (gate.gain(command), Some(gate))
-            }
-            _ if is_loss(&command) => (order.gate.loss(command), None),
-            _ => (order.gate.gain(command), None),
-        };
-        if open.tx.capacity() > 2 && open.tx.try_send(outgoing).is_ok() {
-            if let (Some(told), Some(gate)) = (order.told.as_mut(), held) {
-                told.push(told::Told { stream, gate, tx: open.tx.clone(), unassigned });
-            }
-            return;
-        }
-        let (consumer, topic) = (open.consumer.clone(), open.topic.clone());
-        let error = match held {
-            Some(_) => {
-                order.refused = true;
-                CoordinatorError::NotReading(NotReadingStream::GivingBack {
-                    consumer,
-                    topic,
-                    partitions: unassigned,
-                    stall: crate::coordinator::causes::GiveBackStall::BufferFull,
-                })
-            }
-            _ => CoordinatorError::NotReading(NotReadingStream::BufferFull { consumer, topic }),
-        };
-        self.end_not_reading(stream, error);
-        order.closed.push(stream);
-    }
-
-    /// Ends `stream` with `error` (its consumer does not read it).
-    fn end_not_reading(&mut self, stream: StreamId, error: CoordinatorError) {
-        if let Some(open) = self.commands.remove(&stream) {
-            tracing::warn!(topic = open.topic, consumer = open.consumer, %error, "ending a stream its consumer does not read");
-            let _ = open.tx.try_send(Outgoing::free(Err(error)));
-        }
-    }
-
-    /// Keeps the sending half of the stream a call opens, and forwards its closing: a task
-    /// that waits for the receiver to go, or for the driver to end the stream (it then
-    /// lets its clone of the sender go, so the stream can end).
-    fn open(&mut self, stream: StreamId, body: &Call, outlet: Outlet) {
-        let to_self = self.to_self.clone();
-        let ended = CancellationToken::new();
-        let guard = ended.clone().drop_guard();
-        let closed: futures::future::BoxFuture<'static, ()> = match outlet {
-            Outlet::Commands(tx) => {
-                let (topic, consumer) = match body {
-                    Call::Register { topic, consumer, .. } => (topic.clone(), consumer.clone()),
-                    _ => Default::default(),
-                };
-                let watched = tx.clone();
-                self.commands.insert(stream, Open { tx, topic, consumer, _ended: guard });
-                Box::pin(async move { watched.closed().await })
-            }
-            Outlet::Epochs(tx) => {
-                let watched = tx.clone();
-                self.epochs.insert(stream, (tx, guard));
-                Box::pin(async move { watched.closed().await })
-            }
-        };
-        tokio::spawn(async move {
-            tokio::select! {
-                () = closed => {
-                    let _ = to_self.send(Message::Input(Input::StreamClosed { stream }));
-                }
-                () = ended.cancelled() => {}
-            }
-        });
-    }
-
     /// After a graceful stop's step: the answers still out (the resignation) are taken in
     /// for at most [`STORE_ANSWER_WITHIN`].
     async fn finish_requests(&mut self) {
@@ -557,41 +415,5 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Whether `command` takes something from its consumer (an `unassigned` alone, a release):
-/// it goes after the step's gains.
-fn is_loss(command: &AssignmentCommand) -> bool {
-    match &command.command {
-        Some(Command::Assignment(update)) => update.assigned.is_empty() && !update.unassigned.is_empty(),
-        Some(Command::Release(_)) => true,
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_loss;
-    use crate::coordinator::shared::outgoing::update;
-    use crate::proto::v1::{
-        AssignmentCommand, ReleasePartition, TopicPartition, WarmPartition, assignment_command::Command,
-    };
-
-    #[test]
-    fn only_what_takes_partitions_away_goes_after_the_gains() {
-        let tp = Some(TopicPartition { topic: "t".into(), partition: 1 });
-        assert!(!is_loss(&update("t", [1], [])), "assigned");
-        assert!(!is_loss(&update("t", [], [])), "a snapshot of nothing");
-        assert!(!is_loss(&update("t", [1], [2])), "a snapshot that also takes something back");
-        assert!(is_loss(&update("t", [], [2])), "unassigned");
-        let warm = AssignmentCommand {
-            command: Some(Command::Warm(WarmPartition { partition: tp.clone(), ..Default::default() })),
-        };
-        assert!(!is_loss(&warm));
-        let release = AssignmentCommand {
-            command: Some(Command::Release(ReleasePartition { partition: tp, ..Default::default() })),
-        };
-        assert!(is_loss(&release));
     }
 }
