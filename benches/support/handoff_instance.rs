@@ -154,10 +154,15 @@ enum Engine {
 }
 
 impl Engine {
-    async fn start(store: Arc<dyn LeaseStore>, config: HandoffConfig, metrics: Arc<Metrics>) -> Result<Self, BoxError> {
+    async fn start(
+        store: Arc<dyn LeaseStore>,
+        config: HandoffConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, BoxError> {
         if std::env::var("HANDOFF_ENGINE").is_ok_and(|engine| engine == "machine") {
             let driven =
-                kafka_assigner::coordinator::handoff_backend::machine::start_driven(store, config, metrics).await?;
+                kafka_assigner::coordinator::handoff_backend::machine::start_driven(store, config, metrics)
+                    .await?;
             return Ok(Self::Machine(Arc::new(driven)));
         }
         Ok(Self::Loop(HandoffCoordinator::start(store, config, metrics).await?))

@@ -236,9 +236,10 @@ impl FleetServer {
         config.topic_partitions.insert("events".into(), 4);
         let lease_store = connect(store.memory.as_ref(), store.etcd.as_ref()).await;
         let metrics = Arc::new(Metrics::new());
-        let fleet = crate::support::assigner::TestCoordinator::start_fleet(lease_store, config, metrics.clone())
-            .await
-            .expect("fleet starts");
+        let fleet =
+            crate::support::assigner::TestCoordinator::start_fleet(lease_store, config, metrics.clone())
+                .await
+                .expect("fleet starts");
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         let server = AssignerServer::start(fleet.served(), metrics, any, any).await.expect("serves");
         FleetServer { server, _store: store }

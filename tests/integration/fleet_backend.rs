@@ -42,8 +42,8 @@ use tonic::{
 use crate::support::{
     EtcdServer,
     assigner::{
-        Backend, EXPIRY, PARTITIONS, PROMPT, TOPIC, TTL, TestConsumer, TestCoordinator, TestStore, WIDE, connect,
-        describe, on_both_backends,
+        Backend, EXPIRY, PARTITIONS, PROMPT, TOPIC, TTL, TestConsumer, TestCoordinator, TestStore, WIDE,
+        connect, describe, on_both_backends,
     },
     wait_until,
 };

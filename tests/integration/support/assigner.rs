@@ -964,10 +964,14 @@ impl TestCoordinator {
         metrics: Arc<Metrics>,
     ) -> Result<Self, kafka_assigner::coordinator::CoordinatorError> {
         if machine_engine() {
-            let driven = kafka_assigner::coordinator::fleet_backend::machine::start_driven(store, config, metrics).await?;
+            let driven =
+                kafka_assigner::coordinator::fleet_backend::machine::start_driven(store, config, metrics)
+                    .await?;
             return Ok(Self::Machine(Arc::new(driven)));
         }
-        Ok(Self::FleetLoop(kafka_assigner::coordinator::FleetCoordinator::start(store, config, metrics).await?))
+        Ok(Self::FleetLoop(
+            kafka_assigner::coordinator::FleetCoordinator::start(store, config, metrics).await?,
+        ))
     }
 
     /// What the servers serve.
