@@ -98,6 +98,12 @@ pub enum Campaign {
     /// The group has been without a leader key for the grace: the preferred instance does
     /// not campaign (its loop is stuck or not loaded, or its view of the instances differs).
     AfterGrace,
+    /// Not preferred, but the key is bound to its own live session: it led the group and
+    /// stepped down while its lease was fenced, and the session outlived the fence. Nobody
+    /// else can take the key while that session lives, so it adopts it (reads it, never
+    /// creates it: a key of its own seen after its own resignation may be gone already)
+    /// and hands the group over at its next look.
+    Own,
 }
 
 /// Whether instance `me` campaigns for `group` now, and why, given the live instances'

@@ -11,7 +11,9 @@
 //! (`share.rs`), the member record, the registration's move of the leases bound to it and
 //! the raise of a new incarnation's epochs (`claim_decide::raise_txns`), the departures
 //! and the sweep, the rebind's compare on absence, the mirror's stale-snapshot rule and
-//! the watch's silence bound. What the step adds is the bookkeeping between them.
+//! the watch's silence bound (a silence or a request deadline noticed late, the instance
+//! and not the store being slow, starts a fresh bound instead: `machine/watchdog.rs`, as
+//! in the handoff machine). What the step adds is the bookkeeping between them.
 //!
 //! **How it differs from the running loop** (`driver.rs`): a give-back's `unassigned` is an
 //! effect listed before the delete's request, and the driver holds the request until the

@@ -188,8 +188,14 @@ impl Instance {
     /// The sweep, a safety net: a registration naming this instance that no stream here
     /// holds, still found a TTL and a half later, is deleted if it is still that one.
     fn sweep(&mut self) {
-        let Some(cache) = self.cache.as_ref() else { return };
         let at = self.instant(self.now);
+        let Some(cache) = self.cache.as_ref() else {
+            // Nothing loaded, nothing to sweep; its timer moves on all the same: left due, it
+            // held the instance's wake in the past, and what fell due later (a request's
+            // deadline) was not woken for.
+            let _ = self.sweeper.sweep_due(at, Vec::new);
+            return;
+        };
         let (streams, departures, instance) = (&self.streams, &self.departures, &self.config.instance_id);
         let holds = |key: &StreamKey| {
             departures.contains(key)

@@ -35,6 +35,12 @@ struct Rig {
 
 impl Rig {
     fn new(partitions: u32) -> Self {
+        Self::watched(partitions, None)
+    }
+
+    /// A rig whose watches send a progress mark every `progress_every` (the store model
+    /// sends none: a quiet watch is silent).
+    fn watched(partitions: u32, progress_every: Option<Duration>) -> Self {
         let mut config = FleetConfig {
             lease_ttl: TTL,
             claim_interval: Duration::from_millis(200),
@@ -46,7 +52,7 @@ impl Rig {
         let start = Start {
             origin: tokio::time::Instant::now(),
             nonce: 7,
-            watch_progress_every: None,
+            watch_progress_every: progress_every,
             plan_nanos_per_partition: 0,
         };
         let (instance, effects) = Instance::new(config, start, START);
@@ -239,4 +245,26 @@ fn handoff_calls_are_refused_and_a_new_incarnation_keeps_its_leases_with_higher_
     assert!(rig.ended.contains(&10), "the old stream ends replaced");
     assert_eq!(rig.owned[&11], BTreeSet::from([0, 1]), "nothing moved");
     assert!(epoch(&mut rig, 0) > before, "the new incarnation's epoch is raised");
+}
+
+/// A busy instance does not fence itself for being busy: a step long after the silence
+/// bound it asked to be woken by finds the instance, not the watch, slow, and the bound
+/// starts afresh from it; a watch silent for that bound, noticed on time, fences.
+#[test]
+fn a_silence_noticed_late_keeps_the_streams_and_one_noticed_on_time_fences_them() {
+    let every = TTL / 4;
+    let mut rig = Rig::watched(4, Some(every));
+    rig.register(1, 10, "a");
+    rig.run_for(Duration::from_secs(1));
+    assert_eq!(rig.owned[&10].len(), 4);
+    let bound = crate::coordinator::shared::mirror::silence_bound(TTL * 3 / 4, every);
+    // Stalled for twice the TTL (the timer too): the first step after is late.
+    rig.now += (TTL * 2).as_micros() as Micros;
+    rig.step(Input::TimerFired);
+    assert!(!rig.ended.contains(&10), "a silence noticed late keeps the stream");
+    assert!(rig.instance.renews(), "the lease is kept alive");
+    rig.run_for(bound - Duration::from_micros(1));
+    assert!(!rig.ended.contains(&10), "within a fresh bound of the late step");
+    rig.run_for(Duration::from_micros(1));
+    assert!(rig.ended.contains(&10), "silent for a bound, noticed on time: fenced");
 }

@@ -94,10 +94,16 @@ pub(super) fn campaign(inner: &Handoff, me: &mut Leadership, now: Instant) {
         }
     }
     let id = &inner.config.instance_id;
-    let Some(why) = campaign_reason(me.group, id, &cache, vacant_for, inner.core.lease_ttl()) else { return };
+    let Some(why) = campaign_reason(me.group, id, &cache, lease, vacant_for, inner.core.lease_ttl()) else {
+        return;
+    };
     // Decided now, not when the answer comes: by then another instance's record may make
     // the preferred instance's campaign look like one after the grace.
     me.after_grace = why == leader_groups::Campaign::AfterGrace;
+    if let (leader_groups::Campaign::Own, Some(session)) = (why, lease.live()) {
+        me.queue.push_back(Step::Adopt(session));
+        return;
+    }
     let campaign = campaign_txn(inner.core.keys(), me.group, &inner.config.instance_id, lease, &cache);
     if let Some((txn, session)) = campaign {
         me.queue.push_back(Step::Campaign(txn, session));
@@ -112,19 +118,29 @@ fn another_count_leads(group: LeaderGroup, cache: &Cache) -> bool {
 
 /// Whether `instance` campaigns for `group` now, and why (pure): [`leader_groups::campaigns`]
 /// over the instances of `cache` under the same group count, and never while a leader key
-/// of another count is there ([`another_count_leads`]). `vacant_for`: how long the group has
-/// been seen without a key.
+/// of another count is there ([`another_count_leads`]); else, if the key is bound to its
+/// live `lease`, [`Campaign::Own`](leader_groups::Campaign::Own) (left alone, that key
+/// would keep the group without a leader for as long as the session lives: found by the
+/// leader groups' schedules, seed 180). `vacant_for`: how long the group has been seen
+/// without a key.
 pub(in crate::coordinator::handoff_backend) fn campaign_reason(
     group: LeaderGroup,
     instance: &str,
     cache: &Cache,
+    lease: LeaseState,
     vacant_for: Duration,
     grace: Duration,
 ) -> Option<leader_groups::Campaign> {
     if another_count_leads(group, cache) {
         return None;
     }
-    leader_groups::campaigns(group, instance, cache.preferences(group.groups), vacant_for, grace)
+    leader_groups::campaigns(group, instance, cache.preferences(group.groups), vacant_for, grace).or_else(
+        || {
+            let session = lease.live()?;
+            let own = cache.leader(group).is_some_and(|kv| kv.session == Some(session));
+            own.then_some(leader_groups::Campaign::Own)
+        },
+    )
 }
 
 /// The campaign of `instance` (pure): the transaction that creates the leader key bound to
@@ -302,4 +318,48 @@ pub(in crate::coordinator::handoff_backend) fn resignation_txn(
 ) -> Txn {
     let key = keys.leader(group);
     Txn::new().when(Compare::CreateRevision(key.clone(), fence.revision)).then(Op::delete(&key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
+    use crate::coordinator::shared::mirror::MirrorCache;
+    use crate::store::PrefixSnapshot;
+
+    /// A group that fenced its leader out while the leader's session lived on: the key,
+    /// bound to that session, is adopted by its holder even where another instance is
+    /// preferred (nobody else can take it), and by nobody once the lease is fenced.
+    #[test]
+    fn a_key_bound_to_our_live_session_is_ours_to_adopt_even_where_another_is_preferred() {
+        let keys = Keys::new("/p/");
+        let (groups, grace) = (4, Duration::from_secs(2));
+        let sessions = [("i0", SessionId(10)), ("i1", SessionId(11))];
+        let record = |instance: &str, session| {
+            let txn = instance_record_txn(&instance_key("/p/", instance), instance, groups, session);
+            let Some(Op::Put { key, value, session }) = txn.ops.into_iter().next() else { panic!("a put") };
+            KeyValue { key, value, create_revision: 1, mod_revision: 1, session }
+        };
+        let base: Vec<KeyValue> = sessions.iter().map(|(i, s)| record(i, *s)).collect();
+        let preferences = Cache::from_snapshot(&keys, PrefixSnapshot { kvs: base.clone(), revision: 1 });
+        let chosen = preferences.preferences(groups).expect("preferences").clone();
+        // A group i0 is preferred for, whose key i1's session holds.
+        let group = LeaderGroup::all(groups).find(|g| chosen[&g.group] == "i0").expect("a group for i0");
+        let mut kvs = base;
+        let leader = KeyValue {
+            key: keys.leader(group),
+            value: b"i1".to_vec(),
+            create_revision: 2,
+            mod_revision: 2,
+            session: Some(SessionId(11)),
+        };
+        kvs.push(leader);
+        let cache = Cache::from_snapshot(&keys, PrefixSnapshot { kvs, revision: 2 });
+        let reason = |instance, lease| campaign_reason(group, instance, &cache, lease, Duration::ZERO, grace);
+        use leader_groups::Campaign;
+        assert_eq!(reason("i1", LeaseState::Live(SessionId(11))), Some(Campaign::Own));
+        assert_eq!(reason("i1", LeaseState::Fenced(SessionId(11))), None, "not while fenced");
+        assert_eq!(reason("i1", LeaseState::Live(SessionId(12))), None, "another session's key");
+        assert_eq!(reason("i0", LeaseState::Live(SessionId(10))), Some(Campaign::Preferred));
+    }
 }

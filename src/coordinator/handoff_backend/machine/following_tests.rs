@@ -115,8 +115,8 @@ fn a_watch_silent_for_three_quarters_of_the_ttl_fences_the_streams_and_watches_a
     let marked = h.take();
     assert!(!marked.iter().any(ended), "marks keep the stream: {marked:?}");
     let old_watch = h.store.watch;
-    // Then nothing at all, not even a mark.
-    h.advance(stale_after);
+    // Then nothing at all, not even a mark, the instance's timer firing on time.
+    h.run_for(stale_after);
     let silent = h.take();
     assert!(silent.iter().any(ended), "the stream is fenced: {silent:?}");
     assert!(silent.iter().any(|e| matches!(e, Effect::Ready(false))), "not ready: {silent:?}");
@@ -126,6 +126,78 @@ fn a_watch_silent_for_three_quarters_of_the_ttl_fences_the_streams_and_watches_a
     h.input(Input::Watched { watch, batch: WatchBatch { revision: h.store.revision, events: Vec::new() } });
     let spoke = h.take();
     assert!(spoke.iter().any(|e| matches!(e, Effect::Ready(true))), "ready again: {spoke:?}");
+}
+
+/// Whether `e` ends stream 11 fenced because the instance cannot follow its store.
+fn fenced_stale(e: &Effect) -> bool {
+    matches!(
+        e,
+        Effect::EndStream {
+            stream: 11,
+            error: Some(CoordinatorError::StreamEnded(EndOfStream::Fenced(Fence::CannotFollow { .. }))),
+            ..
+        }
+    )
+}
+
+/// A busy instance delivers late; it does not fence itself for being busy. Its first step
+/// after a long stall finds the watch's silence bound long past: the instance, not the
+/// watch, was slow (it asked to be woken by that bound), so the bound starts afresh from
+/// that step. A watch that still says nothing is then silent, noticed on time, and fences
+/// the streams one bound after the late step.
+#[test]
+fn a_silence_noticed_late_is_the_instance_being_busy_and_one_noticed_on_time_fences() {
+    let every = Duration::from_millis(500);
+    let mut h = Harness::life(1, TestStore::default(), Some(every));
+    h.register(1, 11, "a");
+    h.run_for(Duration::from_secs(1));
+    let ttl = h.instance.config.lease_ttl;
+    let bound = crate::coordinator::shared::mirror::silence_bound(ttl * 3 / 4, every);
+    let watch = h.store.watch;
+    let _ = h.take();
+    // Stalled for twice the TTL: not even the timer ran; the first step after is late for
+    // the silence bound by far more than a progress period.
+    h.advance(ttl * 2);
+    let late = h.take();
+    assert!(!late.iter().any(fenced_stale), "a silence noticed late keeps the stream: {late:?}");
+    assert!(!late.iter().any(|e| matches!(e, Effect::Ready(false))), "still ready: {late:?}");
+    assert!(h.instance.renews(), "the lease is kept alive");
+    assert_eq!(h.store.watch, watch, "the watch is kept");
+    // The watch still says nothing; the timer now fires on time.
+    h.run_for(bound - Duration::from_micros(1));
+    let quiet = h.take();
+    assert!(!quiet.iter().any(fenced_stale), "within a fresh bound of the late step: {quiet:?}");
+    h.run_for(Duration::from_micros(1));
+    let silent = h.take();
+    assert!(silent.iter().any(fenced_stale), "silent for a bound, noticed on time: fenced: {silent:?}");
+    assert_ne!(h.store.watch, watch, "watching again");
+}
+
+/// The same for a store request: an answer overdue when the instance notices it late may
+/// be queued behind the instance, so the request gets a fresh deadline from then and its
+/// answer is still taken; past that deadline, noticed on time, it fails.
+#[test]
+fn a_deadline_noticed_late_gives_the_answer_a_fresh_deadline_and_one_noticed_on_time_fails_it() {
+    // The first read's answer is lost, and the instance is busy past its deadline.
+    let busy_past_the_first_read = || {
+        let store = TestStore { vanish: true, ..TestStore::default() };
+        let mut h = Harness::life(1, store, None);
+        h.store.vanish = false;
+        h.advance(super::STORE_ANSWER_WITHIN * 2);
+        h
+    };
+    let mut h = busy_past_the_first_read();
+    let snapshot = PrefixSnapshot { kvs: Vec::new(), revision: h.store.revision };
+    h.input(Input::StoreAnswer { request: 1, answer: Ok(StoreReply::Prefix(snapshot)) });
+    assert!(h.instance.cache().is_some(), "the answer that came after the late step is taken");
+    // An answer that never comes: the fresh deadline, noticed on time, fails the read, and
+    // it is tried again.
+    let mut h = busy_past_the_first_read();
+    h.run_for(super::STORE_ANSWER_WITHIN - Duration::from_micros(1));
+    assert!(h.instance.cache().is_none(), "waited for until its fresh deadline");
+    h.run_for(Duration::from_micros(1));
+    h.run_for(Duration::from_millis(200)); // a failed read's pause
+    assert!(h.instance.cache().is_some(), "failed at its fresh deadline, read again and loaded");
 }
 
 /// A first read that fails, on an instance with nothing else to wake it for (no stream, no

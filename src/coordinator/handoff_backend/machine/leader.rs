@@ -338,8 +338,17 @@ impl Instance {
         };
         let vacant_for = std::time::Duration::from_micros(vacant_for);
         let id = &self.config.instance_id;
-        let Some(why) = campaign_reason(group, id, cache, vacant_for, self.config.lease_ttl) else { return };
+        let Some(why) = campaign_reason(group, id, cache, self.lease, vacant_for, self.config.lease_ttl)
+        else {
+            return;
+        };
         me.after_grace = why == leader_groups::Campaign::AfterGrace;
+        if let (leader_groups::Campaign::Own, Some(session)) = (why, self.lease.live()) {
+            me.busy = true;
+            let key = self.keys.leader(group);
+            self.request(StoreRequest::Get(vec![key]), Waiting::Leader(g, Why::Adopt(session)));
+            return;
+        }
         if let Some((txn, session)) =
             campaign_txn(&self.keys, group, &self.config.instance_id, self.lease, cache)
         {

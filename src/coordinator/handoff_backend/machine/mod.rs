@@ -21,8 +21,9 @@
 //! cost per partition, [`Start::plan_nanos_per_partition`]); a registration decided on the
 //! store's state raises epochs from the cache, not from prefix reads; a consumer that left is
 //! handed to the departures when its stream's end is emitted, not when its transport took
-//! the last commands; a watch silence noticed late (a busy production loop) is not given the
-//! follower's extra grace. The Kafka topic refresh (`topic_refresh.rs`) and the weights
+//! the last commands. A silence or a deadline noticed late (a busy instance) starts afresh
+//! (`coordinator/machine/watchdog.rs`), as the running follower gives such a silence its
+//! grace. The Kafka topic refresh (`topic_refresh.rs`) and the weights
 //! refresh (`weights.rs`) are parts of each group's leader, as in the loop; the weight
 //! source and Kafka are asked through effects ([`Effect::LookUpWeights`],
 //! [`Effect::LookUpPartitions`]).
@@ -41,7 +42,11 @@
 //! what a lost answer means) and a later answer to it is ignored. A watch that says nothing
 //! at all, not even a progress mark, for the mirror's bound ([`silence_bound`]: ¾ TTL) makes
 //! the instance stale as of when it was last heard from, as production's follower does; it
-//! follows again once a new watch speaks.
+//! follows again once a new watch speaks. A silence or a deadline noticed late (the step
+//! runs more than a progress period after the time the instance asked to be woken for it,
+//! so the instance was slow, not the store: a busy driver, a frozen runtime) is neither:
+//! a fresh bound starts from the step that noticed it (`machine/watchdog.rs`; the running
+//! follower gives two progress periods more instead of a whole bound).
 //!
 //! [`silence_bound`]: crate::coordinator::shared::mirror::silence_bound
 //!

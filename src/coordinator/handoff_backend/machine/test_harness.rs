@@ -86,6 +86,8 @@ pub(super) struct Harness {
     pub(super) now: Micros,
     pub(super) seen: Vec<Effect>,
     pub(super) keys: Keys,
+    /// The instance's last `WakeAt`, until the timer fires for it.
+    pub(super) wake: Option<Micros>,
 }
 
 pub(super) const START: Micros = 1_700_000_000_000_000;
@@ -113,7 +115,7 @@ impl Harness {
             plan_nanos_per_partition: 0,
         };
         let (instance, effects) = Instance::new(config, start, START);
-        let mut harness = Harness { instance, store, now: START, seen: Vec::new(), keys };
+        let mut harness = Harness { instance, store, now: START, seen: Vec::new(), keys, wake: None };
         harness.run(effects);
         harness.input(Input::Lease(LeaseState::Live(SESSION)));
         harness
@@ -125,6 +127,9 @@ impl Harness {
         let mut queue: VecDeque<Effect> = effects.into();
         while let Some(effect) = queue.pop_front() {
             let Effect::Store { request, op } = effect else {
+                if let Effect::WakeAt(at) = effect {
+                    self.wake = Some(at);
+                }
                 self.seen.push(effect);
                 continue;
             };
@@ -170,10 +175,21 @@ impl Harness {
         self.run(effects);
     }
 
-    /// Moves the clock on by `by` and fires the timer.
+    /// Moves the clock on by `by` and fires the timer (then, late or early).
     pub(super) fn advance(&mut self, by: Duration) {
         self.now += by.as_micros() as Micros;
         self.input(Input::TimerFired);
+    }
+
+    /// Lets `by` pass with the timer firing on time, at each wake the instance asks for.
+    pub(super) fn run_for(&mut self, by: Duration) {
+        let until = self.now + by.as_micros() as Micros;
+        while let Some(at) = self.wake.filter(|at| *at <= until) {
+            self.wake = None;
+            self.now = self.now.max(at);
+            self.input(Input::TimerFired);
+        }
+        self.now = until;
     }
 
     pub(super) fn take(&mut self) -> Vec<Effect> {
