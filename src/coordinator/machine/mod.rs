@@ -6,8 +6,10 @@
 //! step are in `handoff_backend/machine/`, the fleet's in `fleet_backend/machine/`. The
 //! whole-cluster simulation drives instances through them, and so does the production
 //! [`driver`] (`--engine machine`), so what the simulation checks is what runs there.
-//! [`refresh`] is the Kafka topic refresh both machines keep as a part of their state.
+//! [`refresh`] is the Kafka topic refresh both machines keep as a part of their state;
+//! [`batching`] their books for writes sent together.
 
+pub mod batching;
 pub mod driver;
 pub mod io;
 pub mod observe;

@@ -39,9 +39,8 @@ pub const BATCHES_IN_FLIGHT: usize = 4;
 /// One write: `ops`, if `compares` hold.
 #[derive(Clone, Debug)]
 pub struct KeyWrite {
-    /// What the write is about (a batch holds each key at most once). Two writes of
-    /// different keys must write different records: etcd refuses a transaction that
-    /// writes one key twice.
+    /// What the write is about: a batch holds no two writes that touch a key one of them
+    /// writes, this one included ([`Batches::due`]).
     pub key: String,
     /// What the write was decided from.
     pub compares: Vec<Compare>,
@@ -113,21 +112,34 @@ impl<P: Queued> Batches<P> {
     }
 }
 
-/// Takes up to [`BATCH`] writes of distinct keys, within [`TXN_LIMIT`], off the front of
-/// `waiting`, keeping the order of the rest (a second write of a key waits for the next
-/// batch). The first write is always taken.
+/// Takes up to [`BATCH`] writes that touch no key another one writes, within
+/// [`TXN_LIMIT`], off the front of `waiting`, keeping the order of the rest (a write that
+/// clashes waits for the next batch). The first write is always taken.
+///
+/// etcd refuses a transaction that writes one key twice, and a batch's compares are all
+/// read before any of its writes: a write whose compare reads a key another one of the
+/// batch writes would be decided on a record the batch replaces. So the keys a write
+/// writes are kept apart from every key of the others, and the keys it compares from the
+/// keys the others write; keys that several writes only compare are shared freely.
 fn take_batch<P: Queued>(waiting: &mut VecDeque<P>) -> Vec<P> {
     let mut batch = Vec::new();
-    let mut keys = HashSet::new();
+    let (mut written, mut compared) = (HashSet::new(), HashSet::new());
     let mut rest = VecDeque::new();
     let (mut compares, mut ops) = (0, 0);
     while let Some(pending) = waiting.pop_front() {
         let write = pending.write();
+        let writes: HashSet<&str> =
+            std::iter::once(write.key.as_str()).chain(write.ops.iter().map(op_key)).collect();
+        let reads: HashSet<&str> = write.compares.iter().map(compare_key).collect();
         let fits = batch.is_empty()
             || (batch.len() < BATCH
                 && compares + write.compares.len() <= TXN_LIMIT
-                && ops + write.ops.len() <= TXN_LIMIT);
-        if fits && keys.insert(write.key.clone()) {
+                && ops + write.ops.len() <= TXN_LIMIT
+                && writes.iter().all(|k| !written.contains(*k) && !compared.contains(*k))
+                && reads.iter().all(|k| !written.contains(*k)));
+        if fits {
+            written.extend(writes.into_iter().map(str::to_owned));
+            compared.extend(reads.into_iter().map(str::to_owned));
             compares += write.compares.len();
             ops += write.ops.len();
             batch.push(pending);
@@ -137,6 +149,20 @@ fn take_batch<P: Queued>(waiting: &mut VecDeque<P>) -> Vec<P> {
     }
     *waiting = rest;
     batch
+}
+
+/// The key an operation writes.
+fn op_key(op: &Op) -> &str {
+    match op {
+        Op::Put { key, .. } | Op::Delete { key } => key,
+    }
+}
+
+/// The key a compare reads.
+fn compare_key(compare: &Compare) -> &str {
+    match compare {
+        Compare::ModRevision(key, _) | Compare::CreateRevision(key, _) | Compare::Value(key, _) => key,
+    }
 }
 
 /// Commits `batch` in one transaction; the answer is for each of its writes.
@@ -297,5 +323,35 @@ mod tests {
         batches.done();
         let next = batches.due();
         assert_eq!(next.iter().map(Vec::len).collect::<Vec<_>>(), [10], "the rest, once a slot is free");
+    }
+
+    #[test]
+    fn writes_that_touch_a_key_another_writes_wait_for_the_next_batch() {
+        let mut batches = Batches::default();
+        let raise = |key: &str, shared: &str| KeyWrite {
+            key: key.into(),
+            compares: vec![Compare::ModRevision(key.into(), 1), Compare::ModRevision(shared.into(), 1)],
+            ops: vec![Op::put(key, "v"), Op::put(shared, "v")],
+        };
+        let reader = KeyWrite {
+            key: "c".into(),
+            compares: vec![Compare::ModRevision("h".into(), 1), Compare::ModRevision("t".into(), 1)],
+            ops: vec![Op::put("c", "v")],
+        };
+        let other_reader = KeyWrite {
+            key: "d".into(),
+            compares: vec![Compare::ModRevision("t".into(), 1)],
+            ops: vec![Op::put("d", "v")],
+        };
+        for write in [raise("a", "h"), raise("b", "h"), reader, other_reader] {
+            batches.queue(Pending(write, tokio::sync::oneshot::channel().0));
+        }
+        let keys = |batch: &[Pending]| batch.iter().map(|p| p.0.key.clone()).collect::<Vec<_>>();
+        let due = batches.due();
+        // "b" writes "h", which "a" writes; "c" compares "h": both wait. "d" only shares
+        // a compared key with "c".
+        assert_eq!(keys(&due[0]), ["a", "d"]);
+        assert_eq!(keys(&due[1]), ["b"]);
+        assert_eq!(keys(&due[2]), ["c"]);
     }
 }

@@ -78,6 +78,8 @@ enum Waiting {
     Watch,
     /// A `Register`'s store call.
     Register(Box<Enrolling>),
+    /// A batch of `Register`s' first writes (`machine/batching.rs`).
+    Registers(Vec<Enrolling>),
     /// A stream's claim step.
     Claim(Box<ClaimWait>),
     /// A `Deregister`'s store call.
@@ -141,6 +143,9 @@ pub struct Instance {
     sweeping: BTreeSet<StreamKey>,
     /// The sweep of registrations of this instance no stream holds (a safety net).
     sweeper: Upkeep,
+    /// `Register`s' first writes waiting for their batch, and the batches in flight
+    /// (`machine/batching.rs`).
+    register_batches: crate::coordinator::machine::batching::TxnBatches<Enrolling>,
     /// When every stream's claim step runs again without a change (the safety net).
     claim_tick: Micros,
     /// The Kafka topic refresh (with Kafka configured; every instance runs one).
@@ -183,6 +188,7 @@ impl Instance {
             unregistering: BTreeMap::new(),
             sweeping: BTreeSet::new(),
             sweeper: Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now)),
+            register_batches: Default::default(),
             claim_tick: now + config.claim_interval.as_micros() as Micros,
             refresh: crate::coordinator::machine::refresh::TopicRefresh::new(
                 config.topic_refresh_interval,
@@ -229,6 +235,8 @@ impl Instance {
             self.run_claims();
             self.refresh_topics();
         }
+        let refusal = self.live_lease().err();
+        self.send_register_batches(refusal.as_ref());
         self.settle_outputs();
         std::mem::take(&mut self.out)
     }
@@ -316,6 +324,7 @@ impl Instance {
             Waiting::Reread => self.reread_answered(answer),
             Waiting::Watch => self.watch_answered(request, answer),
             Waiting::Register(enrolling) => self.register_answered(*enrolling, answer),
+            Waiting::Registers(writers) => self.registers_answered(writers, answer),
             Waiting::Claim(claim) => self.claim_answered(*claim, answer),
             Waiting::Leave(leave) => self.leave_answered(*leave, answer),
             Waiting::Unregister(key, txn) => self.unregister_answered(key, txn, answer),

@@ -6,6 +6,7 @@
 //! `UNAVAILABLE`.
 
 use super::{Instance, Waiting, expect};
+use crate::coordinator::machine::batching::Batch;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::causes::ConsumerUnknown;
 use crate::coordinator::handoff_backend::calls::refusal_while_rewritten;
@@ -33,6 +34,10 @@ pub(super) struct CallWait {
     /// is being read).
     writing: Option<(Txn, Applied)>,
 }
+
+/// A ready / released call's first write, waiting for its batch or in it: the call, and
+/// what it answers once written.
+pub(super) type BatchedCall = (CallInFlight<CallId>, Applied);
 
 /// A `Deregister` between its store calls.
 #[derive(Debug)]
@@ -112,6 +117,12 @@ impl Instance {
                 let wait = CallWait { call, writing: None };
                 self.request(StoreRequest::Get(keys.to_vec()), Waiting::Call(Box::new(wait)));
             }
+            // A first attempt joins the calls decided with it in one transaction; a call
+            // decided again (its batch lost a compare) writes alone.
+            CallStep::Write(txn, applied) if call.attempt == 0 => {
+                let key = self.keys.handoff(&call.topic, call.partition);
+                self.call_batches.queue(key, txn, (call, applied));
+            }
             CallStep::Write(txn, applied) => {
                 let wait = CallWait { call, writing: Some((txn.clone(), applied)) };
                 self.request(StoreRequest::Txn(txn), Waiting::Call(Box::new(wait)));
@@ -150,6 +161,48 @@ impl Instance {
             }
         };
         self.go(call, step);
+    }
+
+    /// Sends the batches of calls' writes due, or, with a `refusal` (no live lease, or
+    /// stopping), answers what waits for a batch with it.
+    pub(super) fn send_call_batches(&mut self, refusal: Option<&CoordinatorError>) {
+        if let Some(error) = refusal {
+            for (call, _) in self.call_batches.take_waiting() {
+                self.go(call, CallStep::Answer(Err(error.clone())));
+            }
+            return;
+        }
+        for batch in self.call_batches.due() {
+            self.request(StoreRequest::Txn(batch.txn.clone()), Waiting::Calls(Box::new(batch)));
+        }
+    }
+
+    /// What the store answered a batch of calls' writes: all written at one revision
+    /// (applied at once, then each answered), or, when a compare lost (maybe another
+    /// call's), each decided again on the store's records.
+    pub(super) fn calls_answered(
+        &mut self,
+        batch: Batch<BatchedCall>,
+        answer: Result<StoreReply, StoreError>,
+    ) {
+        self.call_batches.answered();
+        let written = expect(answer, |r| match r {
+            StoreReply::Txn(o) => Some(o),
+            _ => None,
+        });
+        if let Ok(outcome) = &written
+            && outcome.succeeded
+        {
+            self.applied(outcome.revision, &batch.txn.ops, &batch.txn.compares);
+        }
+        for (mut call, applied) in batch.writers {
+            let step = match &written {
+                Ok(outcome) if outcome.succeeded => CallStep::Answer(Ok(Some(applied))),
+                Ok(_) => call.retry(),
+                Err(error) => CallStep::Answer(Err(error.clone().into())),
+            };
+            self.go(call, step);
+        }
     }
 
     /// Applies `ops`, committed here at `revision`, to the cache at once when nothing else

@@ -91,7 +91,8 @@ use crate::coordinator::{CoordinatorError, PartitionEpoch};
 use crate::handoff::Millis;
 use crate::store::{StoreError, Txn};
 
-use calls::{CallWait, LeaveWait};
+use crate::coordinator::machine::batching::{Batch, TxnBatches};
+use calls::{BatchedCall, CallWait, LeaveWait};
 use leader::LeaderState;
 use register::Enrolling;
 use streams::{EpochWatch, Stream};
@@ -110,6 +111,10 @@ enum Waiting {
     Register(Box<Enrolling>),
     /// A ready / released call's store call.
     Call(Box<CallWait>),
+    /// A batch of ready / released calls' first writes.
+    Calls(Box<Batch<BatchedCall>>),
+    /// A batch of `Register`s' first writes.
+    Registers(Vec<Enrolling>),
     /// A `Deregister`'s store call.
     Leave(Box<LeaveWait>),
     /// The leader's store call.
@@ -190,6 +195,11 @@ pub struct Instance {
     /// The sweep of registrations of this instance no stream holds (a safety net), as the
     /// running instance's upkeep keeps it.
     sweeper: Upkeep,
+    /// Ready / released calls' first writes waiting for their batch, and the batches in
+    /// flight (`machine/batching.rs`).
+    call_batches: TxnBatches<BatchedCall>,
+    /// `Register`s' first writes waiting for their batch, and the batches in flight.
+    register_batches: TxnBatches<Enrolling>,
     /// One leader state per leader group (one unless `leader_groups` > 1).
     leaders: Vec<LeaderState>,
     /// The leaders' planning budget ([`Start::plan_nanos_per_partition`]).
@@ -238,6 +248,8 @@ impl Instance {
             sweeper,
             unregistering: BTreeMap::new(),
             sweeping: BTreeSet::new(),
+            call_batches: TxnBatches::default(),
+            register_batches: TxnBatches::default(),
             leaders: LeaderState::all(config.leader_groups, now, config.topic_refresh_interval),
             pacing: leader::Pacing::new(plan_nanos_per_partition),
             ready: None,
@@ -282,6 +294,7 @@ impl Instance {
             self.upkeep();
             self.lead();
         }
+        self.send_batches();
         self.settle_outputs();
         std::mem::take(&mut self.out)
     }
@@ -359,6 +372,8 @@ impl Instance {
             Waiting::Watch => self.watch_answered(request, answer),
             Waiting::Register(enrolling) => self.register_answered(*enrolling, answer),
             Waiting::Call(call) => self.call_answered(*call, answer),
+            Waiting::Calls(batch) => self.calls_answered(*batch, answer),
+            Waiting::Registers(writers) => self.registers_answered(writers, answer),
             Waiting::Leave(leave) => self.leave_answered(*leave, answer),
             Waiting::Leader(group, why) => self.leader_answered(group, why, answer),
             Waiting::Unregister(key, txn) => self.unregister_answered(key, txn, answer),
@@ -372,6 +387,14 @@ impl Instance {
             Waiting::Refresh(g, round) => self.refresh_stored(g, round, answer),
             Waiting::Weights(..) => {}
         }
+    }
+
+    /// Sends the batches due (`machine/batching.rs`); while the lease is not live (or the
+    /// instance stops), what waits for a batch is refused instead.
+    fn send_batches(&mut self) {
+        let refusal = self.live_lease().err();
+        self.send_call_batches(refusal.as_ref());
+        self.send_register_batches(refusal.as_ref());
     }
 
     /// Says readiness and the timer when they changed.

@@ -166,7 +166,38 @@ impl Instance {
             }
         }
         enrolling.stage = Stage::Written { same_process };
+        if stored.is_none() {
+            // Decided on the cache: written with the registrations decided with it.
+            return self.register_batches.queue(record_key, txn, enrolling);
+        }
         self.request(StoreRequest::Txn(txn), Waiting::Register(Box::new(enrolling)));
+    }
+
+    /// Sends the batches of registrations due, or, with a `refusal` (no live lease, or
+    /// stopping), answers what waits for a batch with it.
+    pub(super) fn send_register_batches(&mut self, refusal: Option<&CoordinatorError>) {
+        if let Some(error) = refusal {
+            for enrolling in self.register_batches.take_waiting() {
+                self.reply(enrolling.call, Err(error.clone()));
+            }
+            return;
+        }
+        for batch in self.register_batches.due() {
+            self.request(StoreRequest::Txn(batch.txn), Waiting::Registers(batch.writers));
+        }
+    }
+
+    /// What the store answered a batch of registrations: each takes the answer as its own
+    /// (one that lost decides again on its record as stored, and writes alone).
+    pub(super) fn registers_answered(
+        &mut self,
+        writers: Vec<Enrolling>,
+        answer: Result<StoreReply, StoreError>,
+    ) {
+        self.register_batches.answered();
+        for enrolling in writers {
+            self.register_answered(enrolling, answer.clone());
+        }
     }
 
     /// What the store answered a `Register`'s call.
