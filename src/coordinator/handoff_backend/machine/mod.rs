@@ -65,6 +65,8 @@ mod watchdog;
 mod weights;
 
 #[cfg(test)]
+mod batch_tests;
+#[cfg(test)]
 mod following_tests;
 #[cfg(test)]
 mod test_harness;
