@@ -16,9 +16,14 @@
 //! time ([`Departures`], the leader's arrivals) are given `origin + now`, with `origin`
 //! fixed when the instance is made, so their answers depend on `now` alone.
 //!
-//! **Not in the state machine yet** (the loop does them): batching calls and registrations
-//! into shared transactions; pacing plans by measured planning time (the driver states a
-//! cost per partition, [`Start::plan_nanos_per_partition`]); a registration decided on the
+//! **Batching.** A ready / released call's first write and a registration decided on the
+//! cache wait at the end of the step for a batch (`machine/batching.rs`): one transaction
+//! per batch, at most four in flight, so what is decided while they are out is written
+//! together; a batch applied is applied to the cache at once, and one that lost a compare
+//! leaves each of its writers to decide again on the store's records and write alone.
+//!
+//! **Not in the state machine yet** (the loop does them): pacing plans by measured planning
+//! time (the driver states a cost per partition, [`Start::plan_nanos_per_partition`]); a registration decided on the
 //! store's state raises epochs from the cache, not from prefix reads; a consumer that left is
 //! handed to the departures when its stream's end is emitted, not when its transport took
 //! the last commands. A silence or a deadline noticed late (a busy instance) starts afresh
