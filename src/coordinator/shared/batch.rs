@@ -127,19 +127,21 @@ fn take_batch<P: Queued>(waiting: &mut VecDeque<P>) -> Vec<P> {
     let mut rest = VecDeque::new();
     let (mut compares, mut ops) = (0, 0);
     while let Some(pending) = waiting.pop_front() {
+        // A full batch, or a long run of writes that clash (a storm of one name): the rest
+        // waits unread, so taking a batch never costs more than a few batches' worth.
+        if batch.len() == BATCH || rest.len() == SKIPPED_AT_MOST {
+            rest.push_back(pending);
+            break;
+        }
         let write = pending.write();
-        let writes: HashSet<&str> =
-            std::iter::once(write.key.as_str()).chain(write.ops.iter().map(op_key)).collect();
-        let reads: HashSet<&str> = write.compares.iter().map(compare_key).collect();
         let fits = batch.is_empty()
-            || (batch.len() < BATCH
-                && compares + write.compares.len() <= TXN_LIMIT
+            || (compares + write.compares.len() <= TXN_LIMIT
                 && ops + write.ops.len() <= TXN_LIMIT
-                && writes.iter().all(|k| !written.contains(*k) && !compared.contains(*k))
-                && reads.iter().all(|k| !written.contains(*k)));
+                && !clashes(write, &written, &compared));
         if fits {
-            written.extend(writes.into_iter().map(str::to_owned));
-            compared.extend(reads.into_iter().map(str::to_owned));
+            written.insert(write.key.clone());
+            written.extend(write.ops.iter().map(|op| op_key(op).to_owned()));
+            compared.extend(write.compares.iter().map(|c| compare_key(c).to_owned()));
             compares += write.compares.len();
             ops += write.ops.len();
             batch.push(pending);
@@ -147,8 +149,19 @@ fn take_batch<P: Queued>(waiting: &mut VecDeque<P>) -> Vec<P> {
             rest.push_back(pending);
         }
     }
+    rest.append(waiting);
     *waiting = rest;
     batch
+}
+
+/// How many writes that do not fit [`take_batch`] passes over before it stops looking.
+const SKIPPED_AT_MOST: usize = 4 * BATCH;
+
+/// Whether `write` touches a key the batch so far writes, or writes a key it compares.
+fn clashes(write: &KeyWrite, written: &HashSet<String>, compared: &HashSet<String>) -> bool {
+    let mut writes = std::iter::once(write.key.as_str()).chain(write.ops.iter().map(op_key));
+    writes.any(|key| written.contains(key) || compared.contains(key))
+        || write.compares.iter().any(|c| written.contains(compare_key(c)))
 }
 
 /// The key an operation writes.

@@ -23,7 +23,12 @@ fn registers(h: &mut Harness, names: &[&str], first_call: u64) -> Vec<Effect> {
     let mut effects = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let call = first_call + i as u64;
-        let body = Call::Register { stream: 100 + call, consumer: (*name).into(), topic: "t".into(), incarnation: 0 };
+        let body = Call::Register {
+            stream: 100 + call,
+            consumer: (*name).into(),
+            topic: "t".into(),
+            incarnation: 0,
+        };
         effects.extend(h.instance.step(h.now, Input::Call { call, body }));
     }
     effects

@@ -6,7 +6,6 @@
 //! `UNAVAILABLE`.
 
 use super::{Instance, Waiting, expect};
-use crate::coordinator::machine::batching::Batch;
 use crate::coordinator::CoordinatorError;
 use crate::coordinator::causes::ConsumerUnknown;
 use crate::coordinator::handoff_backend::calls::refusal_while_rewritten;
@@ -16,6 +15,7 @@ use crate::coordinator::handoff_backend::decide::{
 use crate::coordinator::handoff_backend::leave::{
     self, LeaveInFlight, LeaveStep, Leaving, decide_leave, keys_to_read,
 };
+use crate::coordinator::machine::batching::Batch;
 use crate::coordinator::machine::io::{Call, CallId, Effect, Replied, StoreReply, StoreRequest};
 use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::instance::Report;
