@@ -113,6 +113,7 @@ impl Harness {
             nonce,
             watch_progress_every: progress_every,
             plan_nanos_per_partition: 0,
+            plans_timed: false,
         };
         let (instance, effects) = Instance::new(config, start, START);
         let mut harness = Harness { instance, store, now: START, seen: Vec::new(), keys, wake: None };

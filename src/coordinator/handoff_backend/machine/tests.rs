@@ -343,3 +343,28 @@ fn the_step_observes_what_the_loop_records() {
     let done = |o: &Observation| matches!(o, Observation::Released { partition: p, consumer, .. } if *p == partition && consumer == "a");
     assert!(seen.iter().any(done), "{seen:?}");
 }
+
+/// Whether `commands` tell their consumer to warm a partition.
+fn warms(commands: &[Command]) -> bool {
+    commands.iter().any(|c| matches!(c, Command::Warm(_)))
+}
+
+#[test]
+fn a_measured_planning_time_holds_the_next_look_back() {
+    let mut h = Harness::new();
+    // Paced as the production driver paces it: no stated cost, the measure told.
+    h.instance.pacing = super::leader::Pacing::new(0, true);
+    h.register(1, 11, "a");
+    h.advance(Duration::from_millis(400)); // the first joins settle, then the plan
+    let a = commands(&h.take(), 11);
+    assert!(a.iter().any(|c| matches!(c, Command::Assignment(u) if u.assigned.len() == 2)), "{a:?}");
+    // The step that planned took 50 ms: the leader looks again only after PLAN_PACE × that.
+    h.input(Input::PlanningTook { took: Duration::from_millis(50) });
+    h.register(2, 12, "b");
+    h.advance(Duration::from_millis(150));
+    let b = commands(&h.take(), 12);
+    assert!(!warms(&b), "no plan within 4 × 50 ms of the last: {b:?}");
+    h.run_for(Duration::from_millis(60));
+    let b = commands(&h.take(), 12);
+    assert!(warms(&b), "planned once the budget allows: {b:?}");
+}
