@@ -226,7 +226,7 @@ impl Cluster {
         if !overdue && !self.truth.handoffs.is_empty() {
             return Ok(());
         }
-        let settled = if self.fleet.is_some() { self.fleet_settled() } else { self.settled() };
+        let settled = if self.fleet.is_some() { self.fleet_settled(overdue) } else { self.settled() };
         match settled {
             Ok(()) => {
                 self.checks.converged_at = Some(self.now);
