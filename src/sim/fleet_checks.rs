@@ -65,6 +65,22 @@ impl Cluster {
     pub(super) fn fleet_settled(&self, words: bool) -> Result<(), String> {
         let why = |text: &dyn Fn() -> String| if words { text() } else { String::new() };
         let Some(fleet) = &self.fleet else { return Err("not a fleet run".into()) };
+        if !words {
+            // The cheap signs first, none of which the settled state lacks: as many member
+            // records as online consumers, each of those with its snapshot.
+            let mut online = 0;
+            for consumer in &self.consumers {
+                if let Phase::Online { belief, draining: false, .. } = &consumer.phase {
+                    if !belief.snapshot {
+                        return Err(String::new());
+                    }
+                    online += 1;
+                }
+            }
+            if online == 0 || online != fleet.members.len() {
+                return Err(String::new());
+            }
+        }
         let topics = self.config.topic_set();
         let online: BTreeMap<&str, (u32, &Belief)> = (0..self.consumers.len())
             .filter_map(|c| match &self.consumers[c].phase {

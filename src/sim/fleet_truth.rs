@@ -158,7 +158,10 @@ impl FleetTruth {
                             ));
                         }
                     }
-                    self.revoked.remove(&(g, record.owner.clone()));
+                    // Revocations are rare: no key built for an empty map.
+                    if !self.revoked.is_empty() {
+                        self.revoked.remove(&(g, record.owner.clone()));
+                    }
                     self.lease_writes += 1;
                     written.push(g);
                     self.leases.insert(g, Bound { record, session: kv.session });
@@ -269,7 +272,12 @@ impl FleetTruth {
                 self.epoch_checks += 1;
             }
         }
-        self.epochs.insert(g, (owner.to_string(), epoch));
+        match self.epochs.get_mut(&g) {
+            Some((earlier, seen)) if earlier == owner => *seen = epoch,
+            _ => {
+                self.epochs.insert(g, (owner.to_string(), epoch));
+            }
+        }
         Ok(())
     }
 

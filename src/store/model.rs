@@ -285,8 +285,9 @@ impl StoreModel {
         for op in ops {
             match op {
                 Op::Put { key, value, session } => {
-                    let previous = self.kvs.get(key).map(|r| r.session);
-                    if let Some(Some(old)) = previous
+                    let previous = self.kvs.remove(key);
+                    let create_revision = previous.as_ref().map_or(revision, |r| r.create_revision);
+                    if let Some(old) = previous.and_then(|r| r.session)
                         && Some(old) != *session
                         && let Some(old) = self.sessions.get_mut(&old.0)
                     {
@@ -297,27 +298,18 @@ impl StoreModel {
                     {
                         new.keys.insert(key.clone());
                     }
-                    // Rewritten in place when the key is there (its create revision kept):
-                    // no reinsertion, no second copy of the key.
-                    let record = match self.kvs.get_mut(key) {
-                        Some(record) => {
-                            record.value.clone_from(value);
-                            record.mod_revision = revision;
-                            record.session = *session;
-                            &*record
-                        }
-                        None => &*self.kvs.entry(key.clone()).or_insert(Record {
-                            value: value.clone(),
-                            create_revision: revision,
-                            mod_revision: revision,
-                            session: *session,
-                        }),
+                    let record = Record {
+                        value: value.clone(),
+                        create_revision,
+                        mod_revision: revision,
+                        session: *session,
                     };
                     events.push(WatchEvent {
                         key: key.clone(),
                         revision,
-                        kind: WatchEventKind::Put(snapshot_of(key, record)),
+                        kind: WatchEventKind::Put(snapshot_of(key, &record)),
                     });
+                    self.kvs.insert(key.clone(), record);
                 }
                 Op::Delete { key } => {
                     if let Some(old) = self.kvs.remove(key) {
@@ -370,24 +362,15 @@ fn snapshot_of(key: &str, record: &Record) -> KeyValue {
     }
 }
 
-/// Up to this many ops, [`validate`] looks for a key written twice by a scan.
-const SCAN_OPS: usize = 16;
-
 /// What etcd checks before looking at a transaction: non-empty keys, each key written once.
 fn validate(txn: &Txn) -> Result<(), StoreError> {
-    // Most transactions are a handful of ops: a scan of the ones before costs less than a
-    // set (and reports the same first key written twice); a plan's big batches take the set.
-    let mut seen = (txn.ops.len() > SCAN_OPS).then(BTreeSet::new);
-    for (i, op) in txn.ops.iter().enumerate() {
+    let mut seen = BTreeSet::new();
+    for op in &txn.ops {
         let key = op.key();
         if key.is_empty() {
             return Err(StoreError::Invalid(Malformed::EmptyKey));
         }
-        let twice = match &mut seen {
-            Some(seen) => !seen.insert(key),
-            None => txn.ops[..i].iter().any(|earlier| earlier.key() == key),
-        };
-        if twice {
+        if !seen.insert(key) {
             return Err(StoreError::Invalid(Malformed::KeyWrittenTwice { key: key.to_string() }));
         }
     }
