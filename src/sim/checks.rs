@@ -120,18 +120,22 @@ impl Cluster {
                 self.checks.orphan_since[c] = None;
                 continue;
             }
-            let record = self.registration_of(c);
-            let Some((holder, _)) = record.filter(|_| !streaming && self.now >= self.outage_until) else {
+            // While the store is out nothing can be deleted: known without a look-up.
+            let record = if self.now >= self.outage_until { self.registration_of(c) } else { None };
+            let Some(held) = record.map(|(_, held)| held) else {
                 self.checks.orphan_since[c] = None;
                 continue;
             };
             let since = *self.checks.orphan_since[c].get_or_insert(self.now);
-            let held = record.map_or(0, |(_, held)| held);
             let mut limit = (since + ttl * 3 / 2).max(held + ttl * 3 / 2);
+            if self.now <= limit {
+                continue; // what befell its instance only extends the limit
+            }
             // Its instance could not write the store meanwhile (its node's connection cut):
             // it deletes the registration once the cut heals, or its session lapses first
             // (¾ TTL to notice it cannot follow, then the TTL: `LeaseHolder::renews`), also
             // when it crashed meanwhile (its last renewal came before the cut).
+            let holder = self.registration_of(c).and_then(|(instance, _)| Cluster::node_of(instance));
             let holder = holder.and_then(|n| self.nodes.get(n));
             if let Some(node) = holder
                 && node.cut_until > since
@@ -226,7 +230,7 @@ impl Cluster {
         if !overdue && !self.truth.handoffs.is_empty() {
             return Ok(());
         }
-        let settled = if self.fleet.is_some() { self.fleet_settled() } else { self.settled() };
+        let settled = if self.fleet.is_some() { self.fleet_settled(overdue) } else { self.settled() };
         match settled {
             Ok(()) => {
                 self.checks.converged_at = Some(self.now);
@@ -245,17 +249,17 @@ impl Cluster {
         }
     }
 
-    /// Consumer `c`'s registration in the store, if it has one: the node of the instance
+    /// Consumer `c`'s registration in the store, if it has one: the id of the instance
     /// holding it, and until when (virtual µs) a restart hold keeps it (0: none).
-    fn registration_of(&self, c: usize) -> Option<(Option<usize>, u64)> {
+    fn registration_of(&self, c: usize) -> Option<(&str, u64)> {
         let name = &self.consumers[c].name;
         if let Some(fleet) = &self.fleet {
             let member = fleet.members.get(name)?;
-            return Some((Cluster::node_of(&member.record.instance), 0));
+            return Some((&member.record.instance, 0));
         }
         let record = self.truth.consumers.get(name)?;
         let held = record.hold_until.map_or(0, |ms| (ms * 1_000).saturating_sub(BASE));
-        Some((Cluster::node_of(&record.instance), held))
+        Some((&record.instance, held))
     }
 
     /// Consumer `c`'s registration, for a failure's message.

@@ -59,9 +59,28 @@ impl Cluster {
     /// Every partition of a topic with an online consumer leased by one of them, each
     /// holding exactly its fair share (`fleet_backend::share`: ⌊P/N⌋ or ⌈P/N⌉, the extra
     /// ones to the first names), the member records exactly the online consumers (none
-    /// leaving), and each believing exactly its leases. `Err`: what is not so.
-    pub(super) fn fleet_settled(&self) -> Result<(), String> {
+    /// leaving), and each believing exactly its leases. `Err`: what is not so, in words
+    /// only when `words` (most steps of the quiet phase are not settled yet, and only an
+    /// overdue one is reported: the words would be thrown away).
+    pub(super) fn fleet_settled(&self, words: bool) -> Result<(), String> {
+        let why = |text: &dyn Fn() -> String| if words { text() } else { String::new() };
         let Some(fleet) = &self.fleet else { return Err("not a fleet run".into()) };
+        if !words {
+            // The cheap signs first, none of which the settled state lacks: as many member
+            // records as online consumers, each of those with its snapshot.
+            let mut online = 0;
+            for consumer in &self.consumers {
+                if let Phase::Online { belief, draining: false, .. } = &consumer.phase {
+                    if !belief.snapshot {
+                        return Err(String::new());
+                    }
+                    online += 1;
+                }
+            }
+            if online == 0 || online != fleet.members.len() {
+                return Err(String::new());
+            }
+        }
         let topics = self.config.topic_set();
         let online: BTreeMap<&str, (u32, &Belief)> = (0..self.consumers.len())
             .filter_map(|c| match &self.consumers[c].phase {
@@ -72,15 +91,17 @@ impl Cluster {
             })
             .collect();
         if online.is_empty() {
-            return Err("no consumer online".into());
+            return Err(why(&|| "no consumer online".into()));
         }
         if let Some((name, member)) =
             fleet.members.iter().find(|(n, m)| m.record.leaving || !online.contains_key(n.as_str()))
         {
-            return Err(format!("{name} has a member record ({:?}) but is not online", member.record));
+            return Err(why(&|| {
+                format!("{name} has a member record ({:?}) but is not online", member.record)
+            }));
         }
         if let Some(odd) = online.keys().find(|name| !fleet.members.contains_key(**name)) {
-            return Err(format!("{odd} is online but has no member record"));
+            return Err(why(&|| format!("{odd} is online but has no member record")));
         }
         for t in 0..topics.count {
             // The topic's live members in name order, as every instance ranks them.
@@ -98,29 +119,36 @@ impl Cluster {
                 match owner.filter(|o| live.contains_key(*o)) {
                     Some(o) => owners.insert(p, o),
                     None => {
-                        return Err(format!(
-                            "partition {}/{p} is leased to {owner:?}, not online for it",
-                            topics.name(t)
-                        ));
+                        return Err(why(&|| {
+                            format!(
+                                "partition {}/{p} is leased to {owner:?}, not online for it",
+                                topics.name(t)
+                            )
+                        }));
                     }
                 };
             }
             for name in live.keys() {
                 let registered = |n: &str| live.contains_key(n);
                 let share = share_of(&Balanced, topics.partitions, &live, registered, name, &owners)
-                    .ok_or(format!("{name} has no share"))?;
-                let held: Vec<u32> = owners.iter().filter(|(_, o)| **o == name).map(|(p, _)| *p).collect();
-                if held.len() != share.quota {
-                    return Err(format!(
-                        "{name} holds {} of {}'s partitions, its share is {} (not balanced)",
-                        held.len(),
-                        topics.name(t),
-                        share.quota
-                    ));
+                    .ok_or_else(|| why(&|| format!("{name} has no share")))?;
+                let held = || owners.iter().filter(|(_, o)| **o == name).map(|(p, _)| *p);
+                let count = held().count();
+                if count != share.quota {
+                    return Err(why(&|| {
+                        format!(
+                            "{name} holds {count} of {}'s partitions, its share is {} (not balanced)",
+                            topics.name(t),
+                            share.quota
+                        )
+                    }));
                 }
                 let belief = online[name.as_str()].1;
-                if !belief.snapshot || !belief.owned.iter().copied().eq(held.iter().copied()) {
-                    return Err(format!("{name} believes {belief:?}, which is not what it holds ({held:?})"));
+                if !belief.snapshot || !belief.owned.iter().copied().eq(held()) {
+                    return Err(why(&|| {
+                        let held: Vec<u32> = held().collect();
+                        format!("{name} believes {belief:?}, which is not what it holds ({held:?})")
+                    }));
                 }
             }
         }

@@ -112,8 +112,9 @@ impl FleetTruth {
         let at = batch.revision;
         self.revision = at;
         // Who was registered before this revision: a lease may be taken only from an owner
-        // that was not.
-        let registered_before: BTreeSet<String> = self.members.keys().cloned().collect();
+        // that was not. The members the revision changed, with whether each was registered
+        // before it (the first change of each tells); any other is as `members` says.
+        let mut changed: Vec<(String, bool)> = Vec::new();
         let (mut written, mut registered) = (Vec::new(), Vec::new());
         for event in &batch.events {
             let Some(key) = self.keys.parse(&event.key) else { continue };
@@ -124,6 +125,7 @@ impl FleetTruth {
                 (FleetKey::Member(_, name), WatchEventKind::Put(kv)) => {
                     let record = decode::<MemberRecord>(&kv.key, &kv.value).map_err(undecodable)?;
                     self.no_comeback(&name, &record)?;
+                    self.note_change(&mut changed, &name);
                     if self.members.get(&name).is_some_and(|m| m.record.session != record.session) {
                         self.replaced.insert(name.clone(), now);
                     }
@@ -131,6 +133,7 @@ impl FleetTruth {
                     self.members.insert(name, Bound { record, session: kv.session });
                 }
                 (FleetKey::Member(_, name), WatchEventKind::Delete) => {
+                    self.note_change(&mut changed, &name);
                     self.members.remove(&name);
                 }
                 (FleetKey::Lease(t, p), WatchEventKind::Put(kv)) => {
@@ -141,7 +144,11 @@ impl FleetTruth {
                         .map_err(|d| Violation::new(Invariant::Epochs, format!("revision {at}: {d}")))?;
                     if let Some(owner) = before.as_ref().filter(|o| **o != record.owner) {
                         self.moves += 1;
-                        if registered_before.contains(owner) {
+                        let registered_before = changed
+                            .iter()
+                            .find(|(name, _)| name == owner)
+                            .map_or_else(|| self.members.contains_key(owner), |(_, was)| *was);
+                        if registered_before {
                             return Err(Violation::new(
                                 Invariant::LegalMove,
                                 format!(
@@ -151,7 +158,10 @@ impl FleetTruth {
                             ));
                         }
                     }
-                    self.revoked.remove(&(g, record.owner.clone()));
+                    // Revocations are rare: no key built for an empty map.
+                    if !self.revoked.is_empty() {
+                        self.revoked.remove(&(g, record.owner.clone()));
+                    }
                     self.lease_writes += 1;
                     written.push(g);
                     self.leases.insert(g, Bound { record, session: kv.session });
@@ -197,6 +207,14 @@ impl FleetTruth {
                 .map_err(|d| Violation::new(Invariant::LegalMove, format!("revision {at}: {d}")))?;
         }
         Ok(())
+    }
+
+    /// Notes that member `name` changes in the revision under way, with whether it was
+    /// registered before it, unless an earlier change of the revision noted it already.
+    fn note_change(&self, changed: &mut Vec<(String, bool)>, name: &str) {
+        if !changed.iter().any(|(n, _)| n == name) {
+            changed.push((name.to_string(), self.members.contains_key(name)));
+        }
     }
 
     /// A registration written at this revision took every lease of its name along: each is
@@ -254,7 +272,12 @@ impl FleetTruth {
                 self.epoch_checks += 1;
             }
         }
-        self.epochs.insert(g, (owner.to_string(), epoch));
+        match self.epochs.get_mut(&g) {
+            Some((earlier, seen)) if earlier == owner => *seen = epoch,
+            _ => {
+                self.epochs.insert(g, (owner.to_string(), epoch));
+            }
+        }
         Ok(())
     }
 

@@ -40,6 +40,8 @@ impl Machine {
             nonce,
             watch_progress_every: Some(config.ttl / 4),
             plan_nanos_per_partition: config.plan_nanos_per_partition,
+            // A simulation reads no clock: its planning cost is the stated one.
+            plans_timed: false,
         };
         match config.backend {
             SimBackend::Handoff => {

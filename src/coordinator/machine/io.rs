@@ -89,6 +89,18 @@ pub enum Input {
     },
     /// The time of the last [`Effect::WakeAt`] has come (or passed).
     TimerFired,
+    /// How long the step just before this one ran, when that step planned (it said
+    /// [`Observation::Planned`](super::observe::Observation::Planned)): the driver's measure
+    /// of the planning time, since the step reads no clock. The leaders' next look then waits
+    /// until `PLAN_PACE × took` has passed from this step's `now`, as the running leader's
+    /// next pass waits after a pass that took that long. A driver that times its steps
+    /// ([`Start::plans_timed`](super::Start::plans_timed)) sends it right after the planning
+    /// step's effects, before any other input; a machine with no planning budget (the
+    /// fleet's) ignores it, and a simulation sends none (its planning cost is the stated one).
+    PlanningTook {
+        /// How long the step that planned ran.
+        took: std::time::Duration,
+    },
     /// The instance lease's state, as its keeper last reported it (`shared/lease.rs`).
     Lease(LeaseState),
     /// A partition count asked for with [`Effect::LookUpPartitions`] (Kafka's answer).

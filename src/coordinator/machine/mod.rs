@@ -33,13 +33,21 @@ pub struct Start {
     /// ([`crate::store::LeaseStore::watch_progress_every`]); `None`: they send none, and a
     /// silent watch cannot be told from a quiet store, so none is detected.
     pub watch_progress_every: Option<Duration>,
-    /// What planning one partition costs, in ns, for the planning budget: after a look
-    /// that planned `n` partitions, the instance's leaders plan again only once
+    /// A stated cost of planning one partition, in ns, for the planning budget: after a
+    /// look that planned `n` partitions, the instance's leaders plan again only once
     /// `PLAN_PACE × n × cost` has passed, as the running leader does after a pass that took
-    /// that long. The running leader measures the pass; the step reads no clock, so its
-    /// driver says what a partition costs (a simulation models it). 0: planning is free
-    /// and never waits.
+    /// that long. A simulation models planning time with it (it reads no clock); the
+    /// production driver states 0 and tells the measured time instead ([`plans_timed`]).
+    /// 0 and not timed: planning is free and never waits.
+    ///
+    /// [`plans_timed`]: Self::plans_timed
     pub plan_nanos_per_partition: u64,
+    /// The driver times every step that planned and tells the machine what it took
+    /// ([`io::Input::PlanningTook`]), right after that step: the leaders' budget is then
+    /// the measured time, as the running leader's is. Within the step that planned, the
+    /// other leader groups wait for that measure (the loop's groups plan one at a time, the
+    /// budget set between them), and the groups take their looks in turn.
+    pub plans_timed: bool,
 }
 
 /// A fresh registration id for an instance's `count`-th registration: from the instance's

@@ -219,6 +219,8 @@ impl Instance {
             Input::Call { call, body } => self.call(call, body),
             Input::StreamClosed { stream } => self.stream_closed(stream),
             Input::TimerFired => {}
+            // No planning budget: the fleet has no leader that plans.
+            Input::PlanningTook { .. } => {}
             Input::Lease(state) => self.lease_reported(state),
             Input::PartitionCount { request, answer } => self.partition_count(request, answer),
             // The fleet places by count: it asks for no weights.
@@ -416,7 +418,6 @@ pub async fn start_driven(
         weights: None,
         drain: None,
         metrics,
-        plan_nanos_per_partition: 0,
     };
     tracing::info!(instance = %config.instance_id, backend = %config.backend, "coordinator started (state machine)");
     MachineCoordinator::start(setup, |start, now| Instance::new(config, start, now)).await

@@ -54,6 +54,7 @@ impl Rig {
             nonce: 7,
             watch_progress_every: progress_every,
             plan_nanos_per_partition: 0,
+            plans_timed: false,
         };
         let (instance, effects) = Instance::new(config, start, START);
         let mut rig = Rig {

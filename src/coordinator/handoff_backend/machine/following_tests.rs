@@ -215,6 +215,7 @@ fn a_first_read_that_fails_is_tried_again() {
         nonce: 1,
         watch_progress_every: None,
         plan_nanos_per_partition: 0,
+        plans_timed: false,
     };
     let now = 1_700_000_000_000_000;
     let (mut instance, effects) = Instance::new(HandoffConfig::default(), start, now);

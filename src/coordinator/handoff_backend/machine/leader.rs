@@ -71,15 +71,21 @@ pub(super) enum Step {
     Weights(String, Txn, usize),
 }
 
-/// The instance's planning budget, shared by its groups (the running leader's
-/// [`PLAN_PACE`] over the cost its driver states, [`Start::plan_nanos_per_partition`]):
-/// after a look that planned `n` partitions no group looks again before
-/// `PLAN_PACE × n × cost` has passed, and the groups take their looks in turn.
+/// The instance's planning budget, shared by its groups: the running leader's
+/// [`PLAN_PACE`] over what planning took. The production driver measures each step that
+/// planned and tells it ([`Input::PlanningTook`], [`Start::plans_timed`]): no group looks
+/// again before `PLAN_PACE ×` that time has passed. A simulation states a cost per
+/// partition instead ([`Start::plan_nanos_per_partition`]): after a look that planned `n`
+/// partitions, `PLAN_PACE × n × cost`. Either way the groups take their looks in turn.
 ///
+/// [`Input::PlanningTook`]: crate::coordinator::machine::io::Input::PlanningTook
+/// [`Start::plans_timed`]: super::Start::plans_timed
 /// [`Start::plan_nanos_per_partition`]: super::Start::plan_nanos_per_partition
 #[derive(Debug)]
 pub(super) struct Pacing {
     nanos_per_partition: u64,
+    /// The driver tells what each planning step took.
+    timed: bool,
     /// No look before this.
     until: Micros,
     /// The group whose look comes first in the next round.
@@ -87,9 +93,10 @@ pub(super) struct Pacing {
 }
 
 impl Pacing {
-    /// A budget for planning at `nanos_per_partition` (0: free, never waits).
-    pub fn new(nanos_per_partition: u64) -> Self {
-        Pacing { nanos_per_partition, until: 0, turn: 0 }
+    /// A budget for planning at a stated `nanos_per_partition` (0: free), and by the
+    /// measured time when `timed`.
+    pub fn new(nanos_per_partition: u64, timed: bool) -> Self {
+        Pacing { nanos_per_partition, timed, until: 0, turn: 0 }
     }
 
     /// When a paced look is due (`None` when none waits on the budget).
@@ -97,15 +104,31 @@ impl Pacing {
         (self.until > now).then_some(self.until)
     }
 
+    /// Whether planning is paced at all (a stated cost, or a measured one).
+    fn paced(&self) -> bool {
+        self.nanos_per_partition > 0 || self.timed
+    }
+
     /// Group `g`'s look planned `partitions` at `now`: the next waits, and the next
-    /// round starts after `g` (when planning costs anything: a free one changes nothing).
-    fn spent(&mut self, now: Micros, partitions: u64, g: usize) {
-        if self.nanos_per_partition == 0 || partitions == 0 {
-            return;
+    /// round starts after `g` (when planning is paced: a free one changes nothing).
+    /// Returns whether the other groups wait for the rest of this step (the measure of it
+    /// comes after the step).
+    fn spent(&mut self, now: Micros, partitions: u64, g: usize) -> bool {
+        if !self.paced() || partitions == 0 {
+            return false;
         }
         let cost = partitions.saturating_mul(self.nanos_per_partition) / 1_000;
-        self.until = now + cost * Micros::from(PLAN_PACE);
+        self.until = self.until.max(now + cost * Micros::from(PLAN_PACE));
         self.turn = g + 1;
+        self.timed
+    }
+
+    /// The step before, which planned, took `took` (its driver measured it): no look
+    /// before `PLAN_PACE × took` from `now`, as the running leader waits after a pass.
+    pub fn took(&mut self, now: Micros, took: std::time::Duration) {
+        let took = Micros::try_from(took.as_micros()).unwrap_or(Micros::MAX);
+        let wait = took.saturating_mul(Micros::from(PLAN_PACE));
+        self.until = self.until.max(now.saturating_add(wait));
     }
 }
 
@@ -208,6 +231,9 @@ impl Instance {
         let (now, groups) = (self.now, self.leaders.len());
         let first = self.pacing.turn % groups.max(1);
         let mut planned_here = 0;
+        // A group planned in this step and the driver tells what it took after the step:
+        // the other groups wait for that.
+        let mut held = false;
         for g in (first..groups).chain(0..first) {
             let me = &self.leaders[g];
             if me.busy {
@@ -215,9 +241,9 @@ impl Instance {
             }
             let due_arrivals = me.arrivals_due.is_some_and(|at| now >= at);
             let wants = me.dirty || now >= me.next_look || revision != me.seen || due_arrivals;
-            if me.queue.is_empty() && wants && now >= self.pacing.until {
+            if me.queue.is_empty() && wants && now >= self.pacing.until && !held {
                 let planned = self.look(g, revision);
-                self.pacing.spent(now, planned, g);
+                held = self.pacing.spent(now, planned, g);
                 planned_here += planned;
             }
             self.ask_weights(g);

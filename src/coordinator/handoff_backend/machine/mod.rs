@@ -22,8 +22,7 @@
 //! together; a batch applied is applied to the cache at once, and one that lost a compare
 //! leaves each of its writers to decide again on the store's records and write alone.
 //!
-//! **Not in the state machine yet** (the loop does them): pacing plans by measured planning
-//! time (the driver states a cost per partition, [`Start::plan_nanos_per_partition`]); a registration decided on the
+//! **Not in the state machine yet** (the loop does them): a registration decided on the
 //! store's state raises epochs from the cache, not from prefix reads; a consumer that left is
 //! handed to the departures when its stream's end is emitted, not when its transport took
 //! the last commands. A silence or a deadline noticed late (a busy instance) starts afresh
@@ -40,6 +39,15 @@
 //! `coordinator/machine/observe.rs`), which the production driver records into the
 //! metrics and logs, and a simulation drops. The planning time is the driver's measure of
 //! the steps that planned, as the step reads no clock.
+//!
+//! **Pacing by measured planning time** (`leader.rs`, `Pacing`): the production driver
+//! times each step that planned and tells the instance right after it
+//! ([`Input::PlanningTook`]); no leader group looks again before `PLAN_PACE ×` that time has
+//! passed, as the loop's next pass waits after one that took that long, and within the step
+//! that planned the other groups wait for the measure, so that they plan in turn. The
+//! measure is the whole step's (the relay and the calls it also took in), a little more
+//! than the loop's timing of its planning alone. A simulation reads no clock: it states a
+//! cost per partition instead ([`Start::plan_nanos_per_partition`]), or nothing.
 //!
 //! **What the step never waits for forever.** Every store request has a deadline on the
 //! instance's own timer ([`STORE_ANSWER_WITHIN`], the etcd client's per-call budget): past
@@ -209,7 +217,7 @@ pub struct Instance {
     register_batches: TxnBatches<Enrolling>,
     /// One leader state per leader group (one unless `leader_groups` > 1).
     leaders: Vec<LeaderState>,
-    /// The leaders' planning budget ([`Start::plan_nanos_per_partition`]).
+    /// The leaders' planning budget (`leader.rs`, [`Input::PlanningTook`]).
     pacing: leader::Pacing,
     /// What was last said of readiness and of the timer (said again only when it changes).
     ready: Option<bool>,
@@ -222,7 +230,7 @@ impl Instance {
     /// A new instance of `config` at `now` (wall-clock µs), in the life `start`, and its
     /// first effects (the read of the prefix).
     pub fn new(config: HandoffConfig, start: Start, now: Micros) -> (Self, Vec<Effect>) {
-        let Start { origin, nonce, watch_progress_every, plan_nanos_per_partition } = start;
+        let Start { origin, nonce, watch_progress_every, plan_nanos_per_partition, plans_timed } = start;
         let keys = Keys::new(&config.prefix);
         let departures = Departures::new(config.lease_ttl);
         let sweeper = Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now));
@@ -258,7 +266,7 @@ impl Instance {
             call_batches: TxnBatches::default(),
             register_batches: TxnBatches::default(),
             leaders: LeaderState::all(config.leader_groups, now, config.topic_refresh_interval),
-            pacing: leader::Pacing::new(plan_nanos_per_partition),
+            pacing: leader::Pacing::new(plan_nanos_per_partition, plans_timed),
             ready: None,
             wake: None,
             out: Vec::new(),
@@ -287,6 +295,7 @@ impl Instance {
             Input::Call { call, body } => self.call(call, body),
             Input::StreamClosed { stream } => self.stream_closed(stream),
             Input::TimerFired => {}
+            Input::PlanningTook { took } => self.pacing.took(self.now, took),
             Input::Lease(state) => self.lease_reported(state),
             Input::PartitionCount { request, answer } => self.partition_count(request, answer),
             Input::Weights { request, weights } => self.weights_given(request, weights),
@@ -480,13 +489,7 @@ pub async fn start_driven(
         weights: config.weights.clone(),
         drain: Some(DrainAsk { policy: config.drain_policy, decider: config.drain_decider.clone() }),
         metrics,
-        plan_nanos_per_partition: PLAN_NANOS_PER_PARTITION,
     };
     tracing::info!(instance = %config.instance_id, backend = %config.backend, "coordinator started (state machine)");
     MachineCoordinator::start(setup, |start, now| Instance::new(config, start, now)).await
 }
-
-/// What planning one partition costs the running leader, in ns, as the planning budget
-/// counts it ([`Start::plan_nanos_per_partition`]): of the order `cargo bench --bench
-/// plan` measures for a plan over a few thousand partitions.
-const PLAN_NANOS_PER_PARTITION: u64 = 2_000;

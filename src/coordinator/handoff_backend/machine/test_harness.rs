@@ -101,18 +101,30 @@ impl Harness {
     /// An instance in its life `nonce` over `store`, whose watches send a progress mark
     /// every `progress_every`, once its first read (if answered) and its lease are in.
     pub(super) fn life(nonce: u64, store: TestStore, progress_every: Option<Duration>) -> Self {
-        let config = HandoffConfig {
+        Self::configured(nonce, store, progress_every, |_| {})
+    }
+
+    /// [`Harness::life`] with its config changed by `change` first.
+    pub(super) fn configured(
+        nonce: u64,
+        store: TestStore,
+        progress_every: Option<Duration>,
+        change: impl FnOnce(&mut HandoffConfig),
+    ) -> Self {
+        let mut config = HandoffConfig {
             instance_id: "i0".into(),
             prefix: "/k/".into(),
             topic_partitions: BTreeMap::from([("t".to_string(), 2)]),
             ..HandoffConfig::default()
         };
+        change(&mut config);
         let keys = Keys::new(&config.prefix);
         let start = Start {
             origin: tokio::time::Instant::now(),
             nonce,
             watch_progress_every: progress_every,
             plan_nanos_per_partition: 0,
+            plans_timed: false,
         };
         let (instance, effects) = Instance::new(config, start, START);
         let mut harness = Harness { instance, store, now: START, seen: Vec::new(), keys, wake: None };

@@ -343,3 +343,64 @@ fn the_step_observes_what_the_loop_records() {
     let done = |o: &Observation| matches!(o, Observation::Released { partition: p, consumer, .. } if *p == partition && consumer == "a");
     assert!(seen.iter().any(done), "{seen:?}");
 }
+
+/// Whether `commands` tell their consumer to warm a partition.
+fn warms(commands: &[Command]) -> bool {
+    commands.iter().any(|c| matches!(c, Command::Warm(_)))
+}
+
+#[test]
+fn a_measured_planning_time_holds_the_next_look_back() {
+    let mut h = Harness::new();
+    // Paced as the production driver paces it: no stated cost, the measure told.
+    h.instance.pacing = super::leader::Pacing::new(0, true);
+    h.register(1, 11, "a");
+    h.advance(Duration::from_millis(400)); // the first joins settle, then the plan
+    let a = commands(&h.take(), 11);
+    assert!(a.iter().any(|c| matches!(c, Command::Assignment(u) if u.assigned.len() == 2)), "{a:?}");
+    // The step that planned took 50 ms: the leader looks again only after PLAN_PACE × that.
+    h.input(Input::PlanningTook { took: Duration::from_millis(50) });
+    h.register(2, 12, "b");
+    h.advance(Duration::from_millis(150));
+    let b = commands(&h.take(), 12);
+    assert!(!warms(&b), "no plan within 4 × 50 ms of the last: {b:?}");
+    h.run_for(Duration::from_millis(60));
+    let b = commands(&h.take(), 12);
+    assert!(warms(&b), "planned once the budget allows: {b:?}");
+}
+
+#[test]
+fn with_measured_planning_time_the_leader_groups_plan_in_turn() {
+    // Two topics of two different groups, both led here.
+    let groups: Vec<LeaderGroup> = LeaderGroup::all(2).collect();
+    let pick = |g: &LeaderGroup| {
+        ["t", "u", "v", "w", "x", "y"].into_iter().find(|t| g.plans(t)).expect("a topic of each group")
+    };
+    let (first, second) = (pick(&groups[0]), pick(&groups[1]));
+    let mut h = super::test_harness::Harness::configured(1, Default::default(), None, |config| {
+        config.leader_groups = 2;
+        config.topic_partitions = [(first.to_string(), 2), (second.to_string(), 2)].into_iter().collect();
+    });
+    h.instance.pacing = super::leader::Pacing::new(0, true);
+    for (call, (topic, consumer)) in [(first, "a"), (second, "b")].into_iter().enumerate() {
+        let call = call as u64 + 1;
+        let body = Call::Register {
+            stream: 10 + call,
+            consumer: consumer.into(),
+            topic: topic.into(),
+            incarnation: 0,
+        };
+        h.input(Input::Call { call, body });
+    }
+    let mut planned = Vec::new();
+    for _ in 0..50 {
+        h.advance(Duration::from_millis(20));
+        planned.extend(observed(&h.take()).into_iter().filter_map(|o| match o {
+            Observation::Planned { partitions } => Some(partitions),
+            _ => None,
+        }));
+    }
+    // Each step that planned planned one group's topic: the other waited for the measure.
+    assert!(planned.len() >= 2, "both groups planned: {planned:?}");
+    assert!(planned.iter().all(|p| *p == 2), "one group's topic per planning step: {planned:?}");
+}

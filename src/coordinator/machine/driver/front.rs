@@ -55,8 +55,6 @@ pub struct DriverSetup {
     pub drain: Option<DrainAsk>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
-    /// What planning one partition costs, in ns ([`Start::plan_nanos_per_partition`]).
-    pub plan_nanos_per_partition: u64,
 }
 
 /// An instance whose state is one machine, stepped by one driver task (module docs of
@@ -96,21 +94,16 @@ impl MachineCoordinator {
 
     /// Starts the driver and the keeper (see [`start`](Self::start)), ready or not.
     fn spawn<M: Machine>(setup: DriverSetup, make: impl FnOnce(Start, Micros) -> (M, Vec<Effect>)) -> Self {
-        let DriverSetup {
-            instance_id,
-            store,
-            ttl,
-            topics,
-            weights,
-            drain,
-            metrics,
-            plan_nanos_per_partition,
-        } = setup;
+        let DriverSetup { instance_id, store, ttl, topics, weights, drain, metrics } = setup;
         let start = Start {
             origin: tokio::time::Instant::now(),
             nonce: fresh_nonce(),
             watch_progress_every: store.watch_progress_every(),
-            plan_nanos_per_partition,
+            // No stated cost: the driver measures each planning step and tells the machine
+            // (`Input::PlanningTook`), so the budget is what planning took here, as the
+            // running leader's is; a stated floor would overcharge small plans.
+            plan_nanos_per_partition: 0,
+            plans_timed: true,
         };
         let shared = Arc::new(Shared {
             instance_id,

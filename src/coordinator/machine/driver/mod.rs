@@ -6,7 +6,9 @@
 //!   ([`front`]), store answers and watch batches from the tasks that run the store
 //!   requests ([`store_io`]), streams that closed (a forwarder per stream that only waits
 //!   for its receiver to go), and the lease's state from its keeper. The timer is the
-//!   driver's own: the machine's last [`Effect::WakeAt`].
+//!   driver's own: the machine's last [`Effect::WakeAt`]. A step that planned is timed, and
+//!   what it took is the machine's next input ([`Input::PlanningTook`]): the leaders pace
+//!   their plans by it, as the running leader does by its measured pass.
 //! * **Effects** are applied in the order of the step's list ([`apply`](Driver::apply)).
 //!   What the machine observed ([`Effect::Observe`]) is recorded into the metrics and
 //!   logged (`record.rs`): the machine's counters are its own, not derived from answers.
@@ -43,6 +45,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::io::{Call, CallId, Effect, Input, Micros, Replied, Stop, StreamId};
+use super::observe::Observation;
 use super::watchdog::STORE_ANSWER_WITHIN;
 use crate::coordinator::shared::outgoing::{CommandSender, Outgoing, PassGate};
 use crate::coordinator::shared::topics::Topics;
@@ -282,10 +285,18 @@ impl<M: Machine> Driver<M> {
         }
         let started = std::time::Instant::now();
         let effects = self.machine.step(now_micros(), input);
-        self.step_took = started.elapsed();
+        let took = started.elapsed();
+        self.step_took = took;
         self.shared.renews.store(self.machine.renews(), Ordering::Relaxed);
+        let planned = effects.iter().any(|e| matches!(e, Effect::Observe(Observation::Planned { .. })));
         self.apply_all(effects);
         self.shared.metrics.streams.set(self.commands.len() as i64);
+        if planned {
+            // The machine paces its next plan by what this one took (it reads no clock):
+            // told at once, before any other input, as the running leader sets its pace
+            // the moment planning ends.
+            self.step(Input::PlanningTook { took });
+        }
     }
 
     /// Applies one step's effects in their order (module docs).
