@@ -7,13 +7,15 @@
 //! whole-cluster simulation drives instances through them, and so does the production
 //! [`driver`] (`--engine machine`), so what the simulation checks is what runs there.
 //! [`refresh`] is the Kafka topic refresh both machines keep as a part of their state;
-//! [`batching`] their books for writes sent together.
+//! [`batching`] their books for writes sent together, and [`topic_wait`] for `Register`s
+//! waiting for their topic's record.
 
 pub mod batching;
 pub mod driver;
 pub mod io;
 pub mod observe;
 pub mod refresh;
+pub mod topic_wait;
 pub mod watchdog;
 
 use std::time::Duration;

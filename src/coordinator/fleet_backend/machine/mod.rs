@@ -146,6 +146,8 @@ pub struct Instance {
     /// `Register`s' first writes waiting for their batch, and the batches in flight
     /// (`machine/batching.rs`).
     register_batches: crate::coordinator::machine::batching::TxnBatches<Enrolling>,
+    /// `Register`s waiting for their topic's record (`machine/topic_wait.rs`).
+    topic_waits: crate::coordinator::machine::topic_wait::TopicWaits<Enrolling>,
     /// When every stream's claim step runs again without a change (the safety net).
     claim_tick: Micros,
     /// The Kafka topic refresh (with Kafka configured; every instance runs one).
@@ -189,6 +191,7 @@ impl Instance {
             sweeping: BTreeSet::new(),
             sweeper: Upkeep::new(config.lease_ttl, origin + Duration::from_micros(now)),
             register_batches: Default::default(),
+            topic_waits: Default::default(),
             claim_tick: now + config.claim_interval.as_micros() as Micros,
             refresh: crate::coordinator::machine::refresh::TopicRefresh::new(
                 config.topic_refresh_interval,

@@ -99,7 +99,23 @@ impl Instance {
             return self.reply(enrolling.call, Err(error.into()));
         };
         let configured = self.config.topic_partitions.get(&topic).copied();
-        match count_to_store(cache.topic_count(&topic), configured, from_source) {
+        let counted = count_to_store(cache.topic_count(&topic), configured, from_source);
+        let leads = match counted {
+            Counted::Write(..) => true,
+            Counted::AskSource => self.config.kafka.is_some(),
+            Counted::Stored(_) => false,
+        };
+        if leads && from_source.is_none() {
+            // One write (or question to Kafka) for all the registrations of the topic.
+            let Some(lead) = self.topic_waits.lead_or_wait(&topic, enrolling) else { return };
+            enrolling = lead;
+        }
+        match counted {
+            Counted::Stored(_) if from_source.is_some() => {
+                // Stored meanwhile: the waiters go on too.
+                self.topic_settled(&topic, Ok(()));
+                self.read_member(enrolling)
+            }
             Counted::Stored(_) => self.read_member(enrolling),
             Counted::Write(count, revision) => {
                 let txn = topic_txn(&self.keys.topic(&topic), count, revision, None);
@@ -128,7 +144,21 @@ impl Instance {
         };
         match answer {
             Ok(count) => self.ensure_topic(*enrolling, Some(count)),
-            Err(error) => self.reply(enrolling.call, Err(error)),
+            Err(error) => {
+                self.topic_settled(&enrolling.key.0, Err(error.clone()));
+                self.reply(enrolling.call, Err(error))
+            }
+        }
+    }
+
+    /// The topic's record was made sure of (or could not be): the registrations that
+    /// waited for it go on, or are answered why not.
+    fn topic_settled(&mut self, topic: &str, result: Result<(), CoordinatorError>) {
+        for waiter in self.topic_waits.done(topic) {
+            match &result {
+                Ok(()) => self.read_member(waiter),
+                Err(error) => self.reply(waiter.call, Err(error.clone())),
+            }
         }
     }
 
@@ -153,8 +183,15 @@ impl Instance {
         match stage {
             Stage::Topic | Stage::Source => match txn_outcome(answer) {
                 // Stored here or by someone else meanwhile: the watch brings the record.
-                Ok(_) => self.read_member(enrolling),
-                Err(error) => self.reply(enrolling.call, Err(error.into())),
+                Ok(_) => {
+                    self.read_member(enrolling);
+                    self.topic_settled(&topic, Ok(()));
+                }
+                Err(error) => {
+                    let error = CoordinatorError::from(error);
+                    self.topic_settled(&topic, Err(error.clone()));
+                    self.reply(enrolling.call, Err(error))
+                }
             },
             Stage::Member => match expect(answer, |r| match r {
                 StoreReply::Values(mut v) if v.len() == 1 => v.pop(),

@@ -104,3 +104,19 @@ fn a_batch_that_lost_a_compare_leaves_each_registration_to_decide_again_alone() 
         assert_eq!(alone.count(), 1, "{name} written alone after the batch lost: {:?}", h.store.txns);
     }
 }
+
+#[test]
+fn the_registrations_of_a_new_topic_write_its_record_once_then_share_a_batch() {
+    let mut h = Harness::new();
+    let names = ["a", "b", "c", "d", "e"];
+    let sent = txns(&registers(&mut h, &names, 1));
+    let topic = h.keys.topic("t");
+    assert_eq!(sent.len(), 1, "one write of the topic's record for all of them: {sent:?}");
+    assert!(sent[0].1.ops.iter().all(|op| op.key() == topic), "{sent:?}");
+    let (request, txn) = sent[0].clone();
+    let (outcome, _) = h.store.txn(&txn);
+    let after = h.instance.step(h.now, Input::StoreAnswer { request, answer: Ok(StoreReply::Txn(outcome)) });
+    let next = txns(&after);
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(records_written(&h, &next[0].1), names.len(), "the waiters join the leader's batch");
+}

@@ -215,6 +215,8 @@ pub struct Instance {
     call_batches: TxnBatches<BatchedCall>,
     /// `Register`s' first writes waiting for their batch, and the batches in flight.
     register_batches: TxnBatches<Enrolling>,
+    /// `Register`s waiting for their topic's record (`machine/topic_wait.rs`).
+    topic_waits: crate::coordinator::machine::topic_wait::TopicWaits<Enrolling>,
     /// One leader state per leader group (one unless `leader_groups` > 1).
     leaders: Vec<LeaderState>,
     /// The leaders' planning budget (`leader.rs`, [`Input::PlanningTook`]).
@@ -265,6 +267,7 @@ impl Instance {
             sweeping: BTreeSet::new(),
             call_batches: TxnBatches::default(),
             register_batches: TxnBatches::default(),
+            topic_waits: Default::default(),
             leaders: LeaderState::all(config.leader_groups, now, config.topic_refresh_interval),
             pacing: leader::Pacing::new(plan_nanos_per_partition, plans_timed),
             ready: None,

@@ -92,7 +92,23 @@ impl Instance {
             );
         };
         let configured = self.config.topic_partitions.get(&topic).copied();
-        match count_to_store(cache.topic_count(&topic), configured, from_source) {
+        let counted = count_to_store(cache.topic_count(&topic), configured, from_source);
+        let leads = match counted {
+            Counted::Write(..) => true,
+            Counted::AskSource => self.config.kafka.is_some(),
+            Counted::Stored(_) => false,
+        };
+        if leads && from_source.is_none() {
+            // One write (or question to Kafka) for all the registrations of the topic.
+            let Some(lead) = self.topic_waits.lead_or_wait(&topic, enrolling) else { return };
+            enrolling = lead;
+        }
+        match counted {
+            Counted::Stored(_) if from_source.is_some() => {
+                // Stored meanwhile: the waiters go on too.
+                self.topic_settled(&topic, Ok(()));
+                self.decide_registration(enrolling, None)
+            }
             Counted::Stored(_) => self.decide_registration(enrolling, None),
             Counted::Write(count, revision) => {
                 let kept = cache.topics.get(&topic).and_then(|e| e.config.as_ref()).map(|c| c.value.clone());
@@ -123,7 +139,21 @@ impl Instance {
         };
         match answer {
             Ok(count) => self.ensure_topic(*enrolling, Some(count)),
-            Err(error) => self.reply(enrolling.call, Err(error)),
+            Err(error) => {
+                self.topic_settled(&enrolling.key.0, Err(error.clone()));
+                self.reply(enrolling.call, Err(error))
+            }
+        }
+    }
+
+    /// The topic's record was made sure of (or could not be): the registrations that
+    /// waited for it go on, or are answered why not.
+    fn topic_settled(&mut self, topic: &str, result: Result<(), CoordinatorError>) {
+        for waiter in self.topic_waits.done(topic) {
+            match &result {
+                Ok(()) => self.decide_registration(waiter, None),
+                Err(error) => self.reply(waiter.call, Err(error.clone())),
+            }
         }
     }
 
@@ -213,8 +243,16 @@ impl Instance {
             }) {
                 // Stored here or by someone else meanwhile: the registration does not
                 // depend on it (the watch brings the record).
-                Ok(_) => self.decide_registration(enrolling, None),
-                Err(error) => self.reply(enrolling.call, Err(error.into())),
+                Ok(_) => {
+                    let topic = enrolling.key.0.clone();
+                    self.decide_registration(enrolling, None);
+                    self.topic_settled(&topic, Ok(()));
+                }
+                Err(error) => {
+                    let error = CoordinatorError::from(error);
+                    self.topic_settled(&enrolling.key.0, Err(error.clone()));
+                    self.reply(enrolling.call, Err(error))
+                }
             },
             Stage::Read => match expect(answer, |r| match r {
                 StoreReply::Values(mut v) if v.len() == 1 => v.pop(),
