@@ -33,9 +33,9 @@ pub mod static_backend;
 
 pub use crate::status::{ConsumerStatusView, HandoffStatusView, StatusView, TopicPlacement, TopicStatus};
 pub use error::{CoordinatorError, StreamEnd};
-pub use fleet_backend::{FleetConfig, FleetCoordinator};
-pub use handoff_backend::{HandoffConfig, HandoffCoordinator, leader_groups, records};
-pub use shared::instance::StoreCoordinator;
+pub use fleet_backend::FleetConfig;
+pub use handoff_backend::{HandoffConfig, leader_groups, records};
+pub use machine::driver::front::MachineCoordinator;
 pub use shared::topics::PartitionCounts;
 pub use shared::validate::{validate_consumer_name, validate_topic_name};
 /// The instance lease's periods, for a model of its keeper (`crate::sim`).

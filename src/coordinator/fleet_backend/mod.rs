@@ -29,13 +29,12 @@
 //!   stream ends with `ABORTED` (or, if it had dropped, is simply forgotten).
 
 mod calls;
-mod claim;
+
 mod claim_decide;
-mod driver;
 pub mod machine;
 pub mod records;
 mod register;
-mod registrar;
+
 mod relay;
 pub mod share;
 pub mod state;
@@ -45,16 +44,9 @@ pub use records::{FleetKeys, LeaseRecord, MemberRecord};
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use super::StoreCoordinator;
-use super::shared::{Core, CoreSettings, topics::Topics};
-use super::{CoordinatorError, PartitionCounts};
-use crate::metrics::Metrics;
-use crate::store::LeaseStore;
+use super::PartitionCounts;
 
-use relay::FleetTold;
-use state::FleetCache;
-
-/// Settings of a [`FleetCoordinator`].
+/// Settings of a fleet instance.
 #[derive(Clone, Debug)]
 pub struct FleetConfig {
     /// This instance's id (in member records and the status view).
@@ -95,38 +87,5 @@ impl Default for FleetConfig {
             resync_interval: Duration::from_secs(300),
             view: None,
         }
-    }
-}
-
-/// The fleet backend: the core and its settings (what [`FleetCoordinator`] runs).
-pub struct Fleet {
-    core: Core<FleetCache, FleetTold>,
-    config: FleetConfig,
-    /// The way into the instance's loop for the streams that open.
-    claims: driver::Claims,
-}
-
-/// The fleet coordinator (see the module docs): the shared store-backed instance over the
-/// [`Fleet`] backend.
-pub type FleetCoordinator = StoreCoordinator<Fleet>;
-
-impl StoreCoordinator<Fleet> {
-    /// Starts the coordinator's watcher over `store`. Returns once the first snapshot is
-    /// loaded, or fails if the store cannot be read.
-    pub async fn start(
-        store: Arc<dyn LeaseStore>,
-        config: FleetConfig,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, CoordinatorError> {
-        let keys = FleetKeys::new(&config.prefix);
-        let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
-        let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
-        let core = Core::load(store, keys, metrics, settings, "fleet").await?;
-        let (claims, openings) = driver::channel();
-        let inner = Arc::new(Fleet { core, config, claims });
-        super::shared::register::start_lease(&inner).await?;
-        tokio::spawn(driver::run(inner.clone(), openings));
-        tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");
-        Ok(Self::new(inner))
     }
 }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Handoff, state::Cache, state::TopicEntry};
+use super::state::TopicEntry;
 use crate::coordinator::shared::{
     mirror::{Changes, Scope},
     outgoing::to_wire,
@@ -138,56 +138,4 @@ fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
         }
     }
     (gains, losses)
-}
-
-/// Relays the cache to the local streams `changes` concerns, comparing only the
-/// partitions a revision changed where it says which.
-fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
-    let mut pass = inner.core.streams().pass(changes);
-    while let Some(mut visit) = pass.next() {
-        let entry = cache.topics.get(visit.topic());
-        keep_registration(&mut visit, entry);
-        let (topic, consumer) = (visit.topic(), visit.consumer());
-        let scope = changes.scope(topic, consumer);
-        let step = relay_step(topic, consumer, visit.seen(), entry, scope, cache.revision);
-        if let RelayStep::Tell(tell) = &step {
-            let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
-            let before = &visit.seen().told.releasing;
-            inner.core.metrics().observe_releases_sent(before, &tell.told.releasing, phase_start);
-            #[cfg(debug_assertions)]
-            assert_part_completes(topic, consumer, visit.seen().told, tell, entry);
-        }
-        visit.apply(step);
-    }
-    pass.finish();
-}
-
-/// Checked in debug builds (every test and simulation): after a step that compared only
-/// the partitions a revision changed, the stream knows the consumer's whole view. The
-/// instance's loop is the only relay (`driver.rs`), so a stream that followed every step
-/// since its last whole one (`told_complete`) already knows everything outside that part.
-#[cfg(debug_assertions)]
-fn assert_part_completes(
-    topic: &str,
-    consumer: &str,
-    told: &ConsumerView,
-    tell: &crate::coordinator::shared::relay::Tell<ConsumerView>,
-    entry: Option<&TopicEntry>,
-) {
-    let (Some(partitions), Some(entry)) = (&tell.within, entry) else { return };
-    let mut known = told.clone();
-    known.patch(partitions, tell.told.clone());
-    let whole = entry.view_of(consumer);
-    assert_eq!(
-        known, whole,
-        "consumer '{consumer}' of topic '{topic}' would know another view than its own after a step within {partitions:?}"
-    );
-}
-
-/// Tells the local streams what `changes` changed for them, then announces the revision
-/// (registrations waiting for it go on).
-pub(super) fn tell(inner: &Handoff, changes: &Changes) {
-    let cache = inner.core.mirror().read();
-    relay(inner, &cache, changes);
-    inner.core.mirror().announce(&cache);
 }

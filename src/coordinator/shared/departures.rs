@@ -1,4 +1,4 @@
-//! Registrations whose streams are gone, as the instance's loop settles them: each is kept
+//! Registrations whose streams are gone, as each machine settles them: each is kept
 //! as long as the backend says ([`Held`]: one TTL after its stream ended, so a quick
 //! reconnect keeps the partitions, or until a `SHUTDOWN_NOW` hold ends), then deleted if it
 //! is still the same registration. A reconnect (here or elsewhere) replaces the record,
@@ -6,18 +6,28 @@
 //! the TTL. The registration of a consumer that left ([`Departed::left`]) is due at once:
 //! nothing is kept for a consumer that said goodbye.
 //!
-//! Pure: the loop hands it the time (monotonic and wall clock) and the cache, and deletes
-//! what [`Departures::due`] returns.
+//! Pure: the machine hands it the time (monotonic and wall clock) and the cache, and
+//! deletes what [`Departures::due_with`] returns.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use tokio::time::Instant;
 
 use super::mirror::MirrorCache;
-use super::registrar::{Held, Registrar};
 use super::streams::StreamKey;
 use crate::handoff::Millis;
 use crate::store::Revision;
+
+/// How long a registration whose stream is gone is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// It is not this stream's any more (replaced or gone): nothing to do.
+    NotOurs,
+    /// For the consumer TTL after the stream ended.
+    ForTtl,
+    /// Until this wall-clock time (a `SHUTDOWN_NOW` hold for the consumer's restart).
+    Until(Millis),
+}
 
 /// A stream that ended without its consumer leaving: its registration waits here.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,20 +100,9 @@ impl Departures {
         self.arrived || self.looked_at != Some(revision) || self.wake_at().is_some_and(|at| now >= at)
     }
 
-    /// Looks at every waiting registration on `cache` (`backend`'s) at `now` (`now_ms` on
-    /// the wall clock, for holds): forgets those that are not theirs any more, and returns
-    /// those whose time is up, to be deleted if they are still theirs.
-    pub fn due<R: Registrar>(
-        &mut self,
-        backend: &R,
-        cache: &R::Cache,
-        now: Instant,
-        now_ms: Millis,
-    ) -> Vec<StreamKey> {
-        self.due_with(|cache, key| backend.held(cache, key), cache, now, now_ms)
-    }
-
-    /// [`due`](Self::due), with the backend's hold rule as a function (pure).
+    /// Looks at every waiting registration on `cache` at `now` (`now_ms` on the wall clock,
+    /// for holds), `held` the backend's hold rule (pure): forgets those that are not theirs
+    /// any more, and returns those whose time is up, to be deleted if they are still theirs.
     pub fn due_with<C: MirrorCache>(
         &mut self,
         held: impl Fn(&C, &StreamKey) -> Held,
