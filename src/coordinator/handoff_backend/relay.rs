@@ -10,10 +10,10 @@ use std::collections::BTreeSet;
 
 use super::state::TopicEntry;
 use crate::coordinator::shared::{
-    mirror::{Changes, Scope},
+    mirror::Scope,
     outgoing::to_wire,
     records::encode,
-    relay::{Registration, RelayStep, StreamSeen, Tell, Visit},
+    relay::{Registration, RelayStep, StreamSeen, Tell},
     streams::{EndReason, Told},
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
@@ -87,15 +87,6 @@ pub(super) fn relay_step(
         lost: registration == Registration::Lost,
         end,
     })
-}
-
-/// Keeps what the stream's registration record says while it is the stream's, for a lost
-/// registration to be written again as it was (`shared/rebind.rs`): a draining consumer
-/// whose record the store lost still drains.
-fn keep_registration(visit: &mut Visit<'_, ConsumerView>, entry: Option<&TopicEntry>) {
-    if let Some((mod_revision, encode)) = to_keep(entry, visit.consumer(), visit.seen().session) {
-        visit.keep(mod_revision, encode);
-    }
 }
 
 /// What of `consumer`'s registration record in `entry` the stream of registration

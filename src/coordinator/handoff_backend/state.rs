@@ -263,10 +263,6 @@ impl Cache {
 impl MirrorCache for Cache {
     type Keys = Keys;
 
-    fn prefix(keys: &Keys) -> &str {
-        keys.prefix()
-    }
-
     fn put(&mut self, keys: &Keys, kv: KeyValue, changes: &mut Changes) {
         let Some(key) = keys.parse(&kv.key) else { return };
         let rev = kv.mod_revision;
@@ -382,10 +378,6 @@ impl MirrorCache for Cache {
             Key::Handoff(t, p) => Some(entry(&t).map_or(0, |e| e.handoff_revision(p))),
             _ => None,
         }
-    }
-
-    fn topic_key(keys: &Keys, topic: &str) -> String {
-        keys.topic(topic)
     }
 
     fn topic_count(&self, topic: &str) -> Option<(u32, Revision)> {

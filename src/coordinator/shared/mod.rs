@@ -29,6 +29,8 @@
 //! [`validate`] are small helpers every backend uses; [`outgoing`] builds the commands
 //! every backend sends, and carries them to the consumers.
 
+// The machines' call and registration batching takes `Batches` and `take_batch`.
+#[allow(dead_code)]
 pub mod batch;
 pub mod cas;
 pub mod departures;
@@ -42,7 +44,7 @@ pub mod registration;
 pub mod relay;
 pub mod streams;
 #[cfg(test)]
-mod test_backend;
+mod test_cache;
 pub mod topics;
 pub mod transport;
 pub mod upkeep;
@@ -54,21 +56,11 @@ use tokio::sync::watch;
 
 use lease::LeaseState;
 
-/// Wall-clock milliseconds: stored deadlines (holds, handoff ages) must survive a failover.
-pub fn now_ms() -> crate::handoff::Millis {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as crate::handoff::Millis)
-}
-
 /// How often a session is kept alive: three times per TTL, so two lost keep-alives in a
 /// row still leave it alive; never more often than every 100 ms (etcd TTLs are seconds).
 pub fn keep_alive_period(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }
-
-/// How many registrations of one instance are under way at once: enough to fill every
-/// batch transaction in flight ([`batch`]); the rest queue here, not in front of the store.
-pub const REGISTRATIONS_IN_FLIGHT: usize = batch::BATCH * batch::BATCHES_IN_FLIGHT;
 
 /// Whether this instance is ready to serve: an explicit value that shutdown clears, read
 /// by `/ready`, gRPC health and the status view.

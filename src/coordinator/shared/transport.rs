@@ -77,11 +77,6 @@ impl EndWatch {
         Self { bell, admitted_at }
     }
 
-    /// How many fences had rung when the stream was admitted.
-    pub fn admitted_at(&self) -> u64 {
-        self.admitted_at
-    }
-
     /// How this stream must end now, if it must: a crash before a fence (a dead process
     /// says nothing), a fence before a graceful stop (a fenced consumer must hear that it
     /// owns nothing).

@@ -11,7 +11,7 @@ use super::Fence;
 use crate::coordinator::handoff_backend::leader_groups::{self, LeaderGroup};
 use crate::coordinator::handoff_backend::{records::Keys, state::Cache};
 use crate::coordinator::shared::lease::LeaseState;
-use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn, TxnOutcome};
+use crate::store::{Compare, KeyValue, Op, Revision, SessionId, StoreError, Txn};
 
 /// Why the leader of `fence` must step down, given the instance `lease` and the `cache`
 /// (pure): the lease is no longer the live one the key is bound to (it is fenced: the key

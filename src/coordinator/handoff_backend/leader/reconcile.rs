@@ -14,7 +14,7 @@ use crate::coordinator::handoff_backend::state::TopicEntry;
 use crate::coordinator::handoff_backend::HandoffConfig;
 use crate::coordinator::shared::records::next_epoch;
 use crate::handoff::{
-    Cooldowns, Millis, MoveReason, PlacementInputs, PlacementMemory, PlacementReport, PlanReport, Write,
+    Cooldowns, Millis, PlacementInputs, PlacementMemory, PlacementReport, PlanReport, Write,
     diff_writes, plan_placed,
 };
 use crate::store::{Compare, Revision, Txn};

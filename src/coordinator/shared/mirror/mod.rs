@@ -12,24 +12,10 @@ pub use own::{OwnFit, apply_ahead, apply_watched, own_batch, own_write_fits, sna
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{
-        Mutex, RwLock, RwLockReadGuard,
-        atomic::{AtomicI64, Ordering},
-    },
     time::Duration,
 };
 
-use tokio::sync::{Notify, watch};
-use tokio_util::sync::CancellationToken;
-
-use crate::store::{
-    Compare, KeyValue, LeaseStore, Op, PrefixSnapshot, Revision, StoreError, WatchBatch, WatchEvent,
-    WatchEventKind,
-};
-
-/// How many of its own writes a mirror keeps waiting for their turn; older ones are
-/// dropped (the watch delivers them anyway).
-const OWN_WRITES_KEPT: usize = 256;
+use crate::store::{KeyValue, PrefixSnapshot, Revision, WatchEvent, WatchEventKind};
 
 /// A record and the revision it was last written at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,13 +110,10 @@ impl Changes {
     }
 }
 
-/// The in-memory copy of a store prefix that a [`Mirror`] keeps up to date.
+/// The in-memory copy of a store prefix that an instance keeps up to date.
 pub trait MirrorCache: Sized + Default {
     /// What parses the keys under the prefix.
     type Keys: Send + Sync + 'static;
-
-    /// The prefix this cache mirrors.
-    fn prefix(keys: &Self::Keys) -> &str;
 
     /// Takes in the record `kv` (written or rewritten), noting in `changes` whose view it
     /// may have changed. A key the cache does not know, or a record it cannot read, is
@@ -186,9 +169,6 @@ pub trait MirrorCache: Sized + Default {
         let _ = (keys, key);
         None
     }
-
-    /// The key of `topic`'s record (its partition count).
-    fn topic_key(keys: &Self::Keys, topic: &str) -> String;
 
     /// The stored partition count of `topic` and its record's mod revision.
     fn topic_count(&self, topic: &str) -> Option<(u32, Revision)>;
