@@ -204,8 +204,10 @@ impl AssignerServer {
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn LeaseStore> =
             Arc::new(MeteredStore::new(Arc::new(MemoryStore::new()), metrics.clone()));
-        let coordinator =
-            Arc::new(crate::coordinator::handoff_backend::machine::start_driven(store, config, metrics.clone()).await?);
+        let coordinator = Arc::new(
+            crate::coordinator::handoff_backend::machine::start_driven(store, config, metrics.clone())
+                .await?,
+        );
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         Self::start(coordinator, metrics, any, any).await
     }

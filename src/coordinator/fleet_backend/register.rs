@@ -6,7 +6,7 @@
 
 use super::records::MemberRecord;
 use super::state::FleetCache;
-use crate::coordinator::shared::{records::RECORD_VERSION, departures::Held, streams::StreamKey};
+use crate::coordinator::shared::{departures::Held, records::RECORD_VERSION, streams::StreamKey};
 use crate::store::SessionId;
 
 /// The member record of the registration `registration` held by `instance`, sent by the

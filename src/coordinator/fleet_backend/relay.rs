@@ -10,9 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{
-    state::{FleetCache, FleetTopic},
-};
+use super::state::{FleetCache, FleetTopic};
 use crate::coordinator::shared::{
     mirror::{Changes, Touched},
     outgoing::update,

@@ -228,10 +228,7 @@ mod tests {
         assert_eq!(departures.wake_at(), Some(at), "no TTL to wait for");
         assert_eq!(due(&mut departures, &cache(6, Some(("c", 7))), at, 0), vec![key.clone()]);
         departures.add(Departed { key, registered_at: 5, at, left: true });
-        assert!(
-            due(&mut departures, &cache(8, Some(("c", 8))), at, 0).is_empty(),
-            "replaced: not its own"
-        );
+        assert!(due(&mut departures, &cache(8, Some(("c", 8))), at, 0).is_empty(), "replaced: not its own");
         assert_eq!(departures.wake_at(), None);
     }
 }

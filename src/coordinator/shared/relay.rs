@@ -6,7 +6,6 @@
 //! to send now (gains), what once every stream of the step heard its gains (losses), and
 //! whether the stream ends.
 
-
 use super::streams::{Book, Told, replaced_error};
 pub use super::streams::{EndReason, Ending};
 use crate::proto::v1::AssignmentCommand;
@@ -144,4 +143,3 @@ impl<T: Told> Book<T> {
         }
     }
 }
-

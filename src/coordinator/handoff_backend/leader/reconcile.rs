@@ -9,13 +9,13 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::Fence;
+use crate::coordinator::handoff_backend::HandoffConfig;
 use crate::coordinator::handoff_backend::records::Keys;
 use crate::coordinator::handoff_backend::state::TopicEntry;
-use crate::coordinator::handoff_backend::HandoffConfig;
 use crate::coordinator::shared::records::next_epoch;
 use crate::handoff::{
-    Cooldowns, Millis, PlacementInputs, PlacementMemory, PlacementReport, PlanReport, Write,
-    diff_writes, plan_placed,
+    Cooldowns, Millis, PlacementInputs, PlacementMemory, PlacementReport, PlanReport, Write, diff_writes,
+    plan_placed,
 };
 use crate::store::{Compare, Revision, Txn};
 

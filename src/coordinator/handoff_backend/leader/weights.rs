@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 
-
 /// A stored weight is rewritten when the new one differs by more than this percentage.
 pub(super) const CHANGE_PERCENT: u64 = 5;
 

@@ -23,12 +23,12 @@ use crate::coordinator::machine::Rebind;
 use crate::coordinator::machine::io::{Effect, EndReason, LeaseState, Micros, StoreReply, StoreRequest};
 use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::cas::create_bound_txn;
+use crate::coordinator::shared::departures::Held;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
 use crate::coordinator::shared::mirror::{
     Changes, MirrorCache, apply_watched, reread_changes, snapshot_regresses,
 };
-use crate::coordinator::shared::departures::Held;
 use crate::coordinator::shared::streams::{StreamKey, replaced_error};
 use crate::coordinator::shared::upkeep::stale_fence_due;
 use crate::store::{Compare, Op, StoreError, Txn, WatchBatch};

@@ -98,12 +98,6 @@ impl Changes {
         }
     }
 
-    /// The touched topics.
-    #[cfg(test)]
-    pub fn topics(&self) -> BTreeSet<String> {
-        self.0.keys().cloned().collect()
-    }
-
     /// Per topic, what was touched.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Touched)> {
         self.0.iter()
