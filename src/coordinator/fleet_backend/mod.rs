@@ -5,21 +5,22 @@
 //!   created with compare-and-swap on its absence and bound to the owning consumer's
 //!   session: two live leases on one partition cannot exist, and a crashed consumer's
 //!   leases vanish with its session, one TTL after its stream dropped.
-//! * The instance that holds a consumer's stream claims and renews on its behalf: it keeps
-//!   the consumer's session alive while the stream is open (the shared registration).
-//! * Every instance runs one loop (`driver.rs`). It follows the prefix (the shared mirror,
-//!   `state.rs`); after each change its relay (`relay.rs`) tells the local consumers the
-//!   difference between the leases they hold and what they were told, as
-//!   `AssignmentUpdate{assigned, unassigned}` (the first message is the snapshot). Then,
-//!   and on a timer, it runs each local consumer's claim step (`claim.rs`, [`share`]):
-//!   claim free leases up to the consumer's fair share, give back the excess when
-//!   membership grew.
+//! * The instance that holds a consumer's stream claims and renews on its behalf: its
+//!   registration is kept alive while the stream is open.
+//! * Every instance is one state machine (`machine/`), run by the production driver
+//!   (`coordinator/machine/driver/`). It follows the prefix (its cache, `state.rs`); after
+//!   each change its relay (`relay.rs`) tells the local consumers the difference between
+//!   the leases they hold and what they were told, as `AssignmentUpdate{assigned,
+//!   unassigned}` (the first message is the snapshot). Then, and on a timer, it runs each
+//!   local consumer's claim step (`machine/claim.rs`, decided by `claim_decide.rs` and
+//!   [`share`]): claim free leases up to the consumer's fair share, give back the excess
+//!   when membership grew.
 //! * A partition given back is first `unassigned` on the giver's stream, then its lease is
 //!   deleted once the stream's transport took that `unassigned`, which may wait behind
 //!   older unread commands: a consumer that is alive has always been told to stop before
 //!   anyone else can claim the partition. A giver that does not take it within one TTL has
 //!   its stream ended and keeps its leases until its registration ends, one TTL later
-//!   (`claim.rs`). Without warm handoffs the new owner starts cold.
+//!   (`coordinator/machine/driver/told.rs`). Without warm handoffs the new owner starts cold.
 //! * `PartitionReady` / `PartitionReleased` are `FAILED_PRECONDITION` (no handoffs).
 //!   `Deregister` marks the member as leaving: the holding instance tells the consumer
 //!   `unassigned` for all its partitions, ends the stream cleanly and revokes the session,

@@ -1,11 +1,11 @@
 //! The relay: tell every local consumer the difference between the leases it holds and
-//! what it was told. The instance's loop (`driver.rs`) keeps the cache equal to the store
-//! and relays every change.
+//! what it was told. The machine (`machine/streams.rs`) keeps the cache equal to the store
+//! and relays every change with this step (pure).
 //!
 //! Updates come from here, derived from the cache after a whole revision has been applied
 //! (so a consumer never sees half a transaction), with one exception: a partition the
 //! consumer's own claim step gives back is `unassigned` by the claim step *before* its
-//! lease is deleted, once the stream's transport took it (`claim.rs`), and kept out of the
+//! lease is deleted, once the stream's transport took it (`machine/claim.rs`), and kept out of the
 //! consumer's view meanwhile ([`FleetTold::releasing`]).
 
 use std::collections::BTreeSet;

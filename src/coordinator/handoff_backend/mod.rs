@@ -1,26 +1,24 @@
 //! The warm-handoff backend over a [`LeaseStore`] (the `memory` and `etcd` backends).
 //!
-//! A thin layer over the shared [`Core`]:
-//! * `driver.rs`: the instance's one loop, the only writer of its cache and the only relay:
-//!   it follows the store, takes the consumers' calls in (`PartitionReady` /
-//!   `PartitionReleased`, decided by `decide.rs`, pure, and committed with compare-and-swap
-//!   by whichever instance receives them, no leader round trip; `Deregister`, decided by
-//!   `leave.rs`, pure), commits them (batched) and the leader's store calls, applies each
-//!   commit, tells the streams and answers;
+//! * `machine/`: the instance as one state with one step, which the production driver
+//!   (`coordinator/machine/driver/`) runs and the whole-cluster simulation drives: it
+//!   follows the store, decides the consumers' calls (`PartitionReady` /
+//!   `PartitionReleased`, decided by `decide.rs` and written with compare-and-swap by
+//!   whichever instance receives them, no leader round trip; `Deregister`, decided by
+//!   `leave.rs`), leads, applies each commit, tells the streams and answers;
 //! * `records.rs` / `state.rs`: the key layout, the records and the cache of them;
 //! * `register.rs`: the consumer record, and the restart hold after a `SHUTDOWN_NOW`;
-//!   `incarnation.rs`: the epochs a registration that replaces another raises (pure);
-//! * `relay.rs`: after every revision, each local consumer is sent the commands derived
-//!   from the new state ([`crate::handoff::diff_views`]);
-//! * `leader/`: the leader as a part of the loop: election (leadership is one `watch`
-//!   value), reconcile with [`crate::handoff::plan_placed`] in fenced batched
-//!   transactions, the Kafka topic refresh, and the weights refresh (the weight source's
-//!   weights into the topic records);
-//! * `calls.rs`: the backend's face to the shared instance: the drain policy, asked before
-//!   a `Deregister` reaches the loop, the epochs, shutdown and crash; and the calls'
-//!   answers, counted and logged;
+//!   `incarnation.rs`: the epochs a registration that replaces another raises;
+//! * `relay.rs`: after every revision, what each local consumer is sent, derived from the
+//!   new state ([`crate::handoff::diff_views`]);
+//! * `leader/`: the leader's decisions: election, each topic's plan with
+//!   [`crate::handoff::plan_placed`] cut into fenced batched transactions, and the weights
+//!   to store; `leader_groups.rs`: which instance leads which topics;
+//! * `calls.rs`: a call refused while a lost registration is written again;
 //! * `status.rs`: the status view; `placement.rs`: its placement part (loads, shares and,
 //!   in shadow mode, the load plan).
+//!
+//! Everything here but `machine/` is pure: functions of the cache and the records.
 
 mod calls;
 mod decide;

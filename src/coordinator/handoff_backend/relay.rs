@@ -1,6 +1,6 @@
 //! The relay: turn every change into commands for the consumers connected to this
-//! instance. The shared [`Follower`](crate::coordinator::shared::mirror::Follower) keeps the
-//! cache equal to the store; the loop here tells the consumers after every change.
+//! instance (pure). The machine keeps the cache equal to the store and, after every
+//! change, tells the consumers what this step says (`machine/streams.rs`).
 //!
 //! Commands come only from here, derived from the cache after a whole revision has been
 //! applied, so a consumer never sees a half-applied transaction, and every instance derives

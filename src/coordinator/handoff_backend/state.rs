@@ -87,7 +87,7 @@ impl TopicEntry {
     /// The view of one consumer ([`ConsumerView::of`] of [`state`](Self::state)), from the
     /// per-consumer indexes: O(its partitions), whatever the size of the topic. Unlike
     /// the model's view, it does not look at the registration: the relay asks only for
-    /// streams whose registration it holds, or lost and being written again (`rebind.rs`),
+    /// streams whose registration it holds, or lost and being written again (the machine's rebind),
     /// whose consumers still own what they own.
     pub fn view_of(&self, consumer: &str) -> ConsumerView {
         let owned = self.owned_by.get(consumer).cloned().unwrap_or_default();

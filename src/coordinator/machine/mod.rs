@@ -5,7 +5,8 @@
 //! what an instance says it decided, for metrics and logs); the handoff backend's state and
 //! step are in `handoff_backend/machine/`, the fleet's in `fleet_backend/machine/`. The
 //! whole-cluster simulation drives instances through them, and so does the production
-//! [`driver`] (`--engine machine`), so what the simulation checks is what runs there.
+//! [`driver`] (every memory, etcd and fleet instance), so what the simulation checks is
+//! what runs there.
 //! [`refresh`] is the Kafka topic refresh both machines keep as a part of their state.
 
 pub mod driver;
@@ -33,10 +34,8 @@ pub struct Start {
     pub watch_progress_every: Option<Duration>,
     /// What planning one partition costs, in ns, for the planning budget: after a look
     /// that planned `n` partitions, the instance's leaders plan again only once
-    /// `PLAN_PACE × n × cost` has passed, as the running leader does after a pass that took
-    /// that long. The running leader measures the pass; the step reads no clock, so its
-    /// driver says what a partition costs (a simulation models it). 0: planning is free
-    /// and never waits.
+    /// `PLAN_PACE × n × cost` has passed. The step reads no clock, so its driver says what
+    /// a partition costs (a simulation models it). 0: planning is free and never waits.
     pub plan_nanos_per_partition: u64,
 }
 

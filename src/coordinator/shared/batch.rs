@@ -14,10 +14,8 @@
 //! is answered as lost (`None`, [`Answer`]) and each of its writes falls back to its own
 //! read and compare-and-swap.
 //!
-//! Every batch is committed by the instance's loop, among its other store calls, which
-//! keeps its books in [`Batches`] and commits with [`commit`]: the registrations
-//! (`enrolment.rs`), and the handoff backend's consumer calls (`handoff_backend/driver.rs`,
-//! which applies and relays each batch it committed itself).
+//! A writer keeps its books in [`Batches`] (which cuts each batch with `take_batch`) and
+//! commits with [`commit`].
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -70,7 +68,7 @@ pub trait Queued {
     fn write(&self) -> &KeyWrite;
 }
 
-/// The writes waiting for their batch, and how many batches are in flight: a loop's books
+/// The writes waiting for their batch, and how many batches are in flight: a writer's books
 /// for its batches. While [`BATCHES_IN_FLIGHT`] batches are in flight, what arrives waits
 /// and joins the next batch, so the busier the store, the larger the batch.
 #[derive(Debug)]
@@ -181,7 +179,7 @@ mod tests {
         }
     }
 
-    /// A loop that takes writes and commits them in batches as an instance's loop does;
+    /// A task that takes writes and commits them in batches, as a writer does;
     /// it stops when the sender is dropped.
     fn started(store: &MemoryStore) -> mpsc::UnboundedSender<Pending> {
         let (sender, mut incoming) = mpsc::unbounded_channel::<Pending>();

@@ -3,7 +3,7 @@
 //! The store deletes it in the same revision as every registration bound to that lease, so
 //! its deletion tells the leader that an instance's lease ended: an operator revoked it, a
 //! store outage outlived it, or the instance died. In the first two cases the instance is
-//! still there and writes its consumers' registrations again on a new lease (`rebind.rs`),
+//! still there and writes its consumers' registrations again on a new lease (the machine's rebind),
 //! or its consumers register again within moments; so the leader treats the registrations
 //! that vanished with it as interrupted, not departed, and settles before it moves their
 //! partitions (the handoff backend's leader).

@@ -1,33 +1,22 @@
-//! The shared core of the store-backed backends (`memory`, `etcd` and `fleet`).
-//!
-//! [`Core`] holds what every one of them needs, so each backend is a thin layer of its
-//! own records, relay and calls over it:
-//! * the store, the backend's keys and the metrics;
-//! * the [`mirror`] (a cache kept equal to the store prefix by a watch, re-read on gaps);
-//! * the [`streams`] registry of the consumer streams this instance holds, and their
-//!   [`outgoing`] channels (where a release waits until the new owner's `assigned` left),
-//!   and the [`relay`] passes that tell them each revision (the backend's pure step per
-//!   stream, applied by a pass the backend drives);
-//! * [`register`]: the registration of a consumer stream, which the calling task hands to
-//!   the instance's loop ([`enrolment`]: written there, in batches, and its stream
-//!   admitted);
+//! What the store-backed backends' state machines (`memory`, `etcd` and `fleet`), their
+//! driver and, for its streams, the static backend share:
+//! * the [`mirror`]'s cache contract and what a revision changed, and the own-write rules;
+//! * the [`relay`] step per stream, applied to its [`streams`] book, and the [`outgoing`]
+//!   channels the driver puts commands into (where a release waits until the new owner's
+//!   `assigned` left), read by each stream's [`transport`];
 //! * [`lease`]: the instance's one store session, kept on a thread of its own, and
 //!   self-fencing;
-//! * [`rebind`]: registrations the store lost while their streams are open are written again;
 //! * [`instance_record`]: this instance's own record, bound to its lease, whose deletion
 //!   tells the leader that an instance's lease ended (its consumers may be coming back);
 //! * [`departures`]: registrations whose streams ended, kept for their consumers' return,
-//!   then deleted (decided by each instance's loop, through its upkeep);
-//! * [`upkeep`]: what each instance's loop keeps up beside its inputs: an instance whose
-//!   relay cannot follow the store fences its streams, and a sweep, a safety net, ends
-//!   registrations of this instance nobody streams for;
-//! * [`topics`]: the stored topic record (`ensure_topic`) and Kafka partition counts;
-//! * readiness, shutdown and crash.
+//!   then deleted;
+//! * [`upkeep`]: the sweep, a safety net ending registrations of this instance nobody
+//!   streams for, and when a cache that cannot follow the store fences the streams;
+//! * [`topics`]: the stored topic record and Kafka partition counts;
+//! * readiness, and whether a stream may be admitted.
 //!
-//! [`batch`] batches the writes that arrive together (registrations, and the handoff
-//! backend's calls) into one transaction, which the instance's loop commits; [`cas`] and
-//! [`validate`] are small helpers every backend uses; [`outgoing`] builds the commands
-//! every backend sends, and carries them to the consumers.
+//! [`batch`] cuts the writes that arrive together into shared transactions; [`cas`],
+//! [`records`], [`registration`] and [`validate`] are small helpers both machines use.
 
 // The machines' call and registration batching takes `Batches` and `take_batch`.
 #[allow(dead_code)]

@@ -33,7 +33,7 @@ pub enum EndReason {
     /// A newer registration of the same name replaced this one: revoke the old session.
     Replaced,
     /// The consumer's registration is gone and could not be written again within a TTL
-    /// ([`super::rebind`]): nothing left to do.
+    /// (the machine's rebind): nothing left to do.
     Expired,
     /// This instance is shutting down: keep nothing alive, and let the TTL give the
     /// consumer time to reconnect elsewhere.
@@ -101,7 +101,7 @@ pub struct LocalStream<T> {
     /// What the consumer has been told so far.
     pub told: T,
     /// Whether `told` followed every relay step since the snapshot. A step that told
-    /// nothing (the cache had not reached a registration written again, [`super::rebind`])
+    /// nothing (the cache had not reached a registration written again)
     /// leaves it behind what changed meanwhile, until a step compares the whole view.
     pub told_complete: bool,
     /// The stream's sender.
@@ -207,12 +207,8 @@ pub struct Streams<S> {
     pub(super) map: DashMap<(String, String), S>,
     pub(super) metrics: Arc<Metrics>,
     /// The bell every stream's transport reads ([`super::transport`]): rung by a fence or
-    /// a stop, from any thread; the one thing here not written by the loop.
+    /// a stop, from any thread.
     ends: watch::Sender<Ends>,
-    /// Registrations whose consumer left, not yet deleted: their stream's last commands
-    /// are still on their way (`register.rs`), or the loop is deleting them
-    /// (`departures.rs`); nothing else settles them meanwhile.
-    departing: std::sync::Mutex<std::collections::HashSet<StreamKey>>,
 }
 
 impl<T: Told> Streams<LocalStream<T>> {
@@ -222,7 +218,6 @@ impl<T: Told> Streams<LocalStream<T>> {
             map: DashMap::new(),
             metrics,
             ends: watch::Sender::new(Ends::default()),
-            departing: Default::default(),
         }
     }
 
@@ -269,27 +264,9 @@ impl<T: Told> Streams<LocalStream<T>> {
         let (topic, consumer, session) = key;
         let removed = self.map.remove_if(&(topic.clone(), consumer.clone()), |_, s| s.session == *session);
         if let Some((_, stream)) = removed {
-            if reason == EndReason::Left {
-                // Marked before anyone can see the stream gone: its stream task hands it to the loop.
-                self.set_departing(key, true);
-            }
             tracing::info!(topic = %topic, consumer = %consumer, ?reason, "consumer stream ended");
             stream.finish(reason, last);
             self.gauge();
-        }
-    }
-
-    /// Marks the registration `key`, whose consumer left, as departing ([`end`] does for a
-    /// stream that ends so, `Core::leave` when it hands it to the loop), or no longer once
-    /// the loop deleted it (`upkeep.rs`).
-    ///
-    /// [`end`]: Self::end
-    pub fn set_departing(&self, key: &StreamKey, departing: bool) {
-        let mut set = self.departing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if departing {
-            set.insert(key.clone());
-        } else {
-            set.remove(key);
         }
     }
 
@@ -311,7 +288,7 @@ impl<T: Told> Streams<LocalStream<T>> {
         names
     }
 
-    /// Lets every stream go, once the loop ended (the instance stopped): their transports
+    /// Lets every stream go once the instance stopped: their transports
     /// end them ([`stop`](Self::stop)); their tasks are told nothing more to do.
     pub fn drop_all(&self) {
         for name in self.names() {

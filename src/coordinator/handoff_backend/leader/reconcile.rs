@@ -1,10 +1,10 @@
 //! Reconcile: plan every topic from one consistent read of the cache with
 //! [`crate::handoff::plan_placed`] (under the configured placement, docs/design.md §11),
 //! and cut each topic's changes into batched transactions fenced by our leadership, each
-//! write also guarded by the revision of the record it replaces. The instance's loop
-//! writes them one after another ([`TopicWrite`]). The moves of the batches that were
-//! written are counted by reason and, under `load`, spend the topic's budget and start
-//! their cool-downs.
+//! write also guarded by the revision of the record it replaces ([`plan_topic`]). The
+//! machine's leader (`machine/leader.rs`) writes them one after another; the moves of the
+//! batches that were written are counted by reason and, under `load`, spend the topic's
+//! budget and start their cool-downs.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
