@@ -214,11 +214,7 @@ pub struct Streams<S> {
 impl<T: Told> Streams<LocalStream<T>> {
     /// An empty registry that keeps the `streams` gauge.
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        Self {
-            map: DashMap::new(),
-            metrics,
-            ends: watch::Sender::new(Ends::default()),
-        }
+        Self { map: DashMap::new(), metrics, ends: watch::Sender::new(Ends::default()) }
     }
 
     fn gauge(&self) {
