@@ -228,8 +228,8 @@ impl Instance {
         deleting: Option<Txn>,
         answer: Result<StoreReply, StoreError>,
     ) {
-        // Retried with backoff while the store is out of reach, as the loop's
-        // `unregister_retrying`: a registration left behind would keep its partitions.
+        // Retried with backoff while the store is out of reach: a registration left behind
+        // would keep its partitions.
         let retry_later = |me: &mut Self, key: StreamKey| {
             let backoff = me
                 .unregistering
