@@ -237,7 +237,7 @@ async fn main() -> Result<(), BoxError> {
     let out = docs::write_target("handoff", &table)?;
     println!("wrote {}", out.display());
     if docs::wanted() {
-        let command = docs::command("handoff", &["KAT_ETCD_TLS", "HANDOFF_STAGES", "HANDOFF_ENGINE"]);
+        let command = docs::command("handoff", &["KAT_ETCD_TLS", "HANDOFF_STAGES"]);
         let path = docs::write("handoff", "Handoff fast path on etcd", &command, &table)?;
         println!("wrote {}", path.display());
     }

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use crate::config::{Backend, DrainPolicy, Engine, PlacementArg, ServeArgs, StoreKind};
+use crate::config::{Backend, DrainPolicy, PlacementArg, ServeArgs, StoreKind};
 use crate::coordinator::{
-    ConsumerGroupCoordinator, CoordinatorError, FleetConfig, FleetCoordinator, HandoffConfig,
-    HandoffCoordinator, PartitionCounts, StaticConfig, StaticCoordinator,
+    ConsumerGroupCoordinator, CoordinatorError, FleetConfig, HandoffConfig, PartitionCounts, StaticConfig,
+    StaticCoordinator, fleet_backend, handoff_backend,
 };
 use crate::drain::{DrainDecider, FixedDecider, K8sDrainDecider, K8sSettings, RolloutView};
 use crate::epoch_floor::{FloorError, FloorFile, Reservation, now_micros, spawn_keeper};
@@ -112,12 +112,7 @@ pub async fn coordinator_from_args(
             view: drain.and_then(|d| d.rollout),
             ..FleetConfig::default()
         };
-        if args.engine == Engine::Machine {
-            return Ok(Arc::new(
-                crate::coordinator::fleet_backend::machine::start_driven(store, config, metrics).await?,
-            ));
-        }
-        return Ok(Arc::new(FleetCoordinator::start(store, config, metrics).await?));
+        return Ok(Arc::new(fleet_backend::machine::start_driven(store, config, metrics).await?));
     }
     let config = HandoffConfig {
         instance_id,
@@ -144,12 +139,7 @@ pub async fn coordinator_from_args(
         leader_groups: args.leader_groups,
         ..HandoffConfig::default()
     };
-    if args.engine == Engine::Machine {
-        return Ok(Arc::new(
-            crate::coordinator::handoff_backend::machine::start_driven(store, config, metrics).await?,
-        ));
-    }
-    Ok(Arc::new(HandoffCoordinator::start(store, config, metrics).await?))
+    Ok(Arc::new(handoff_backend::machine::start_driven(store, config, metrics).await?))
 }
 
 /// The placement settings of `--placement`, `--load-tolerance`, `--load-min-gain`,

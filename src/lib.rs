@@ -13,11 +13,12 @@
 //!   + writes`), and the commands each consumer is sent, derived from state.
 //! * [`store`] — the `LeaseStore` trait with `MemoryStore` and `EtcdStore`.
 //! * [`coordinator`] — the `ConsumerGroupCoordinator` trait the gRPC layer talks to, and
-//!   one folder per backend over a shared core: `coordinator/shared/` (store, mirror,
-//!   stream registry, registration and keep-alive, topics, shutdown),
-//!   `coordinator/handoff_backend/` (memory and etcd: warm handoffs, leader election and
-//!   reconcile), `coordinator/fleet_backend/` (lease claiming) and
-//!   `coordinator/static_backend/` (fixed partitions).
+//!   one folder per backend: `coordinator/handoff_backend/` (memory and etcd: warm
+//!   handoffs, leader election and reconcile) and `coordinator/fleet_backend/` (lease
+//!   claiming), each a state machine (`machine/`) over pure decisions, run by one driver
+//!   task (`coordinator/machine/driver/`); `coordinator/shared/` (what they share: the
+//!   cache contract, the relay step, streams and their transport, the lease keeper,
+//!   departures, topics) and `coordinator/static_backend/` (fixed partitions).
 //! * [`backend`] — builds the coordinator and store that the `serve` flags ask for.
 //! * [`sim`] — the deterministic whole-cluster simulation: instance states over a model
 //!   of etcd, consumer models and faults, on a virtual clock, from a seed.

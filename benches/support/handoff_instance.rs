@@ -9,8 +9,8 @@ use std::{
 use futures::StreamExt;
 use kafka_assigner::{
     coordinator::{
-        ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, leader_groups::LeaderGroup,
-        records::Keys,
+        ConsumerGroupCoordinator, HandoffConfig, MachineCoordinator, handoff_backend,
+        leader_groups::LeaderGroup, records::Keys,
     },
     handoff::PlanConfig,
     metrics::Metrics,
@@ -90,7 +90,7 @@ impl Leader {
         let endpoints = endpoints.to_vec();
         let lead = async move {
             let store = etcd(&endpoints).await.map_err(|e| e.to_string())?;
-            let leader = HandoffCoordinator::start(store, config, Arc::new(Metrics::new()))
+            let leader = handoff_backend::machine::start_driven(store, config, Arc::new(Metrics::new()))
                 .await
                 .map_err(|e| e.to_string())?;
             let deadline = Instant::now() + Duration::from_secs(30);
@@ -142,45 +142,8 @@ pub struct Instance {
     _marker: tonic::Streaming<AssignmentCommand>,
     /// The instance that leads instead, when apart.
     leader: Option<Leader>,
-    handoff: Engine,
+    handoff: Arc<MachineCoordinator>,
     mode: Mode,
-}
-
-/// What runs the benched instance: its loop, or (`HANDOFF_ENGINE=machine`) its state
-/// machine stepped by the production driver.
-enum Engine {
-    Loop(HandoffCoordinator),
-    Machine(Arc<kafka_assigner::coordinator::machine::driver::front::MachineCoordinator>),
-}
-
-impl Engine {
-    async fn start(
-        store: Arc<dyn LeaseStore>,
-        config: HandoffConfig,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, BoxError> {
-        if std::env::var("HANDOFF_ENGINE").is_ok_and(|engine| engine == "machine") {
-            let driven =
-                kafka_assigner::coordinator::handoff_backend::machine::start_driven(store, config, metrics)
-                    .await?;
-            return Ok(Self::Machine(Arc::new(driven)));
-        }
-        Ok(Self::Loop(HandoffCoordinator::start(store, config, metrics).await?))
-    }
-
-    fn served(&self) -> Arc<dyn ConsumerGroupCoordinator> {
-        match self {
-            Self::Loop(c) => Arc::new(c.clone()),
-            Self::Machine(c) => c.clone(),
-        }
-    }
-
-    fn is_leader(&self) -> bool {
-        match self {
-            Self::Loop(c) => c.is_leader(),
-            Self::Machine(c) => c.is_leader(),
-        }
-    }
 }
 
 impl Instance {
@@ -205,9 +168,9 @@ impl Instance {
         };
         let store: Arc<dyn LeaseStore> = Arc::new(ProbedStore::new(etcd(endpoints).await?, probe.clone()));
         let metrics = Arc::new(Metrics::new());
-        let handoff = Engine::start(store, config, metrics.clone()).await?;
+        let handoff = Arc::new(handoff_backend::machine::start_driven(store, config, metrics.clone()).await?);
         let coordinator: Arc<dyn ConsumerGroupCoordinator> =
-            Arc::new(ProbedCoordinator::new(handoff.served(), probe.clone()));
+            Arc::new(ProbedCoordinator::new(handoff.clone(), probe.clone()));
         let any = "127.0.0.1:0".parse()?;
         let server = AssignerServer::start(coordinator, metrics, any, any).await?;
         let mut client = KafkaAssignerClient::connect(server.grpc_url()).await?;

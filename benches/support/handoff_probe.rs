@@ -1,5 +1,5 @@
 //! Timing probes around the real instance of the handoff bench: a pass-through
-//! coordinator (between the gRPC layer and the `HandoffCoordinator`) and a pass-through
+//! coordinator (between the gRPC layer and the instance's `MachineCoordinator`) and a pass-through
 //! store (between the coordinator and etcd). For the one handoff the bench has armed, they
 //! note when each step happened: the call reaches the coordinator, its transaction goes
 //! to etcd and comes back, the instance's own watch brings that revision back to the

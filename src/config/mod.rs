@@ -92,12 +92,11 @@ pub enum PlacementArg {
     Shadow,
 }
 
-/// What runs an instance of a store-backed backend (docs/design.md §3, "one state, one
-/// step").
+/// The values `--engine` accepts. The store-backed backends run one engine, their state
+/// machine stepped by one driver task (docs/design.md §3); the flag is accepted so that a
+/// deployment which names it keeps starting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
-    /// The instance's loop (`handoff_backend/driver.rs`, `fleet_backend/driver.rs`).
-    Loop,
     /// The instance's state machine, stepped by one driver task
     /// (`coordinator/machine/driver/`): the step the whole-cluster simulation checks.
     Machine,
@@ -204,11 +203,10 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_ASSIGNER_LEADER_GROUPS", default_value = "1", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub leader_groups: u32,
 
-    /// What runs the instance (memory, etcd and fleet backends): its loop, or its state
-    /// machine stepped by one driver task. The machine does not yet refresh weights or
-    /// Kafka's counts of stored topics, nor export the placement gauges.
-    #[arg(long, env = "KAFKA_ASSIGNER_ENGINE", value_enum, default_value = "loop")]
-    pub engine: Engine,
+    /// Accepted and ignored: `machine` is the only engine of the memory, etcd and fleet
+    /// backends (hidden from `--help`).
+    #[arg(long, env = "KAFKA_ASSIGNER_ENGINE", value_enum, hide = true)]
+    pub engine: Option<Engine>,
 
     /// Partitions one consumer may warm at once (like Kafka Streams' max.warmup.replicas).
     #[arg(long, env = "KAFKA_ASSIGNER_MAX_WARMING", default_value = "4", value_parser = clap::value_parser!(u32).range(1..))]

@@ -142,3 +142,11 @@ fn state_dir() {
     let args = serve(&["--backend", "static", "--state-dir", "/var/lib/kafka-assigner"]);
     assert_eq!(args.state_dir, Some(PathBuf::from("/var/lib/kafka-assigner")));
 }
+
+#[test]
+fn engine_machine_is_accepted_and_no_other_engine_is() {
+    assert_eq!(serve(&[]).engine, None);
+    assert_eq!(serve(&["--engine", "machine"]).engine, Some(Engine::Machine));
+    let err = Cli::try_parse_from(["kafka-assigner", "serve", "--engine", "loop"]).unwrap_err().to_string();
+    assert!(err.contains("loop"), "{err}");
+}

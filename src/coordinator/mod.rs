@@ -5,23 +5,24 @@
 //! `PartitionReleased`, deregister, readiness, and a read-only status view for the admin
 //! surface. One folder per backend, one for what they share:
 //!
-//! * `shared/`: what every store-backed backend needs — [`StoreCoordinator`], the one
-//!   implementation of the trait for them, over the backend that decides; the store, keys
-//!   and metrics, the mirror (watch, re-read, resync), the stream registry and the relay
-//!   as a pure step, registration with its session keep-alive, the topic record,
-//!   readiness, shutdown and crash.
-//! * [`handoff_backend`]: the warm-handoff backend ([`HandoffCoordinator`] runs it) over
-//!   any `LeaseStore`; the `memory` and `etcd` backends are this one implementation with a
-//!   different store. Its leader is election, reconcile and topic refresh.
+//! * [`machine`]: what the store-backed backends' state machines share (inputs, effects,
+//!   the watchdog, the topic refresh) and the [`driver`](machine::driver) that runs either
+//!   one: [`MachineCoordinator`] is the trait's implementation for every memory, etcd and
+//!   fleet instance.
+//! * `shared/`: the pieces both machines and their driver use — the cache contract, the
+//!   relay as a pure step, the streams' books, channels and transports, the lease keeper,
+//!   departures and the sweep, the topic record, readiness.
+//! * [`handoff_backend`]: the warm-handoff backend over any `LeaseStore`; the `memory`
+//!   and `etcd` backends are this one implementation with a different store. Its leader
+//!   is election, reconcile and topic refresh.
 //! * [`fleet_backend`]: per-partition leases claimed up to a fair share by the instance
-//!   holding each consumer's stream ([`FleetCoordinator`] runs it); no leader, no warm
-//!   handoffs.
+//!   holding each consumer's stream; no leader, no warm handoffs.
 //! * [`static_backend`]: fixed partitions from the environment ([`StaticCoordinator`]),
 //!   no store, for local development.
 //!
 //! Each backend folder uses the same file names for the same jobs: `state.rs` (its cache of
 //! the store), `records.rs` (its keys and records), `register.rs`, `relay.rs` (its relay
-//! step), `calls.rs` (ready / released / deregister: its `Backend`) and `status.rs`.
+//! step), `calls.rs` (what it answers to the calls) and `status.rs`.
 
 pub mod causes;
 mod error;
@@ -33,9 +34,9 @@ pub mod static_backend;
 
 pub use crate::status::{ConsumerStatusView, HandoffStatusView, StatusView, TopicPlacement, TopicStatus};
 pub use error::{CoordinatorError, StreamEnd};
-pub use fleet_backend::{FleetConfig, FleetCoordinator};
-pub use handoff_backend::{HandoffConfig, HandoffCoordinator, leader_groups, records};
-pub use shared::instance::StoreCoordinator;
+pub use fleet_backend::FleetConfig;
+pub use handoff_backend::{HandoffConfig, leader_groups, records};
+pub use machine::driver::front::MachineCoordinator;
 pub use shared::topics::PartitionCounts;
 pub use shared::validate::{validate_consumer_name, validate_topic_name};
 /// The instance lease's periods, for a model of its keeper (`crate::sim`).

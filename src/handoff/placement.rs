@@ -140,8 +140,6 @@ pub struct PlacementMemory {
     cooldowns: BTreeMap<u32, Millis>,
     /// Partitions whose wanted move is being held back, and why (each is counted once).
     deferred: BTreeMap<u32, Deferral>,
-    /// The shadow plan's move count last logged.
-    pub(crate) last_shadow: Option<usize>,
 }
 
 impl PlacementMemory {

@@ -2,8 +2,8 @@
 //! `kafka_assigner_`).
 //!
 //! * Counters and histograms are updated where things happen: the coordinators (handoff
-//!   steps, rebalances; on `--engine machine`, the driver, from what the state machine
-//!   observed: `coordinator/machine/observe.rs`), the store wrapper ([`crate::store::MeteredStore`]: latency and
+//!   steps, rebalances: the driver, from what the state machine observed,
+//!   `coordinator/machine/observe.rs`), the store wrapper ([`crate::store::MeteredStore`]: latency and
 //!   errors by operation, watch re-reads), the gRPC layer (calls by method and code, streams
 //!   ended by reason) and the drain decider.
 //! * The fleet gauges (partitions owned per consumer and per topic, unowned partitions,

@@ -21,7 +21,7 @@ use std::{net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, HandoffConfig, HandoffCoordinator};
+use crate::coordinator::{ConsumerGroupCoordinator, CoordinatorError, HandoffConfig};
 use crate::metrics::Metrics;
 use crate::proto::v1::{
     kafka_assigner_server::KafkaAssignerServer, ownership_epochs_server::OwnershipEpochsServer,
@@ -204,7 +204,10 @@ impl AssignerServer {
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn LeaseStore> =
             Arc::new(MeteredStore::new(Arc::new(MemoryStore::new()), metrics.clone()));
-        let coordinator = Arc::new(HandoffCoordinator::start(store, config, metrics.clone()).await?);
+        let coordinator = Arc::new(
+            crate::coordinator::handoff_backend::machine::start_driven(store, config, metrics.clone())
+                .await?,
+        );
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         Self::start(coordinator, metrics, any, any).await
     }

@@ -5,21 +5,22 @@
 //!   created with compare-and-swap on its absence and bound to the owning consumer's
 //!   session: two live leases on one partition cannot exist, and a crashed consumer's
 //!   leases vanish with its session, one TTL after its stream dropped.
-//! * The instance that holds a consumer's stream claims and renews on its behalf: it keeps
-//!   the consumer's session alive while the stream is open (the shared registration).
-//! * Every instance runs one loop (`driver.rs`). It follows the prefix (the shared mirror,
-//!   `state.rs`); after each change its relay (`relay.rs`) tells the local consumers the
-//!   difference between the leases they hold and what they were told, as
-//!   `AssignmentUpdate{assigned, unassigned}` (the first message is the snapshot). Then,
-//!   and on a timer, it runs each local consumer's claim step (`claim.rs`, [`share`]):
-//!   claim free leases up to the consumer's fair share, give back the excess when
-//!   membership grew.
+//! * The instance that holds a consumer's stream claims and renews on its behalf: its
+//!   registration is kept alive while the stream is open.
+//! * Every instance is one state machine (`machine/`), run by the production driver
+//!   (`coordinator/machine/driver/`). It follows the prefix (its cache, `state.rs`); after
+//!   each change its relay (`relay.rs`) tells the local consumers the difference between
+//!   the leases they hold and what they were told, as `AssignmentUpdate{assigned,
+//!   unassigned}` (the first message is the snapshot). Then, and on a timer, it runs each
+//!   local consumer's claim step (`machine/claim.rs`, decided by `claim_decide.rs` and
+//!   [`share`]): claim free leases up to the consumer's fair share, give back the excess
+//!   when membership grew.
 //! * A partition given back is first `unassigned` on the giver's stream, then its lease is
 //!   deleted once the stream's transport took that `unassigned`, which may wait behind
 //!   older unread commands: a consumer that is alive has always been told to stop before
 //!   anyone else can claim the partition. A giver that does not take it within one TTL has
 //!   its stream ended and keeps its leases until its registration ends, one TTL later
-//!   (`claim.rs`). Without warm handoffs the new owner starts cold.
+//!   (`coordinator/machine/driver/told.rs`). Without warm handoffs the new owner starts cold.
 //! * `PartitionReady` / `PartitionReleased` are `FAILED_PRECONDITION` (no handoffs).
 //!   `Deregister` marks the member as leaving: the holding instance tells the consumer
 //!   `unassigned` for all its partitions, ends the stream cleanly and revokes the session,
@@ -29,13 +30,12 @@
 //!   stream ends with `ABORTED` (or, if it had dropped, is simply forgotten).
 
 mod calls;
-mod claim;
+
 mod claim_decide;
-mod driver;
 pub mod machine;
 pub mod records;
 mod register;
-mod registrar;
+
 mod relay;
 pub mod share;
 pub mod state;
@@ -45,16 +45,9 @@ pub use records::{FleetKeys, LeaseRecord, MemberRecord};
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use super::StoreCoordinator;
-use super::shared::{Core, CoreSettings, topics::Topics};
-use super::{CoordinatorError, PartitionCounts};
-use crate::metrics::Metrics;
-use crate::store::LeaseStore;
+use super::PartitionCounts;
 
-use relay::FleetTold;
-use state::FleetCache;
-
-/// Settings of a [`FleetCoordinator`].
+/// Settings of a fleet instance.
 #[derive(Clone, Debug)]
 pub struct FleetConfig {
     /// This instance's id (in member records and the status view).
@@ -95,38 +88,5 @@ impl Default for FleetConfig {
             resync_interval: Duration::from_secs(300),
             view: None,
         }
-    }
-}
-
-/// The fleet backend: the core and its settings (what [`FleetCoordinator`] runs).
-pub struct Fleet {
-    core: Core<FleetCache, FleetTold>,
-    config: FleetConfig,
-    /// The way into the instance's loop for the streams that open.
-    claims: driver::Claims,
-}
-
-/// The fleet coordinator (see the module docs): the shared store-backed instance over the
-/// [`Fleet`] backend.
-pub type FleetCoordinator = StoreCoordinator<Fleet>;
-
-impl StoreCoordinator<Fleet> {
-    /// Starts the coordinator's watcher over `store`. Returns once the first snapshot is
-    /// loaded, or fails if the store cannot be read.
-    pub async fn start(
-        store: Arc<dyn LeaseStore>,
-        config: FleetConfig,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, CoordinatorError> {
-        let keys = FleetKeys::new(&config.prefix);
-        let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
-        let settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
-        let core = Core::load(store, keys, metrics, settings, "fleet").await?;
-        let (claims, openings) = driver::channel();
-        let inner = Arc::new(Fleet { core, config, claims });
-        super::shared::register::start_lease(&inner).await?;
-        tokio::spawn(driver::run(inner.clone(), openings));
-        tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "fleet coordinator started");
-        Ok(Self::new(inner))
     }
 }

@@ -1,19 +1,16 @@
 //! The relay: tell every local consumer the difference between the leases it holds and
-//! what it was told. The instance's loop (`driver.rs`) keeps the cache equal to the store
-//! and relays every change.
+//! what it was told. The machine (`machine/streams.rs`) keeps the cache equal to the store
+//! and relays every change with this step (pure).
 //!
 //! Updates come from here, derived from the cache after a whole revision has been applied
 //! (so a consumer never sees half a transaction), with one exception: a partition the
 //! consumer's own claim step gives back is `unassigned` by the claim step *before* its
-//! lease is deleted, once the stream's transport took it (`claim.rs`), and kept out of the
+//! lease is deleted, once the stream's transport took it (`machine/claim.rs`), and kept out of the
 //! consumer's view meanwhile ([`FleetTold::releasing`]).
 
 use std::collections::BTreeSet;
 
-use super::{
-    Fleet,
-    state::{FleetCache, FleetTopic},
-};
+use super::state::{FleetCache, FleetTopic};
 use crate::coordinator::shared::{
     mirror::{Changes, Touched},
     outgoing::update,
@@ -90,30 +87,6 @@ pub(super) fn relay_step(
         lost: registration == Registration::Lost,
         end: None,
     })
-}
-
-/// Relays the cache to the local streams `changes` concerns.
-pub(super) fn relay(inner: &Fleet, cache: &FleetCache, changes: &Changes) {
-    let core = &inner.core;
-    let mut pass = core.streams().pass(changes);
-    while let Some(visit) = pass.next() {
-        let topic = visit.topic();
-        let step = relay_step(topic, visit.consumer(), visit.seen(), cache.topics.get(topic), cache.revision);
-        visit.apply(step);
-    }
-    pass.finish();
-    // A consumer that deregistered after its stream had dropped: no stream ends, so no
-    // stream hands its registration over. The instance it was registered through does, so
-    // its leases are free now rather than after the TTL: the loop deletes it
-    // ([`Core::leave`], which marks it departing, so the next change does not hand it
-    // over twice).
-    //
-    // [`Core::leave`]: crate::coordinator::shared::Core::leave
-    for (key, registered_at) in leaving_here(cache, changes, core.instance_id()) {
-        if !core.streams().holds(&key) {
-            core.leave(key, registered_at);
-        }
-    }
 }
 
 /// The registrations among those `changes` concerns that are marked leaving and name

@@ -92,10 +92,6 @@ impl FleetCache {
 impl MirrorCache for FleetCache {
     type Keys = FleetKeys;
 
-    fn prefix(keys: &FleetKeys) -> &str {
-        keys.root()
-    }
-
     fn put(&mut self, keys: &FleetKeys, kv: KeyValue, changes: &mut Changes) {
         let Some(key) = keys.parse(&kv.key) else { return };
         let rev = kv.mod_revision;
@@ -163,10 +159,6 @@ impl MirrorCache for FleetCache {
 
     fn set_revision(&mut self, revision: Revision) {
         self.revision = revision;
-    }
-
-    fn topic_key(keys: &FleetKeys, topic: &str) -> String {
-        keys.topic(topic)
     }
 
     fn topic_count(&self, topic: &str) -> Option<(u32, Revision)> {

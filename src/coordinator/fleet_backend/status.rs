@@ -1,18 +1,11 @@
 //! The status view of the fleet backend.
 
-use super::Fleet;
 use super::state::FleetCache;
 use crate::coordinator::{ConsumerStatusView, StatusView, TopicStatus};
 use crate::handoff::ConsumerStatus;
 
-/// The read-only status view.
-pub(super) fn status(inner: &Fleet) -> StatusView {
-    let cache = inner.core.mirror().read();
-    view(&cache, &inner.config.instance_id, &inner.config.backend, inner.core.readiness().get())
-}
-
-/// The status view of `cache`, as instance `instance` of backend `backend` sees it (the
-/// running loop's and the state machine's driver's alike).
+/// The status view of `cache`, as instance `instance` of backend `backend` sees it
+/// (pure).
 pub(crate) fn view(cache: &FleetCache, instance: &str, backend: &str, ready: bool) -> StatusView {
     let topics = cache
         .topics

@@ -1,11 +1,10 @@
 //! What a consumer call decides, as a pure function of a slice of the state: the handoff
 //! machine's [`step`] on the partition's records, turned into one guarded transaction,
-//! and what the call needs next ([`next_step`]). The instance's loop (`driver.rs`) reads
-//! the slice (from the cache, or the store when the cache may lag, `calls.rs`), commits
-//! what this decides, tells the streams and answers.
+//! and what the call needs next ([`next_step`]). The machine (`machine/calls.rs`) reads
+//! the slice (from the cache, or the store when the cache may lag), writes what this
+//! decides, tells the streams and answers.
 
 use crate::coordinator::causes::TopicUnknown;
-use tokio::sync::oneshot;
 
 use super::records::{AssignmentRecord, ConsumerRecord, HandoffRecord, Keys, TopicRecord, decode};
 use super::state::Cache;
@@ -178,13 +177,9 @@ pub(super) struct Applied {
 /// A call's answer: what it changed (`None`: it was in effect already).
 pub(super) type CallResult = Result<Option<Applied>, CoordinatorError>;
 
-/// Where a call's answer goes in the running instance's loop.
-pub(super) type Reply = oneshot::Sender<Result<(), CoordinatorError>>;
-
-/// A consumer call on its way through the instance's loop, answered on `R` (the loop's
-/// channel; the state machine's call id).
+/// A consumer call on its way through the machine, answered on `R` (its call id).
 #[derive(Debug)]
-pub(super) struct CallInFlight<R = Reply> {
+pub(super) struct CallInFlight<R> {
     /// What the consumer reports.
     pub report: Report,
     /// The consumer.
@@ -197,7 +192,7 @@ pub(super) struct CallInFlight<R = Reply> {
     /// made on the cache and written with the calls that arrive with it, the next ones on
     /// the store's state, each in a transaction of its own.
     pub attempt: usize,
-    /// Where the answer goes (once counted and logged, `driver.rs`).
+    /// Where the answer goes.
     pub reply: R,
 }
 
@@ -327,9 +322,8 @@ mod tests {
         assert!(matches!(decide(&keys, &flipped, call(Report::Ready, "b"), 10, &plan), Decision::InEffect));
     }
 
-    fn in_flight(report: Report, consumer: &str) -> CallInFlight {
-        let (reply, _) = tokio::sync::oneshot::channel();
-        CallInFlight::new(report, consumer.into(), "t".into(), 3, reply)
+    fn in_flight(report: Report, consumer: &str) -> CallInFlight<()> {
+        CallInFlight::new(report, consumer.into(), "t".into(), 3, ())
     }
 
     #[test]

@@ -4,9 +4,8 @@
 //! paused process of the old incarnation writes with epochs below the new one's and a
 //! fenced sink refuses it. Kafka's member epoch does the same on a rejoin.
 //!
-//! The writes join the registration's own transaction (`shared/enrolment.rs`, or
-//! `shared/registration.rs` on the store's state), each compared with the record it
-//! replaces, so a raise decided from a stale cache fails instead of lowering an epoch.
+//! The writes join the registration's own transaction (`machine/register.rs`), each
+//! compared with the record it replaces, so a raise decided from a stale cache fails instead of lowering an epoch.
 
 use super::records::Keys;
 use super::state::TopicEntry;

@@ -1,8 +1,8 @@
 //! What a `Deregister` decides, as a pure function of the records it read: in each topic
 //! the leaving consumer is registered for, drain it (when the drain policy asks for it and
 //! another active consumer can take its partitions over) or hold its partitions for its
-//! return until `now + restart_grace`. The instance's loop (`driver.rs`) reads the
-//! records from the store, commits what this decides in one transaction guarded by each
+//! return until `now + restart_grace`. The machine (`machine/calls.rs`) reads the
+//! records from the store, writes what this decides in one transaction guarded by each
 //! record's mod revision, and decides again on a fresh read when that lost a race.
 //!
 //! A Deregister is rare and a consumer's record may be bound to another instance's lease,
@@ -15,8 +15,6 @@
 //! never end.
 
 use std::time::Duration;
-
-use tokio::sync::oneshot;
 
 use super::records::{ConsumerRecord, Keys};
 use super::state::Cache;
@@ -117,19 +115,19 @@ impl Left {
 /// A Deregister's answer.
 pub(super) type LeaveResult = Result<Left, CoordinatorError>;
 
-/// A `Deregister` on its way through the instance's loop.
+/// A `Deregister` on its way through the machine, answered on `R` (its call id).
 #[derive(Debug)]
-pub(super) struct LeaveInFlight<R = oneshot::Sender<Result<DeregisterAction, CoordinatorError>>> {
+pub(super) struct LeaveInFlight<R> {
     /// The leaving consumer.
     pub consumer: String,
-    /// Whether the drain policy asked to drain (asked before the call reached the loop:
-    /// it may ask Kubernetes).
+    /// Whether the drain policy asked to drain (asked before the call reached the
+    /// machine: it may ask Kubernetes).
     pub wants_drain: bool,
     /// Its registrations, as first found.
     pub found: Vec<Found>,
     /// Transactions that lost a race so far.
     pub attempt: usize,
-    /// Where the answer goes (once logged, `driver.rs`; the state machine's call id).
+    /// Where the answer goes.
     pub reply: R,
 }
 
@@ -266,7 +264,7 @@ mod tests {
 
     /// `c` leaving topics `a` (where the cache saw `d` active) and `b` (alone), registration
     /// 5 in both.
-    fn leaving(wants_drain: bool) -> LeaveInFlight {
+    fn leaving(wants_drain: bool) -> LeaveInFlight<()> {
         let found = |topic: &str, others: &[&str]| Found {
             topic: topic.into(),
             session: 5,
@@ -277,7 +275,7 @@ mod tests {
             wants_drain,
             found: vec![found("a", &["d"]), found("b", &[])],
             attempt: 0,
-            reply: tokio::sync::oneshot::channel().0,
+            reply: (),
         }
     }
 

@@ -1,30 +1,27 @@
 //! The warm-handoff backend over a [`LeaseStore`] (the `memory` and `etcd` backends).
 //!
-//! A thin layer over the shared [`Core`]:
-//! * `driver.rs`: the instance's one loop, the only writer of its cache and the only relay:
-//!   it follows the store, takes the consumers' calls in (`PartitionReady` /
-//!   `PartitionReleased`, decided by `decide.rs`, pure, and committed with compare-and-swap
-//!   by whichever instance receives them, no leader round trip; `Deregister`, decided by
-//!   `leave.rs`, pure), commits them (batched) and the leader's store calls, applies each
-//!   commit, tells the streams and answers;
+//! * `machine/`: the instance as one state with one step, which the production driver
+//!   (`coordinator/machine/driver/`) runs and the whole-cluster simulation drives: it
+//!   follows the store, decides the consumers' calls (`PartitionReady` /
+//!   `PartitionReleased`, decided by `decide.rs` and written with compare-and-swap by
+//!   whichever instance receives them, no leader round trip; `Deregister`, decided by
+//!   `leave.rs`), leads, applies each commit, tells the streams and answers;
 //! * `records.rs` / `state.rs`: the key layout, the records and the cache of them;
 //! * `register.rs`: the consumer record, and the restart hold after a `SHUTDOWN_NOW`;
-//!   `incarnation.rs`: the epochs a registration that replaces another raises (pure);
-//! * `relay.rs`: after every revision, each local consumer is sent the commands derived
-//!   from the new state ([`crate::handoff::diff_views`]);
-//! * `leader/`: the leader as a part of the loop: election (leadership is one `watch`
-//!   value), reconcile with [`crate::handoff::plan_placed`] in fenced batched
-//!   transactions, the Kafka topic refresh, and the weights refresh (the weight source's
-//!   weights into the topic records);
-//! * `calls.rs`: the backend's face to the shared instance: the drain policy, asked before
-//!   a `Deregister` reaches the loop, the epochs, shutdown and crash; and the calls'
-//!   answers, counted and logged;
+//!   `incarnation.rs`: the epochs a registration that replaces another raises;
+//! * `relay.rs`: after every revision, what each local consumer is sent, derived from the
+//!   new state ([`crate::handoff::diff_views`]);
+//! * `leader/`: the leader's decisions: election, each topic's plan with
+//!   [`crate::handoff::plan_placed`] cut into fenced batched transactions, and the weights
+//!   to store; `leader_groups.rs`: which instance leads which topics;
+//! * `calls.rs`: a call refused while a lost registration is written again;
 //! * `status.rs`: the status view; `placement.rs`: its placement part (loads, shares and,
 //!   in shadow mode, the load plan).
+//!
+//! Everything here but `machine/` is pure: functions of the cache and the records.
 
 mod calls;
 mod decide;
-mod driver;
 mod incarnation;
 mod leader;
 pub mod leader_groups;
@@ -41,23 +38,14 @@ pub use leader::Fence;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-
-use super::StoreCoordinator;
-use super::shared::{Core, CoreSettings, topics::Topics};
-use super::{CoordinatorError, PartitionCounts};
+use super::PartitionCounts;
 use crate::drain::DrainPolicy;
-use crate::handoff::{ConsumerView, PlacementSettings, PlanConfig};
-use crate::metrics::Metrics;
-use crate::store::LeaseStore;
+use crate::handoff::{PlacementSettings, PlanConfig};
 use crate::weights::WeightSource;
 
 use leader_groups::LeaderGroup;
-use records::Keys;
-use state::Cache;
 
-/// Settings of a [`HandoffCoordinator`].
+/// Settings of a warm-handoff instance.
 #[derive(Clone, Debug)]
 pub struct HandoffConfig {
     /// This instance's id (in consumer records and the leader key).
@@ -157,52 +145,5 @@ impl Default for HandoffConfig {
             weights_refresh: Duration::from_secs(10),
             leader_groups: 1,
         }
-    }
-}
-
-/// The warm-handoff backend: the core, its settings and its leadership (what
-/// [`HandoffCoordinator`] runs).
-pub struct Handoff {
-    core: Core<Cache, ConsumerView>,
-    config: HandoffConfig,
-    /// The fence of each leader group this instance leads, by group number: the one value
-    /// `is_leader`, the leader gauges and the leaders read.
-    leadership: watch::Sender<BTreeMap<u32, Fence>>,
-    /// Cancelled once the loop has ended: what it had in flight answered and, at a graceful
-    /// stop, leadership resigned. A graceful stop waits for it.
-    stopped: CancellationToken,
-}
-
-use crate::coordinator::shared::now_ms;
-
-/// The warm-handoff coordinator (see the module docs): the shared store-backed instance
-/// over the [`Handoff`] backend.
-pub type HandoffCoordinator = StoreCoordinator<Handoff>;
-
-impl StoreCoordinator<Handoff> {
-    /// Starts the coordinator's tasks over `store`. Returns once the first snapshot is
-    /// loaded, or fails if the store cannot be read.
-    pub async fn start(
-        store: Arc<dyn LeaseStore>,
-        config: HandoffConfig,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, CoordinatorError> {
-        let keys = Keys::new(&config.prefix);
-        let topics = Topics { configured: config.topic_partitions.clone(), source: config.kafka.clone() };
-        let mut settings = CoreSettings::new(&config.instance_id, config.lease_ttl, topics);
-        settings.leader_groups = config.leader_groups.max(1);
-        let core = Core::load(store, keys, metrics, settings, "handoff").await?;
-        let (leadership, stopped) = (watch::Sender::new(BTreeMap::new()), CancellationToken::new());
-        let inner = Arc::new(Handoff { core, config, leadership, stopped });
-        super::shared::register::start_lease(&inner).await?;
-        tokio::spawn(driver::run(inner.clone()));
-        tokio::spawn(leader::publish_gauge(inner.clone()));
-        tracing::info!(instance = %inner.config.instance_id, backend = %inner.config.backend, "coordinator started");
-        Ok(Self::new(inner))
-    }
-
-    /// Whether this instance currently leads.
-    pub fn is_leader(&self) -> bool {
-        !self.backend().leadership.borrow().is_empty()
     }
 }

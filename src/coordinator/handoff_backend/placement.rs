@@ -6,20 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use super::Handoff;
 use super::state::Cache;
 use crate::assignment::assignor::DEFAULT_WEIGHT;
 use crate::assignment::{ConsumerInfo, Placement};
 use crate::handoff::{PlacementMode, PlacementSettings, TopicState, load_preview};
 use crate::status::{ConsumerLoad, LoadPlanView, MoveView, TopicPlacement};
 use crate::weights::WeightSource;
-
-/// The placement view of every stored topic.
-pub(super) fn placement(inner: &Handoff) -> Vec<TopicPlacement> {
-    // Copied under the lock, planned after it.
-    let states = states_of(&inner.core.mirror().read());
-    placement_of(states, &inner.config.placement, inner.config.weights.as_deref())
-}
 
 /// Each configured topic's state in `cache`.
 pub(crate) fn states_of(cache: &Cache) -> Vec<(String, TopicState)> {
@@ -32,7 +24,7 @@ pub(crate) fn states_of(cache: &Cache) -> Vec<(String, TopicState)> {
 }
 
 /// The placement of every topic of `states` under `settings`, the zones (under `shadow`)
-/// from `weights` (the running loop's and the state machine's driver's alike).
+/// from `weights`.
 pub(crate) fn placement_of(
     states: Vec<(String, TopicState)>,
     settings: &PlacementSettings,

@@ -6,17 +6,10 @@
 //! a reconnect (to any instance) rewrites it and keeps the partitions. Otherwise the record
 //! is deleted and the leader reassigns the partitions.
 
-use super::records::{ConsumerRecord, RECORD_VERSION, decode, encode};
-use super::{Handoff, HandoffConfig, relay, state::Cache};
-use crate::coordinator::shared::{
-    Core,
-    batch::KeyWrite,
-    mirror::Scope,
-    registrar::{Held, Registrar},
-    relay::{RelayStep, StreamSeen},
-    streams::StreamKey,
-};
-use crate::handoff::{ConsumerStatus, ConsumerView};
+use super::records::{ConsumerRecord, RECORD_VERSION};
+use super::{HandoffConfig, state::Cache};
+use crate::coordinator::shared::{departures::Held, streams::StreamKey};
+use crate::handoff::ConsumerStatus;
 use crate::store::{Revision, SessionId};
 
 /// The record of `consumer`'s active registration with id `registration` on the instance
@@ -69,74 +62,4 @@ pub(super) fn cached_registration(cache: &Cache, topic: &str, consumer: &str) ->
 /// (0: unknown, or no registration).
 pub(super) fn cached_incarnation(cache: &Cache, topic: &str, consumer: &str) -> u64 {
     cache.topics.get(topic).and_then(|t| t.consumers.get(consumer)).map_or(0, |r| r.value.incarnation)
-}
-
-impl Registrar for Handoff {
-    type Cache = Cache;
-    type Told = ConsumerView;
-
-    fn core(&self) -> &Core<Cache, ConsumerView> {
-        &self.core
-    }
-
-    fn registration_key(&self, topic: &str, consumer: &str) -> String {
-        self.core.keys().consumer(topic, consumer)
-    }
-
-    fn registration_record(&self, consumer: &str, registration: SessionId, incarnation: u64) -> Vec<u8> {
-        encode(&active_record(&self.config, consumer, registration, incarnation))
-    }
-
-    fn registration_in(&self, key: &str, value: &[u8]) -> Option<SessionId> {
-        decode::<ConsumerRecord>(key, value).ok().map(|r| SessionId(r.session))
-    }
-
-    fn incarnation_in(&self, key: &str, value: &[u8]) -> u64 {
-        decode::<ConsumerRecord>(key, value).map_or(0, |r| r.incarnation)
-    }
-
-    fn cached_incarnation(&self, cache: &Cache, topic: &str, consumer: &str) -> u64 {
-        cached_incarnation(cache, topic, consumer)
-    }
-
-    fn cached_registration(&self, cache: &Cache, topic: &str, consumer: &str) -> Option<Revision> {
-        // Decided from the cache first, in a shared transaction: a storm of Registers
-        // then costs a few transactions, not one each.
-        Some(cached_registration(cache, topic, consumer))
-    }
-
-    fn epoch_prefixes(&self, topic: &str) -> Vec<String> {
-        vec![self.core.keys().assignments(topic), self.core.keys().handoffs(topic)]
-    }
-
-    fn raise_epochs(
-        &self,
-        cache: &Cache,
-        topic: &str,
-        consumer: &str,
-        _lease: SessionId,
-        now_micros: u64,
-    ) -> Vec<KeyWrite> {
-        let Some(entry) = cache.topics.get(topic) else { return Vec::new() };
-        let raised = super::incarnation::raise(entry, consumer, cache.revision, now_micros);
-        super::incarnation::raise_writes(self.core.keys(), entry, topic, raised)
-    }
-
-    fn relay_step(
-        &self,
-        cache: &Cache,
-        topic: &str,
-        consumer: &str,
-        seen: StreamSeen<'_, ConsumerView>,
-    ) -> RelayStep<ConsumerView> {
-        relay::relay_step(topic, consumer, seen, cache.topics.get(topic), &Scope::Whole, cache.revision)
-    }
-
-    fn held(&self, cache: &Cache, key: &StreamKey) -> Held {
-        held(cache, key)
-    }
-
-    fn registrations_of(&self, cache: &Cache, instance: &str) -> Vec<StreamKey> {
-        registrations_of(cache, instance)
-    }
 }

@@ -1,6 +1,6 @@
 //! The relay: turn every change into commands for the consumers connected to this
-//! instance. The shared [`Follower`](crate::coordinator::shared::mirror::Follower) keeps the
-//! cache equal to the store; the loop here tells the consumers after every change.
+//! instance (pure). The machine keeps the cache equal to the store and, after every
+//! change, tells the consumers what this step says (`machine/streams.rs`).
 //!
 //! Commands come only from here, derived from the cache after a whole revision has been
 //! applied, so a consumer never sees a half-applied transaction, and every instance derives
@@ -8,12 +8,12 @@
 
 use std::collections::BTreeSet;
 
-use super::{Handoff, state::Cache, state::TopicEntry};
+use super::state::TopicEntry;
 use crate::coordinator::shared::{
-    mirror::{Changes, Scope},
+    mirror::Scope,
     outgoing::to_wire,
     records::encode,
-    relay::{Registration, RelayStep, StreamSeen, Tell, Visit},
+    relay::{Registration, RelayStep, StreamSeen, Tell},
     streams::{EndReason, Told},
 };
 use crate::handoff::{Command, ConsumerStatus, ConsumerView, diff_views};
@@ -89,15 +89,6 @@ pub(super) fn relay_step(
     })
 }
 
-/// Keeps what the stream's registration record says while it is the stream's, for a lost
-/// registration to be written again as it was (`shared/rebind.rs`): a draining consumer
-/// whose record the store lost still drains.
-fn keep_registration(visit: &mut Visit<'_, ConsumerView>, entry: Option<&TopicEntry>) {
-    if let Some((mod_revision, encode)) = to_keep(entry, visit.consumer(), visit.seen().session) {
-        visit.keep(mod_revision, encode);
-    }
-}
-
 /// What of `consumer`'s registration record in `entry` the stream of registration
 /// `session` keeps (pure): `None` while the record is not its own; else the record's mod
 /// revision and its encoding, which says `None` when the record says nothing a fresh
@@ -138,56 +129,4 @@ fn split(commands: Vec<Command>) -> (Vec<Command>, Vec<Command>) {
         }
     }
     (gains, losses)
-}
-
-/// Relays the cache to the local streams `changes` concerns, comparing only the
-/// partitions a revision changed where it says which.
-fn relay(inner: &Handoff, cache: &Cache, changes: &Changes) {
-    let mut pass = inner.core.streams().pass(changes);
-    while let Some(mut visit) = pass.next() {
-        let entry = cache.topics.get(visit.topic());
-        keep_registration(&mut visit, entry);
-        let (topic, consumer) = (visit.topic(), visit.consumer());
-        let scope = changes.scope(topic, consumer);
-        let step = relay_step(topic, consumer, visit.seen(), entry, scope, cache.revision);
-        if let RelayStep::Tell(tell) = &step {
-            let phase_start = |p: u32| entry.and_then(|e| e.handoffs.get(&p)).map(|h| h.value.since);
-            let before = &visit.seen().told.releasing;
-            inner.core.metrics().observe_releases_sent(before, &tell.told.releasing, phase_start);
-            #[cfg(debug_assertions)]
-            assert_part_completes(topic, consumer, visit.seen().told, tell, entry);
-        }
-        visit.apply(step);
-    }
-    pass.finish();
-}
-
-/// Checked in debug builds (every test and simulation): after a step that compared only
-/// the partitions a revision changed, the stream knows the consumer's whole view. The
-/// instance's loop is the only relay (`driver.rs`), so a stream that followed every step
-/// since its last whole one (`told_complete`) already knows everything outside that part.
-#[cfg(debug_assertions)]
-fn assert_part_completes(
-    topic: &str,
-    consumer: &str,
-    told: &ConsumerView,
-    tell: &crate::coordinator::shared::relay::Tell<ConsumerView>,
-    entry: Option<&TopicEntry>,
-) {
-    let (Some(partitions), Some(entry)) = (&tell.within, entry) else { return };
-    let mut known = told.clone();
-    known.patch(partitions, tell.told.clone());
-    let whole = entry.view_of(consumer);
-    assert_eq!(
-        known, whole,
-        "consumer '{consumer}' of topic '{topic}' would know another view than its own after a step within {partitions:?}"
-    );
-}
-
-/// Tells the local streams what `changes` changed for them, then announces the revision
-/// (registrations waiting for it go on).
-pub(super) fn tell(inner: &Handoff, changes: &Changes) {
-    let cache = inner.core.mirror().read();
-    relay(inner, &cache, changes);
-    inner.core.mirror().announce(&cache);
 }

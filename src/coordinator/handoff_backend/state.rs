@@ -87,7 +87,7 @@ impl TopicEntry {
     /// The view of one consumer ([`ConsumerView::of`] of [`state`](Self::state)), from the
     /// per-consumer indexes: O(its partitions), whatever the size of the topic. Unlike
     /// the model's view, it does not look at the registration: the relay asks only for
-    /// streams whose registration it holds, or lost and being written again (`rebind.rs`),
+    /// streams whose registration it holds, or lost and being written again (the machine's rebind),
     /// whose consumers still own what they own.
     pub fn view_of(&self, consumer: &str) -> ConsumerView {
         let owned = self.owned_by.get(consumer).cloned().unwrap_or_default();
@@ -263,10 +263,6 @@ impl Cache {
 impl MirrorCache for Cache {
     type Keys = Keys;
 
-    fn prefix(keys: &Keys) -> &str {
-        keys.prefix()
-    }
-
     fn put(&mut self, keys: &Keys, kv: KeyValue, changes: &mut Changes) {
         let Some(key) = keys.parse(&kv.key) else { return };
         let rev = kv.mod_revision;
@@ -382,10 +378,6 @@ impl MirrorCache for Cache {
             Key::Handoff(t, p) => Some(entry(&t).map_or(0, |e| e.handoff_revision(p))),
             _ => None,
         }
-    }
-
-    fn topic_key(keys: &Keys, topic: &str) -> String {
-        keys.topic(topic)
     }
 
     fn topic_count(&self, topic: &str) -> Option<(u32, Revision)> {

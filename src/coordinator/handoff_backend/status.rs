@@ -1,17 +1,10 @@
 //! The status view of the handoff backend.
 
-use super::Handoff;
 use super::state::Cache;
 use crate::coordinator::{ConsumerStatusView, HandoffStatusView, StatusView, TopicStatus};
 
-/// The read-only status view.
-pub(super) fn status(inner: &Handoff) -> StatusView {
-    let cache = inner.core.mirror().read();
-    view(&cache, &inner.config.instance_id, &inner.config.backend, inner.core.readiness().get())
-}
-
-/// The status view of `cache`, as instance `instance` of backend `backend` sees it (the
-/// running loop's and the state machine's driver's alike).
+/// The status view of `cache`, as instance `instance` of backend `backend` sees it
+/// (pure).
 pub(crate) fn view(cache: &Cache, instance: &str, backend: &str, ready: bool) -> StatusView {
     let topics = cache
         .topics

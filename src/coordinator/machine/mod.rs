@@ -5,10 +5,10 @@
 //! what an instance says it decided, for metrics and logs); the handoff backend's state and
 //! step are in `handoff_backend/machine/`, the fleet's in `fleet_backend/machine/`. The
 //! whole-cluster simulation drives instances through them, and so does the production
-//! [`driver`] (`--engine machine`), so what the simulation checks is what runs there.
-//! [`refresh`] is the Kafka topic refresh both machines keep as a part of their state;
-//! [`batching`] their books for writes sent together, and [`topic_wait`] for `Register`s
-//! waiting for their topic's record.
+//! [`driver`] (every memory, etcd and fleet instance), so what the simulation checks is
+//! what runs there. [`refresh`] is the Kafka topic refresh both machines keep as a part of
+//! their state; [`batching`] their books for writes sent together, and [`topic_wait`] for
+//! `Register`s waiting for their topic's record.
 
 pub mod batching;
 pub mod driver;
@@ -37,8 +37,7 @@ pub struct Start {
     pub watch_progress_every: Option<Duration>,
     /// A stated cost of planning one partition, in ns, for the planning budget: after a
     /// look that planned `n` partitions, the instance's leaders plan again only once
-    /// `PLAN_PACE × n × cost` has passed, as the running leader does after a pass that took
-    /// that long. A simulation models planning time with it (it reads no clock); the
+    /// `PLAN_PACE × n × cost` has passed. A simulation models planning time with it (it reads no clock); the
     /// production driver states 0 and tells the measured time instead ([`plans_timed`]).
     /// 0 and not timed: planning is free and never waits.
     ///

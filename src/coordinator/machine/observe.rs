@@ -1,13 +1,12 @@
 //! What an instance saw itself decide, as plain data: the payload of [`Effect::Observe`].
 //!
-//! The running loop records its metrics and logs its main decisions from inside its code
-//! paths; the step may touch no shared handle, so it says what happened instead, at the
-//! same decision points, and its driver records it (`driver/record.rs`: the counters and
-//! histograms of [`crate::metrics::Metrics`], and the loop's log lines). An observation
+//! The step may touch no shared handle, so it says what happened instead, at each decision
+//! point that is counted or logged, and its driver records it (`driver/record.rs`: the
+//! counters and histograms of [`crate::metrics::Metrics`], and the log lines). An observation
 //! changes nothing: a simulation drops it, and it never enters a trace or its hash.
 //!
 //! Durations are given as their wall-clock ends in ms (the step's `now / 1000` and the
-//! stored phase start), as the loop measures them from the `since` of the stored records:
+//! stored phase start), measured from the `since` of the stored records:
 //! the driver turns them into seconds.
 //!
 //! [`Effect::Observe`]: super::io::Effect::Observe

@@ -11,20 +11,16 @@
 //! [`BATCHES_IN_FLIGHT`] transactions at once: the busier the store, the more queues up
 //! behind them and the larger the next batch. A transaction is all or nothing, so if any
 //! compare lost (a cache behind the store, a concurrent write elsewhere), the whole batch
-//! is answered as lost (`None`, [`Answer`]) and each of its writes falls back to its own
-//! read and compare-and-swap.
+//! is answered as lost and each of its writes falls back to its own read and
+//! compare-and-swap.
 //!
-//! Every batch is committed by the instance's loop, among its other store calls, which
-//! keeps its books in [`Batches`] and commits with [`commit`]: the registrations
-//! (`enrolment.rs`), and the handoff backend's consumer calls (`handoff_backend/driver.rs`,
-//! which applies and relays each batch it committed itself).
+//! A writer keeps its books in [`Batches`] (which cuts each batch with `take_batch`); the
+//! state machines do, through `coordinator/machine/batching.rs`, which sends each batch as
+//! one transaction.
 
-use std::{
-    collections::{HashSet, VecDeque},
-    sync::Arc,
-};
+use std::collections::{HashSet, VecDeque};
 
-use crate::store::{Compare, LeaseStore, Op, Revision, StoreError, Txn};
+use crate::store::{Compare, Op};
 
 /// Writes per transaction, at most.
 pub const BATCH: usize = 64;
@@ -48,28 +44,13 @@ pub struct KeyWrite {
     pub ops: Vec<Op>,
 }
 
-/// A batch that was written: its revision and every operation of it, what the watch will
-/// deliver at that revision, for a writer that applies its own writes at once.
-#[derive(Clone, Debug)]
-pub struct WrittenBatch {
-    /// The revision it was written at.
-    pub revision: Revision,
-    /// Every operation of the batch.
-    pub ops: Arc<[Op]>,
-    /// Every compare of the batch (what its operations were decided from).
-    pub compares: Arc<[Compare]>,
-}
-
-/// How a batch ended, as each of its writers hears it: `None` if a compare lost.
-pub type Answer = Result<Option<WrittenBatch>, StoreError>;
-
 /// Something queued for a batch: a write, and whatever its writer needs with the answer.
 pub trait Queued {
     /// The write.
     fn write(&self) -> &KeyWrite;
 }
 
-/// The writes waiting for their batch, and how many batches are in flight: a loop's books
+/// The writes waiting for their batch, and how many batches are in flight: a writer's books
 /// for its batches. While [`BATCHES_IN_FLIGHT`] batches are in flight, what arrives waits
 /// and joins the next batch, so the busier the store, the larger the batch.
 #[derive(Debug)]
@@ -90,7 +71,7 @@ impl<P: Queued> Batches<P> {
         self.waiting.push_back(pending);
     }
 
-    /// The batches to commit now ([`commit`]), each counted in flight until
+    /// The batches to commit now, each counted in flight until
     /// [`done`](Self::done).
     pub fn due(&mut self) -> Vec<Vec<P>> {
         let mut batches = Vec::new();
@@ -178,18 +159,6 @@ fn compare_key(compare: &Compare) -> &str {
     }
 }
 
-/// Commits `batch` in one transaction; the answer is for each of its writes.
-pub async fn commit<P: Queued>(store: &dyn LeaseStore, batch: &[P]) -> Answer {
-    let mut txn = Txn::new();
-    for pending in batch {
-        txn.compares.extend(pending.write().compares.iter().cloned());
-        txn.ops.extend(pending.write().ops.iter().cloned());
-    }
-    let (ops, compares): (Arc<[Op]>, Arc<[Compare]>) = (txn.ops.clone().into(), txn.compares.clone().into());
-    let outcome = store.txn(txn).await?;
-    Ok(outcome.succeeded.then_some(WrittenBatch { revision: outcome.revision, ops, compares }))
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -197,11 +166,22 @@ mod tests {
     use futures::{StreamExt, stream::FuturesUnordered};
     use tokio::sync::{mpsc, oneshot};
 
-    use super::{Answer, BATCH, Batches, KeyWrite, Queued, commit};
-    use crate::store::{Compare, LeaseStore, MemoryStore, Op, Revision, StoreError};
+    use super::{BATCH, Batches, KeyWrite, Queued};
+    use crate::store::{Compare, LeaseStore, MemoryStore, Op, Revision, StoreError, Txn};
 
     /// How a write ended: written at a revision, or `None` when a compare of its batch lost.
     type Outcome = Result<Option<Revision>, StoreError>;
+
+    /// Commits `batch` in one transaction; the outcome is for each of its writes.
+    async fn commit(store: &dyn LeaseStore, batch: &[Pending]) -> Outcome {
+        let mut txn = Txn::new();
+        for pending in batch {
+            txn.compares.extend(pending.write().compares.iter().cloned());
+            txn.ops.extend(pending.write().ops.iter().cloned());
+        }
+        let outcome = store.txn(txn).await?;
+        Ok(outcome.succeeded.then_some(outcome.revision))
+    }
 
     /// A write and where its outcome goes.
     struct Pending(KeyWrite, oneshot::Sender<Outcome>);
@@ -220,7 +200,7 @@ mod tests {
         }
     }
 
-    /// A loop that takes writes and commits them in batches as an instance's loop does;
+    /// A task that takes writes and commits them in batches, as a writer does;
     /// it stops when the sender is dropped.
     fn started(store: &MemoryStore) -> mpsc::UnboundedSender<Pending> {
         let (sender, mut incoming) = mpsc::unbounded_channel::<Pending>();
@@ -231,9 +211,9 @@ mod tests {
                 for batch in batches.due() {
                     let store = store.clone();
                     in_flight.push(async move {
-                        let answer: Answer = commit(&*store, &batch).await;
+                        let answer = commit(&*store, &batch).await;
                         for Pending(_, reply) in batch {
-                            let _ = reply.send(answer.clone().map(|w| w.map(|w| w.revision)));
+                            let _ = reply.send(answer.clone());
                         }
                     });
                 }

@@ -1,4 +1,4 @@
-//! Registrations whose streams are gone, as the instance's loop settles them: each is kept
+//! Registrations whose streams are gone, as each machine settles them: each is kept
 //! as long as the backend says ([`Held`]: one TTL after its stream ended, so a quick
 //! reconnect keeps the partitions, or until a `SHUTDOWN_NOW` hold ends), then deleted if it
 //! is still the same registration. A reconnect (here or elsewhere) replaces the record,
@@ -6,18 +6,28 @@
 //! the TTL. The registration of a consumer that left ([`Departed::left`]) is due at once:
 //! nothing is kept for a consumer that said goodbye.
 //!
-//! Pure: the loop hands it the time (monotonic and wall clock) and the cache, and deletes
-//! what [`Departures::due`] returns.
+//! Pure: the machine hands it the time (monotonic and wall clock) and the cache, and
+//! deletes what [`Departures::due_with`] returns.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use tokio::time::Instant;
 
 use super::mirror::MirrorCache;
-use super::registrar::{Held, Registrar};
 use super::streams::StreamKey;
 use crate::handoff::Millis;
 use crate::store::Revision;
+
+/// How long a registration whose stream is gone is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// It is not this stream's any more (replaced or gone): nothing to do.
+    NotOurs,
+    /// For the consumer TTL after the stream ended.
+    ForTtl,
+    /// Until this wall-clock time (a `SHUTDOWN_NOW` hold for the consumer's restart).
+    Until(Millis),
+}
 
 /// A stream that ended without its consumer leaving: its registration waits here.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,10 +50,6 @@ pub struct Departures {
     /// Ordered, so that what falls due at one look is settled in one order on every run
     /// (the whole-cluster simulation replays a seed exactly).
     waiting: BTreeMap<StreamKey, Waiting>,
-    /// The cache's revision at the last look; a change since means a look.
-    looked_at: Option<Revision>,
-    /// A registration arrived since the last look.
-    arrived: bool,
 }
 
 #[derive(Debug)]
@@ -59,7 +65,7 @@ struct Waiting {
 impl Departures {
     /// No registration waits; each that comes is kept for `ttl` (or its hold).
     pub fn new(ttl: Duration) -> Self {
-        Self { ttl, waiting: BTreeMap::new(), looked_at: None, arrived: false }
+        Self { ttl, waiting: BTreeMap::new() }
     }
 
     /// `departed`'s registration waits from now on.
@@ -67,7 +73,6 @@ impl Departures {
         let Departed { key, registered_at, at, left } = departed;
         let due = if left { at } else { at + self.ttl };
         self.waiting.insert(key, Waiting { registered_at, at, due, left });
-        self.arrived = true;
     }
 
     /// Whether the registration `key` waits here.
@@ -85,25 +90,9 @@ impl Departures {
         self.waiting.values().map(|w| w.due).min()
     }
 
-    /// Whether a look is needed: one arrived, the cache changed, or one is due.
-    pub fn must_look(&self, revision: Revision, now: Instant) -> bool {
-        self.arrived || self.looked_at != Some(revision) || self.wake_at().is_some_and(|at| now >= at)
-    }
-
-    /// Looks at every waiting registration on `cache` (`backend`'s) at `now` (`now_ms` on
-    /// the wall clock, for holds): forgets those that are not theirs any more, and returns
-    /// those whose time is up, to be deleted if they are still theirs.
-    pub fn due<R: Registrar>(
-        &mut self,
-        backend: &R,
-        cache: &R::Cache,
-        now: Instant,
-        now_ms: Millis,
-    ) -> Vec<StreamKey> {
-        self.due_with(|cache, key| backend.held(cache, key), cache, now, now_ms)
-    }
-
-    /// [`due`](Self::due), with the backend's hold rule as a function (pure).
+    /// Looks at every waiting registration on `cache` at `now` (`now_ms` on the wall clock,
+    /// for holds), `held` the backend's hold rule (pure): forgets those that are not theirs
+    /// any more, and returns those whose time is up, to be deleted if they are still theirs.
     pub fn due_with<C: MirrorCache>(
         &mut self,
         held: impl Fn(&C, &StreamKey) -> Held,
@@ -111,8 +100,6 @@ impl Departures {
         now: Instant,
         now_ms: Millis,
     ) -> Vec<StreamKey> {
-        self.arrived = false;
-        self.looked_at = Some(cache.revision());
         let mut due = Vec::new();
         self.waiting.retain(|key, waiting| {
             let held =
@@ -142,11 +129,31 @@ mod tests {
 
     use tokio::time::Instant;
 
-    use super::{Departed, Departures};
-    use crate::coordinator::shared::test_backend::{Records, TestBackend, registration};
+    use super::{Departed, Departures, Held};
+    use crate::coordinator::shared::test_cache::{Records, registration};
+    use crate::handoff::Millis;
     use crate::store::{KeyValue, SessionId};
 
     const TTL: Duration = Duration::from_secs(3);
+
+    /// The test cache's hold rule: a registration is held for the TTL while its record
+    /// holds its id.
+    fn held(cache: &Records, key: &(String, String, SessionId)) -> Held {
+        match cache.kvs.get(&registration(&key.0, &key.1)) {
+            Some(kv) if kv.value == key.2.0.to_string().into_bytes() => Held::ForTtl,
+            _ => Held::NotOurs,
+        }
+    }
+
+    /// What of `departures` is due on `cache` at `now` (`now_ms` on the wall clock).
+    fn due(
+        departures: &mut Departures,
+        cache: &Records,
+        now: Instant,
+        now_ms: Millis,
+    ) -> Vec<(String, String, SessionId)> {
+        departures.due_with(held, cache, now, now_ms)
+    }
 
     /// A cache at `revision` holding `consumer`'s registration `id` on topic `t`, if any.
     fn cache(revision: i64, record: Option<(&str, i64)>) -> Records {
@@ -165,27 +172,22 @@ mod tests {
         records
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_registration_is_due_one_ttl_after_its_stream_ended_and_not_before() {
-        let (backend, _) = TestBackend::start(TTL).await;
+    #[test]
+    fn a_registration_is_due_one_ttl_after_its_stream_ended_and_not_before() {
         let mut departures = Departures::new(TTL);
         let at = Instant::now();
         let key = ("t".to_string(), "c".to_string(), SessionId(7));
         departures.add(Departed { key: key.clone(), registered_at: 5, at, left: false });
         let seen = cache(6, Some(("c", 7)));
-        assert!(departures.must_look(6, at), "one arrived");
-        assert!(departures.due(&*backend, &seen, at, 0).is_empty());
+        assert!(due(&mut departures, &seen, at, 0).is_empty());
         assert_eq!(departures.wake_at(), Some(at + TTL));
-        assert!(!departures.must_look(6, at + TTL / 2), "nothing changed, nothing due");
-        assert!(departures.must_look(7, at + TTL / 2), "the cache changed");
-        assert!(departures.due(&*backend, &seen, at + TTL - Duration::from_millis(1), 0).is_empty());
-        assert_eq!(departures.due(&*backend, &seen, at + TTL, 0), vec![key]);
+        assert!(due(&mut departures, &seen, at + TTL - Duration::from_millis(1), 0).is_empty());
+        assert_eq!(due(&mut departures, &seen, at + TTL, 0), vec![key]);
         assert_eq!(departures.wake_at(), None, "settled once");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_registration_replaced_by_a_reconnect_is_forgotten() {
-        let (backend, _) = TestBackend::start(TTL).await;
+    #[test]
+    fn a_registration_replaced_by_a_reconnect_is_forgotten() {
         let mut departures = Departures::new(TTL);
         let at = Instant::now();
         departures.add(Departed {
@@ -194,7 +196,7 @@ mod tests {
             at,
             left: false,
         });
-        assert!(departures.due(&*backend, &cache(8, Some(("c", 8))), at, 0).is_empty());
+        assert!(due(&mut departures, &cache(8, Some(("c", 8))), at, 0).is_empty());
         assert_eq!(departures.wake_at(), None, "the new registration is not this one's to end");
         departures.add(Departed {
             key: ("t".into(), "d".into(), SessionId(9)),
@@ -202,36 +204,31 @@ mod tests {
             at,
             left: false,
         });
-        assert!(departures.due(&*backend, &cache(8, None), at + TTL, 0).is_empty(), "gone already");
+        assert!(due(&mut departures, &cache(8, None), at + TTL, 0).is_empty(), "gone already");
         assert_eq!(departures.wake_at(), None);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn before_the_cache_saw_the_registration_it_is_held_for_the_ttl() {
-        let (backend, _) = TestBackend::start(TTL).await;
+    #[test]
+    fn before_the_cache_saw_the_registration_it_is_held_for_the_ttl() {
         let mut departures = Departures::new(TTL);
         let at = Instant::now();
         let key = ("t".to_string(), "c".to_string(), SessionId(7));
         departures.add(Departed { key: key.clone(), registered_at: 9, at, left: false });
         // The cache (revision 8) has not seen the write at 9: no record, yet it waits.
-        assert!(departures.due(&*backend, &cache(8, None), at, 0).is_empty());
-        assert_eq!(departures.due(&*backend, &cache(8, None), at + TTL, 0), vec![key]);
+        assert!(due(&mut departures, &cache(8, None), at, 0).is_empty());
+        assert_eq!(due(&mut departures, &cache(8, None), at + TTL, 0), vec![key]);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_registration_of_a_consumer_that_left_is_due_at_once_if_it_is_still_its_own() {
-        let (backend, _) = TestBackend::start(TTL).await;
+    #[test]
+    fn the_registration_of_a_consumer_that_left_is_due_at_once_if_it_is_still_its_own() {
         let mut departures = Departures::new(TTL);
         let at = Instant::now();
         let key = ("t".to_string(), "c".to_string(), SessionId(7));
         departures.add(Departed { key: key.clone(), registered_at: 5, at, left: true });
         assert_eq!(departures.wake_at(), Some(at), "no TTL to wait for");
-        assert_eq!(departures.due(&*backend, &cache(6, Some(("c", 7))), at, 0), vec![key.clone()]);
+        assert_eq!(due(&mut departures, &cache(6, Some(("c", 7))), at, 0), vec![key.clone()]);
         departures.add(Departed { key, registered_at: 5, at, left: true });
-        assert!(
-            departures.due(&*backend, &cache(8, Some(("c", 8))), at, 0).is_empty(),
-            "replaced: not its own"
-        );
+        assert!(due(&mut departures, &cache(8, Some(("c", 8))), at, 0).is_empty(), "replaced: not its own");
         assert_eq!(departures.wake_at(), None);
     }
 }

@@ -3,17 +3,13 @@
 //! The store deletes it in the same revision as every registration bound to that lease, so
 //! its deletion tells the leader that an instance's lease ended: an operator revoked it, a
 //! store outage outlived it, or the instance died. In the first two cases the instance is
-//! still there and writes its consumers' registrations again on a new lease (`rebind.rs`),
+//! still there and writes its consumers' registrations again on a new lease (the machine's rebind),
 //! or its consumers register again within moments; so the leader treats the registrations
 //! that vanished with it as interrupted, not departed, and settles before it moves their
 //! partitions (the handoff backend's leader).
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
-use super::Core;
-use super::mirror::MirrorCache;
 use crate::store::{Op, SessionId, Txn};
 
 /// The key of `instance`'s record under a backend's `prefix` (which ends with `/`).
@@ -49,30 +45,4 @@ pub fn instance_record_txn(key: &str, instance: &str, leader_groups: u32, sessio
 /// that cannot be read: an instance too old to know groups).
 pub fn leader_groups_of(value: &[u8]) -> u32 {
     serde_json::from_slice::<InstanceRecord>(value).map_or(1, |record| record.leader_groups)
-}
-
-/// Writes this instance's record bound to the instance lease `session`, retrying with
-/// backoff while the store refuses. Returns whether it was written: not if the lease is
-/// no longer the live one, or the instance stops. The instance's loop runs it each time a
-/// new lease is granted (`upkeep.rs`).
-pub async fn write_instance_record<C: MirrorCache, T>(core: &Core<C, T>, session: SessionId) -> bool {
-    let key = instance_key(C::prefix(&core.keys), &core.instance_id);
-    let mut lease = core.lease.subscribe();
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        if core.shutdown.is_cancelled() || lease.borrow_and_update().live() != Some(session) {
-            return false;
-        }
-        match core.store.txn(instance_record_txn(&key, &core.instance_id, core.leader_groups, session)).await
-        {
-            Ok(_) => return true,
-            Err(error) => tracing::warn!(%error, "cannot write this instance's record; retrying"),
-        }
-        tokio::select! {
-            _ = core.shutdown.cancelled() => return false,
-            _ = tokio::time::sleep(backoff) => {}
-            _ = lease.changed() => {}
-        }
-        backoff = (backoff * 2).min(core.lease_ttl / 4);
-    }
 }

@@ -8,7 +8,7 @@
 //! streams' bell (`transport.rs`), and each stream's transport then tells its consumer
 //! `unassigned` for everything it was sent and ends with `UNAVAILABLE`; the instance is not
 //! ready, and the leader steps down (it watches the same value). The keeper writes nothing
-//! else: the loop lets the fenced streams go when it wakes. The quarter of the TTL left is the safety margin: it
+//! else: the machine forgets the fenced streams as they close. The quarter of the TTL left is the safety margin: it
 //! covers the keep-alive's own round trip (renewal is timed from when it was *sent*), clock
 //! rate differences between this host and the store, and the delivery of the last commands.
 //! A keep-alive that succeeds again before the session expired lifts the fence; a session
@@ -19,7 +19,7 @@
 //! **A session the store expired early** (the store reports it gone while it is still
 //! live here: revoked by an operator, the store's clock ahead of ours) does not end the
 //! streams: a new session is granted at once and the lost registrations are written again
-//! bound to it (`rebind.rs`). Only if no new session is granted by the time the old one
+//! bound to it (the machine's rebind). Only if no new session is granted by the time the old one
 //! would have been fenced is the instance fenced after all.
 //!
 //! **Its own thread.** A busy instance must deliver late, never fence itself because it was

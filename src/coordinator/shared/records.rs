@@ -50,15 +50,6 @@ pub fn next_epoch(revision: Revision, floor: u64, now_micros: u64) -> u64 {
     above_revision.max(floor.saturating_add(1)).max(now_micros)
 }
 
-/// Wall-clock microseconds since the Unix epoch: the clock bound of [`next_epoch`]. Read
-/// by the callers (drivers), never by the pure decisions, which take it as an input.
-pub fn now_micros() -> u64 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
 /// The epoch a stored ownership record stands for: its own, or, in a record written before
 /// epochs existed (0), the record's mod revision.
 pub fn stored_epoch(epoch: u64, mod_revision: Revision) -> u64 {

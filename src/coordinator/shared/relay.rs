@@ -2,16 +2,11 @@
 //!
 //! A backend's relay model looks at its cache and at what one stream has told its consumer
 //! ([`StreamSeen`]) and answers a [`RelayStep`] (pure: no I/O, no stream touched). The
-//! backend drives a [`RelayPass`] over the streams the revision concerns and applies each
-//! step to its stream ([`Visit::apply`], [`LocalStream::apply`]); the pass
-//! keeps the books (the gains-before-losses order, the streams to end). Nothing here calls
-//! back into a backend.
+//! machine applies each step to the stream's [`Book`] ([`Book::apply`]), which says what
+//! to send now (gains), what once every stream of the step heard its gains (losses), and
+//! whether the stream ends.
 
-use std::collections::BTreeSet;
-
-use super::mirror::{Changes, Touched};
-use super::outgoing::PassGate;
-use super::streams::{Book, LocalStream, StreamKey, Streams, Told, replaced_error};
+use super::streams::{Book, Told, replaced_error};
 pub use super::streams::{EndReason, Ending};
 use crate::proto::v1::AssignmentCommand;
 use crate::store::{Revision, SessionId};
@@ -41,7 +36,7 @@ pub enum Registration {
     /// Another registration of the name took the record.
     Replaced,
     /// The record is gone (the store lost it with the instance lease): the stream stays
-    /// open and relayed while `rebind.rs` writes it again.
+    /// open and relayed while the machine writes it again.
     Lost,
 }
 
@@ -104,172 +99,6 @@ impl<T> RelayStep<T> {
     }
 }
 
-impl<T: Told> Streams<LocalStream<T>> {
-    /// A relay pass over the streams `changes` concerns ([`RelayPass`]): only the named
-    /// consumers (a whole topic only when `changes` says so), so the work follows the
-    /// change, not the number of streams.
-    pub fn pass(&self, changes: &Changes) -> RelayPass<'_, T> {
-        let whole: BTreeSet<&String> =
-            changes.iter().filter(|(_, t)| matches!(t, Touched::All)).map(|(topic, _)| topic).collect();
-        let mut concerned: Vec<(String, String)> = Vec::new();
-        if !whole.is_empty() {
-            concerned
-                .extend(self.map.iter().map(|e| e.key().clone()).filter(|(topic, _)| whole.contains(topic)));
-        }
-        for (topic, touched) in changes.iter() {
-            if let Touched::Consumers(names) = touched {
-                concerned.extend(names.keys().map(|consumer| (topic.clone(), consumer.clone())));
-            }
-        }
-        RelayPass {
-            streams: self,
-            concerned: concerned.into_iter(),
-            book: PassBook {
-                gate: PassGate::counting(self.metrics.losses_waited_out.clone()),
-                deferred: Vec::new(),
-                ended: Vec::new(),
-                lost: false,
-            },
-        }
-    }
-}
-
-/// One relay pass, driven by the backend's relay ([`Streams::pass`]): it visits each
-/// stream the changes concern ([`next`](Self::next)), asks its relay model for the step
-/// (pure: it only reads what the stream was told, [`super::relay`]) and applies it
-/// ([`Visit::apply`]). Nothing is called back: the pass only keeps the books.
-///
-/// In two rounds: what a consumer gains (`assigned`, `WarmPartition`) is sent to every
-/// stream as it is visited, what it loses ([`LocalStream::defer`]: `unassigned`,
-/// `ReleasePartition`) only when the pass ends ([`finish`](Self::finish), or its drop),
-/// and each loss waits in its channel until the transport took the pass's gains
-/// ([`super::outgoing`]), so a partition moving between two consumers of this instance
-/// never looks ownerless. Streams that must end are ended then too.
-pub struct RelayPass<'s, T: Told> {
-    streams: &'s Streams<LocalStream<T>>,
-    /// The (topic, consumer) of the streams still to visit.
-    concerned: std::vec::IntoIter<(String, String)>,
-    book: PassBook,
-}
-
-/// What a relay pass settles at its end.
-struct PassBook {
-    /// The gains-before-losses gate of the pass.
-    gate: PassGate,
-    /// Streams holding losses back until the end of the pass.
-    deferred: Vec<StreamKey>,
-    /// Streams to end, and why.
-    ended: Vec<(StreamKey, Ending)>,
-    /// Whether a visited stream's registration is lost (`rebind.rs` writes it again).
-    lost: bool,
-}
-
-/// One stream of a [`RelayPass`], held (its shard of the registry locked) until its step
-/// is applied.
-pub struct Visit<'p, T: Told> {
-    topic: String,
-    consumer: String,
-    stream: dashmap::mapref::one::RefMut<'p, (String, String), LocalStream<T>>,
-    book: &'p mut PassBook,
-}
-
-impl<'s, T: Told> RelayPass<'s, T> {
-    /// The next stream to visit, while one the changes concern is still held.
-    pub fn next(&mut self) -> Option<Visit<'_, T>> {
-        for (topic, consumer) in self.concerned.by_ref() {
-            let key = (topic, consumer);
-            if let Some(stream) = self.streams.map.get_mut(&key) {
-                let (topic, consumer) = key;
-                return Some(Visit { topic, consumer, stream, book: &mut self.book });
-            }
-        }
-        None
-    }
-
-    /// Ends the pass: the held-back losses go (each behind the pass's gains), then the
-    /// streams that must end are ended. Dropping the pass does the same.
-    pub fn finish(self) {}
-}
-
-impl<T: Told> Drop for RelayPass<'_, T> {
-    fn drop(&mut self) {
-        let book = &mut self.book;
-        for key in std::mem::take(&mut book.deferred) {
-            self.streams.with(&key, |stream| stream.flush_after(&book.gate));
-        }
-        // Removal takes the shard's lock: only after every visit has released it.
-        for (key, (reason, last)) in std::mem::take(&mut book.ended) {
-            self.streams.end(&key, reason, last);
-        }
-        if book.lost {
-            self.streams.lost.notify_one();
-        }
-    }
-}
-
-impl<T: Told> Visit<'_, T> {
-    /// The topic of the stream.
-    pub fn topic(&self) -> &str {
-        &self.topic
-    }
-
-    /// The consumer of the stream.
-    pub fn consumer(&self) -> &str {
-        &self.consumer
-    }
-
-    /// What the relay model sees of the stream.
-    pub fn seen(&self) -> StreamSeen<'_, T> {
-        self.stream.seen()
-    }
-
-    /// Keeps what the stream's registration record says, as the cache holds it now at
-    /// `mod_revision` (call it only while the record is this stream's): `encode` runs only
-    /// when the record changed since it was last kept, and answers `None` when the record
-    /// says nothing a fresh registration would not. A lost registration is written again
-    /// as what was kept ([`super::rebind`]).
-    pub fn keep(&mut self, mod_revision: Revision, encode: impl FnOnce() -> Option<Vec<u8>>) {
-        let stream = &mut *self.stream;
-        if stream.kept.as_ref().is_some_and(|kept| kept.0 == mod_revision) {
-            return;
-        }
-        stream.kept = encode().map(|record| Box::new((mod_revision, record)));
-    }
-
-    /// Applies the relay model's `step` to the stream: its gains go now, its losses at the
-    /// end of the pass, and so does its end if the step (or a full buffer) ends it.
-    pub fn apply(mut self, step: RelayStep<T>) {
-        let (topic, consumer) = (self.topic.as_str(), self.consumer.as_str());
-        let stream = &mut *self.stream;
-        stream.pass = Some(self.book.gate.clone());
-        let end = stream.apply(topic, consumer, step);
-        stream.pass = None;
-        let end = end.or_else(|| stream.overflow(topic, consumer));
-        let key = (self.topic.clone(), self.consumer.clone(), stream.session);
-        if !stream.later.is_empty() {
-            self.book.deferred.push(key.clone());
-        }
-        if let Some(end) = end {
-            self.book.ended.push((key, end));
-        } else if stream.is_lost() {
-            self.book.lost = true;
-        }
-    }
-}
-
-impl<T> LocalStream<T> {
-    /// What the relay model sees of this stream.
-    pub fn seen(&self) -> StreamSeen<'_, T> {
-        StreamSeen {
-            session: self.session,
-            registered_at: self.registered_at,
-            activated: self.activated,
-            told: &self.told,
-            told_complete: self.told_complete,
-        }
-    }
-}
-
 /// What a relay step says to send one stream, once applied to its [`Book`].
 #[derive(Debug, Default)]
 pub struct Said {
@@ -285,8 +114,7 @@ pub struct Said {
 
 impl<T: Told> Book<T> {
     /// Applies the relay model's `step` for `consumer` on `topic` (pure): what to send,
-    /// and why the stream must end, if it must. The one rule for both the running
-    /// instance's streams ([`LocalStream::apply`]) and the state machine's.
+    /// and why the stream must end, if it must.
     pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Said {
         match step {
             RelayStep::Wait => {
@@ -313,31 +141,5 @@ impl<T: Told> Book<T> {
                 Said { now: tell.gains, later: tell.losses, lost: tell.lost, end: tell.end }
             }
         }
-    }
-}
-
-impl<T: Told> LocalStream<T> {
-    /// Applies the relay model's `step` to this stream of `consumer` on `topic`; returns why
-    /// the stream must end, if it must.
-    pub fn apply(&mut self, topic: &str, consumer: &str, step: RelayStep<T>) -> Option<Ending> {
-        let farewell = matches!(step, RelayStep::Replaced | RelayStep::Farewell);
-        let mut book = Book {
-            activated: self.activated,
-            told: std::mem::take(&mut self.told),
-            told_complete: self.told_complete,
-        };
-        let said = book.apply(topic, consumer, step);
-        (self.activated, self.told, self.told_complete) = (book.activated, book.told, book.told_complete);
-        if said.lost && self.lost_since.is_none() {
-            tracing::warn!(topic, consumer, "the store lost this consumer's registration; writing it again");
-            self.lost_since = Some(tokio::time::Instant::now());
-        }
-        if farewell {
-            self.send_farewell(said.now);
-        } else {
-            self.send(said.now);
-        }
-        self.defer(said.later);
-        said.end
     }
 }

@@ -2,17 +2,16 @@
 //! instance fences itself or stops.
 //!
 //! Whoever finds that every stream must end (the lease keeper's thread on a session it
-//! could not renew, the loop on a store it cannot follow, a shutdown or a crash) only rings
+//! could not renew, the driver on a store it cannot follow, a shutdown or a crash) only rings
 //! the instance's [`Ends`] bell: it writes no stream. Each stream's transport reads the
 //! bell before every item it sends. Once rung for it, the transport takes nothing new,
 //! sends what was already queued (in its gains-first order), then tells the consumer it
-//! owns nothing (on a fence) and ends with the error that says why. The loop, the one
-//! writer of the registry, removes the fenced streams when it next wakes
-//! ([`Streams::reap_fenced`](super::streams::Streams::reap_fenced)).
+//! owns nothing (on a fence) and ends with the error that says why; the machine hears the
+//! stream close and forgets it.
 //!
 //! The farewell is what the consumer was actually sent, folded here ([`Held`]): the
 //! partitions it was assigned or asked to warm, less those it was told to drop or release.
-//! A fence then needs nothing of what the loop remembers, so it works while the loop is
+//! A fence then needs nothing of what the driver holds, so it works while the driver is
 //! stalled, as long as the runtime runs the transports.
 
 use std::collections::BTreeSet;
@@ -75,11 +74,6 @@ impl EndWatch {
     /// A watch on `bell` for a stream admitted while `admitted_at` fences had rung.
     pub fn new(bell: watch::Receiver<Ends>, admitted_at: u64) -> Self {
         Self { bell, admitted_at }
-    }
-
-    /// How many fences had rung when the stream was admitted.
-    pub fn admitted_at(&self) -> u64 {
-        self.admitted_at
     }
 
     /// How this stream must end now, if it must: a crash before a fence (a dead process

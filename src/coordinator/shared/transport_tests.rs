@@ -3,29 +3,51 @@
 use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
+use tokio::sync::watch;
 
-use super::{Held, Stop, command_stream};
+use super::{EndWatch, Ends, Held, Stop, command_stream};
 use crate::coordinator::causes::{EndOfStream, Fence};
 use crate::coordinator::shared::outgoing::{STREAM_BUFFER, command_channel, update};
-use crate::coordinator::shared::streams::{LocalStream, Streams};
+use crate::coordinator::shared::streams::LocalStream;
 use crate::coordinator::{CommandStream, CoordinatorError};
 use crate::handoff::Command;
-use crate::metrics::Metrics;
 use crate::proto::v1::AssignmentCommand;
 use crate::store::SessionId;
 
-type Key = (String, String, SessionId);
+/// The bell an instance's transports read, rung as the lease keeper and the driver ring it.
+#[derive(Default)]
+struct Bell(watch::Sender<Ends>);
 
-/// A registry with one stream admitted, its key and what its gRPC layer reads.
-fn admitted(streams: &Streams<LocalStream<()>>, consumer: &str, session: i64) -> (Key, CommandStream) {
-    let (tx, rx) = command_channel();
-    let (stream, _end) = LocalStream::new(SessionId(session), session, tx);
-    let Some(ends) = streams.admit("t", consumer, stream, || true) else { panic!("admitted") };
-    (("t".into(), consumer.into(), SessionId(session)), command_stream(rx, ends))
+impl Bell {
+    /// Fences every stream admitted so far, saying `why`.
+    fn fence(&self, why: Fence) {
+        self.0.send_modify(|ends| {
+            ends.fences += 1;
+            ends.fence = Some(why);
+        });
+    }
+
+    /// Ends every stream for good; a crash wins over a graceful stop.
+    fn stop(&self, stop: Stop) {
+        self.0.send_modify(|ends| {
+            if ends.stop.is_none() || stop == Stop::Crashed {
+                ends.stop = Some(stop);
+            }
+        });
+    }
 }
 
-fn registry() -> Streams<LocalStream<()>> {
-    Streams::new(Arc::new(Metrics::new()))
+/// A stream admitted now under `bell`, and what its gRPC layer reads.
+fn admitted(bell: &Bell, session: i64) -> (LocalStream<()>, CommandStream) {
+    let (tx, rx) = command_channel();
+    let (stream, _end) = LocalStream::new(SessionId(session), session, tx);
+    let bell = bell.0.subscribe();
+    let fences = bell.borrow().fences;
+    (stream, command_stream(rx, EndWatch::new(bell, fences)))
+}
+
+fn registry() -> Bell {
+    Bell::default()
 }
 
 fn warm(partition: u32) -> AssignmentCommand {
@@ -68,19 +90,19 @@ fn what_the_consumer_was_sent_folds_into_what_it_holds() {
 #[tokio::test]
 async fn a_fence_sends_what_was_queued_then_the_farewell_of_what_was_sent_then_the_error() {
     let streams = registry();
-    let (key, mut out) = admitted(&streams, "a", 1);
-    streams.with(&key, |s| s.send([update("t", [0, 1], [])]));
+    let (mut stream, mut out) = admitted(&streams, 1);
+    stream.send([update("t", [0, 1], [])]);
     assert_eq!(out.next().await.and_then(Result::ok), Some(update("t", [0, 1], [])));
-    streams.with(&key, |s| s.send([warm(5), update("t", [], [1])]));
+    stream.send([warm(5), update("t", [], [1])]);
     streams.fence(session_lost());
     // Sent after the bell rang, before the transport noticed: it goes, and the farewell
     // covers it.
-    streams.with(&key, |s| s.send([update("t", [9], [])]));
+    stream.send([update("t", [9], [])]);
     let items = drain(&mut out).await;
     let commands: Vec<_> = items.iter().filter_map(|i| i.as_ref().ok().cloned()).collect();
     let farewell = update("t", [], [0, 5, 9]);
     assert_eq!(commands, vec![warm(5), update("t", [], [1]), update("t", [9], []), farewell]);
-    streams.with(&key, |s| s.send([update("t", [7], [])]));
+    stream.send([update("t", [7], [])]);
     assert!(out.next().await.is_none(), "the stream ended; what is sent now goes nowhere");
     let last = items.last().and_then(|i| i.as_ref().err());
     assert!(
@@ -92,9 +114,9 @@ async fn a_fence_sends_what_was_queued_then_the_farewell_of_what_was_sent_then_t
 #[tokio::test]
 async fn a_fenced_consumer_a_whole_buffer_behind_hears_its_backlog_then_its_farewell() {
     let streams = registry();
-    let (key, mut out) = admitted(&streams, "a", 1);
+    let (mut stream, mut out) = admitted(&streams, 1);
     for _ in 0..STREAM_BUFFER {
-        streams.with(&key, |s| s.send([update("t", [0], [])]));
+        stream.send([update("t", [0], [])]);
     }
     streams.fence(session_lost());
     let items = drain(&mut out).await;
@@ -108,8 +130,8 @@ async fn a_fenced_consumer_a_whole_buffer_behind_hears_its_backlog_then_its_fare
 #[tokio::test]
 async fn a_fence_rung_on_another_thread_wakes_a_waiting_transport() {
     let streams = Arc::new(registry());
-    let (key, mut out) = admitted(&streams, "a", 1);
-    streams.with(&key, |s| s.send([update("t", [2], [])]));
+    let (mut stream, mut out) = admitted(&streams, 1);
+    stream.send([update("t", [2], [])]);
     assert!(out.next().await.is_some_and(|i| i.is_ok()));
     let waiting = tokio::spawn(async move { (out.next().await, out.next().await, out.next().await) });
     let ringer = streams.clone();
@@ -129,11 +151,11 @@ async fn a_fence_rung_on_another_thread_wakes_a_waiting_transport() {
 #[tokio::test]
 async fn a_fence_ends_the_streams_admitted_before_it_and_no_later_one() {
     let streams = registry();
-    let (_, mut before) = admitted(&streams, "a", 1);
+    let (_before_stream, mut before) = admitted(&streams, 1);
     streams.fence(session_lost());
-    let (after_key, mut after) = admitted(&streams, "b", 2);
+    let (mut after_stream, mut after) = admitted(&streams, 2);
     assert!(matches!(drain(&mut before).await.last(), Some(Err(CoordinatorError::StreamEnded(_)))));
-    streams.with(&after_key, |s| s.send([update("t", [3], [])]));
+    after_stream.send([update("t", [3], [])]);
     assert_eq!(after.next().now_or_never().flatten().and_then(Result::ok), Some(update("t", [3], [])));
     assert!(after.next().now_or_never().is_none(), "still open");
 }
@@ -141,16 +163,16 @@ async fn a_fence_ends_the_streams_admitted_before_it_and_no_later_one() {
 #[tokio::test]
 async fn a_stop_ends_every_stream_without_a_farewell_and_a_crash_wins_over_a_fence() {
     let streams = registry();
-    let (key, mut out) = admitted(&streams, "a", 1);
-    streams.with(&key, |s| s.send([update("t", [0], [])]));
+    let (mut stream, mut out) = admitted(&streams, 1);
+    stream.send([update("t", [0], [])]);
     streams.stop(Stop::Shutdown { instance: "i1".into() });
     let items = drain(&mut out).await;
     assert_eq!(items.len(), 2, "{items:?}");
     assert!(matches!(items[1], Err(CoordinatorError::StreamEnded(EndOfStream::Shutdown { .. }))));
 
     let crashed = registry();
-    let (key, mut out) = admitted(&crashed, "a", 1);
-    crashed.with(&key, |s| s.send([update("t", [0], [])]));
+    let (mut stream, mut out) = admitted(&crashed, 1);
+    stream.send([update("t", [0], [])]);
     crashed.fence(session_lost());
     crashed.stop(Stop::Crashed);
     crashed.stop(Stop::Shutdown { instance: "i1".into() });
@@ -162,8 +184,8 @@ async fn a_stop_ends_every_stream_without_a_farewell_and_a_crash_wins_over_a_fen
 #[tokio::test]
 async fn a_fence_before_a_graceful_stop_still_says_farewell() {
     let streams = registry();
-    let (key, mut out) = admitted(&streams, "a", 1);
-    streams.with(&key, |s| s.send([update("t", [0], [])]));
+    let (mut stream, mut out) = admitted(&streams, 1);
+    stream.send([update("t", [0], [])]);
     streams.fence(session_lost());
     streams.stop(Stop::Shutdown { instance: "i1".into() });
     let items = drain(&mut out).await;

@@ -1,7 +1,7 @@
 //! In-process assigner clusters and scripted gRPC consumers, for scenario tests that run
 //! on both backends.
 //!
-//! * [`TestCluster`] starts N assigner instances (each a [`HandoffCoordinator`] served by an
+//! * [`TestCluster`] starts N assigner instances (each a [`TestCoordinator`] served by an
 //!   [`AssignerServer`] on free loopback ports) sharing one store ([`TestStore`], also used
 //!   by the fleet tests): one [`MemoryStore`] (memory) or one [`EtcdServer`] with an
 //!   `EtcdStore` per instance under a unique prefix (etcd). The config is tuned for tests
@@ -26,9 +26,7 @@ use std::{
 };
 
 use kafka_assigner::coordinator::machine::driver::front::MachineCoordinator;
-use kafka_assigner::coordinator::{
-    ConsumerGroupCoordinator, HandoffConfig, HandoffCoordinator, StatusView, TopicStatus,
-};
+use kafka_assigner::coordinator::{ConsumerGroupCoordinator, HandoffConfig, StatusView, TopicStatus};
 use kafka_assigner::handoff::PlanConfig;
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::{
@@ -928,77 +926,48 @@ pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
     sorted[rank - 1]
 }
 
-/// A test instance's coordinator: the instance's loop, or, with `KAFKA_ASSIGNER_ENGINE=machine`
-/// in the test's environment, its state machine stepped by the production driver.
+/// A test instance's coordinator: its state machine stepped by the production driver
+/// (`handoff_backend::machine::start_driven`, `fleet_backend::machine::start_driven`).
 #[derive(Clone)]
-pub enum TestCoordinator {
-    /// The loop (`HandoffCoordinator`).
-    Loop(HandoffCoordinator),
-    /// The fleet backend's loop.
-    FleetLoop(kafka_assigner::coordinator::FleetCoordinator),
-    /// The state machine and its driver.
-    Machine(Arc<MachineCoordinator>),
-}
+pub struct TestCoordinator(Arc<MachineCoordinator>);
 
 impl TestCoordinator {
-    /// Starts an instance of `config` over `store`, run by the engine the environment asks for.
+    /// Starts a warm-handoff instance of `config` over `store`.
     pub async fn start(
         store: Arc<dyn LeaseStore>,
         config: HandoffConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Self, kafka_assigner::coordinator::CoordinatorError> {
-        if machine_engine() {
-            let driven =
-                kafka_assigner::coordinator::handoff_backend::machine::start_driven(store, config, metrics)
-                    .await?;
-            return Ok(Self::Machine(Arc::new(driven)));
-        }
-        Ok(Self::Loop(HandoffCoordinator::start(store, config, metrics).await?))
+        let driven =
+            kafka_assigner::coordinator::handoff_backend::machine::start_driven(store, config, metrics)
+                .await?;
+        Ok(Self(Arc::new(driven)))
     }
 
-    /// Starts a fleet instance of `config` over `store`, run by the engine the environment
-    /// asks for.
+    /// Starts a fleet instance of `config` over `store`.
     pub async fn start_fleet(
         store: Arc<dyn LeaseStore>,
         config: kafka_assigner::coordinator::FleetConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Self, kafka_assigner::coordinator::CoordinatorError> {
-        if machine_engine() {
-            let driven =
-                kafka_assigner::coordinator::fleet_backend::machine::start_driven(store, config, metrics)
-                    .await?;
-            return Ok(Self::Machine(Arc::new(driven)));
-        }
-        Ok(Self::FleetLoop(
-            kafka_assigner::coordinator::FleetCoordinator::start(store, config, metrics).await?,
-        ))
+        let driven =
+            kafka_assigner::coordinator::fleet_backend::machine::start_driven(store, config, metrics).await?;
+        Ok(Self(Arc::new(driven)))
     }
 
     /// What the servers serve.
     pub fn served(&self) -> Arc<dyn ConsumerGroupCoordinator> {
-        match self {
-            Self::Loop(c) => Arc::new(c.clone()),
-            Self::FleetLoop(c) => Arc::new(c.clone()),
-            Self::Machine(c) => c.clone(),
-        }
+        self.0.clone()
     }
 
     /// Stops the instance as if its process died.
     pub fn crash(&self) {
-        match self {
-            Self::Loop(c) => c.crash(),
-            Self::FleetLoop(c) => c.crash(),
-            Self::Machine(c) => c.crash(),
-        }
+        self.0.crash()
     }
 
-    /// Whether the instance leads now.
+    /// Whether the instance leads now (a fleet instance never does).
     pub fn is_leader(&self) -> bool {
-        match self {
-            Self::Loop(c) => c.is_leader(),
-            Self::FleetLoop(_) => false,
-            Self::Machine(c) => c.is_leader(),
-        }
+        self.0.is_leader()
     }
 
     /// Its status view.
@@ -1015,10 +984,4 @@ impl TestCoordinator {
     {
         self.served().register(consumer, topic).await
     }
-}
-
-/// Whether the test's environment asks for the state machine engine
-/// (`KAFKA_ASSIGNER_ENGINE=machine`, as `serve` reads it).
-pub fn machine_engine() -> bool {
-    std::env::var("KAFKA_ASSIGNER_ENGINE").is_ok_and(|engine| engine == "machine")
 }

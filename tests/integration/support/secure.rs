@@ -11,7 +11,6 @@ use std::{
     time::Duration,
 };
 
-use kafka_assigner::coordinator::{ConsumerGroupCoordinator, HandoffCoordinator};
 use kafka_assigner::metrics::Metrics;
 use kafka_assigner::proto::v1::kafka_assigner_client::KafkaAssignerClient;
 use kafka_assigner::server::{AssignerServer, ServerOptions};
@@ -22,7 +21,7 @@ use tokio::{
 };
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-use super::assigner::{Backend, json, test_config};
+use super::assigner::{Backend, TestCoordinator, json, test_config};
 use super::certs::Pem;
 
 /// An assigner over one store with the given server options.
@@ -30,7 +29,7 @@ pub struct Secured {
     /// The running server.
     pub server: AssignerServer,
     /// The coordinator it serves.
-    pub coordinator: HandoffCoordinator,
+    pub coordinator: TestCoordinator,
     /// The store (for fingerprints).
     pub store: Arc<dyn LeaseStore>,
     /// The key prefix.
@@ -53,11 +52,11 @@ impl Secured {
         let mut config = test_config(backend, &prefix);
         config.instance_id = "secure-0".into();
         let metrics = Arc::new(Metrics::new());
-        let coordinator = HandoffCoordinator::start(store.clone(), config, metrics.clone())
+        let coordinator = TestCoordinator::start(store.clone(), config, metrics.clone())
             .await
             .unwrap_or_else(|e| panic!("coordinator: {e}"));
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let server = AssignerServer::start_with(Arc::new(coordinator.clone()), metrics, any, any, options)
+        let server = AssignerServer::start_with(coordinator.served(), metrics, any, any, options)
             .await
             .unwrap_or_else(|e| panic!("serve: {e}"));
         let secured = Secured { server, coordinator, store, prefix };

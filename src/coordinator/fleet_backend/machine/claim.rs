@@ -1,5 +1,4 @@
-//! Each local consumer's claim step in the fleet machine, as the running loop's
-//! (`claim.rs`): decided on the cache by `claim_decide::decide` once the cache holds the
+//! Each local consumer's claim step in the fleet machine: decided on the cache by `claim_decide::decide` once the cache holds the
 //! step's last write, then, in order, the kept partitions shown again once the store
 //! confirms their leases, the excess given back (the consumer is sent `unassigned` before
 //! the delete's request, and the partitions stay hidden from it meanwhile), and free

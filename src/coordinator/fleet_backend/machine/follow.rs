@@ -41,7 +41,7 @@ impl Instance {
             Ok(snapshot) => snapshot,
             Err(_) => {
                 self.stale_since.get_or_insert(self.now);
-                let _ = self.sweeper.health(false, self.instant(self.now));
+                self.sweeper.health(false, self.instant(self.now));
                 self.reread_at = Some(self.now + REREAD_AFTER);
                 return;
             }
@@ -107,7 +107,7 @@ impl Instance {
         }
         self.watch = None;
         self.stale_since.get_or_insert(self.now);
-        let _ = self.sweeper.health(false, self.instant(self.now));
+        self.sweeper.health(false, self.instant(self.now));
         self.reread();
     }
 
@@ -169,7 +169,7 @@ impl Instance {
         if self.stale_since.is_none_or(|since| since > heard) {
             self.stale_since = Some(heard);
         }
-        let _ = self.sweeper.health(false, self.instant(heard));
+        self.sweeper.health(false, self.instant(heard));
         self.reread();
     }
 
@@ -183,7 +183,7 @@ impl Instance {
 
     /// The mirror follows the store again.
     fn follow_again(&mut self) {
-        let _ = self.sweeper.health(true, self.instant(self.now));
+        self.sweeper.health(true, self.instant(self.now));
         self.stale_since = None;
         if std::mem::take(&mut self.stale_fenced) {
             // Its keeper renews again, at once.

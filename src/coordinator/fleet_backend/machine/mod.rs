@@ -5,7 +5,7 @@
 //! The state is everything a fleet instance keeps: the store mirror ([`FleetCache`]), the
 //! streams with what each was told and its claim step, the registrations waiting to be
 //! settled, the lease as last reported, and the calls and store requests in flight. The
-//! step decides with the functions the running instance decides with: the claim decision
+//! step decides with the backend's pure functions: the claim decision
 //! and its transactions (`claim_decide.rs`, with the epoch floor's compare), the relay
 //! model (`relay.rs`, applied by the shared [`Book::apply`]), the fair share
 //! (`share.rs`), the member record, the registration's move of the leases bound to it and
@@ -15,12 +15,12 @@
 //! and not the store being slow, starts a fresh bound instead: `machine/watchdog.rs`, as
 //! in the handoff machine). What the step adds is the bookkeeping between them.
 //!
-//! **How it differs from the running loop** (`driver.rs`): a give-back's `unassigned` is an
-//! effect listed before the delete's request, and the driver holds the request until the
-//! giver's transport took it (`coordinator/machine/driver/told.rs`: a giver that does not
-//! take it within a TTL, or whose buffer is full, is ended and nothing is freed, as the loop
-//! does); the registration's raise goes in one transaction however many leases the name
-//! holds. The Kafka topic refresh is `topic_refresh.rs`.
+//! **Giving back.** A give-back's `unassigned` is an effect listed before the delete's
+//! request, and the driver holds the request until the giver's transport took it
+//! (`coordinator/machine/driver/told.rs`: a giver that does not take it within a TTL, or
+//! whose buffer is full, is ended and nothing is freed); the registration's raise goes in
+//! one transaction however many leases the name holds. The Kafka topic refresh is
+//! `topic_refresh.rs`. The production driver runs this machine for `--backend fleet`.
 //!
 //! **Metrics and logs** are said, not recorded, as in the handoff machine: a swept
 //! registration, leases given back, leases claimed are [`Effect::Observe`]s

@@ -13,15 +13,14 @@ use crate::coordinator::CoordinatorError;
 use crate::coordinator::causes::{ConsumerUnknown, Contention, EndOfStream};
 use crate::coordinator::fleet_backend::records::{FleetKey, MemberRecord};
 use crate::coordinator::fleet_backend::register::member_record_of;
-use crate::coordinator::fleet_backend::registrar::{held, registrations_of};
+use crate::coordinator::fleet_backend::register::{held, registrations_of};
 use crate::coordinator::machine::Rebind;
 use crate::coordinator::machine::io::{CallId, Effect, EndReason, Micros, Replied, StoreReply, StoreRequest};
 use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::cas::{CAS_ATTEMPTS, create_bound_txn};
+use crate::coordinator::shared::departures::Held;
 use crate::coordinator::shared::records::{decode, encode};
-use crate::coordinator::shared::registrar::Held;
 use crate::coordinator::shared::streams::{StreamKey, replaced_error};
-use crate::coordinator::shared::upkeep::Chore;
 use crate::proto::v1::DeregisterAction;
 use crate::store::{Compare, KeyValue, Op, StoreError, Txn};
 
@@ -207,11 +206,9 @@ impl Instance {
                 .filter(|key| !holds(key) && held(cache, key) == Held::ForTtl)
                 .collect()
         };
-        for chore in self.sweeper.sweep_due(at, found) {
-            if let Chore::Sweep(key) = chore {
-                self.sweeping.insert(key.clone());
-                self.unregister(key);
-            }
+        for key in self.sweeper.sweep_due(at, found) {
+            self.sweeping.insert(key.clone());
+            self.unregister(key);
         }
     }
 

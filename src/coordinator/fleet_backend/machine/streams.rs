@@ -110,7 +110,7 @@ impl Instance {
             let name = (key.0.clone(), key.1.clone());
             let held = self.streams.get(&name).is_some_and(|s| s.registration == key.2);
             // A registration already waiting out its TTL (its stream dropped) is due at
-            // once now: its consumer deregistered (as the running instance's `Core::leave`).
+            // once now: its consumer deregistered.
             if !held && !self.departures.is_left(&key) {
                 self.departures.add(Departed { key, registered_at, at, left: true });
             }

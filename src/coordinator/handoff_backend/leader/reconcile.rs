@@ -1,21 +1,21 @@
 //! Reconcile: plan every topic from one consistent read of the cache with
 //! [`crate::handoff::plan_placed`] (under the configured placement, docs/design.md §11),
 //! and cut each topic's changes into batched transactions fenced by our leadership, each
-//! write also guarded by the revision of the record it replaces. The instance's loop
-//! writes them one after another ([`TopicWrite`]). The moves of the batches that were
-//! written are counted by reason and, under `load`, spend the topic's budget and start
-//! their cool-downs.
+//! write also guarded by the revision of the record it replaces ([`plan_topic`]). The
+//! machine's leader (`machine/leader.rs`) writes them one after another; the moves of the
+//! batches that were written are counted by reason and, under `load`, spend the topic's
+//! budget and start their cool-downs.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::{Fence, Leadership, Step};
+use super::Fence;
+use crate::coordinator::handoff_backend::HandoffConfig;
 use crate::coordinator::handoff_backend::records::Keys;
 use crate::coordinator::handoff_backend::state::TopicEntry;
-use crate::coordinator::handoff_backend::{Handoff, HandoffConfig, now_ms};
 use crate::coordinator::shared::records::next_epoch;
 use crate::handoff::{
-    Cooldowns, Millis, MoveReason, PlacementInputs, PlacementMemory, PlacementReport, PlanReport, Write,
-    diff_writes, plan_placed,
+    Cooldowns, Millis, PlacementInputs, PlacementMemory, PlacementReport, PlanReport, Write, diff_writes,
+    plan_placed,
 };
 use crate::store::{Compare, Revision, Txn};
 
@@ -126,112 +126,6 @@ impl<At: Copy + Ord + std::ops::Add<std::time::Duration, Output = At>> Arrivals<
     }
 }
 
-/// One topic's plan as the leader writes it, batch after batch ([`Step::Topic`]).
-pub(super) struct TopicWrite {
-    topic: String,
-    /// The leadership it was planned under (every batch compares it).
-    fence: Fence,
-    /// When (wall clock, ms) it was planned.
-    planned_at: crate::handoff::Millis,
-    /// The batches not yet sent, each with the partitions it writes.
-    batches: VecDeque<(Txn, Vec<u32>)>,
-    /// The partitions of the batch in flight.
-    sending: Vec<u32>,
-    /// How many batches the plan was cut into, and how many writes it had.
-    count: usize,
-    writes: usize,
-    /// The partitions whose batch was written.
-    applied: BTreeSet<u32>,
-    /// No batch failed.
-    all_applied: bool,
-    report: PlanReport,
-    /// Whether it was planned as a rollout.
-    rollout: bool,
-    /// Its moves, classified.
-    moves: Vec<(u32, MoveReason)>,
-}
-
-impl TopicWrite {
-    /// The next batch to send, if any is left.
-    pub(super) fn next_batch(&mut self) -> Option<Txn> {
-        let (txn, partitions) = self.batches.pop_front()?;
-        self.sending = partitions;
-        Some(txn)
-    }
-}
-
-/// Plans every topic (see the module docs) from one consistent read of the cache, and
-/// cuts each plan into fenced batches. While `settling`, a topic with a partition whose
-/// owner's registration is gone is left alone: that consumer may be about to come back
-/// (docs/design.md §6, "settle after an interruption"). An instance lease that ended since
-/// the last pass starts a settle period too. Also returns how long planning took.
-///
-/// A topic's batches are written one after another: a scale-out of 10,000 partitions
-/// settled no sooner with 4 or 16 in flight, and the consumers' own calls, which share the
-/// store, were answered 10 to 30 times later.
-pub(super) fn plan_all(
-    inner: &Handoff,
-    me: &mut Leadership,
-    fence: Fence,
-    settling: bool,
-) -> (Vec<TopicWrite>, std::time::Duration) {
-    let now = now_ms();
-    let now_micros = crate::coordinator::shared::records::now_micros();
-    let instant = tokio::time::Instant::now();
-    let delay = inner.config.rebalance_delay;
-    let mut settling = settling;
-    let cache = inner.core.mirror().read();
-    // An instance lease ended in this read (revoked, or outlived by a store outage this
-    // leader did not notice): its registrations vanished with it, but their streams may
-    // still be open and are being written again. They are interrupted, not departed:
-    // settle before moving their partitions.
-    if cache.instance_losses != me.instance_losses {
-        me.instance_losses = cache.instance_losses;
-        super::settle(inner, me, "an instance's lease ended; its consumers may be coming back");
-        settling = true;
-    }
-    let plans = cache
-        .topics
-        .iter()
-        .filter(|(topic, _)| me.group.plans(topic))
-        .filter(|(_, entry)| may_plan(entry, settling))
-        .filter(|(topic, entry)| {
-            let wait =
-                me.arrivals.entry((*topic).clone()).or_default().wait_until(active(entry), instant, delay);
-            if let Some(due) = wait {
-                me.wake_at = Some(me.wake_at.map_or(due, |at| at.min(due)));
-            }
-            wait.is_none()
-        })
-        .filter_map(|(topic, entry)| {
-            let cooldowns = me.cooldowns.entry(topic.clone()).or_default();
-            let memory = me.placement.entry(topic.clone()).or_default();
-            let clock = PlanClock { revision: cache.revision, now, now_micros };
-            let plan =
-                plan_topic(&inner.config, inner.core.keys(), fence, (topic, entry), clock, cooldowns, memory);
-            observe_placement(inner, topic, memory, &plan.placed);
-            if plan.writes == 0 {
-                return None;
-            }
-            Some(TopicWrite {
-                topic: topic.clone(),
-                fence,
-                planned_at: now,
-                count: plan.batches.len(),
-                writes: plan.writes,
-                batches: plan.batches,
-                sending: Vec::new(),
-                applied: BTreeSet::new(),
-                all_applied: true,
-                report: plan.report,
-                rollout: plan.rollout,
-                moves: plan.placed.moves,
-            })
-        })
-        .collect();
-    (plans, instant.elapsed())
-}
-
 /// Whether a topic's `entry` is planned at all (pure): it has a stored record and, while
 /// `settling`, no partition whose owner's registration is gone (that consumer may be
 /// about to come back).
@@ -331,56 +225,6 @@ pub(in crate::coordinator::handoff_backend) fn plan_topic(
     TopicPlan { report, placed, rollout: rollout.is_some(), writes: writes.len(), batches }
 }
 
-/// The answer to the batch in flight of the topic at the head of the queue.
-pub(super) fn batch_answered(
-    inner: &Handoff,
-    me: &mut Leadership,
-    outcome: Result<crate::store::TxnOutcome, crate::store::StoreError>,
-) {
-    let Some(Step::Topic(topic)) = me.queue.front_mut() else { return };
-    let refused_under = match outcome {
-        Ok(outcome) if outcome.succeeded => {
-            me.written = me.written.max(outcome.revision);
-            topic.applied.extend(topic.sending.drain(..));
-            return;
-        }
-        Ok(_) => {
-            // A compare failed: the plan was made from a stale view. Nothing of this
-            // batch was written; the next revision plans again. Were we deposed?
-            inner.core.metrics().reconcile_conflicts.inc();
-            Some(topic.fence)
-        }
-        Err(error) => {
-            tracing::warn!(%error, topic = %topic.topic, "reconcile write failed");
-            None
-        }
-    };
-    topic.all_applied = false;
-    topic.batches.clear();
-    match refused_under {
-        // Checked once the topic is done, before the next one.
-        Some(fence) => me.queue.insert(1, Step::StillLeading(fence)),
-        None => super::settle(inner, me, "a store call failed"),
-    }
-}
-
-/// A topic's plan is written (or gave up): the moves its written batches made are counted
-/// and, under `load`, spend the budget and start their cool-downs.
-pub(super) fn finish_topic(inner: &Handoff, me: &mut Leadership, written: TopicWrite) {
-    let TopicWrite { topic, planned_at, count, writes, applied, all_applied, report, rollout, moves, .. } =
-        written;
-    let made: Vec<(u32, MoveReason)> = moves.into_iter().filter(|(p, _)| applied.contains(p)).collect();
-    if let Some(memory) = me.placement.get_mut(&topic) {
-        memory.record(planned_at, &made, &inner.config.placement);
-    }
-    for (_, reason) in &made {
-        inner.core.metrics().observe_partition_move(&topic, reason.name());
-    }
-    if all_applied {
-        record(inner, &topic, &report, writes, count, rollout);
-    }
-}
-
 /// The zones the weight source knows for `topic`'s partitions (none under `count`, which
 /// does not read them).
 fn zones_of(config: &HandoffConfig, topic: &str) -> BTreeMap<u32, String> {
@@ -388,51 +232,6 @@ fn zones_of(config: &HandoffConfig, topic: &str) -> BTreeMap<u32, String> {
         return BTreeMap::new();
     }
     config.weights.as_ref().and_then(|source| source.zones(topic)).unwrap_or_default()
-}
-
-/// Counts the moves a plan newly held back, and logs a shadow plan whose size changed.
-fn observe_placement(
-    inner: &Handoff,
-    topic: &str,
-    memory: &mut crate::handoff::PlacementMemory,
-    placed: &PlacementReport,
-) {
-    for (partition, why) in memory.note_deferred(&placed.deferred) {
-        inner.core.metrics().observe_move_deferred(topic, why.name());
-        tracing::debug!(topic, partition, why = why.name(), "balance move deferred");
-    }
-    if let Some(shadow) = &placed.shadow
-        && memory.last_shadow != Some(shadow.moves.len())
-    {
-        memory.last_shadow = Some(shadow.moves.len());
-        tracing::info!(
-            topic,
-            would_move = shadow.moves.len(),
-            imbalance = format!("{:.3}", shadow.imbalance_before),
-            imbalance_after = format!("{:.3}", shadow.imbalance_after),
-            "shadow placement by load (not acted on)"
-        );
-    }
-}
-
-fn record(inner: &Handoff, topic: &str, report: &PlanReport, writes: usize, txns: usize, rollout: bool) {
-    inner.core.metrics().observe_plan_written(report);
-    for (p, from, to) in &report.started {
-        tracing::info!(topic, partition = p, from = %from, to = %to, rollout, "handoff started: warming");
-    }
-    if !report.assigned_directly.is_empty() {
-        tracing::info!(topic, moves = ?report.assigned_directly, "partitions assigned directly (no live owner)");
-    }
-    for p in &report.cancelled {
-        tracing::info!(topic, partition = p, "warming handoff cancelled");
-    }
-    for p in &report.warm_timeouts {
-        tracing::warn!(topic, partition = p, "warming handoff timed out; cancelled, will retry later");
-    }
-    for p in &report.release_timeouts {
-        tracing::warn!(topic, partition = p, "release not acknowledged in time; handoff completed anyway");
-    }
-    tracing::debug!(topic, writes, txns, "rebalance written");
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
-//! The weights refresh (docs/design.md §11): every `weights_refresh`, the leader asks the
-//! weight source for the weights of each stored topic and writes those that changed
-//! meaningfully into the topic record, fenced by its leadership and compare-and-swap on
-//! the record's mod revision (the partition count is kept as stored). Placement reads the
+//! Which weights the weights refresh stores (docs/design.md §11): every
+//! `weights_refresh`, the leader asks the weight source for the weights of each stored
+//! topic and writes those that changed meaningfully into the topic record, fenced by its
+//! leadership and compare-and-swap on the record's mod revision (the partition count is
+//! kept as stored; the writes are the machine's, `machine/weights.rs`). Placement reads the
 //! weights from the records only, so every leader, and every instance's status, plans from
 //! the same weights, and a new leader starts from the stored ones.
 //!
@@ -12,58 +13,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{Fence, Leadership, Step};
-use crate::coordinator::handoff_backend::Handoff;
-use crate::coordinator::handoff_backend::records::{TopicRecord, encode};
-use crate::store::{Compare, Op, StoreError, Txn, TxnOutcome};
-
 /// A stored weight is rewritten when the new one differs by more than this percentage.
 pub(super) const CHANGE_PERCENT: u64 = 5;
-
-/// Queues the weights refresh's writes if one is due (see the module docs).
-pub(super) fn queue_when_due(inner: &Handoff, me: &mut Leadership, fence: Fence) {
-    let Some(source) = inner.config.weights.as_ref() else { return };
-    let now = tokio::time::Instant::now();
-    if me.next_weights.is_some_and(|due| now < due) {
-        return;
-    }
-    me.next_weights = Some(now + inner.config.weights_refresh);
-    let cache = inner.core.mirror().read();
-    for (topic, entry) in cache.topics.iter().filter(|(topic, _)| me.group.plans(topic)) {
-        let Some(config) = entry.config.as_ref() else { continue };
-        let Some(wanted) = source.weights(topic) else { continue };
-        let Some(weights) = to_store(&config.value.weights, &wanted, config.value.partition_count) else {
-            continue;
-        };
-        let weighted = weights.len();
-        let record = TopicRecord { weights, ..config.value.clone() };
-        let key = inner.core.keys().topic(topic);
-        let txn = Txn::new()
-            .when(inner.fenced(me.group, fence))
-            .when(Compare::ModRevision(key.clone(), config.mod_revision))
-            .then(Op::put(&key, encode(&record)));
-        me.queue.push_back(Step::Weights { topic: topic.clone(), txn, weighted });
-    }
-}
-
-/// What the store answered a weights write of `topic`.
-pub(super) fn answered(
-    inner: &Handoff,
-    me: &mut Leadership,
-    topic: &str,
-    weighted: usize,
-    outcome: Result<TxnOutcome, StoreError>,
-) {
-    match outcome {
-        Ok(outcome) if outcome.succeeded => {
-            me.written = me.written.max(outcome.revision);
-            let source = inner.config.weights.as_ref().map(|s| s.describe()).unwrap_or_default();
-            tracing::info!(topic, weighted, %source, "partition weights stored");
-        }
-        Ok(_) => tracing::debug!(topic, "weights refresh raced a change (or leadership was lost)"),
-        Err(error) => tracing::warn!(%error, topic, "weights refresh: cannot store the weights"),
-    }
-}
 
 /// The weights to store for a topic of `partition_count` partitions whose record holds
 /// `stored`, given what the source says now (`wanted`; partitions beyond the count are

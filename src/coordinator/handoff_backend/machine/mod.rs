@@ -5,12 +5,12 @@
 //! The state is everything an instance keeps: the store mirror (the backend's [`Cache`]),
 //! the streams and what each was told, the registrations waiting to be settled, the lease
 //! as last reported, leadership with its placement budget and cool-downs, and the calls and
-//! store requests in flight. The step decides with the functions the running instance
-//! decides with (`decide.rs`, `leave.rs`, `relay.rs`, `incarnation.rs`, the leader's
-//! election and plan, the departures, the mutation hooks), so the whole-cluster simulation
-//! that drives it checks production's decisions; what the step adds is only the
-//! bookkeeping between them. The production driver (`coordinator/machine/driver/`) runs it
-//! under `--engine machine`; the loop (`driver.rs`) is still the default.
+//! store requests in flight. The step decides with the backend's pure functions
+//! (`decide.rs`, `leave.rs`, `relay.rs`, `incarnation.rs`, the leader's election and plan,
+//! the departures, the mutation hooks); what the step adds is only the bookkeeping between
+//! them. The production driver (`coordinator/machine/driver/`) runs it for the memory and
+//! etcd backends, and the whole-cluster simulation drives it, so what the simulation checks
+//! is what runs.
 //!
 //! The step reads no clock: `now` is wall-clock µs. The shared pieces that keep monotonic
 //! time ([`Departures`], the leader's arrivals) are given `origin + now`, with `origin`
@@ -22,17 +22,17 @@
 //! together; a batch applied is applied to the cache at once, and one that lost a compare
 //! leaves each of its writers to decide again on the store's records and write alone.
 //!
-//! **Not in the state machine yet** (the loop does them): a registration decided on the
-//! store's state raises epochs from the cache, not from prefix reads; a consumer that left is
-//! handed to the departures when its stream's end is emitted, not when its transport took
-//! the last commands. A silence or a deadline noticed late (a busy instance) starts afresh
-//! (`coordinator/machine/watchdog.rs`), as the running follower gives such a silence its
-//! grace. The Kafka topic refresh (`topic_refresh.rs`) and the weights
-//! refresh (`weights.rs`) are parts of each group's leader, as in the loop; the weight
+//! **Simplifications** (where a finer rule would cost a read or a round trip): a
+//! registration decided on the store's state raises epochs from the cache, not from prefix
+//! reads (a raise decided on a stale cache loses its compares and is decided again); a
+//! consumer that left is handed to the departures when its stream's end is emitted, not
+//! when its transport took the last commands. A silence or a deadline noticed late (a busy instance) starts afresh
+//! (`coordinator/machine/watchdog.rs`). The Kafka topic refresh (`topic_refresh.rs`) and
+//! the weights refresh (`weights.rs`) are parts of each group's leader; the weight
 //! source and Kafka are asked through effects ([`Effect::LookUpWeights`],
 //! [`Effect::LookUpPartitions`]).
 //!
-//! **Metrics and logs** are said, not recorded: where the loop counts or logs a decision,
+//! **Metrics and logs** are said, not recorded: where a decision is counted or logged,
 //! the step emits an [`Effect::Observe`] naming it (a plan written with its moves and
 //! report, a deferral, a refused batch, leadership won or given up, a ready or released
 //! call with its phase's start, a release sent, a consumer leaving, a swept registration;
@@ -43,10 +43,9 @@
 //! **Pacing by measured planning time** (`leader.rs`, `Pacing`): the production driver
 //! times each step that planned and tells the instance right after it
 //! ([`Input::PlanningTook`]); no leader group looks again before `PLAN_PACE ×` that time has
-//! passed, as the loop's next pass waits after one that took that long, and within the step
-//! that planned the other groups wait for the measure, so that they plan in turn. The
-//! measure is the whole step's (the relay and the calls it also took in), a little more
-//! than the loop's timing of its planning alone. A simulation reads no clock: it states a
+//! passed, and within the step that planned the other groups wait for the measure, so that
+//! they plan in turn. The measure is the whole step's (the relay and the calls it also
+//! took in), a little more than the planning alone. A simulation reads no clock: it states a
 //! cost per partition instead ([`Start::plan_nanos_per_partition`]), or nothing.
 //!
 //! **What the step never waits for forever.** Every store request has a deadline on the

@@ -23,14 +23,13 @@ use crate::coordinator::machine::Rebind;
 use crate::coordinator::machine::io::{Effect, EndReason, LeaseState, Micros, StoreReply, StoreRequest};
 use crate::coordinator::machine::observe::Observation;
 use crate::coordinator::shared::cas::create_bound_txn;
+use crate::coordinator::shared::departures::Held;
 use crate::coordinator::shared::instance_record::{instance_key, instance_record_txn};
 use crate::coordinator::shared::lease::{fence_after, fences_streams};
 use crate::coordinator::shared::mirror::{
     Changes, MirrorCache, apply_watched, reread_changes, snapshot_regresses,
 };
-use crate::coordinator::shared::registrar::Held;
 use crate::coordinator::shared::streams::{StreamKey, replaced_error};
-use crate::coordinator::shared::upkeep::Chore;
 use crate::coordinator::shared::upkeep::stale_fence_due;
 use crate::store::{Compare, Op, StoreError, Txn, WatchBatch};
 
@@ -58,7 +57,7 @@ impl Instance {
             Ok(snapshot) => snapshot,
             Err(_) => {
                 self.stale_since.get_or_insert(self.now);
-                let _ = self.sweeper.health(false, self.instant(self.now));
+                self.sweeper.health(false, self.instant(self.now));
                 self.reread_at = Some(self.now + REREAD_AFTER);
                 return;
             }
@@ -127,7 +126,7 @@ impl Instance {
         self.watch = None;
         self.interruptions += 1;
         self.stale_since.get_or_insert(self.now);
-        let _ = self.sweeper.health(false, self.instant(self.now));
+        self.sweeper.health(false, self.instant(self.now));
         self.poke_leaders();
         self.reread();
     }
@@ -214,12 +213,10 @@ impl Instance {
                 .filter(|key| !holds(key) && held(cache, key) == Held::ForTtl)
                 .collect()
         };
-        for chore in self.sweeper.sweep_due(at, found) {
-            if let Chore::Sweep(key) = chore {
-                let record_key = self.keys.consumer(&key.0, &key.1);
-                self.sweeping.insert(key.clone());
-                self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
-            }
+        for key in self.sweeper.sweep_due(at, found) {
+            let record_key = self.keys.consumer(&key.0, &key.1);
+            self.sweeping.insert(key.clone());
+            self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
         }
     }
 
@@ -231,8 +228,8 @@ impl Instance {
         deleting: Option<Txn>,
         answer: Result<StoreReply, StoreError>,
     ) {
-        // Retried with backoff while the store is out of reach, as the loop's
-        // `unregister_retrying`: a registration left behind would keep its partitions.
+        // Retried with backoff while the store is out of reach: a registration left behind
+        // would keep its partitions.
         let retry_later = |me: &mut Self, key: StreamKey| {
             let backoff = me
                 .unregistering

@@ -30,7 +30,7 @@ impl Instance {
         if self.stale_since.is_none_or(|since| since > heard) {
             self.stale_since = Some(heard);
         }
-        let _ = self.sweeper.health(false, self.instant(heard));
+        self.sweeper.health(false, self.instant(heard));
         self.poke_leaders();
         self.reread();
     }
@@ -45,7 +45,7 @@ impl Instance {
 
     /// The mirror follows the store again.
     pub(super) fn follow_again(&mut self) {
-        let _ = self.sweeper.health(true, self.instant(self.now));
+        self.sweeper.health(true, self.instant(self.now));
         self.stale_since = None;
         if std::mem::take(&mut self.stale_fenced) {
             // Its keeper renews again, at once.

@@ -1,5 +1,5 @@
-//! What the driver does with an [`Observation`]: the metrics the running loop records at
-//! the same decision point, with the same [`Metrics`] methods, and the loop's log line.
+//! What the driver does with an [`Observation`]: the metrics of that decision point, with
+//! the [`Metrics`] methods, and its log line.
 
 use std::time::Duration;
 
@@ -71,7 +71,7 @@ pub(super) fn record(metrics: &Metrics, observation: Observation, step_took: Dur
     }
 }
 
-/// The running leader's log of a plan written whole (`leader/reconcile.rs::record`).
+/// The leader's log of a plan written whole.
 fn log_plan(topic: &str, report: &PlanReport, rollout: bool) {
     for (p, from, to) in &report.started {
         tracing::info!(topic, partition = p, from = %from, to = %to, rollout, "handoff started: warming");
