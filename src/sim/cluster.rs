@@ -266,6 +266,17 @@ impl Cluster {
         if self.rng.percent(90) { 100 + self.rng.below(2_000) } else { 2_000 + self.rng.below(60_000) }
     }
 
+    /// Whether a request is held on a stalled connection now ([`super::SimConfig::stalls`]).
+    fn stalled(&mut self) -> bool {
+        self.config.stalls && !self.quiet && self.now < self.lossy_until && self.rng.percent(10)
+    }
+
+    /// How long a stalled request is held: half a TTL to two and a half.
+    fn stall(&mut self) -> u64 {
+        let ttl = self.config.ttl.as_micros() as u64;
+        ttl / 2 + self.rng.below(2 * ttl)
+    }
+
     /// Whether an answer is lost now.
     pub(super) fn lost(&mut self) -> bool {
         !self.quiet && self.now < self.lossy_until && self.rng.percent(20)
@@ -447,7 +458,7 @@ impl Cluster {
         match effect {
             Effect::Store { request, op } => {
                 self.trace.mix(&[1, request]);
-                let delay = self.delay();
+                let delay = if self.stalled() { self.stall() } else { self.delay() };
                 self.after(delay, Ev::Arrive { node, life, request, op });
             }
             Effect::Command { stream, command } => {

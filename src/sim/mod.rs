@@ -116,6 +116,11 @@ pub struct SimConfig {
     /// served its requests in (off by default: one ordered connection; the mutation table
     /// in docs/simulation.md was measured so).
     pub answers_reorder: bool,
+    /// Whether an instance's connection may stall in a lossy period: a request held on its
+    /// way for half a TTL to two and a half TTLs, so it lands long after the instance
+    /// timed it out (and maybe after its session expired and another instance decided),
+    /// and its answer comes as late. Off by default, like `answers_reorder`.
+    pub stalls: bool,
     /// `--leader-groups` of every instance: with more than one, the topic is planned by
     /// its group's leader, campaigned for by the preferred instance and handed over as
     /// instances come and go (`leader_groups.rs`).
@@ -165,6 +170,7 @@ impl Default for SimConfig {
             same_id_on_restart: false,
             lost_answers_vanish: false,
             answers_reorder: false,
+            stalls: false,
             leader_groups: 1,
             topics: 1,
             check_every: 1,

@@ -182,6 +182,25 @@ fn mutation_stale_relay_not_fenced() {
     finds(Mutation::StaleRelayNotFenced);
 }
 
+/// Writes held on a stalled connection land long after their instance timed them out,
+/// maybe after its session expired and another instance decided (what the retired
+/// instance-level simulations drew as stalls): every invariant holds over the CI count, on
+/// both backends.
+#[test]
+fn writes_held_on_a_stalled_connection_land_late_and_change_nothing_they_should_not() {
+    for backend in [SimBackend::Handoff, SimBackend::Fleet] {
+        let config = SimConfig { stalls: true, backend, ..SimConfig::default() };
+        if let Some(failure) = seeds(300).find_map(|seed| sim::run_keeping(seed, &config, keep()).err()) {
+            panic!("{backend:?}: {failure}");
+        }
+        // Stalls are drawn: some schedules' traces differ from the same seeds without them.
+        let plain = SimConfig { backend, ..SimConfig::default() };
+        let hash = |seed, config: &SimConfig| sim::run(seed, config).map(|o| o.trace_hash).ok();
+        let stalled = (0..20).filter(|seed| hash(*seed, &config) != hash(*seed, &plain)).count();
+        assert!(stalled > 0, "{backend:?}: no stall drawn in 20 schedules");
+    }
+}
+
 /// The machine's fixed bugs (`docs/simulation.md`) stay fixed: a restart under the same
 /// instance id (only the life's nonce keeps its registration ids apart) and store answers
 /// that never arrive (the instance times its own requests out), over the schedules of the
