@@ -163,6 +163,8 @@ impl Instance {
             let at = self.instant(now);
             let due = self.departures.due_with(held, cache, at, now / 1000);
             for key in due {
+                // In flight: the sweep leaves it to this delete (and its retries).
+                self.unregistering.insert(key.clone(), (Micros::MAX, 0));
                 self.unregister(key);
             }
         }
@@ -196,8 +198,10 @@ impl Instance {
             return;
         };
         let (streams, departures, instance) = (&self.streams, &self.departures, &self.config.instance_id);
+        let unregistering = &self.unregistering;
         let holds = |key: &StreamKey| {
             departures.contains(key)
+                || unregistering.contains_key(key)
                 || streams.get(&(key.0.clone(), key.1.clone())).is_some_and(|s| s.registration == key.2)
         };
         let found = || {
@@ -264,8 +268,10 @@ impl Instance {
             // behind would keep its partitions.
             _ => {
                 let ttl = self.ttl_micros();
-                let backoff =
-                    self.unregistering.get(&key).map_or(UNREGISTER_BACKOFF, |(_, b)| (*b * 2).min(ttl));
+                let backoff = self
+                    .unregistering
+                    .get(&key)
+                    .map_or(UNREGISTER_BACKOFF, |(_, b)| (*b * 2).clamp(UNREGISTER_BACKOFF, ttl));
                 self.unregistering.insert(key, (self.now + backoff, backoff));
             }
         }

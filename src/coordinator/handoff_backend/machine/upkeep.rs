@@ -174,6 +174,8 @@ impl Instance {
         if let Some(cache) = self.cache.as_ref() {
             let at = self.instant(now);
             for key in self.departures.due_with(held, cache, at, self.now_ms()) {
+                // In flight: the sweep leaves it to this delete (and its retries).
+                self.unregistering.insert(key.clone(), (Micros::MAX, 0));
                 let record_key = self.keys.consumer(&key.0, &key.1);
                 self.request(StoreRequest::Get(vec![record_key]), Waiting::Unregister(key, None));
             }
@@ -203,8 +205,10 @@ impl Instance {
             return;
         };
         let (streams, departures, instance) = (&self.streams, &self.departures, &self.config.instance_id);
+        let unregistering = &self.unregistering;
         let holds = |key: &StreamKey| {
             departures.contains(key)
+                || unregistering.contains_key(key)
                 || streams.get(&(key.0.clone(), key.1.clone())).is_some_and(|s| s.registration == key.2)
         };
         let found = || {
@@ -231,10 +235,9 @@ impl Instance {
         // Retried with backoff while the store is out of reach: a registration left behind
         // would keep its partitions.
         let retry_later = |me: &mut Self, key: StreamKey| {
-            let backoff = me
-                .unregistering
-                .get(&key)
-                .map_or(UNREGISTER_BACKOFF, |(_, b)| (*b * 2).min(me.config.lease_ttl_micros()));
+            let backoff = me.unregistering.get(&key).map_or(UNREGISTER_BACKOFF, |(_, b)| {
+                (*b * 2).clamp(UNREGISTER_BACKOFF, me.config.lease_ttl_micros())
+            });
             me.unregistering.insert(key, (me.now + backoff, backoff));
         };
         match (deleting, answer) {
