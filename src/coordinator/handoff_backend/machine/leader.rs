@@ -104,6 +104,11 @@ impl Pacing {
         (self.until > now).then_some(self.until)
     }
 
+    /// No look before this.
+    pub fn until(&self) -> Micros {
+        self.until
+    }
+
     /// Whether planning is paced at all (a stated cost, or a measured one).
     fn paced(&self) -> bool {
         self.nanos_per_partition > 0 || self.timed

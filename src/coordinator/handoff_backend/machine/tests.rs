@@ -370,6 +370,24 @@ fn a_measured_planning_time_holds_the_next_look_back() {
 }
 
 #[test]
+fn a_look_held_back_by_the_budget_is_woken_for_when_the_budget_allows_not_before() {
+    let mut h = Harness::new();
+    h.instance.pacing = super::leader::Pacing::new(0, true);
+    h.register(1, 11, "a");
+    h.advance(Duration::from_millis(400));
+    // Longer than the leader's reconcile interval and its arrivals' settling.
+    h.input(Input::PlanningTook { took: Duration::from_secs(2) });
+    let budget = Duration::from_secs(2) * crate::coordinator::handoff_backend::leader::PLAN_PACE;
+    h.register(2, 12, "b");
+    // The leader's own time to look comes first and finds the look held back; woken for
+    // it again unchanged, the instance would say no timer at all and never plan.
+    h.run_for(budget - Duration::from_millis(100));
+    assert!(!warms(&commands(&h.take(), 12)), "no plan before the budget allows");
+    h.run_for(Duration::from_millis(200));
+    assert!(warms(&commands(&h.take(), 12)), "planned once the budget allows");
+}
+
+#[test]
 fn with_measured_planning_time_the_leader_groups_plan_in_turn() {
     // Two topics of two different groups, both led here.
     let groups: Vec<LeaderGroup> = LeaderGroup::all(2).collect();

@@ -401,7 +401,16 @@ impl Instance {
             .into_iter()
             .flatten()
             // The leaders look only once the cache is loaded: their timers wait for it.
-            .chain(self.leaders.iter().filter(|_| self.cache.is_some()).filter_map(LeaderState::wake_at))
+            // A look is held back by the planning budget: its timer is never before the
+            // budget allows (a time already past, not acted on and said again unchanged,
+            // would leave the driver with no timer at all).
+            .chain(
+                self.leaders
+                    .iter()
+                    .filter(|_| self.cache.is_some())
+                    .filter_map(LeaderState::wake_at)
+                    .map(|at| at.max(self.pacing.until())),
+            )
             .chain(self.refresh_wake())
             .chain(self.weights_wake())
             .chain(self.pacing.wake_at(self.now))
