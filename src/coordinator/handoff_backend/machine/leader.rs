@@ -131,6 +131,9 @@ impl Pacing {
     /// The step before, which planned, took `took` (its driver measured it): no look
     /// before `PLAN_PACE × took` from `now`, as the running leader waits after a pass.
     pub fn took(&mut self, now: Micros, took: std::time::Duration) {
+        if !self.timed {
+            return; // a stated cost paces this instance
+        }
         let took = Micros::try_from(took.as_micros()).unwrap_or(Micros::MAX);
         let wait = took.saturating_mul(Micros::from(PLAN_PACE));
         self.until = self.until.max(now.saturating_add(wait));

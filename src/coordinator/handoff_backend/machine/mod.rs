@@ -40,13 +40,12 @@
 //! metrics and logs, and a simulation drops. The planning time is the driver's measure of
 //! the steps that planned, as the step reads no clock.
 //!
-//! **Pacing by measured planning time** (`leader.rs`, `Pacing`): the production driver
-//! times each step that planned and tells the instance right after it
-//! ([`Input::PlanningTook`]); no leader group looks again before `PLAN_PACE ×` that time has
-//! passed, and within the step that planned the other groups wait for the measure, so that
-//! they plan in turn. The measure is the whole step's (the relay and the calls it also
-//! took in), a little more than the planning alone. A simulation reads no clock: it states a
-//! cost per partition instead ([`Start::plan_nanos_per_partition`]), or nothing.
+//! **Pacing** (`leader.rs`, `Pacing`): after a look that planned `n` partitions no leader
+//! group looks before `PLAN_PACE × n ×` the stated cost ([`Start::plan_nanos_per_partition`],
+//! what the production driver and a simulation state), and the groups look in turn. Started
+//! [`Start::plans_timed`], the instance is paced by the measured time of each step that
+//! planned instead ([`Input::PlanningTook`]); production is not (the driver's `front.rs`
+//! says why). A look held back is woken for when the budget allows, never before.
 //!
 //! **What the step never waits for forever.** Every store request has a deadline on the
 //! instance's own timer ([`STORE_ANSWER_WITHIN`], the etcd client's per-call budget): past

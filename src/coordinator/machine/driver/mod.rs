@@ -6,9 +6,10 @@
 //!   ([`front`]), store answers and watch batches from the tasks that run the store
 //!   requests ([`store_io`]), streams that closed (a forwarder per stream that only waits
 //!   for its receiver to go), and the lease's state from its keeper. The timer is the
-//!   driver's own: the machine's last [`Effect::WakeAt`]. A step that planned is timed, and
-//!   what it took is the machine's next input ([`Input::PlanningTook`]): the leaders pace
-//!   their plans by it, as the running leader does by its measured pass.
+//!   driver's own: the machine's last [`Effect::WakeAt`]. A step that planned is timed
+//!   (`plan_seconds`), and what it took is the machine's next input
+//!   ([`Input::PlanningTook`]); the machine paces by it only when started `plans_timed`,
+//!   which production is not (`front.rs` says why): it states a cost per partition.
 //! * **Effects** are applied in the order of the step's list ([`apply`](Driver::apply)).
 //!   What the machine observed ([`Effect::Observe`]) is recorded into the metrics and
 //!   logged (`record.rs`): the machine's counters are its own, not derived from answers.
