@@ -121,7 +121,8 @@ impl MachineCoordinator {
         });
         let (machine, first) = make(start, super::now_micros());
         let (to_driver, inbox) = mpsc::unbounded_channel();
-        Driver::spawn(machine, first, shared.clone(), (topics, weights), inbox, to_driver.clone());
+        let timed = start.plans_timed;
+        Driver::spawn(machine, first, shared.clone(), (topics, weights), inbox, to_driver.clone(), timed);
         crate::coordinator::shared::lease::spawn_keeper(shared.clone(), |shared: &Shared| shared);
         Self { to_driver, shared, drain, ids: AtomicU64::new(1) }
     }

@@ -7,9 +7,9 @@
 //!   requests ([`store_io`]), streams that closed (a forwarder per stream that only waits
 //!   for its receiver to go), and the lease's state from its keeper. The timer is the
 //!   driver's own: the machine's last [`Effect::WakeAt`]. A step that planned is timed
-//!   (`plan_seconds`), and what it took is the machine's next input
-//!   ([`Input::PlanningTook`]); the machine paces by it only when started `plans_timed`,
-//!   which production is not (`front.rs` says why): it states a cost per partition.
+//!   (`plan_seconds`); a machine started `plans_timed` is told what it took as its next
+//!   input ([`Input::PlanningTook`]). Production does not start it so (`front.rs` says
+//!   why): it states a cost per partition, and no step is spent on the measure.
 //! * **Effects** are applied in the order of the step's list ([`apply`](Driver::apply)).
 //!   What the machine observed ([`Effect::Observe`]) is recorded into the metrics and
 //!   logged (`record.rs`): the machine's counters are its own, not derived from answers.
@@ -173,6 +173,10 @@ pub(crate) struct Driver<M> {
     wake: Option<Micros>,
     /// How long the last step ran (what a step that planned counts as planning time).
     step_took: Duration,
+    /// The machine paces by the measured time of its planning steps
+    /// ([`Start::plans_timed`](crate::coordinator::machine::Start::plans_timed)): only then
+    /// is it told what one took, a step of its own.
+    plans_timed: bool,
 }
 
 impl<M: Machine> Driver<M> {
@@ -184,6 +188,7 @@ impl<M: Machine> Driver<M> {
         (topics, weights): (Topics, Option<Arc<dyn crate::weights::WeightSource>>),
         inbox: mpsc::UnboundedReceiver<Message>,
         to_self: mpsc::UnboundedSender<Message>,
+        plans_timed: bool,
     ) {
         let store = store_io::StoreIo::new(shared.store.clone(), to_self.clone());
         let mut driver = Driver {
@@ -200,6 +205,7 @@ impl<M: Machine> Driver<M> {
             store,
             wake: None,
             step_took: Duration::ZERO,
+            plans_timed,
         };
         driver.apply_all(first);
         tokio::spawn(driver.run());
@@ -292,7 +298,7 @@ impl<M: Machine> Driver<M> {
         let planned = effects.iter().any(|e| matches!(e, Effect::Observe(Observation::Planned { .. })));
         self.apply_all(effects);
         self.shared.metrics.streams.set(self.commands.len() as i64);
-        if planned {
+        if planned && self.plans_timed {
             // The machine paces its next plan by what this one took (it reads no clock):
             // told at once, before any other input, as the running leader sets its pace
             // the moment planning ends.
